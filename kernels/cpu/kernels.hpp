@@ -1,0 +1,29 @@
+// CPU float32 kernels of SPEC section 1. Each runs on the OpenMP threads the caller has set
+// (omp_set_num_threads) and takes every temporary from `allocator`, so temp_mb is counted.
+// The *_workspace_bytes functions give each kernel's peak scratch in closed form; tests hold
+// the kernels to them.
+#pragma once
+
+#include <cstddef>
+
+#include "problem.hpp"
+#include "workspace.hpp"
+
+namespace lattn::cpu {
+
+// Threads a kernel that splits work over batch x heads will use.
+int head_parallel_threads(const Problem& problem);
+
+void scan_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator);
+void scan_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);
+std::size_t scan_forward_workspace_bytes(const Problem& problem);
+std::size_t scan_backward_workspace_bytes(const Problem& problem);
+
+void chunked_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator);
+// Recomputes the state entering each chunk (one head at a time per thread) rather than keeping
+// every head's chunk states from the forward pass.
+void chunked_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);
+std::size_t chunked_forward_workspace_bytes(const Problem& problem);
+std::size_t chunked_backward_workspace_bytes(const Problem& problem);
+
+}  // namespace lattn::cpu

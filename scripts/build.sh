@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configures and builds lattnbench (Release) in build/ (or $LATTN_BUILD_DIR). Extra arguments go
+# to the CMake configure step, e.g. -DLATTN_CUDA=OFF.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${LATTN_BUILD_DIR:-$root/build}
+generator=()
+[[ ! -f $build_dir/CMakeCache.txt ]] && command -v ninja >/dev/null && generator=(-G Ninja)
+mkdir -p "$build_dir"
+cmake -S "$root" -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@" >"$build_dir/configure.log" 2>&1 \
+  || { cat "$build_dir/configure.log" >&2; exit 1; }
+cmake --build "$build_dir" --parallel "$(nproc)" ${LATTN_BUILD_TARGET:+--target "$LATTN_BUILD_TARGET"}

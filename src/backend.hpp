@@ -1,0 +1,71 @@
+// The one interface every backend (CPU, CUDA) implements. A backend answers whether it is usable
+// here and whether it supports a case before anything runs, so an unsupported case is a skip with
+// a reason, never a failure mid-run.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+
+namespace lattn {
+
+struct Availability {
+  bool available = false;
+  std::string reason;  // why not, when not
+};
+
+// Host-side float32 tensors of one kernel case (layouts in kernels/problem.hpp). Backward-only
+// tensors are empty for mode fwd.
+struct KernelTensors {
+  std::vector<float> q, k, v, h0, dO, dhT;      // inputs
+  std::vector<float> o, hT, dq, dk, dv, dh0;    // outputs
+};
+
+struct MemoryUsage {
+  std::size_t arg_bytes = 0;
+  std::size_t out_bytes = 0;
+  std::size_t temp_bytes = 0;  // peak scratch of one call beyond inputs and outputs
+};
+
+// A case with its inputs resident on the device and its outputs allocated.
+class PreparedCase {
+ public:
+  virtual ~PreparedCase() = default;
+  // One call: the forward, or the forward then the backward for fwd_bwd. Synchronous.
+  virtual void run() = 0;
+  // Milliseconds of `calls` back-to-back calls, by the backend's own clock, synchronised at the end.
+  virtual double time_ms(int calls) = 0;
+  // Peak scratch seen over the calls so far, and the input/output sizes.
+  virtual MemoryUsage memory() const = 0;
+  // Copies the outputs of the last call to the host (outside any timed region).
+  virtual void read_outputs(KernelTensors& tensors) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Availability availability() const = 0;
+  // Why this backend cannot run `kase`, or nothing when it can.
+  virtual std::optional<std::string> unsupported_reason(const Case& kase) const = 0;
+  // The `device` block of the result file (docs/results.md).
+  virtual nlohmann::json device_info() const = 0;
+  virtual std::unique_ptr<PreparedCase> prepare(const Case& kase, const KernelTensors& inputs) = 0;
+};
+
+struct BackendOptions {
+  int threads = 0;  // CPU threads for the whole run; 0: every core
+};
+
+// Every backend this build knows, available here or not ("cpu" always; "cuda" when built).
+std::vector<std::string> backend_names();
+// Throws UsageError when `name` is unknown or not built in this binary.
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options);
+
+}  // namespace lattn

@@ -1,0 +1,17 @@
+// What built and runs lattnbench: the part of the `device` block every backend shares.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace lattn {
+
+extern const char* const kVersion;      // project version (CMake)
+extern const char* const kGitRevision;  // at build time, "unknown" outside a checkout
+extern const bool kGitDirty;
+
+std::string cpu_model();
+nlohmann::json host_info(int threads);
+
+}  // namespace lattn

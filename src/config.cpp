@@ -1,0 +1,381 @@
+// Config loading and validation. YAML and JSON share one path: a JSON file is first checked by a
+// strict JSON parser (so JSON syntax errors read as JSON errors), then read through yaml-cpp, of
+// whose YAML 1.2 JSON is a subset, so that both formats reach the same validator with line numbers.
+#include "config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "error.hpp"
+
+namespace lattn {
+
+extern const char* const kEmbeddedDefaultConfig;  // generated from configs/default.yaml
+
+namespace {
+
+// Sizes beyond these are refused at validation, before anything is allocated.
+constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim = 1024, kMaxChunk = 8192;
+constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
+// One tensor of a case may not exceed this many elements (8 GiB of float32).
+constexpr std::size_t kMaxTensorElems = std::size_t(1) << 31;
+
+struct Raw {
+  std::string text;
+  std::string where;
+  bool quoted = false;  // a quoted YAML/JSON string: never a number
+};
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+long parse_int(const Raw& raw, long lo, long hi) {
+  long value = 0;
+  const char* first = raw.text.data();
+  const char* last = first + raw.text.size();
+  auto [ptr, ec] = std::from_chars(first, last, value);
+  if (raw.quoted || raw.text.empty() || ec != std::errc() || ptr != last)
+    throw UsageError(raw.where, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                                    ", got " + (raw.quoted ? "the string " : "") + "'" + raw.text + "'");
+  if (value < lo || value > hi)
+    throw UsageError(raw.where, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                                    ", got " + raw.text);
+  return value;
+}
+
+double parse_positive_number(const Raw& raw, double hi) {
+  double value = 0;
+  std::istringstream in(raw.text);
+  in >> value;
+  if (raw.quoted || raw.text.empty() || in.fail() || !in.eof())
+    throw UsageError(raw.where, "expected a number, got '" + raw.text + "'");
+  if (!(value > 0 && value <= hi))
+    throw UsageError(raw.where, "expected a number in (0, " + std::to_string(long(hi)) + "], got " + raw.text);
+  return value;
+}
+
+std::uint64_t parse_seed(const Raw& raw) {
+  std::uint64_t value = 0;
+  auto [ptr, ec] = std::from_chars(raw.text.data(), raw.text.data() + raw.text.size(), value);
+  if (raw.quoted || raw.text.empty() || ec != std::errc() || ptr != raw.text.data() + raw.text.size())
+    throw UsageError(raw.where, "expected a non-negative integer seed, got '" + raw.text + "'");
+  return value;
+}
+
+const std::string& parse_choice(const Raw& raw, const std::vector<std::string>& choices, const char* what) {
+  auto it = std::find(choices.begin(), choices.end(), raw.text);
+  if (it == choices.end())
+    throw UsageError(raw.where, std::string("unknown ") + what + " '" + raw.text + "' (expected one of: " +
+                                    join(choices) + ")");
+  return *it;
+}
+
+template <class T, class Parse>
+std::vector<T> parse_list(const std::vector<Raw>& raws, Parse parse) {
+  std::vector<T> out;
+  std::set<std::string> seen;
+  for (const auto& raw : raws) {
+    if (!seen.insert(raw.text).second) throw UsageError(raw.where, "duplicate value '" + raw.text + "'");
+    out.push_back(parse(raw));
+  }
+  return out;
+}
+
+Impl impl_from(const std::string& s) { return s == "scan" ? Impl::scan : Impl::chunked; }
+Mode mode_from(const std::string& s) { return s == "fwd" ? Mode::fwd : Mode::fwd_bwd; }
+Decay decay_from(const std::string& s) { return s == "none" ? Decay::none : Decay::retnet; }
+
+struct Field {
+  std::string key;
+  bool is_list;
+  std::function<void(Config&, const std::vector<Raw>&)> set;
+};
+
+auto int_list(long lo, long hi, std::vector<int> KernelSuite::*member) {
+  return [=](Config& c, const std::vector<Raw>& raws) {
+    c.kernel.*member = parse_list<int>(raws, [&](const Raw& r) { return int(parse_int(r, lo, hi)); });
+  };
+}
+
+template <class E>
+auto enum_list(const std::vector<std::string>& choices, const char* what, E (*convert)(const std::string&),
+               std::vector<E> KernelSuite::*member) {
+  return [=, &choices](Config& c, const std::vector<Raw>& raws) {
+    c.kernel.*member = parse_list<E>(raws, [&](const Raw& r) { return convert(parse_choice(r, choices, what)); });
+  };
+}
+
+const std::vector<Field>& kernel_fields() {
+  static const std::vector<Field> fields = {
+      {"batch", true, int_list(1, kMaxBatch, &KernelSuite::batch)},
+      {"heads", true, int_list(1, kMaxHeads, &KernelSuite::heads)},
+      {"seq", true, int_list(1, kMaxSeq, &KernelSuite::seq)},
+      {"dim", true, int_list(1, kMaxDim, &KernelSuite::dim)},
+      {"chunk", true, int_list(1, kMaxChunk, &KernelSuite::chunk)},
+      {"impl", true, enum_list<Impl>(known_impls(), "impl", impl_from, &KernelSuite::impl)},
+      {"mode", true, enum_list<Mode>(known_modes(), "mode", mode_from, &KernelSuite::mode)},
+      {"decay", true, enum_list<Decay>(known_decays(), "decay", decay_from, &KernelSuite::decay)},
+  };
+  return fields;
+}
+
+const std::vector<Field>& top_fields() {
+  static const std::vector<Field> fields = {
+      {"suites", true,
+       [](Config& c, const std::vector<Raw>& raws) {
+         c.suites = parse_list<std::string>(raws, [](const Raw& r) { return parse_choice(r, known_suites(), "suite"); });
+       }},
+      {"backend", false,
+       [](Config& c, const std::vector<Raw>& raws) {
+         static const std::vector<std::string> backends = {"cpu", "cuda"};
+         c.run.backend = parse_choice(raws[0], backends, "backend");
+       }},
+      {"dtype", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.dtype = parse_choice(raws[0], known_dtypes(), "dtype"); }},
+      {"threads", false, [](Config& c, const std::vector<Raw>& raws) { c.run.threads = int(parse_int(raws[0], 0, kMaxThreads)); }},
+      {"warmup", false, [](Config& c, const std::vector<Raw>& raws) { c.run.warmup = int(parse_int(raws[0], 0, kMaxWarmup)); }},
+      {"reps", false, [](Config& c, const std::vector<Raw>& raws) { c.run.reps = int(parse_int(raws[0], 1, kMaxReps)); }},
+      {"min_sample_ms", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.min_sample_ms = parse_positive_number(raws[0], 60000); }},
+      {"seed", false, [](Config& c, const std::vector<Raw>& raws) { c.run.seed = parse_seed(raws[0]); }},
+  };
+  return fields;
+}
+
+std::vector<std::string> field_keys(const std::vector<Field>& fields) {
+  std::vector<std::string> keys;
+  for (const auto& f : fields) keys.push_back(f.key);
+  return keys;
+}
+
+const Field* find_field(const std::vector<Field>& fields, const std::string& key) {
+  for (const auto& f : fields)
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+// ---- YAML tree -> fields ----
+
+std::string at(const std::string& source, const YAML::Node& node) {
+  return source + ":" + std::to_string(node.Mark().line + 1);
+}
+
+Raw scalar_raw(const YAML::Node& node, const std::string& source, const std::string& key) {
+  const std::string where = at(source, node) + ": " + key;
+  if (!node.IsScalar()) throw UsageError(where, "expected a single value, got a " + std::string(node.IsMap() ? "mapping" : node.IsSequence() ? "list" : "null"));
+  return Raw{node.Scalar(), where, node.Tag() == "!"};
+}
+
+std::vector<Raw> node_raws(const YAML::Node& node, const std::string& source, const std::string& key, bool is_list) {
+  const std::string where = at(source, node) + ": " + key;
+  if (node.IsNull()) throw UsageError(where, "expected a value, got nothing");
+  if (node.IsMap()) throw UsageError(where, "expected " + std::string(is_list ? "a value or a list" : "a single value") + ", got a mapping");
+  if (node.IsSequence()) {
+    if (!is_list) throw UsageError(where, "expected a single value, got a list");
+    if (node.size() == 0) throw UsageError(where, "expected at least one value, got an empty list");
+    std::vector<Raw> raws;
+    for (const auto& item : node) raws.push_back(scalar_raw(item, source, key));
+    return raws;
+  }
+  return {scalar_raw(node, source, key)};
+}
+
+void apply_mapping(Config& config, const YAML::Node& map, const std::string& source, const std::vector<Field>& fields,
+                   const std::string& prefix, const std::function<bool(const std::string&, const YAML::Node&)>& section) {
+  for (const auto& entry : map) {
+    const YAML::Node& key_node = entry.first;
+    const std::string key = key_node.Scalar();
+    if (section && section(key, entry.second)) continue;
+    const Field* field = find_field(fields, key);
+    if (!field) {
+      auto keys = field_keys(fields);
+      if (section) keys.push_back("kernel");
+      throw UsageError(at(source, key_node), "unknown key '" + prefix + key + "' (expected one of: " + join(keys) + ")");
+    }
+    field->set(config, node_raws(entry.second, source, prefix + key, field->is_list));
+  }
+}
+
+int line_of_byte(const std::string& text, std::size_t byte) {
+  byte = std::min(byte, text.size());
+  return 1 + int(std::count(text.begin(), text.begin() + long(byte), '\n'));
+}
+
+}  // namespace
+
+std::string to_string(Impl impl) { return impl == Impl::scan ? "scan" : "chunked"; }
+std::string to_string(Mode mode) { return mode == Mode::fwd ? "fwd" : "fwd_bwd"; }
+std::string to_string(Decay decay) { return decay == Decay::none ? "none" : "retnet"; }
+
+const std::vector<std::string>& known_suites() {
+  static const std::vector<std::string> v = {"kernel"};
+  return v;
+}
+const std::vector<std::string>& known_impls() {
+  static const std::vector<std::string> v = {"scan", "chunked"};
+  return v;
+}
+const std::vector<std::string>& known_modes() {
+  static const std::vector<std::string> v = {"fwd", "fwd_bwd"};
+  return v;
+}
+const std::vector<std::string>& known_decays() {
+  static const std::vector<std::string> v = {"none", "retnet"};
+  return v;
+}
+const std::vector<std::string>& known_dtypes() {
+  static const std::vector<std::string> v = {"float32"};
+  return v;
+}
+
+Config parse_config(const std::string& original_text, const std::string& source) {
+  std::string text = original_text;
+  const bool is_json = source.size() >= 5 && source.compare(source.size() - 5, 5, ".json") == 0;
+  if (is_json) {
+    try {
+      const nlohmann::json parsed = nlohmann::json::parse(text);
+      (void)parsed;
+    } catch (const nlohmann::json::parse_error& e) {
+      std::string what = e.what();
+      const auto colon = what.find(": ", what.find("column"));
+      if (colon != std::string::npos) what = what.substr(colon + 2);
+      throw UsageError(source + ":" + std::to_string(line_of_byte(text, e.byte ? e.byte - 1 : 0)),
+                       "JSON syntax error: " + what);
+    }
+    // Valid JSON has tabs only as whitespace between tokens, which YAML does not accept everywhere.
+    std::replace(text.begin(), text.end(), '\t', ' ');
+  }
+
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw UsageError(source + ":" + std::to_string(e.mark.line + 1), "YAML syntax error: " + e.msg);
+  }
+  if (!root || root.IsNull()) throw UsageError(source, "the config is empty (expected a mapping of keys)");
+  if (!root.IsMap()) throw UsageError(source + ":" + std::to_string(root.Mark().line + 1), "expected a mapping at the top level");
+
+  Config config;
+  config.source = source;
+  apply_mapping(config, root, source, top_fields(), "",
+                [&](const std::string& key, const YAML::Node& value) {
+                  if (key != "kernel") return false;
+                  if (!value.IsMap())
+                    throw UsageError(at(source, value) + ": kernel", "expected a mapping of the kernel suite's keys");
+                  apply_mapping(config, value, source, kernel_fields(), "kernel.", nullptr);
+                  return true;
+                });
+  validate_config(config);
+  return config;
+}
+
+Config load_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(path, "cannot read the config file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parse_config(buffer.str(), path);
+}
+
+Config embedded_default_config() { return parse_config(kEmbeddedDefaultConfig, "<built-in default.yaml>"); }
+
+void apply_overrides(Config& config, const Overrides& overrides) {
+  for (const auto& [key, text] : overrides.values) {
+    const std::string flag = "--" + (key == "suites" ? std::string("suite") : key);
+    std::string flag_name = flag;
+    std::replace(flag_name.begin(), flag_name.end(), '_', '-');
+    const Field* field = find_field(top_fields(), key);
+    if (!field) field = find_field(kernel_fields(), key);
+    if (!field) throw UsageError(flag_name, "no such config key");
+    std::vector<Raw> raws;
+    std::stringstream items(text);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (!field->is_list && !raws.empty()) break;
+      raws.push_back(Raw{item, flag_name, false});
+    }
+    if (text.empty() || raws.empty() || (!field->is_list && text.find(',') != std::string::npos))
+      throw UsageError(flag_name, field->is_list ? "expected a value or a comma list, got '" + text + "'"
+                                                 : "expected a single value, got '" + text + "'");
+    field->set(config, raws);
+  }
+  validate_config(config);
+}
+
+void validate_config(const Config& c) {
+  const auto& k = c.kernel;
+  for (int batch : k.batch)
+    for (int heads : k.heads)
+      for (int seq : k.seq)
+        for (int dim : k.dim) {
+          const std::size_t tokens = std::size_t(batch) * heads * seq * dim;
+          const std::size_t state = std::size_t(batch) * heads * dim * dim;
+          if (tokens > kMaxTensorElems || state > kMaxTensorElems)
+            throw UsageError(c.source, "kernel case batch " + std::to_string(batch) + " heads " + std::to_string(heads) +
+                                           " seq " + std::to_string(seq) + " dim " + std::to_string(dim) +
+                                           " needs tensors of over 2^31 elements (8 GiB each); no machine here holds that");
+        }
+}
+
+std::vector<Case> expand_plan(const Config& c) {
+  std::vector<Case> plan;
+  const auto& k = c.kernel;
+  // dim outside seq, mode outside impl: the order of the reference results file, which also keeps
+  // the cases that share inputs and a reference next to each other.
+  for (int batch : k.batch)
+    for (int heads : k.heads)
+      for (int chunk : k.chunk)
+        for (Decay decay : k.decay)
+          for (int dim : k.dim)
+            for (int seq : k.seq)
+              for (Mode mode : k.mode)
+                for (Impl impl : k.impl) {
+                  Case kase;
+                  kase.suite = "kernel";
+                  kase.impl = impl;
+                  kase.mode = mode;
+                  kase.problem = Problem{batch, heads, seq, dim, chunk, decay};
+                  kase.backend = c.run.backend;
+                  kase.dtype = c.run.dtype;
+                  kase.plan_index = plan.size();
+                  plan.push_back(kase);
+                }
+  return plan;
+}
+
+nlohmann::json to_json(const Config& c) {
+  auto names = [](const auto& values) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& v : values) out.push_back(to_string(v));
+    return out;
+  };
+  nlohmann::json kernel = {
+      {"batch", c.kernel.batch}, {"heads", c.kernel.heads}, {"seq", c.kernel.seq}, {"dim", c.kernel.dim},
+      {"chunk", c.kernel.chunk}, {"impl", names(c.kernel.impl)}, {"mode", names(c.kernel.mode)},
+      {"decay", names(c.kernel.decay)},
+  };
+  return {
+      {"source", c.source},
+      {"suites", c.suites},
+      {"backend", c.run.backend},
+      {"dtype", c.run.dtype},
+      {"threads", c.run.threads},
+      {"warmup", c.run.warmup},
+      {"reps", c.run.reps},
+      {"min_sample_ms", c.run.min_sample_ms},
+      {"seed", c.run.seed},
+      {"kernel", kernel},
+  };
+}
+
+}  // namespace lattn

@@ -1,0 +1,63 @@
+#include "counting_allocator.hpp"
+
+#include <cstdlib>
+#include <new>
+
+namespace lattn {
+namespace {
+constexpr std::size_t kAlignment = 64;  // a cache line, and an AVX-512 register
+std::size_t rounded(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+}  // namespace
+
+CountingAllocator::~CountingAllocator() { release_cache(); }
+
+void* CountingAllocator::allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  void* ptr = nullptr;
+  auto cached = cache_.find(rounded(bytes));
+  if (cached != cache_.end()) {
+    ptr = cached->second;
+    cache_.erase(cached);
+  } else {
+    ptr = std::aligned_alloc(kAlignment, rounded(bytes));
+    if (!ptr) throw std::bad_alloc();
+  }
+  live_ += bytes;
+  if (live_ > peak_) peak_ = live_;
+  return ptr;
+}
+
+void CountingAllocator::deallocate(void* ptr, std::size_t bytes) noexcept {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_ -= bytes;
+  try {
+    cache_.emplace(rounded(bytes), ptr);
+  } catch (...) {
+    std::free(ptr);
+  }
+}
+
+std::size_t CountingAllocator::live_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_;
+}
+
+std::size_t CountingAllocator::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_;
+}
+
+void CountingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_ = live_;
+}
+
+void CountingAllocator::release_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [size, ptr] : cache_) std::free(ptr);
+  cache_.clear();
+}
+
+}  // namespace lattn

@@ -1,0 +1,52 @@
+#include "inputs.hpp"
+
+#include <cmath>
+
+#include "backend.hpp"
+
+namespace lattn {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// (0, 1]: never 0, so the logarithm below is finite.
+double unit_interval(std::uint64_t bits) { return (double(bits >> 11) + 1.0) * 0x1.0p-53; }
+
+}  // namespace
+
+void fill_normal(std::vector<float>& out, std::uint64_t seed, TensorId tensor, double stddev) {
+  const std::uint64_t stream = splitmix64(seed ^ splitmix64(std::uint64_t(tensor)));
+  const long n = long(out.size());
+#pragma omp parallel for schedule(static)
+  for (long pair = 0; pair < (n + 1) / 2; ++pair) {
+    const std::uint64_t base = splitmix64(stream + std::uint64_t(pair));
+    const double radius = std::sqrt(-2.0 * std::log(unit_interval(base)));
+    const double angle = 2.0 * M_PI * unit_interval(splitmix64(base));
+    out[std::size_t(2 * pair)] = float(stddev * radius * std::cos(angle));
+    if (2 * pair + 1 < n) out[std::size_t(2 * pair + 1)] = float(stddev * radius * std::sin(angle));
+  }
+}
+
+KernelTensors make_kernel_inputs(const Problem& p, Mode mode, std::uint64_t seed) {
+  KernelTensors t;
+  auto make = [&](std::vector<float>& v, std::size_t n, TensorId id) {
+    v.resize(n);
+    fill_normal(v, seed, id);
+  };
+  make(t.q, p.token_elems(), TensorId::q);
+  make(t.k, p.token_elems(), TensorId::k);
+  make(t.v, p.token_elems(), TensorId::v);
+  make(t.h0, p.state_elems(), TensorId::h0);
+  if (mode == Mode::fwd_bwd) {
+    make(t.dO, p.token_elems(), TensorId::dO);
+    make(t.dhT, p.state_elems(), TensorId::dhT);
+  }
+  return t;
+}
+
+}  // namespace lattn

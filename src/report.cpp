@@ -1,0 +1,84 @@
+#include "report.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "error.hpp"
+
+namespace lattn {
+namespace fs = std::filesystem;
+
+namespace {
+std::string parent_or_dot(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& content) {
+  const std::string folder = parent_or_dot(path);
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  const std::string tmp = (fs::path(folder) / ("." + fs::path(path).filename().string() + ".tmp." +
+                                               std::to_string(::getpid()))).string();
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw RuntimeFailure("cannot create " + tmp + ": " + std::strerror(errno));
+  std::size_t written = 0;
+  while (written < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + written, content.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw RuntimeFailure("cannot write " + tmp + ": " + why);
+    }
+    written += std::size_t(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw RuntimeFailure("cannot flush " + tmp + ": " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw RuntimeFailure("cannot rename " + tmp + " to " + path + ": " + why);
+  }
+}
+
+void check_writable(const std::string& path, const std::string& flag) {
+  const std::string folder = parent_or_dot(path);
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (fs::is_directory(path)) throw UsageError(flag, "'" + path + "' is a folder, expected a file name");
+  if (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)
+    throw UsageError(flag, "cannot write to the folder '" + folder + "'");
+}
+
+std::string format_table(const nlohmann::json& results) {
+  std::string out = fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:<6} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}\n",
+                                "suite", "impl", "mode", "B", "H", "seq", "D", "chunk", "decay", "median_ms", "q1_ms",
+                                "q3_ms", "GFLOP/s", "temp_MiB", "rel_err", "status");
+  for (const auto& r : results) {
+    out += fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:<6} ", r.value("suite", ""),
+                       r.value("impl", ""), r.value("mode", ""), r.value("batch", 0), r.value("heads", 0),
+                       r.value("seq", 0), r.value("dim", 0), r.value("chunk", 0), r.value("decay", ""));
+    const std::string status = r.value("status", "");
+    if (status == "skipped" || !r.contains("median_ms")) {
+      out += fmt::format("{:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", status,
+                         r.value("skip_reason", r.value("error", "")));
+      continue;
+    }
+    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", r.value("median_ms", 0.0),
+                       r.value("q1_ms", 0.0), r.value("q3_ms", 0.0), r.value("gflops", 0.0), r.value("temp_mb", 0.0),
+                       r.value("rel_err", 0.0), status);
+  }
+  return out;
+}
+
+}  // namespace lattn

@@ -1,0 +1,233 @@
+"""scripts/compare.py, run as a subprocess on fixture files: verdicts, exit statuses, outputs."""
+
+import json
+import os
+import tempfile
+import unittest
+
+import fixtures as fx
+
+
+class CompareTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.base_doc = fx.load_base()
+        self.base = fx.BASE_PATH
+
+    def path(self, name):
+        return os.path.join(self.tmp.name, name)
+
+    def write(self, name, doc):
+        return fx.write(self.tmp.name, name, doc)
+
+    def compare(self, base, new, *options):
+        """(process, comparison JSON or None)."""
+        out = self.path("comparison.json")
+        if os.path.exists(out):
+            os.remove(out)
+        proc = fx.run_script("compare.py", base, new, "--json", out, *options)
+        doc = None
+        if os.path.exists(out):
+            with open(out, encoding="utf-8") as f:
+                doc = json.load(f)
+        return proc, doc
+
+    def verdicts(self, doc):
+        return {c["label"]: c["verdict"] for c in doc["cases"]}
+
+    def case(self, doc, predicate):
+        record = fx.find(self.base_doc, predicate)
+        shape = ("suite", "impl", "mode", "seq", "dim")
+        return next(c for c in doc["cases"] if all(c["case"].get(k) == record[k] for k in shape))
+
+    def test_planted_slowdown_is_slower_and_exits_1(self):
+        planted = fx.is_case(impl="chunked", mode="fwd", seq=2048, dim=32)
+        new = self.write("slow.json", fx.variant(self.base_doc, seed=1, scale=1.2, only=planted))
+        proc, doc = self.compare(self.base, new)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        slow = self.case(doc, planted)
+        self.assertEqual(slow["verdict"], "SLOWER")
+        self.assertTrue(slow["test"].startswith("U p"), slow["test"])
+        self.assertLess(slow["p_value"], 0.05)
+        self.assertAlmostEqual(slow["change_pct"], 20, delta=3)
+        others = [c["verdict"] for c in doc["cases"] if c is not slow]
+        self.assertTrue(set(others) <= {"SAME", "SKIPPED"}, others)
+        self.assertIn("SLOWER", proc.stdout)
+        self.assertIn("REGRESSION", proc.stdout)
+
+    def test_noise_within_threshold_is_same_and_exits_0(self):
+        new = self.write("noise.json", fx.variant(self.base_doc, seed=2, scale=1.02, noise=0.01))
+        proc, doc = self.compare(self.base, new)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(set(self.verdicts(doc).values()), {"SAME", "SKIPPED"})
+        self.assertAlmostEqual(doc["geomean_ratio"], 1.02, delta=0.01)
+
+    def test_speedup_is_faster_and_exits_0(self):
+        new = self.write("fast.json", fx.variant(self.base_doc, seed=3, scale=0.8))
+        proc, doc = self.compare(self.base, new)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(set(self.verdicts(doc).values()), {"FASTER", "SKIPPED"})
+        self.assertAlmostEqual(doc["geomean_ratio"], 0.8, delta=0.02)
+        self.assertEqual(doc["matched"], 18)
+
+    def test_many_slowdowns_exit_1_not_a_count(self):
+        new = self.write("all-slow.json", fx.variant(self.base_doc, seed=4, scale=1.5))
+        proc, doc = self.compare(self.base, new)
+        self.assertEqual(doc["counts"]["SLOWER"], 18)
+        self.assertEqual(proc.returncode, 1)
+
+    def test_failed_status_in_new_exits_1(self):
+        doc = fx.variant(self.base_doc, seed=5)
+        fx.find(doc, fx.is_case(impl="scan", mode="fwd", seq=512, dim=64))["status"] = "failed"
+        proc, result = self.compare(self.base, self.write("failed.json", doc))
+        self.assertEqual(proc.returncode, 1)
+        failed = self.case(result, fx.is_case(impl="scan", mode="fwd", seq=512, dim=64))
+        self.assertEqual(failed["verdict"], "FAILED")
+        self.assertEqual(failed["note"], "status failed")
+
+    def test_rel_err_over_tolerance_in_new_exits_1(self):
+        doc = fx.variant(self.base_doc, seed=6)
+        fx.find(doc, fx.is_case(mode="fwd_bwd", seq=2048, dim=64))["rel_err"] = 0.5
+        proc, result = self.compare(self.base, self.write("bad-err.json", doc))
+        self.assertEqual(proc.returncode, 1)
+        failed = self.case(result, fx.is_case(mode="fwd_bwd", seq=2048, dim=64))
+        self.assertEqual(failed["verdict"], "FAILED")
+        self.assertIn("rel_err", failed["note"])
+
+    def test_without_samples_the_quartile_ranges_decide(self):
+        planted = fx.is_case(impl="scan", mode="fwd_bwd", seq=2048, dim=32)
+        new_doc = fx.variant(self.base_doc, seed=7, scale=1.2, only=planted)
+        for doc in (self.base_doc, new_doc):
+            for record in doc["results"]:
+                record.pop("samples_ms", None)
+        proc, result = self.compare(self.write("base.json", self.base_doc), self.write("new.json", new_doc))
+        self.assertEqual(proc.returncode, 1)
+        slow = self.case(result, planted)
+        self.assertEqual((slow["verdict"], slow["test"]), ("SLOWER", "IQR"))
+
+    def test_gone_and_new_cases_do_not_fail(self):
+        doc = fx.variant(self.base_doc, seed=8)
+        removed = fx.find(doc, fx.is_case(impl="scan", mode="fwd", seq=512, dim=32))
+        doc["results"].remove(removed)
+        added = dict(fx.find(doc, fx.is_case(impl="chunked", mode="fwd", seq=512, dim=32)), chunk=64)
+        doc["results"].append(added)
+        proc, result = self.compare(self.base, self.write("changed.json", doc))
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertEqual(result["counts"]["GONE"], 1)
+        self.assertEqual(result["counts"]["NEW"], 1)
+
+    def test_fastest_impl_and_crossover_are_reported(self):
+        proc, result = self.compare(self.base, self.write("same.json", fx.variant(self.base_doc, seed=9)))
+        self.assertIn("Fastest impl in NEW", proc.stdout)
+        self.assertIn("chunked is", proc.stdout)
+        # The fixture's scan beats chunked at T=512, D=32 fwd and loses at T=2048.
+        crossings = [c for c in result["crossovers"] if c["changes"]]
+        self.assertEqual(len(crossings), 1, result["crossovers"])
+        self.assertEqual(crossings[0]["changes"][0],
+                         {"from": "scan", "to": "chunked", "last_seq_before": 512, "crossover_seq": 2048})
+        self.assertIn("crossover kernel fwd", proc.stdout)
+        winner = next(w for w in result["winners"] if w["shape"].startswith("kernel fwd_bwd"))
+        self.assertEqual(winner["winner"], "chunked")
+        self.assertIsNotNone(winner["winner_temp_mb"])
+
+    def test_markdown_table(self):
+        md = self.path("comment.md")
+        new = self.write("slow.json", fx.variant(self.base_doc, seed=10, scale=1.2))
+        proc = fx.run_script("compare.py", self.base, new, "--md", md)
+        self.assertEqual(proc.returncode, 1)
+        with open(md, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        self.assertIn("REGRESSION", lines[0])
+        table = [line for line in lines if line.startswith("|")]
+        self.assertTrue(table[0].startswith("| case |"), table[0])
+        self.assertIn("temp_mb", table[0])
+        self.assertTrue(set(table[1]) <= set("|-:"))
+        self.assertIn("**SLOWER**", "\n".join(table))
+        self.assertTrue(table[-1].startswith("| geomean"), table[-1])
+
+    def test_threshold_is_respected(self):
+        planted = fx.is_case(impl="chunked", mode="fwd", seq=512, dim=64)
+        new = self.write("slow.json", fx.variant(self.base_doc, seed=11, scale=1.2, only=planted))
+        proc, _ = self.compare(self.base, new, "--threshold", "25%")
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+
+    @unittest.skipUnless(os.path.exists(fx.REFERENCE_PATH), "no ../shared/reference-results.json")
+    def test_reference_file_against_lattnbench_file(self):
+        proc, doc = self.compare(fx.REFERENCE_PATH, self.base, "--ignore-device")
+        self.assertIn(proc.returncode, (0, 1), proc.stderr)
+        self.assertGreater(doc["matched"], 0)
+        self.assertIn("reference-format", doc["backend_ignored_because"])
+        self.assertIn("backend ignored", proc.stdout)
+        header = next(line for line in proc.stdout.splitlines() if line.startswith("case "))
+        self.assertIn("base temp_mb", header)
+        self.assertIn("new temp_mb", header)
+        matched = [c for c in doc["cases"] if c["base"] is not None and c["new"] is not None]
+        self.assertTrue(all(c["base_temp_mb"] is not None and c["new_temp_mb"] is not None for c in matched))
+        # Layer cases match although the reference's `dim` is the head dimension.
+        self.assertTrue(any(c["case"]["suite"] == "layer" for c in matched))
+
+    @unittest.skipUnless(os.path.exists(fx.REFERENCE_PATH), "no ../shared/reference-results.json")
+    def test_reference_file_device_differs_without_flag(self):
+        proc, _ = self.compare(fx.REFERENCE_PATH, self.base)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("devices differ", proc.stderr)
+
+
+class BadInputTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.base_doc = fx.load_base()
+
+    def assert_bad_input(self, *args, mentions):
+        proc = fx.run_script("compare.py", *args)
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        lines = proc.stderr.splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertTrue(lines[0].startswith("compare.py: error: "), lines[0])
+        self.assertIn(mentions, lines[0])
+        self.assertEqual(proc.stdout, "")
+
+    def test_not_json(self):
+        path = os.path.join(self.tmp.name, "broken.json")
+        with open(path, "w") as f:
+            f.write('{"schema_version": "1.0.0", "results": [')
+        self.assert_bad_input(fx.BASE_PATH, path, mentions="not JSON")
+
+    def test_missing_file(self):
+        absent = os.path.join(self.tmp.name, "absent.json")
+        self.assert_bad_input(fx.BASE_PATH, absent, mentions="cannot read")
+
+    def test_unknown_schema_major_version(self):
+        self.base_doc["schema_version"] = "9.0.0"
+        path = fx.write(self.tmp.name, "future.json", self.base_doc)
+        self.assert_bad_input(fx.BASE_PATH, path, mentions="9.0.0")
+
+    def test_no_results_list(self):
+        del self.base_doc["results"]
+        path = fx.write(self.tmp.name, "empty.json", self.base_doc)
+        self.assert_bad_input(fx.BASE_PATH, path, mentions="results")
+
+    def test_devices_differ_without_ignore_device(self):
+        self.base_doc["device"]["cpu_model"] = "Another CPU"
+        path = fx.write(self.tmp.name, "other.json", self.base_doc)
+        self.assert_bad_input(fx.BASE_PATH, path, mentions="devices differ")
+        proc = fx.run_script("compare.py", fx.BASE_PATH, path, "--ignore-device")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("devices differ (--ignore-device)", proc.stdout)
+
+    def test_bad_threshold(self):
+        for threshold in ("abc", "-5%", "nan"):
+            with self.subTest(threshold=threshold):
+                self.assert_bad_input(fx.BASE_PATH, fx.BASE_PATH, "--threshold", threshold,
+                                      mentions="threshold")
+
+    def test_duplicate_case(self):
+        self.base_doc["results"].append(self.base_doc["results"][0])
+        path = fx.write(self.tmp.name, "twice.json", self.base_doc)
+        self.assert_bad_input(fx.BASE_PATH, path, mentions="appears twice")
+
+
+if __name__ == "__main__":
+    unittest.main()

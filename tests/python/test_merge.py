@@ -1,0 +1,99 @@
+"""scripts/merge.py, run as a subprocess on shards cut from the fixture."""
+
+import json
+import os
+import tempfile
+import unittest
+
+import fixtures as fx
+
+
+class MergeTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.base_doc = fx.load_base()
+        self.shards = fx.shards(self.base_doc, 2)
+        self.out = os.path.join(self.tmp.name, "merged.json")
+
+    def merge(self, *docs):
+        paths = [fx.write(self.tmp.name, f"shard-{i}.json", doc) for i, doc in enumerate(docs)]
+        return fx.run_script("merge.py", self.out, *paths)
+
+    def merged(self):
+        with open(self.out, encoding="utf-8") as f:
+            return json.load(f)
+
+    def assert_refused(self, proc, mentions):
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        lines = proc.stderr.splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertTrue(lines[0].startswith("merge.py: error: "), lines[0])
+        self.assertIn(mentions, lines[0])
+        self.assertFalse(os.path.exists(self.out))
+
+    def test_two_shards_merge_to_the_union_in_plan_order(self):
+        # Given in reverse, so plan_index, not input order, must decide the order.
+        proc = self.merge(self.shards[1], self.shards[0])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        merged = self.merged()
+        self.assertEqual(merged["results"], self.base_doc["results"])
+        self.assertEqual(merged["totals"], {"cases": 19, "ok": 18, "failed": 0, "skipped": 1})
+        self.assertEqual(merged["merged_from"], ["shard-0.json", "shard-1.json"])
+        self.assertNotIn("shard", merged)
+        self.assertEqual(merged["config"], self.base_doc["config"])
+        self.assertEqual(merged["device"], self.base_doc["device"])
+        self.assertEqual(os.listdir(self.tmp.name).count("merged.json"), 1)
+        self.assertFalse([n for n in os.listdir(self.tmp.name) if n.endswith(".tmp")])
+
+    def test_input_order_without_plan_index(self):
+        for shard in self.shards:
+            for record in shard["results"]:
+                del record["plan_index"]
+        proc = self.merge(self.shards[1], self.shards[0])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        expected = self.shards[1]["results"] + self.shards[0]["results"]
+        self.assertEqual(self.merged()["results"], expected)
+
+    def test_totals_count_failed_records(self):
+        self.shards[0]["results"][0]["status"] = "failed"
+        proc = self.merge(*self.shards)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(self.merged()["totals"], {"cases": 19, "ok": 17, "failed": 1, "skipped": 1})
+
+    def test_shard_key_in_config_is_ignored_and_dropped(self):
+        for shard in self.shards:
+            shard["config"]["shard"] = f"{shard['shard']['index']}/2"
+        proc = self.merge(*self.shards)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("shard", self.merged()["config"])
+
+    def test_duplicate_case_is_refused(self):
+        self.shards[1]["results"].append(self.shards[0]["results"][0])
+        self.assert_refused(self.merge(*self.shards), "is also in")
+
+    def test_mismatched_config_is_refused(self):
+        self.shards[1]["config"]["reps"] = 9
+        self.assert_refused(self.merge(*self.shards), "config differs")
+
+    def test_mismatched_device_is_refused(self):
+        self.shards[1]["device"]["cpu_model"] = "Another CPU"
+        self.assert_refused(self.merge(*self.shards), "device")
+
+    def test_mismatched_schema_major_is_refused(self):
+        self.shards[1]["schema_version"] = "2.0.0"
+        self.assert_refused(self.merge(*self.shards), "schema_version")
+
+    def test_shards_of_different_splits_are_refused(self):
+        self.shards[1]["shard"]["count"] = 3
+        self.assert_refused(self.merge(*self.shards), "shard counts")
+
+    def test_missing_shard_warns_but_merges(self):
+        proc = self.merge(self.shards[0])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("missing", proc.stderr)
+        self.assertEqual(self.merged()["totals"]["cases"], len(self.shards[0]["results"]))
+
+
+if __name__ == "__main__":
+    unittest.main()

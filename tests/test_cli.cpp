@@ -1,0 +1,79 @@
+// The real executable: exit statuses and one-line errors for bad input, --list, --version.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.hpp"
+
+using namespace lattn;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path write_temp(const std::string& name, const std::string& text) {
+  const fs::path dir = fs::temp_directory_path() / ("lattn-cli-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / name) << text;
+  return dir / name;
+}
+
+test::ProcessResult lattnbench(const std::string& args) { return test::run_process(test::binary() + " " + args); }
+
+std::size_t lines(const std::string& s) { return std::size_t(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST_CASE("help and version and list answer and exit 0", "[cli]") {
+  auto help = lattnbench("--help");
+  CHECK(help.exit_status == 0);
+  CHECK_THAT(help.output, Contains("--seq") && Contains("--min-sample-ms") && Contains("--config"));
+  auto version = lattnbench("--version");
+  CHECK(version.exit_status == 0);
+  CHECK_THAT(version.output, Contains("lattnbench 0."));
+  auto list = lattnbench("--list");
+  CHECK(list.exit_status == 0);
+  CHECK_THAT(list.output, Contains("scan, chunked") && Contains("fwd, fwd_bwd") && Contains("cpu   available"));
+  CHECK_THAT(list.output, Contains("cuda  unavailable: no CUDA device"));
+}
+
+TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
+  struct Bad {
+    std::string args;
+    std::string expected;
+  };
+  const fs::path unknown_key = write_temp("unknown.yaml", "kernel:\n  seq: [64]\n  sequence: 3\n");
+  const fs::path bad_json = write_temp("bad.json", "{\"kernel\": {\"seq\": [64,,]}}");
+  const std::vector<Bad> cases = {
+      {"--config " + unknown_key.string(), unknown_key.string() + ":3: unknown key 'kernel.sequence'"},
+      {"--config " + bad_json.string(), bad_json.string() + ":1: JSON syntax error"},
+      {"--config /nonexistent/suite.yaml", "/nonexistent/suite.yaml: cannot read the config file"},
+      {"--seq 0", "--seq: expected an integer in 1..16777216, got 0"},
+      {"--impl fused", "--impl: unknown impl 'fused'"},
+      {"--suite layer", "--suite: unknown suite 'layer'"},
+      {"--backend tpu", "--backend: unknown backend 'tpu'"},
+      {"--frobnicate", "command line:"},
+      {"--backend cuda --seq 16 --dim 4", "no CUDA device"},
+  };
+  for (const Bad& bad : cases) {
+    INFO(bad.args);
+    const auto result = lattnbench(bad.args + " --quiet --out " + (fs::temp_directory_path() / "never.json").string());
+    CHECK(result.exit_status == 2);
+    CHECK_THAT(result.output, Contains("lattnbench: error: ") && Contains(bad.expected));
+    CHECK(lines(result.output) == 1);
+  }
+  CHECK_FALSE(fs::exists(fs::temp_directory_path() / "never.json"));
+}
+
+TEST_CASE("a run with flags only writes its file and exits 0", "[cli]") {
+  const fs::path out = write_temp("placeholder", "").parent_path() / "flags.json";
+  const auto result = lattnbench("--seq 33 --dim 8 --chunk 16 --batch 1 --heads 2 --reps 2 --warmup 1 "
+                                 "--min-sample-ms 1 --threads 1 --out " + out.string());
+  INFO(result.output);
+  CHECK(result.exit_status == 0);
+  CHECK(fs::exists(out));
+  CHECK_THAT(result.output, Contains("[4/4]") && Contains("ETA"));
+}

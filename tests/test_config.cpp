@@ -1,0 +1,133 @@
+// Config: YAML and JSON reach the same plan; every class of bad input has its own clear message.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "test_util.hpp"
+
+using namespace lattn;
+
+namespace {
+
+std::string plan_signature(const Config& c) {
+  std::string out;
+  for (const Case& k : expand_plan(c))
+    out += to_string(k.impl) + "/" + to_string(k.mode) + "/" + test::describe(k.problem) + "/" + k.backend + ";";
+  return out;
+}
+
+// The message of the UsageError that parsing `text` throws ("" when it does not throw).
+std::string error_of(const std::string& text, const std::string& name = "suite.yaml") {
+  try {
+    parse_config(text, name);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("YAML and JSON versions of one suite load to the same plan", "[config]") {
+  const Config yaml = parse_config(R"(
+suites: [kernel]
+reps: 4
+kernel:
+  batch: 1
+  heads: [2, 3]
+  seq: [16, 40]
+  dim: 8
+  chunk: 16
+  impl: [scan, chunked]
+  mode: fwd_bwd
+  decay: [none, retnet]
+)", "a.yaml");
+  const Config json = parse_config(R"({
+	"suites": ["kernel"],
+	"reps": 4,
+	"kernel": {"batch": 1, "heads": [2, 3], "seq": [16, 40], "dim": 8, "chunk": 16,
+	           "impl": ["scan", "chunked"], "mode": "fwd_bwd", "decay": ["none", "retnet"]}
+})", "a.json");
+  CHECK(plan_signature(yaml) == plan_signature(json));
+  CHECK(expand_plan(yaml).size() == 2 * 2 * 2 * 2);
+  CHECK(yaml.run.reps == 4);
+  CHECK(json.run.reps == 4);
+}
+
+TEST_CASE("the embedded default is configs/default.yaml and the reference results' suite", "[config]") {
+  std::ifstream in(test::source_dir() + "/configs/default.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  const Config from_file = parse_config(text.str(), "default.yaml");
+  const Config embedded = embedded_default_config();
+  CHECK(plan_signature(from_file) == plan_signature(embedded));
+  CHECK(plan_signature(embedded) == plan_signature(Config{}));
+  const auto plan = expand_plan(embedded);
+  CHECK(plan.size() == 36);  // 3 seq x 3 dim x 2 impl x 2 mode
+  CHECK(plan.front().problem.batch == 2);
+  CHECK(plan.front().problem.heads == 4);
+  CHECK(plan.front().problem.chunk == 128);
+}
+
+TEST_CASE("the command line beats the file, which beats the defaults", "[config]") {
+  Config c = parse_config("reps: 7\nkernel:\n  seq: [64]\n  dim: 16\n", "x.yaml");
+  CHECK(c.run.reps == 7);
+  CHECK(c.run.warmup == Config{}.run.warmup);
+  Overrides o;
+  o.values["seq"] = "32,48";
+  o.values["reps"] = "3";
+  o.values["impl"] = "chunked";
+  apply_overrides(c, o);
+  CHECK(c.kernel.seq == std::vector<int>{32, 48});
+  CHECK(c.run.reps == 3);
+  CHECK(c.kernel.impl == std::vector<Impl>{Impl::chunked});
+  CHECK(c.kernel.dim == std::vector<int>{16});
+}
+
+TEST_CASE("each class of malformed config has its own message naming where", "[config][errors]") {
+  using Catch::Matchers::Contains;
+  CHECK_THAT(error_of("kernel: [1, 2\n"), Contains("suite.yaml:") && Contains("YAML syntax error"));
+  CHECK_THAT(error_of("{\"kernel\": {\"seq\": [1,]}}", "s.json"), Contains("s.json:1") && Contains("JSON syntax error"));
+  CHECK_THAT(error_of("reps: 3\nfrobnicate: 1\n"), Contains("suite.yaml:2") && Contains("unknown key 'frobnicate'"));
+  CHECK_THAT(error_of("kernel:\n  seqs: [1]\n"), Contains("suite.yaml:2") && Contains("unknown key 'kernel.seqs'"));
+  CHECK_THAT(error_of("kernel:\n  seq: abc\n"), Contains("suite.yaml:2: kernel.seq") && Contains("expected an integer"));
+  CHECK_THAT(error_of("{\"kernel\": {\"seq\": \"512\"}}", "s.json"), Contains("kernel.seq") && Contains("the string '512'"));
+  CHECK_THAT(error_of("kernel:\n  dim: 0\n"), Contains("suite.yaml:2: kernel.dim") && Contains("got 0"));
+  CHECK_THAT(error_of("kernel:\n  batch: -3\n"), Contains("kernel.batch") && Contains("got -3"));
+  CHECK_THAT(error_of("kernel:\n  seq: 1000000000000\n"), Contains("kernel.seq") && Contains("expected an integer in 1..16777216"));
+  CHECK_THAT(error_of("suites: [kernel, attention]\n"), Contains("suite.yaml:1") && Contains("unknown suite 'attention'"));
+  CHECK_THAT(error_of("suites: layer\n"), Contains("unknown suite 'layer'"));
+  CHECK_THAT(error_of("kernel:\n  impl: [scan, fused]\n"), Contains("unknown impl 'fused'"));
+  CHECK_THAT(error_of("kernel:\n  mode: backward\n"), Contains("unknown mode 'backward'"));
+  CHECK_THAT(error_of("backend: tpu\n"), Contains("unknown backend 'tpu'"));
+  CHECK_THAT(error_of("kernel:\n  decay: [none, none]\n"), Contains("duplicate value 'none'"));
+  CHECK_THAT(error_of("reps: [1, 2]\n"), Contains("reps") && Contains("expected a single value"));
+  CHECK_THAT(error_of("kernel:\n  seq: []\n"), Contains("empty list"));
+  CHECK_THAT(error_of("kernel: 3\n"), Contains("kernel") && Contains("expected a mapping"));
+  CHECK_THAT(error_of(""), Contains("empty"));
+  CHECK_THAT(error_of("- 1\n- 2\n"), Contains("expected a mapping at the top level"));
+  CHECK_THAT(error_of("kernel:\n  batch: 4096\n  heads: 4096\n  seq: 16777216\n  dim: 1024\n"), Contains("2^31"));
+}
+
+TEST_CASE("bad command-line values name the flag", "[config][errors]") {
+  using Catch::Matchers::Contains;
+  auto override_error = [](const std::string& key, const std::string& value) {
+    Config c;
+    Overrides o;
+    o.values[key] = value;
+    try {
+      apply_overrides(c, o);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(override_error("seq", "512,abc"), Contains("--seq") && Contains("'abc'"));
+  CHECK_THAT(override_error("min_sample_ms", "0"), Contains("--min-sample-ms"));
+  CHECK_THAT(override_error("threads", "2,3"), Contains("--threads") && Contains("single value"));
+  CHECK_THAT(override_error("suites", "layer"), Contains("--suite") && Contains("unknown suite 'layer'"));
+  CHECK_THAT(override_error("seq", ""), Contains("--seq"));
+}

@@ -1,0 +1,105 @@
+// The float64 reference itself: its forward against the closed (non-recurrent) form of causal
+// linear attention, and its gradients against central finite differences.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "reference/linear_attention_ref.hpp"
+#include "test_util.hpp"
+
+using namespace lattn;
+
+namespace {
+
+std::vector<double> random_vector(std::size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+struct Tensors {
+  std::vector<double> q, k, v, h0, dO, dhT;
+};
+
+Tensors random_tensors(const Problem& p, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  return {random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng),
+          random_vector(p.state_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.state_elems(), rng)};
+}
+
+double loss(const Problem& p, const Tensors& t) {
+  std::vector<double> o(p.token_elems()), hT(p.state_elems());
+  reference::forward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data()});
+  double l = 0;
+  for (std::size_t i = 0; i < o.size(); ++i) l += o[i] * t.dO[i];
+  for (std::size_t i = 0; i < hT.size(); ++i) l += hT[i] * t.dhT[i];
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("reference forward equals the closed form of causal linear attention", "[reference]") {
+  for (Decay decay : {Decay::none, Decay::retnet}) {
+    const Problem p{2, 3, 7, 4, 64, decay};
+    const Tensors t = random_tensors(p, 11);
+    std::vector<double> o(p.token_elems()), hT(p.state_elems());
+    reference::forward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data()});
+    const double s = attention_scale(p.dim);
+    double worst = 0;
+    for (std::size_t bh = 0; bh < p.heads_total(); ++bh) {
+      const double g = decay_gamma(decay, int(bh % p.heads));
+      const double* q = t.q.data() + bh * p.head_token_elems();
+      const double* k = t.k.data() + bh * p.head_token_elems();
+      const double* v = t.v.data() + bh * p.head_token_elems();
+      const double* h0 = t.h0.data() + bh * p.head_state_elems();
+      for (int i = 0; i < p.seq; ++i)
+        for (int j = 0; j < p.dim; ++j) {
+          // o_i = s (gamma^(i+1) h0^T q_i + sum_{tau <= i} gamma^(i - tau) (q_i . k_tau) v_tau)
+          double expected = 0;
+          for (int a = 0; a < p.dim; ++a) expected += std::pow(g, i + 1) * h0[a * p.dim + j] * q[i * p.dim + a];
+          for (int tau = 0; tau <= i; ++tau) {
+            double qk = 0;
+            for (int a = 0; a < p.dim; ++a) qk += q[i * p.dim + a] * k[tau * p.dim + a];
+            expected += std::pow(g, i - tau) * qk * v[tau * p.dim + j];
+          }
+          expected *= s;
+          worst = std::max(worst, std::abs(expected - o[bh * p.head_token_elems() + i * p.dim + j]));
+        }
+    }
+    CHECK(worst < 1e-12);
+  }
+}
+
+TEST_CASE("reference gradients match central finite differences", "[reference][grad]") {
+  for (Decay decay : {Decay::none, Decay::retnet}) {
+    const Problem p{1, 2, 5, 3, 64, decay};
+    INFO(test::describe(p));
+    Tensors t = random_tensors(p, 5);
+    std::vector<double> dq(p.token_elems()), dk(p.token_elems()), dv(p.token_elems()), dh0(p.state_elems());
+    reference::backward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(), t.dhT.data(), dq.data(),
+                            dk.data(), dv.data(), dh0.data()});
+    const double eps = 1e-6;
+    auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+      double worst = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const double saved = x[i];
+        x[i] = saved + eps;
+        const double plus = loss(p, t);
+        x[i] = saved - eps;
+        const double minus = loss(p, t);
+        x[i] = saved;
+        const double numeric = (plus - minus) / (2 * eps);
+        worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
+      }
+      INFO(name);
+      CHECK(worst < 1e-7);
+    };
+    check_gradient(t.q, dq, "dq");
+    check_gradient(t.k, dk, "dk");
+    check_gradient(t.v, dv, "dv");
+    check_gradient(t.h0, dh0, "dh0");
+  }
+}

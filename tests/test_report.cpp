@@ -1,0 +1,92 @@
+// The result file a real smoke run writes: it parses, carries every key of SPEC section 4 and the
+// device block, and is written whole (no temporary file left beside it).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "report.hpp"
+#include "runner.hpp"
+#include "test_util.hpp"
+
+using namespace lattn;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("lattn-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+}  // namespace
+
+TEST_CASE("a smoke run writes a complete result file", "[report]") {
+  const fs::path dir = fresh_dir("report");
+  RunRequest request;
+  request.config = load_config_file(test::source_dir() + "/configs/smoke.yaml");
+  request.argv = {"lattnbench", "--config", "configs/smoke.yaml"};
+  request.out_path = (dir / "out.json").string();
+  request.dump_dir = (dir / "dump").string();
+  request.quiet = true;
+  REQUIRE(run_benchmarks(request) == 0);
+
+  std::ifstream in(request.out_path);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  CHECK(doc["schema_version"] == kSchemaVersion);
+  CHECK(doc["argv"].size() == 3);
+  CHECK(doc["config"]["kernel"]["chunk"] == nlohmann::json::array({32}));
+  for (const char* key : {"backend", "cpu_model", "threads", "blas", "blas_version", "compiler", "build_type",
+                          "lattnbench_version", "git_revision", "git_dirty", "hostname"})
+    CHECK(doc["device"].contains(key));
+  const auto& results = doc["results"];
+  REQUIRE(results.size() == expand_plan(request.config).size());
+  for (const auto& r : results) {
+    INFO(r.dump());
+    for (const char* key : {"suite", "impl", "mode", "chunk", "batch", "heads", "seq", "dim", "dtype", "compile_s", "inner",
+                            "median_ms", "q1_ms", "q3_ms", "rel_err", "temp_mb", "arg_mb", "out_mb", "samples_ms",
+                            "flops", "gflops", "status"})
+      CHECK(r.contains(key));
+    CHECK(r["status"] == "ok");
+    CHECK(r["samples_ms"].size() == 3);
+    CHECK(r["q1_ms"].get<double>() <= r["median_ms"].get<double>());
+    CHECK(r["median_ms"].get<double>() <= r["q3_ms"].get<double>());
+    CHECK(r["rel_errs"].size() == (r["mode"] == "fwd" ? 2u : 6u));
+  }
+  CHECK(doc["totals"]["ok"] == results.size());
+
+  std::size_t leftovers = 0;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().filename().string().find(".tmp.") != std::string::npos) ++leftovers;
+  CHECK(leftovers == 0);
+  // --dump: the first case's inputs and outputs as .npy files
+  CHECK(fs::exists(dir / "dump" / "000-kernel-scan-fwd-b1h2t24d16c32-none" / "q.npy"));
+  CHECK(fs::exists(dir / "dump" / "000-kernel-scan-fwd-b1h2t24d16c32-none" / "o.npy"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("atomic writes replace a file whole", "[report]") {
+  const fs::path dir = fresh_dir("atomic");
+  const std::string path = (dir / "sub" / "r.json").string();
+  write_file_atomically(path, "first");
+  write_file_atomically(path, "second, longer");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "second, longer");
+  CHECK(std::distance(fs::directory_iterator(dir / "sub"), fs::directory_iterator()) == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the table has a row per result, skipped ones with their reason", "[report]") {
+  nlohmann::json results = nlohmann::json::array();
+  results.push_back({{"suite", "kernel"}, {"impl", "scan"}, {"mode", "fwd"}, {"status", "ok"}, {"median_ms", 1.5},
+                     {"q1_ms", 1.4}, {"q3_ms", 1.6}, {"gflops", 3.0}, {"temp_mb", 0.0}, {"rel_err", 1e-7}});
+  results.push_back({{"suite", "kernel"}, {"impl", "chunked"}, {"mode", "fwd"}, {"status", "skipped"},
+                     {"skip_reason", "bf16 is not supported"}});
+  const std::string table = format_table(results);
+  CHECK(std::count(table.begin(), table.end(), '\n') == 3);
+  CHECK(table.find("1.5000") != std::string::npos);
+  CHECK(table.find("skipped: bf16 is not supported") != std::string::npos);
+}

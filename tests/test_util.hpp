@@ -1,0 +1,76 @@
+// Helpers shared by the tests: problem tensors, the float64 reference on float32 inputs, and
+// running the real executable.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "check.hpp"
+#include "inputs.hpp"
+
+namespace lattn::test {
+
+inline std::string describe(const Problem& p) {
+  return "B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " T" + std::to_string(p.seq) + " D" +
+         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + (p.decay == Decay::retnet ? " retnet" : " none");
+}
+
+struct ProcessResult {
+  int exit_status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `command` through the shell, stderr merged into stdout.
+inline ProcessResult run_process(const std::string& command) {
+  ProcessResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return result;
+  std::array<char, 4096> buffer{};
+  std::size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+inline std::string binary() { return LATTN_BINARY; }
+inline std::string source_dir() { return LATTN_SOURCE_DIR; }
+
+}  // namespace lattn::test
+
+namespace lattn::test {
+
+// Runs one case on the CPU backend once and checks it against the float64 reference.
+inline CheckResult run_cpu_case(const Problem& p, Impl impl, Mode mode, int threads = 0, std::uint64_t seed = 3) {
+  auto backend = make_backend("cpu", BackendOptions{threads});
+  Case kase{"kernel", impl, mode, p, "cpu", "float32", 0};
+  const KernelTensors inputs = make_kernel_inputs(p, mode, seed);
+  auto prepared = backend->prepare(kase, inputs);
+  prepared->run();
+  KernelTensors outputs;
+  prepared->read_outputs(outputs);
+  const KernelReference reference = compute_kernel_reference(p, inputs, mode == Mode::fwd_bwd);
+  return check_kernel_outputs(outputs, reference, mode, tolerance_for("float32"));
+}
+
+// Shapes every kernel test covers: D = 1 and D = 128, T < C, T not a multiple of C, T = 1, C = 1.
+inline std::vector<Problem> kernel_test_shapes() {
+  std::vector<Problem> shapes;
+  for (Decay decay : {Decay::none, Decay::retnet}) {
+    shapes.push_back({1, 1, 1, 1, 4, decay});
+    shapes.push_back({1, 2, 9, 1, 4, decay});
+    shapes.push_back({2, 3, 20, 8, 64, decay});     // T < C
+    shapes.push_back({1, 4, 100, 16, 32, decay});   // ragged last chunk
+    shapes.push_back({2, 1, 64, 5, 16, decay});     // T a multiple of C, odd D
+    shapes.push_back({1, 2, 37, 12, 1, decay});     // C = 1
+    shapes.push_back({1, 2, 300, 128, 128, decay}); // D = 128, ragged
+  }
+  return shapes;
+}
+
+}  // namespace lattn::test
