@@ -44,8 +44,8 @@ def check_shards(files):
         if shard is None:
             continue
         index, count = (shard.get(k) if isinstance(shard, dict) else None for k in ("index", "count"))
-        if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
-            raise lr.ResultFileError(f"{f.path}: shard is not {{\"index\": K, \"count\": N}} with 0 <= K < N")
+        if not (isinstance(index, int) and isinstance(count, int) and 1 <= index <= count):
+            raise lr.ResultFileError(f"{f.path}: shard is not {{\"index\": K, \"count\": N}} with 1 <= K <= N (as --shard K/N)")
         if index in seen:
             raise lr.ResultFileError(f"{f.path}: shard {index} of {count} is also {seen[index]}")
         seen[index] = f.path
@@ -53,7 +53,7 @@ def check_shards(files):
     if len(counts) > 1:
         raise lr.ResultFileError(f"inputs come from different splits: shard counts {sorted(counts)}")
     if counts:
-        missing = sorted(set(range(counts.pop())) - set(seen))
+        missing = sorted(set(range(1, counts.pop() + 1)) - set(seen))
         if missing:
             print(f"merge.py: warning: shards {missing} are missing; the merged file is partial",
                   file=sys.stderr)

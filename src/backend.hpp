@@ -57,6 +57,15 @@ class Backend {
   // The `device` block of the result file (docs/results.md).
   virtual nlohmann::json device_info() const = 0;
   virtual std::unique_ptr<PreparedCase> prepare(const Case& kase, const KernelTensors& inputs) = 0;
+
+  // For the memory guard: bytes this backend will hold for `kase` (its copies of the inputs and
+  // outputs, and the kernel's scratch), and the bytes free where it holds them. The defaults
+  // make the guard a no-op for a backend that cannot tell.
+  virtual std::size_t memory_estimate(const Case& /*kase*/) const { return 0; }
+  virtual std::size_t memory_available() const { return std::size_t(-1); }
+  // True when the backend's memory is host RAM (the CPU backend), so that the run's own host
+  // buffers and the backend's draw on the same pool.
+  virtual bool memory_is_host() const { return false; }
 };
 
 struct BackendOptions {

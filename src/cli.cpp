@@ -74,11 +74,15 @@ std::string list_capabilities() {
 CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   CLI::App app{"lattnbench: benchmark causal linear-attention kernels (scan vs chunked) on CPU and GPU", "lattnbench"};
   app.get_formatter()->column_width(32);
-  std::string config_path, out_path, dump_dir;
+  std::string config_path, out_path, dump_dir, gbench_path, resume_path, format = "table", shard;
   bool list = false, version = false, quiet = false;
   app.add_option("-c,--config", config_path, "suite config, YAML (.yaml/.yml) or JSON (.json); default: built-in");
   app.add_option("-o,--out", out_path, "result JSON (default results/lattnbench-<backend>-<UTC time>.json)");
   app.add_option("--dump", dump_dir, "also write each case's inputs and outputs as .npy files here");
+  app.add_option("--format", format, "stdout: table (default), json, csv or md");
+  app.add_option("--gbench-out", gbench_path, "also write a Google Benchmark JSON export here");
+  app.add_option("--shard", shard, "run the K-th of N cost-balanced slices of the plan (K/N, 1 <= K <= N)");
+  app.add_option("--resume", resume_path, "continue the interrupted run whose journal this is (same command line)");
   app.add_flag("--list", list, "list suites, impls, modes and backends (and whether each is available here)");
   app.add_flag("--version", version, "print the version and exit");
   app.add_flag("-q,--quiet", quiet, "no progress lines on stderr");
@@ -117,6 +121,10 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   request.argv = argv;
   request.out_path = out_path;
   request.dump_dir = dump_dir;
+  request.gbench_path = gbench_path;
+  request.resume_path = resume_path;
+  request.stdout_format = parse_output_format(format, "--format");
+  if (!shard.empty()) request.shard = parse_shard(shard);
   request.quiet = quiet;
   return {request, 0};
 }

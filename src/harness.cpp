@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "interrupt.hpp"
+
 namespace lattn {
 
 double quantile_sorted(const std::vector<double>& sorted, double p) {
@@ -53,7 +55,10 @@ Timing measure(PreparedCase& kase, const TimingSettings& settings) {
   }
 
   timing.samples_ms.reserve(std::size_t(settings.reps));
-  for (int r = 0; r < settings.reps; ++r) timing.samples_ms.push_back(kase.time_ms(timing.inner) / timing.inner);
+  for (int r = 0; r < settings.reps; ++r) {
+    throw_if_interrupted();  // a stop request lets the sample under way finish, then ends the case
+    timing.samples_ms.push_back(kase.time_ms(timing.inner) / timing.inner);
+  }
   timing.stats = summarize(timing.samples_ms);
   return timing;
 }

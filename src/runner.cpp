@@ -3,19 +3,25 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "backend.hpp"
 #include "check.hpp"
 #include "cost_model.hpp"
+#include "environment.hpp"
 #include "error.hpp"
 #include "harness.hpp"
 #include "inputs.hpp"
+#include "interrupt.hpp"
+#include "journal.hpp"
 #include "npy.hpp"
 #include "report.hpp"
+#include "summary.hpp"
 
 namespace lattn {
 namespace {
@@ -57,6 +63,15 @@ nlohmann::json identity(const Case& c) {
           {"seq", p.seq},         {"dim", p.dim},             {"plan_index", c.plan_index}};
 }
 
+// What must match for a journal to be resumed on this machine: the device, not its measurements.
+nlohmann::json device_fingerprint(const nlohmann::json& device) {
+  nlohmann::json fp = nlohmann::json::object();
+  for (const char* key : {"backend", "cpu_model", "cpu_cores", "threads", "hostname", "gpu", "compute_capability",
+                          "lattnbench_version", "git_revision"})
+    if (device.contains(key)) fp[key] = device[key];
+  return fp;
+}
+
 // Inputs and the float64 reference for the shape last seen: scan and chunked, fwd and fwd_bwd of
 // one shape come one after another in the plan and share them.
 class ReferenceCache {
@@ -84,6 +99,28 @@ class ReferenceCache {
   std::tuple<int, int, int, int, int> key_{};
   std::unique_ptr<Entry> entry_;
 };
+
+// Host bytes the run itself holds for a case beyond the backend: the cached inputs (float32) and
+// the float64 reference with its widened inputs, the case's own input copy, and the outputs read
+// back (all six tensors counted for every mode, as the cache does).
+std::size_t host_estimate(const Case& c) {
+  const Problem& p = c.problem;
+  const std::size_t elems = 4 * p.token_elems() + 2 * p.state_elems();
+  return elems * (4 /*cache*/ + 8 /*widened*/ + 8 /*reference outputs*/ + 4 /*case inputs*/ + 4 /*read back*/);
+}
+
+std::optional<std::string> memory_guard(const Backend& backend, const Case& c) {
+  const double host_need = double(host_estimate(c)) + (backend.memory_is_host() ? double(backend.memory_estimate(c)) : 0);
+  const double host_free = double(available_host_memory());
+  if (host_need > host_free)
+    return fmt::format("needs about {:.0f} MiB of host memory, {:.0f} MiB available", host_need / kMiB, host_free / kMiB);
+  if (!backend.memory_is_host()) {
+    const double need = double(backend.memory_estimate(c)), free = double(backend.memory_available());
+    if (need > free)
+      return fmt::format("needs about {:.0f} MiB of {} memory, {:.0f} MiB free", need / kMiB, backend.name(), free / kMiB);
+  }
+  return std::nullopt;
+}
 
 void dump_case(const std::string& dir, const Case& c, const KernelTensors& in, const KernelTensors& out) {
   const Problem& p = c.problem;
@@ -124,12 +161,20 @@ KernelTensors inputs_for(const KernelTensors& all, Mode mode) {
   return in;
 }
 
-nlohmann::json run_case(Backend& backend, const Case& c, const RunRequest& request, ReferenceCache& cache) {
+struct RunContext {
+  const RunRequest& request;
+  Backend& backend;
+  ReferenceCache cache;
+  TimerInfo timer;
+};
+
+nlohmann::json run_case(RunContext& ctx, const Case& c) {
   nlohmann::json record = identity(c);
-  const auto& run = request.config.run;
-  const auto& shared = cache.get(c.problem, c.mode, run.seed);
+  const auto& run = ctx.request.config.run;
+  const auto& shared = ctx.cache.get(c.problem, c.mode, run.seed);
+  throw_if_interrupted();
   const KernelTensors inputs = inputs_for(shared.inputs, c.mode);
-  auto prepared = backend.prepare(c, inputs);
+  auto prepared = ctx.backend.prepare(c, inputs);
   const Timing timing = measure(*prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
 
   KernelTensors outputs;
@@ -140,8 +185,11 @@ nlohmann::json run_case(Backend& backend, const Case& c, const RunRequest& reque
   const double seconds = timing.stats.median * 1e-3;
 
   record["status"] = check.passed ? "ok" : "failed";
-  if (!check.non_finite.empty()) record["check_failure"] = "non-finite output at " + check.non_finite;
-  else if (!check.passed) record["check_failure"] = fmt::format("{} rel_err {:.3e} over tolerance {:.1e}", check.worst_output, check.rel_err, check.tolerance);
+  if (!check.non_finite.empty())
+    record["check_failure"] = "non-finite output at " + check.non_finite;
+  else if (!check.passed)
+    record["check_failure"] =
+        fmt::format("{} rel_err {:.3e} over tolerance {:.1e}", check.worst_output, check.rel_err, check.tolerance);
   record["compile_s"] = timing.compile_s;
   record["warmup"] = run.warmup;
   record["inner"] = timing.inner;
@@ -164,9 +212,25 @@ nlohmann::json run_case(Backend& backend, const Case& c, const RunRequest& reque
   record["bytes"] = bytes;
   record["gbytes_per_s"] = seconds > 0 ? bytes / seconds * 1e-9 : 0.0;
   if (c.impl == Impl::chunked && c.mode == Mode::fwd_bwd) record["bwd_states"] = "recomputed";
+  if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
+    record["timer_warning"] = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
+                                          timing.stats.median * 1e6, ctx.timer.resolution_ns);
 
-  if (!request.dump_dir.empty()) dump_case(request.dump_dir, c, inputs, outputs);
+  if (!ctx.request.dump_dir.empty()) dump_case(ctx.request.dump_dir, c, inputs, outputs);
   return record;
+}
+
+// Records of a journal being resumed, by plan index, after checking it belongs to this run.
+std::map<std::size_t, nlohmann::json> resumed_records(const std::string& path, const nlohmann::json& header) {
+  const JournalContents journal = read_journal(path);
+  for (const char* key : {"config", "shard", "plan_size"})
+    if (journal.header.value(key, nlohmann::json()) != header.value(key, nlohmann::json()))
+      throw UsageError(path, std::string("the journal's ") + key + " differs from this run's: resume with the same command line");
+  if (journal.header["device"] != header["device"])
+    throw UsageError(path, "the journal was written on another device (" + journal.header["device"].dump() + ")");
+  std::map<std::size_t, nlohmann::json> done;
+  for (const auto& record : journal.records) done[record.at("plan_index").get<std::size_t>()] = record;
+  return done;
 }
 
 }  // namespace
@@ -175,41 +239,90 @@ std::string default_out_path(const std::string& backend, const std::string& utc_
   return "results/lattnbench-" + backend + "-" + utc_compact + ".json";
 }
 
+std::string journal_path_for(const std::string& out_path) { return out_path + ".journal.jsonl"; }
+
 int run_benchmarks(const RunRequest& request) {
   const Config& config = request.config;
-  const std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
-  const std::string out_path =
-      request.out_path.empty() ? default_out_path(config.run.backend, utc_now("%Y%m%dT%H%M%SZ")) : request.out_path;
+  std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
+  std::vector<std::string> argv = request.argv;
+
+  // A resumed run keeps the start time, command line and result path of the run it continues.
+  nlohmann::json resumed_header;
+  if (!request.resume_path.empty()) resumed_header = read_journal(request.resume_path).header;
+  std::string out_path = request.out_path;
+  if (out_path.empty() && !resumed_header.is_null()) out_path = resumed_header.value("out_path", "");
+  if (out_path.empty()) out_path = default_out_path(config.run.backend, utc_now("%Y%m%dT%H%M%SZ"));
+  const OutputFormat out_format = format_for_path(out_path, "--out");
   check_writable(out_path, "--out");
+  if (!request.gbench_path.empty()) check_writable(request.gbench_path, "--gbench-out");
+  const std::string journal_path = request.resume_path.empty() ? journal_path_for(out_path) : request.resume_path;
 
   auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads});
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
+  const nlohmann::json device = backend->device_info();
 
-  const std::vector<Case> plan = expand_plan(config);
+  const std::vector<Case> full_plan = expand_plan(config);
+  const std::vector<Case> plan = select_shard(full_plan, request.shard);
+  const nlohmann::json shard_json =
+      request.shard.active() ? nlohmann::json{{"index", request.shard.index}, {"count", request.shard.count}} : nlohmann::json();
+
+  nlohmann::json header = {{"journal", "lattnbench"}, {"schema_version", kSchemaVersion}, {"created_utc", started},
+                           {"argv", argv},           {"out_path", out_path},            {"config", to_json(config)},
+                           {"shard", shard_json},     {"plan_size", full_plan.size()},   {"device", device_fingerprint(device)}};
+  std::map<std::size_t, nlohmann::json> done;
+  if (!request.resume_path.empty()) {
+    done = resumed_records(request.resume_path, header);
+    started = resumed_header.value("created_utc", started);
+    argv = resumed_header.value("argv", argv);
+  }
+  Journal journal(journal_path, header, !request.resume_path.empty());
+
+  std::vector<std::string> warnings = environment_warnings(device.value("build_type", ""));
+  for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
+
+  RunContext ctx{request, *backend, {}, measure_steady_clock()};
   double total_cost = 0, done_cost = 0;
   for (const auto& c : plan) total_cost += case_cost_estimate(c);
 
+  install_interrupt_handlers();
   nlohmann::json results = nlohmann::json::array();
   nlohmann::json totals = {{"cases", plan.size()}, {"ok", 0}, {"failed", 0}, {"skipped", 0}};
-  ReferenceCache cache;
   const auto run_start = std::chrono::steady_clock::now();
   bool any_failed = false;
+  std::size_t position = 0;
 
   for (const Case& c : plan) {
+    ++position;
+    if (interrupt_signal()) break;
     nlohmann::json record;
     std::string note;
-    if (auto why = backend->unsupported_reason(c)) {
+    if (auto it = done.find(c.plan_index); it != done.end()) {
+      record = it->second;
+      note = "from the journal";
+    } else if (auto why = backend->unsupported_reason(c)) {
       record = identity(c);
       record["status"] = "skipped";
       record["skip_reason"] = *why;
       note = "skipped: " + *why;
+    } else if (auto too_big = memory_guard(*backend, c)) {
+      record = identity(c);
+      record["status"] = "skipped";
+      record["skip_reason"] = "memory: " + *too_big;
+      note = "skipped: memory: " + *too_big;
     } else {
       try {
-        record = run_case(*backend, c, request, cache);
+        record = run_case(ctx, c);
         note = fmt::format("median {:.4f} ms, rel_err {:.2e}", record["median_ms"].get<double>(),
                            record["rel_err"].get<double>());
         if (record["status"] == "failed") note += " FAILED: " + record["check_failure"].get<std::string>();
+      } catch (const Interrupted&) {
+        break;
+      } catch (const std::bad_alloc&) {
+        record = identity(c);
+        record["status"] = "skipped";
+        record["skip_reason"] = "memory: an allocation failed";
+        note = "skipped: memory: an allocation failed";
       } catch (const std::exception& e) {
         record = identity(c);
         record["status"] = "failed";
@@ -217,6 +330,7 @@ int run_benchmarks(const RunRequest& request) {
         note = std::string("FAILED: ") + e.what();
       }
     }
+    if (!done.count(c.plan_index)) journal.append(record);
     const std::string status = record["status"];
     totals[status] = totals[status].get<int>() + 1;
     any_failed = any_failed || status == "failed";
@@ -226,26 +340,45 @@ int run_benchmarks(const RunRequest& request) {
     if (!request.quiet) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       const double eta = done_cost > 0 ? elapsed * (total_cost - done_cost) / done_cost : 0.0;
-      fmt::print(stderr, "[{}/{}] {}: {} (elapsed {}, ETA {})\n", c.plan_index + 1, plan.size(), describe(c), note,
+      fmt::print(stderr, "[{}/{}] {}: {} (elapsed {}, ETA {})\n", position, plan.size(), describe(c), note,
                  format_duration(elapsed), format_duration(eta));
       std::fflush(stderr);
     }
   }
 
+  const int signal = interrupt_signal();
+  nlohmann::json full_device = device;
+  full_device["timer"] = to_json(ctx.timer);
   nlohmann::json document = {
       {"schema_version", kSchemaVersion},
       {"tool", "lattnbench"},
-      {"version", backend->device_info().value("lattnbench_version", "")},
+      {"version", device.value("lattnbench_version", "")},
       {"created_utc", started},
-      {"argv", request.argv},
+      {"argv", argv},
       {"config", to_json(config)},
-      {"device", backend->device_info()},
+      {"device", full_device},
       {"results", results},
       {"totals", totals},
+      {"summary", build_summary(results)},
+      {"warnings", warnings},
   };
-  write_file_atomically(out_path, document.dump(2) + "\n");
-  fmt::print("{}", format_table(results));
-  fmt::print("results: {}\n", out_path);
+  if (request.shard.active()) document["shard"] = shard_json;
+  if (signal) {
+    document["interrupted"] = true;
+    document["interrupted_by"] = signal == SIGINT ? "SIGINT" : "SIGTERM";
+  }
+  write_file_atomically(out_path, render(document, out_format));
+  if (!request.gbench_path.empty()) write_file_atomically(request.gbench_path, to_gbench(document).dump(2) + "\n");
+  // A complete run needs its journal no more; an interrupted one keeps it for --resume.
+  if (!signal) std::filesystem::remove(journal_path);
+
+  fmt::print("{}", render(document, request.stdout_format));
+  if (request.stdout_format == OutputFormat::table) fmt::print("results: {}\n", out_path);
+  if (signal) {
+    fmt::print(stderr, "lattnbench: interrupted after {} of {} cases; resume with --resume {}\n", results.size(),
+               plan.size(), journal_path);
+    return 128 + signal;
+  }
   return any_failed ? 1 : 0;
 }
 

@@ -1,26 +1,35 @@
-// One benchmark run: the plan's cases through one backend, each timed, checked and recorded, and
-// the result file written at the end (also when a case failed).
+// One benchmark run: the plan's cases (or one shard of them) through one backend, each timed,
+// checked and recorded; a journal line per finished case; the result file written at the end,
+// also when a case failed or the run was interrupted.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "config.hpp"
+#include "formats.hpp"
+#include "shard.hpp"
 
 namespace lattn {
 
 struct RunRequest {
   Config config;
   std::vector<std::string> argv;
-  std::string out_path;   // empty: results/lattnbench-<backend>-<UTC time>.json
-  std::string dump_dir;   // empty: no .npy dump
-  bool quiet = false;     // no progress lines
+  std::string out_path;      // empty: results/lattnbench-<backend>-<UTC time>.json (format by extension)
+  std::string gbench_path;   // empty: no Google Benchmark export
+  std::string dump_dir;      // empty: no .npy dump
+  std::string resume_path;   // a journal to continue
+  OutputFormat stdout_format = OutputFormat::table;
+  Shard shard;
+  bool quiet = false;        // no progress lines
 };
 
-// Exit status of the run: 0 every case ran and passed its check (or was skipped as unsupported),
-// 1 some case failed its check or broke. Throws UsageError for what the user must fix.
+// Exit status of the run: 0 every case ran and passed its check (or was skipped), 1 some case
+// failed its check or broke, 128 + signal when interrupted. Throws UsageError for what the user
+// must fix.
 int run_benchmarks(const RunRequest& request);
 
 std::string default_out_path(const std::string& backend, const std::string& utc_compact);
+std::string journal_path_for(const std::string& out_path);
 
 }  // namespace lattn

@@ -3,10 +3,12 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "build_info.hpp"
 #include "counting_allocator.hpp"
+#include "environment.hpp"
 #include "cpu/kernels.hpp"
 
 namespace lattn::cpu {
@@ -109,6 +111,21 @@ class CpuBackend final : public Backend {
   std::unique_ptr<PreparedCase> prepare(const Case& kase, const KernelTensors& inputs) override {
     return std::make_unique<CpuCase>(kase, inputs);
   }
+
+  std::size_t memory_estimate(const Case& kase) const override {
+    const Problem& p = kase.problem;
+    const bool backward = kase.mode == Mode::fwd_bwd;
+    const std::size_t tensors = (backward ? 4 : 3) * p.token_elems() + (backward ? 2 : 1) * p.state_elems();
+    const std::size_t outputs = (backward ? 4 : 1) * p.token_elems() + (backward ? 2 : 1) * p.state_elems();
+    std::size_t scratch = kase.impl == Impl::scan ? scan_forward_workspace_bytes(p) : chunked_forward_workspace_bytes(p);
+    if (backward)
+      scratch = std::max(scratch, kase.impl == Impl::scan ? scan_backward_workspace_bytes(p)
+                                                          : chunked_backward_workspace_bytes(p));
+    return (tensors + outputs) * sizeof(float) + scratch;
+  }
+
+  std::size_t memory_available() const override { return available_host_memory(); }
+  bool memory_is_host() const override { return true; }
 
  private:
   int threads_;

@@ -1,0 +1,162 @@
+// Nothing is lost: a real run killed with SIGINT writes what finished (marked interrupted); one
+// killed with SIGKILL leaves its journal, and --resume completes it into the file an uninterrupted
+// run writes. A case too big for memory is skipped with the reason, and the run goes on.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "journal.hpp"
+#include "test_util.hpp"
+
+extern char** environ;
+
+using namespace lattn;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("lattn-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Twelve cases of a few hundred milliseconds each.
+std::vector<std::string> slow_run_args(const fs::path& out) {
+  return {test::binary(), "--seq", "3000,3001,3002", "--dim", "48", "--batch", "1", "--heads", "4", "--reps", "4",
+          "--min-sample-ms", "20", "--threads", "1", "--quiet", "--out", out.string()};
+}
+
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  REQUIRE(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+std::size_t line_count(const fs::path& path) {
+  std::ifstream in(path);
+  std::size_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+// Waits until the journal holds `records` finished cases (plus its header line).
+void wait_for_journal(const fs::path& journal, std::size_t records) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (line_count(journal) < records + 1) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int wait_exit(pid_t pid, bool* signalled = nullptr) {
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  if (signalled) *signalled = WIFSIGNALED(status);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST_CASE("SIGINT and SIGTERM finish the sample, write the finished cases marked interrupted, exit 128+signal",
+          "[robustness][signals]") {
+  for (int sig : {SIGINT, SIGTERM}) {
+    INFO("signal " << sig);
+    const fs::path dir = fresh_dir("sigint");
+    const fs::path out = dir / "r.json";
+    const pid_t pid = spawn(slow_run_args(out), dir / "log");
+    wait_for_journal(fs::path(out.string() + ".journal.jsonl"), 2);
+    REQUIRE(kill(pid, sig) == 0);
+    CHECK(wait_exit(pid) == 128 + sig);
+    const nlohmann::json doc = read_json(out);
+    CHECK(doc["interrupted"] == true);
+    CHECK(doc["results"].size() >= 2);
+    CHECK(doc["results"].size() < 12);
+    for (const auto& r : doc["results"]) CHECK(r["status"] == "ok");
+    CHECK(fs::exists(out.string() + ".journal.jsonl"));  // kept for --resume
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "[robustness][resume]") {
+  const fs::path dir = fresh_dir("sigkill");
+  const fs::path out = dir / "r.json";
+  const fs::path journal = out.string() + ".journal.jsonl";
+  const auto args = slow_run_args(out);
+  const pid_t pid = spawn(args, dir / "log1");
+  wait_for_journal(journal, 3);
+  REQUIRE(kill(pid, SIGKILL) == 0);
+  bool signalled = false;
+  wait_exit(pid, &signalled);
+  CHECK(signalled);
+  CHECK_FALSE(fs::exists(out));
+  const JournalContents before = read_journal(journal.string());
+  REQUIRE(before.records.size() >= 3);
+  REQUIRE(before.records.size() < 12);
+
+  auto resume_args = args;
+  resume_args.push_back("--resume");
+  resume_args.push_back(journal.string());
+  const pid_t resumed = spawn(resume_args, dir / "log2");
+  CHECK(wait_exit(resumed) == 0);
+  const nlohmann::json doc = read_json(out);
+  REQUIRE(doc["results"].size() == 12);
+  CHECK_FALSE(doc.contains("interrupted"));
+  for (std::size_t i = 0; i < doc["results"].size(); ++i) CHECK(doc["results"][i]["plan_index"] == i);
+  for (const auto& kept : before.records) CHECK(doc["results"][kept["plan_index"].get<std::size_t>()] == kept);
+  CHECK(doc["argv"] == before.header["argv"]);
+  CHECK_FALSE(fs::exists(journal));  // complete: the journal is no longer needed
+  fs::remove_all(dir);
+}
+
+TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") {
+  const fs::path dir = fresh_dir("resume-mismatch");
+  const fs::path journal = dir / "j.jsonl";
+  {
+    Journal j(journal.string(), {{"journal", "lattnbench"}, {"config", {{"reps", 99}}}}, false);
+  }
+  const auto result = test::run_process(test::binary() + " --seq 16 --dim 4 --quiet --out " + (dir / "r.json").string() +
+                                        " --resume " + journal.string());
+  CHECK(result.exit_status == 2);
+  CHECK_THAT(result.output, Catch::Matchers::Contains("the journal's config differs"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a case too big for memory is skipped with the reason, and the run goes on", "[robustness][memory]") {
+  const fs::path dir = fresh_dir("memguard");
+  const fs::path out = dir / "r.json";
+  const auto result = test::run_process(test::binary() + " --seq 16,16777216 --dim 128 --batch 1 --heads 1 --impl scan "
+                                        "--mode fwd --reps 2 --min-sample-ms 1 --quiet --out " + out.string());
+  CHECK(result.exit_status == 0);
+  const nlohmann::json doc = read_json(out);
+  REQUIRE(doc["results"].size() == 2);
+  CHECK(doc["results"][0]["status"] == "ok");
+  CHECK(doc["results"][1]["status"] == "skipped");
+  CHECK_THAT(doc["results"][1]["skip_reason"].get<std::string>(), Catch::Matchers::Contains("memory: needs about"));
+  fs::remove_all(dir);
+}
