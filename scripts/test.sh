@@ -1,8 +1,33 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds everything with the tests, and runs them through CTest.
+# Installs what is missing, then: builds everything with the tests (build/), builds and runs the
+# whole suite again under ASan + UBSan (build-asan/), fuzzes the config loader for 60 s
+# (build-fuzz/), runs clang-tidy, and finally runs the main suite through CTest.
+# Skip the slow extras locally with LATTN_QUICK=1. Extra arguments go to the final ctest.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${LATTN_BUILD_DIR:-$root/build}
+quick=${LATTN_QUICK:-0}
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh" -DBUILD_TESTING=ON
-cd "${LATTN_BUILD_DIR:-$root/build}"
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "build ($build_dir)"
+LATTN_BUILD_DIR=$build_dir "$root/scripts/build.sh" -DBUILD_TESTING=ON
+
+if [[ $quick != 1 ]]; then
+  step "tests under ASan + UBSan (build-asan)"
+  LATTN_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DBUILD_TESTING=ON -DLATTN_CUDA=OFF \
+    -DLATTN_SANITIZE=address,undefined >/dev/null
+  (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure --parallel "$(nproc)" --exclude-regex "^python_" | tail -4)
+
+  step "config fuzzer, ${LATTN_FUZZ_SECONDS:-60} s"
+  "$root/scripts/fuzz.sh" "${LATTN_FUZZ_SECONDS:-60}"
+
+  step "clang-tidy"
+  "$root/scripts/lint.sh" "$build_dir"
+fi
+
+step "tests"
+cd "$build_dir"
 ctest --output-on-failure --parallel "$(nproc)" "$@"

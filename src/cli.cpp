@@ -92,6 +92,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
     app.add_option(override_flags()[i].flag, override_values[i], override_flags()[i].help);
 
   std::vector<const char*> args;
+  args.reserve(argv.size());
   for (const auto& a : argv) args.push_back(a.c_str());
   try {
     app.parse(int(args.size()), args.data());

@@ -26,6 +26,8 @@ constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim =
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
 // One tensor of a case may not exceed this many elements (8 GiB of float32).
 constexpr std::size_t kMaxTensorElems = std::size_t(1) << 31;
+// A plan is held in memory whole; sweeps beyond this belong in several runs or shards.
+constexpr long kMaxPlanCases = 100000;
 
 struct Raw {
   std::string text;
@@ -154,6 +156,7 @@ const std::vector<Field>& top_fields() {
 
 std::vector<std::string> field_keys(const std::vector<Field>& fields) {
   std::vector<std::string> keys;
+  keys.reserve(fields.size());
   for (const auto& f : fields) keys.push_back(f.key);
   return keys;
 }
@@ -251,6 +254,15 @@ Config parse_config(const std::string& original_text, const std::string& source)
       if (colon != std::string::npos) what = what.substr(colon + 2);
       throw UsageError(source + ":" + std::to_string(line_of_byte(text, e.byte ? e.byte - 1 : 0)),
                        "JSON syntax error: " + what);
+    } catch (const nlohmann::json::out_of_range& e) {
+      // A number too large for a double ("number overflow parsing '1e999'"); it has no position,
+      // so the line is where the number first appears.
+      const std::string what = e.what();
+      const auto open = what.find('\''), close = what.rfind('\'');
+      const std::string token = open != std::string::npos && close > open ? what.substr(open + 1, close - open - 1) : "";
+      const std::size_t at_byte = token.empty() ? std::string::npos : text.find(token);
+      throw UsageError(source + (at_byte == std::string::npos ? "" : ":" + std::to_string(line_of_byte(text, at_byte))),
+                       "JSON number out of range: '" + token + "'");
     }
     // Valid JSON has tabs only as whitespace between tokens, which YAML does not accept everywhere.
     std::replace(text.begin(), text.end(), '\t', ' ');
@@ -314,6 +326,11 @@ void apply_overrides(Config& config, const Overrides& overrides) {
 
 void validate_config(const Config& c) {
   const auto& k = c.kernel;
+  const double cases = double(k.batch.size()) * double(k.heads.size()) * double(k.seq.size()) * double(k.dim.size()) *
+                       double(k.chunk.size()) * double(k.impl.size()) * double(k.mode.size()) * double(k.decay.size());
+  if (cases > double(kMaxPlanCases))
+    throw UsageError(c.source, "the kernel suite expands to " + std::to_string(long(cases)) + " cases; at most " +
+                                   std::to_string(kMaxPlanCases) + " fit in one run (use --shard or fewer values)");
   for (int batch : k.batch)
     for (int heads : k.heads)
       for (int seq : k.seq)

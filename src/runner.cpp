@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -50,7 +51,7 @@ std::string case_slug(const Case& c) {
 }
 
 std::string format_duration(double seconds) {
-  const long s = long(seconds + 0.5);
+  const long s = std::lround(seconds);
   return s >= 3600 ? fmt::format("{}:{:02d}:{:02d}", s / 3600, (s / 60) % 60, s % 60)
                    : fmt::format("{}:{:02d}", s / 60, s % 60);
 }
