@@ -66,13 +66,17 @@ class ReferenceCache {
     KernelReference reference;
   };
 
-  const Entry& get(const Problem& p, Mode mode, std::uint64_t seed) {
+  const Entry& get(const Problem& p, Mode mode, std::uint64_t seed, const std::string& dtype) {
     const bool backward = mode == Mode::fwd_bwd;
-    const auto key = std::make_tuple(p.batch, p.heads, p.seq, p.dim, int(p.decay));
+    const auto key = std::make_tuple(p.batch, p.heads, p.seq, p.dim, int(p.decay), dtype);
     if (!entry_ || key != key_ || (backward && !entry_->reference.has_backward)) {
       entry_.reset();  // free the old shape's tensors before making the new ones
       auto entry = std::make_unique<Entry>();
       entry->inputs = make_kernel_inputs(p, Mode::fwd_bwd, seed);
+      if (dtype == "bf16") {  // the token tensors are bf16; the states h0, dhT stay float32
+        for (auto* tensor : {&entry->inputs.q, &entry->inputs.k, &entry->inputs.v, &entry->inputs.dO})
+          round_to_bf16(*tensor);
+      }
       entry->reference = compute_kernel_reference(p, entry->inputs, backward);
       entry_ = std::move(entry);
       key_ = key;
@@ -81,7 +85,7 @@ class ReferenceCache {
   }
 
  private:
-  std::tuple<int, int, int, int, int> key_{};
+  std::tuple<int, int, int, int, int, std::string> key_{};
   std::unique_ptr<Entry> entry_;
 };
 
@@ -127,7 +131,7 @@ KernelTensors inputs_for(const KernelTensors& all, Mode mode) {
 nlohmann::json run_case(Backend& backend, const Case& c, const RunRequest& request, ReferenceCache& cache) {
   nlohmann::json record = identity(c);
   const auto& run = request.config.run;
-  const auto& shared = cache.get(c.problem, c.mode, run.seed);
+  const auto& shared = cache.get(c.problem, c.mode, run.seed, c.dtype);
   const KernelTensors inputs = inputs_for(shared.inputs, c.mode);
   auto prepared = backend.prepare(c, inputs);
   const Timing timing = measure(*prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
@@ -164,6 +168,7 @@ nlohmann::json run_case(Backend& backend, const Case& c, const RunRequest& reque
   record["bytes"] = bytes;
   record["gbytes_per_s"] = seconds > 0 ? bytes / seconds * 1e-9 : 0.0;
   if (c.impl == Impl::chunked && c.mode == Mode::fwd_bwd) record["bwd_states"] = "recomputed";
+  if (run.cold) record["cold"] = true;
 
   if (!request.dump_dir.empty()) dump_case(request.dump_dir, c, inputs, outputs);
   return record;
@@ -182,7 +187,7 @@ int run_benchmarks(const RunRequest& request) {
       request.out_path.empty() ? default_out_path(config.run.backend, utc_now("%Y%m%dT%H%M%SZ")) : request.out_path;
   check_writable(out_path, "--out");
 
-  auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads});
+  auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads, config.run.device, config.run.cold});
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
 
