@@ -21,7 +21,8 @@
 // chunks one after another and keeps its D x 64 state slice in shared memory (float32, plus a
 // bf16 copy as the tensor-core operand). Per chunk it stages the operand every output row needs
 // (B in the forward kernel, A in the backward one) for the whole chunk and the slice of V' / G',
-// then stages the other operand RB rows at a time (RB = 64, or less when shared memory is short),
+// then stages the other operand RB rows at a time (RB <= 64, chosen so two blocks fit on one
+// multiprocessor where possible),
 // forms the masked score tile RB x n in shared memory, and produces RB output rows; then it
 // updates the state slice. Every tile is padded to multiples of 16 with zeros, so ragged last
 // chunks and any D need no special paths. Warps own 16 x 16 output tiles; tiles above the causal
@@ -31,7 +32,9 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <map>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -145,9 +148,31 @@ template <> struct Tiles<bf16> {  // tensor cores: bf16 x bf16 -> float32
 };
 
 // rows x width block of a [.][D] token tensor into shared memory (leading dimension ld): entries
-// beyond `valid_rows` rows or beyond column D are zero.
+// beyond `valid_rows` rows or beyond column D are zero. When D (and so every row start) is a
+// multiple of 16 bytes, 16-byte accesses, four in flight per thread before the first store;
+// otherwise element by element.
 template <class T>
 __device__ void stage(T* dst, int ld, const T* src, int D, int col0, int valid_rows, int rows, int width) {
+  constexpr int V = 16 / int(sizeof(T));  // elements per 16-byte access; width, ld, col0 are multiples
+  if (D % V == 0) {
+    const int vw = width / V, total = rows * vw;
+    for (int base = int(threadIdx.x); base < total; base += 4 * kThreads) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = base + u * kThreads, r = e / vw, c = (e - r * vw) * V;
+        v[u] = make_uint4(0, 0, 0, 0);
+        if (e < total && r < valid_rows && col0 + c < D)
+          v[u] = *reinterpret_cast<const uint4*>(src + std::size_t(r) * D + col0 + c);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = base + u * kThreads, r = e / vw, c = (e - r * vw) * V;
+        if (e < total) *reinterpret_cast<uint4*>(dst + r * ld + c) = v[u];
+      }
+    }
+    return;
+  }
   for (int e = int(threadIdx.x); e < rows * width; e += kThreads) {
     const int r = e / width, c = e - r * width;
     dst[r * ld + c] = (r < valid_rows && col0 + c < D) ? src[std::size_t(r) * D + col0 + c] : from_float<T>(0.0f);
@@ -416,18 +441,44 @@ __global__ void __launch_bounds__(kThreads) chunk_backward_kernel(ChunkParams p)
 int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
 int element_size(Dtype dtype) { return dtype == Dtype::f32 ? 4 : 2; }
 
-std::size_t max_shared_bytes() {
-  int device = 0, bytes = 0;
+int current_device() {
+  int device = 0;
   LATTN_CUDA_CHECK(cudaGetDevice(&device));
-  LATTN_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return std::size_t(bytes);
+  return device;
 }
 
-// The largest staging height (64, 48, 32 or 16 rows, at most the padded chunk) that fits; 0 if none.
+// Read once per device: launches stay free of attribute queries inside timed loops.
+std::size_t max_shared_bytes(int device) {
+  static std::map<int, std::size_t> known;
+  auto it = known.find(device);
+  if (it == known.end()) {
+    int bytes = 0;
+    LATTN_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    it = known.emplace(device, std::size_t(bytes)).first;
+  }
+  return it->second;
+}
+
+// Raises a kernel's dynamic shared-memory limit on `device` when a launch needs more than before.
+template <class Kernel>
+void allow_shared(Kernel kernel, int device, std::size_t bytes) {
+  static std::map<std::pair<const void*, int>, std::size_t> allowed;
+  std::size_t& have = allowed[{reinterpret_cast<const void*>(kernel), device}];
+  if (bytes > have) {
+    LATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    have = bytes;
+  }
+}
+
+// The staging height (a multiple of 16 up to 64, at most the padded chunk): the largest with which
+// two blocks share a multiprocessor (latency hiding: a block waits at its barriers), else the
+// largest that fits at all; 0 if none fits.
 int rows_per_block(const Problem& p, Dtype dtype, std::size_t limit) {
   const int Cp = round16(effective_chunk(p));
-  for (int rb = std::min(64, Cp); rb >= 16; rb -= 16)
-    if (chunked_shared_bytes(p, dtype, rb) <= limit) return rb;
+  const std::size_t half = limit / 2 > 1024 ? limit / 2 - 1024 : 0;  // the runtime keeps 1 KiB per block
+  for (std::size_t budget : {half, limit})
+    for (int rb = std::min(64, Cp); rb >= 16; rb -= 16)
+      if (chunked_shared_bytes(p, dtype, rb) <= budget) return rb;
   return 0;
 }
 
@@ -439,12 +490,13 @@ void launch(const Problem& pr, Dtype dtype, Pass pass, ChunkParams params, cudaS
   params.H = pr.heads;
   params.C = effective_chunk(pr);
   params.retnet = pr.decay == Decay::retnet;
-  params.RB = rows_per_block(pr, dtype, max_shared_bytes());
+  const int device = current_device();
+  params.RB = rows_per_block(pr, dtype, max_shared_bytes(device));
   if (params.RB == 0) throw RuntimeFailure("chunked: the tiles do not fit in shared memory");
   const std::size_t shared = chunked_shared_bytes(pr, dtype, params.RB);
   const dim3 grid(unsigned(pr.heads_total()), unsigned((round16(pr.dim) + kSlice - 1) / kSlice));
   auto go = [&](auto kernel) {
-    LATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    allow_shared(kernel, device, shared);
     kernel<<<grid, kThreads, shared, stream>>>(params);
     LATTN_CUDA_CHECK_LAUNCH();
   };
