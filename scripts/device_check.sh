@@ -6,7 +6,8 @@
 #
 #   scripts/device_check.sh [OUTDIR]        (default: $OUT, else ./out/device-check)
 #
-# Writes at most 8 files into OUTDIR: build.log, test.log, bench.log and four result JSONs.
+# Writes at most 8 files into OUTDIR: build.log, test.log, sanitize.log, bench.log and four result
+# JSONs.
 # Dependencies: the system's, or the Debian packages scripts/fetch_device_deps.sh unpacked into
 # .deps/root (used when present; LATTN_DEPS=DIR names another). Every step has a timeout; the whole
 # script ends within about 8 minutes. Exit status: 0 all passed, else the first failing step's.
@@ -104,5 +105,25 @@ for r in doc["results"]:
         r["impl"], r["mode"], r["chunk"], r["median_ms"], r["q1_ms"], r["q3_ms"], r["rel_err"], verdict))
 PY
 fi
-log "done in $(( $(date +%s) - started ))s, status $status (0 ok, 1 build, 2 tests, 3 a benchmark)"
+# ---- 4. compute-sanitizer on small shapes (memcheck, racecheck, synccheck), where it works ----
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+: >"$out/sanitize.log"
+if [[ -n $sanitizer && -x $build/tests/lattn_cuda_tests ]]; then
+  for tool in memcheck racecheck synccheck; do
+    log "compute-sanitizer --tool $tool"
+    echo "== $tool" >>"$out/sanitize.log"
+    timeout "$(limit 45)" "$sanitizer" --tool "$tool" --error-exitcode 9 "$build/tests/lattn_cuda_tests" "[sanitize]" \
+      >>"$out/sanitize.log" 2>&1
+    rc=$?
+    echo "== $tool: exit $rc" >>"$out/sanitize.log"
+    log "compute-sanitizer --tool $tool: exit $rc $([[ $rc -eq 124 ]] && echo '(timed out)')"
+    # A sanitizer that cannot attach (gVisor: "Device not supported") is not a failure; errors it found are.
+    found=$(grep -o "ERROR SUMMARY: [0-9]*" "$out/sanitize.log" | tail -1 | grep -o "[0-9]*$")
+    [[ ${found:-0} -eq 0 || $status -ne 0 ]] || status=2
+  done
+else
+  echo "no compute-sanitizer" >>"$out/sanitize.log"
+fi
+
+log "done in $(( $(date +%s) - started ))s, status $status (0 ok, 1 build, 2 tests or sanitizer, 3 a benchmark)"
 exit $status

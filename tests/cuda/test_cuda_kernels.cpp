@@ -158,3 +158,17 @@ TEST_CASE("the CUDA backend skips what it cannot run, with a reason", "[cuda]") 
   Case fine{"kernel", Impl::chunked, Mode::fwd_bwd, Problem{4, 64, 4096, 128, 64, Decay::none}, "cuda", "bf16", 0};
   CHECK_FALSE(backend->unsupported_reason(fine).has_value());
 }
+
+// Small shapes for compute-sanitizer (memcheck, racecheck, synccheck): every kernel and pass, both
+// dtypes, the vector and the element-wise staging, one and several staged row blocks. Hidden from
+// the normal run; scripts/device_check.sh runs it under the sanitizer.
+TEST_CASE("sanitizer shapes", "[.][sanitize]") {
+  const std::vector<Problem> shapes = {{1, 2, 45, 20, 16, Decay::retnet}, {1, 1, 150, 128, 128, Decay::none},
+                                       {1, 1, 33, 13, 64, Decay::retnet}};
+  for (const std::string dtype : {"float32", "bf16"})
+    for (const Problem& p : shapes)
+      for (Impl impl : {Impl::scan, Impl::chunked}) {
+        INFO(dtype << " " << to_string(impl) << " " << test::describe(p));
+        CHECK(run_cuda_case(p, impl, Mode::fwd_bwd, dtype).check.passed);
+      }
+}
