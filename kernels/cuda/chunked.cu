@@ -103,14 +103,35 @@ template <> struct Tiles<float> {  // FMA units: lane l owns row l / 2, columns 
 #pragma unroll
     for (int c = 0; c < 8; ++c) a.x[c] = 0.0f;
   }
+  // Row-major operands are read 4 floats at a time (every tile offset and leading dimension is a
+  // multiple of 4 floats, every buffer 128-byte aligned); column-major ones element by element.
   template <bool ACol, bool BCol>
   __device__ static void mma(Acc& acc, const float* A, int lda, const float* B, int ldb) {
     const int lane = int(threadIdx.x) & 31, r = lane >> 1, c0 = (lane & 1) * 8;
-#pragma unroll 4
-    for (int k = 0; k < 16; ++k) {
-      const float a = ACol ? A[k * lda + r] : A[r * lda + k];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) acc.x[c] = fmaf(a, BCol ? B[(c0 + c) * ldb + k] : B[k * ldb + c0 + c], acc.x[c]);
+    for (int k0 = 0; k0 < 16; k0 += 4) {
+      float a[4];
+      if constexpr (ACol) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) a[u] = A[(k0 + u) * lda + r];
+      } else {
+        const float4 v = *reinterpret_cast<const float4*>(A + r * lda + k0);
+        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        float b[8];
+        if constexpr (BCol) {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) b[c] = B[(c0 + c) * ldb + k0 + u];
+        } else {
+          const float4 lo = *reinterpret_cast<const float4*>(B + (k0 + u) * ldb + c0);
+          const float4 hi = *reinterpret_cast<const float4*>(B + (k0 + u) * ldb + c0 + 4);
+          b[0] = lo.x, b[1] = lo.y, b[2] = lo.z, b[3] = lo.w, b[4] = hi.x, b[5] = hi.y, b[6] = hi.z, b[7] = hi.w;
+        }
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc.x[c] = fmaf(a[u], b[c], acc.x[c]);
+      }
     }
   }
   __device__ static void store(float* P, const Acc& acc, int ld) {
