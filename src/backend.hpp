@@ -69,7 +69,9 @@ class Backend {
 };
 
 struct BackendOptions {
-  int threads = 0;  // CPU threads for the whole run; 0: every core
+  int threads = 0;    // CPU threads for the whole run; 0: every core
+  int device = 0;     // GPU index (CUDA backend)
+  bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
 };
 
 // Every backend this build knows, available here or not ("cpu" always; "cuda" when built).

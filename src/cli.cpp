@@ -37,12 +37,13 @@ const std::vector<OverrideFlag>& override_flags() {
       {"--heads", "heads", "head counts, comma list"},
       {"--decay", "decay", "decay modes, comma list (none, retnet)"},
       {"--backend", "backend", "cpu or cuda"},
-      {"--dtype", "dtype", "float32"},
+      {"--dtype", "dtype", "float32 or bf16 (bf16 inputs, float32 accumulation; backends that lack it skip)"},
       {"--threads", "threads", "CPU threads of the whole run (0: every core)"},
       {"--warmup", "warmup", "warm-up calls after the cold one"},
       {"--reps", "reps", "timed samples per case"},
       {"--min-sample-ms", "min_sample_ms", "a sample lasts at least this long (ms)"},
       {"--seed", "seed", "seed of the inputs"},
+      {"--device", "device", "GPU index of the CUDA backend (default 0)"},
   };
   return flags;
 }
@@ -75,7 +76,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   CLI::App app{"lattnbench: benchmark causal linear-attention kernels (scan vs chunked) on CPU and GPU", "lattnbench"};
   app.get_formatter()->column_width(32);
   std::string config_path, out_path, dump_dir, gbench_path, resume_path, format = "table", shard;
-  bool list = false, version = false, quiet = false;
+  bool list = false, version = false, quiet = false, cold = false;
   app.add_option("-c,--config", config_path, "suite config, YAML (.yaml/.yml) or JSON (.json); default: built-in");
   app.add_option("-o,--out", out_path, "result JSON (default results/lattnbench-<backend>-<UTC time>.json)");
   app.add_option("--dump", dump_dir, "also write each case's inputs and outputs as .npy files here");
@@ -86,6 +87,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   app.add_flag("--list", list, "list suites, impls, modes and backends (and whether each is available here)");
   app.add_flag("--version", version, "print the version and exit");
   app.add_flag("-q,--quiet", quiet, "no progress lines on stderr");
+  app.add_flag("--cold", cold, "flush the GPU's L2 cache before each timed call (CUDA; nvbench's cold measurement)");
 
   std::vector<std::string> override_values(override_flags().size());
   for (std::size_t i = 0; i < override_flags().size(); ++i)
@@ -118,6 +120,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   for (std::size_t i = 0; i < override_flags().size(); ++i)
     if (app.get_option(override_flags()[i].flag)->count() > 0)
       overrides.values[override_flags()[i].key] = override_values[i];
+  if (cold) overrides.values["cold"] = "true";
   apply_overrides(request.config, overrides);
   request.argv = argv;
   request.out_path = out_path;

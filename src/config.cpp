@@ -23,6 +23,7 @@ namespace {
 
 // Sizes beyond these are refused at validation, before anything is allocated.
 constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim = 1024, kMaxChunk = 8192;
+constexpr long kMaxDevice = 1023;
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
 // One tensor of a case may not exceed this many elements (8 GiB of float32).
 constexpr std::size_t kMaxTensorElems = std::size_t(1) << 31;
@@ -72,6 +73,12 @@ std::uint64_t parse_seed(const Raw& raw) {
   if (raw.quoted || raw.text.empty() || ec != std::errc() || ptr != raw.text.data() + raw.text.size())
     throw UsageError(raw.where, "expected a non-negative integer seed, got '" + raw.text + "'");
   return value;
+}
+
+bool parse_bool(const Raw& raw) {
+  if (!raw.quoted && (raw.text == "true" || raw.text == "yes" || raw.text == "on" || raw.text == "1")) return true;
+  if (!raw.quoted && (raw.text == "false" || raw.text == "no" || raw.text == "off" || raw.text == "0")) return false;
+  throw UsageError(raw.where, "expected true or false, got '" + raw.text + "'");
 }
 
 const std::string& parse_choice(const Raw& raw, const std::vector<std::string>& choices, const char* what) {
@@ -150,6 +157,8 @@ const std::vector<Field>& top_fields() {
       {"min_sample_ms", false,
        [](Config& c, const std::vector<Raw>& raws) { c.run.min_sample_ms = parse_positive_number(raws[0], 60000); }},
       {"seed", false, [](Config& c, const std::vector<Raw>& raws) { c.run.seed = parse_seed(raws[0]); }},
+      {"device", false, [](Config& c, const std::vector<Raw>& raws) { c.run.device = int(parse_int(raws[0], 0, kMaxDevice)); }},
+      {"cold", false, [](Config& c, const std::vector<Raw>& raws) { c.run.cold = parse_bool(raws[0]); }},
   };
   return fields;
 }
@@ -237,7 +246,7 @@ const std::vector<std::string>& known_decays() {
   return v;
 }
 const std::vector<std::string>& known_dtypes() {
-  static const std::vector<std::string> v = {"float32"};
+  static const std::vector<std::string> v = {"float32", "bf16"};
   return v;
 }
 
@@ -391,6 +400,8 @@ nlohmann::json to_json(const Config& c) {
       {"reps", c.run.reps},
       {"min_sample_ms", c.run.min_sample_ms},
       {"seed", c.run.seed},
+      {"device", c.run.device},
+      {"cold", c.run.cold},
       {"kernel", kernel},
   };
 }

@@ -40,6 +40,8 @@ struct RunSettings {
   int reps = 10;
   double min_sample_ms = 25.0;
   std::uint64_t seed = 0;
+  int device = 0;     // GPU index (CUDA backend)
+  bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
 };
 
 struct Config {

@@ -1,6 +1,7 @@
 #include "inputs.hpp"
 
 #include <cmath>
+#include <cstring>
 
 #include "backend.hpp"
 
@@ -18,6 +19,25 @@ std::uint64_t splitmix64(std::uint64_t x) {
 double unit_interval(std::uint64_t bits) { return (double(bits >> 11) + 1.0) * 0x1.0p-53; }
 
 }  // namespace
+
+std::uint16_t float_to_bf16_bits(float x) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((bits >> 16) | 0x40u);  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return std::uint16_t(bits >> 16);
+}
+
+float bf16_bits_to_float(std::uint16_t bits) {
+  const std::uint32_t wide = std::uint32_t(bits) << 16;
+  float x = 0;
+  std::memcpy(&x, &wide, sizeof x);
+  return x;
+}
+
+void round_to_bf16(std::vector<float>& values) {
+  for (float& x : values) x = bf16_bits_to_float(float_to_bf16_bits(x));
+}
 
 void fill_normal(std::vector<float>& out, std::uint64_t seed, TensorId tensor, double stddev) {
   const std::uint64_t stream = splitmix64(seed ^ splitmix64(std::uint64_t(tensor)));

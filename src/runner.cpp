@@ -82,13 +82,17 @@ class ReferenceCache {
     KernelReference reference;
   };
 
-  const Entry& get(const Problem& p, Mode mode, std::uint64_t seed) {
+  const Entry& get(const Problem& p, Mode mode, std::uint64_t seed, const std::string& dtype) {
     const bool backward = mode == Mode::fwd_bwd;
-    const auto key = std::make_tuple(p.batch, p.heads, p.seq, p.dim, int(p.decay));
+    const auto key = std::make_tuple(p.batch, p.heads, p.seq, p.dim, int(p.decay), dtype);
     if (!entry_ || key != key_ || (backward && !entry_->reference.has_backward)) {
       entry_.reset();  // free the old shape's tensors before making the new ones
       auto entry = std::make_unique<Entry>();
       entry->inputs = make_kernel_inputs(p, Mode::fwd_bwd, seed);
+      if (dtype == "bf16") {  // the token tensors are bf16; the states h0, dhT stay float32
+        for (auto* tensor : {&entry->inputs.q, &entry->inputs.k, &entry->inputs.v, &entry->inputs.dO})
+          round_to_bf16(*tensor);
+      }
       entry->reference = compute_kernel_reference(p, entry->inputs, backward);
       entry_ = std::move(entry);
       key_ = key;
@@ -97,7 +101,7 @@ class ReferenceCache {
   }
 
  private:
-  std::tuple<int, int, int, int, int> key_{};
+  std::tuple<int, int, int, int, int, std::string> key_{};
   std::unique_ptr<Entry> entry_;
 };
 
@@ -172,7 +176,7 @@ struct RunContext {
 nlohmann::json run_case(RunContext& ctx, const Case& c) {
   nlohmann::json record = identity(c);
   const auto& run = ctx.request.config.run;
-  const auto& shared = ctx.cache.get(c.problem, c.mode, run.seed);
+  const auto& shared = ctx.cache.get(c.problem, c.mode, run.seed, c.dtype);
   throw_if_interrupted();
   const KernelTensors inputs = inputs_for(shared.inputs, c.mode);
   auto prepared = ctx.backend.prepare(c, inputs);
@@ -216,6 +220,7 @@ nlohmann::json run_case(RunContext& ctx, const Case& c) {
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
     record["timer_warning"] = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
                                           timing.stats.median * 1e6, ctx.timer.resolution_ns);
+  if (run.cold) record["cold"] = true;
 
   if (!ctx.request.dump_dir.empty()) dump_case(ctx.request.dump_dir, c, inputs, outputs);
   return record;
@@ -258,7 +263,7 @@ int run_benchmarks(const RunRequest& request) {
   if (!request.gbench_path.empty()) check_writable(request.gbench_path, "--gbench-out");
   const std::string journal_path = request.resume_path.empty() ? journal_path_for(out_path) : request.resume_path;
 
-  auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads});
+  auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads, config.run.device, config.run.cold});
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
   const nlohmann::json device = backend->device_info();

@@ -39,6 +39,15 @@ inline ProcessResult run_process(const std::string& command) {
 }
 
 inline std::string binary() { return LATTN_BINARY; }
+
+// Whether this build has the CUDA backend and this machine a GPU it can use.
+inline bool cuda_usable() {
+  try {
+    return make_backend("cuda", BackendOptions{})->availability().available;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 inline std::string source_dir() { return LATTN_SOURCE_DIR; }
 
 }  // namespace lattn::test
