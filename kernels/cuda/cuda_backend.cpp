@@ -298,6 +298,29 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaCase>(kase, inputs, device_, cold_);
   }
 
+  // Every tensor counted at 4 bytes (bf16 inputs take 2: the estimate errs high), plus the L2
+  // flush buffer of --cold; the kernels' scratch is 0 (kernels.hpp).
+  std::size_t memory_estimate(const Case& kase) const override {
+    const Problem& p = kase.problem;
+    const bool bwd = kase.mode == Mode::fwd_bwd;
+    const std::size_t elems = (bwd ? 8 : 4) * p.token_elems() + (bwd ? 4 : 2) * p.state_elems();
+    std::size_t flush = 0;
+    int l2 = 0;
+    if (cold_ && cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_) == cudaSuccess)
+      flush = std::max<std::size_t>(2 * std::size_t(l2), 1 << 20);
+    cudaGetLastError();
+    return elems * sizeof(float) + flush;
+  }
+
+  std::size_t memory_available() const override {
+    std::size_t free = 0, total = 0;
+    if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return std::size_t(-1);  // cannot tell: let the allocation itself decide
+    }
+    return free;
+  }
+
  private:
   int threads_;
   int device_;
