@@ -9,4 +9,10 @@ generator=()
 mkdir -p "$build_dir"
 cmake -S "$root" -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@" >"$build_dir/configure.log" 2>&1 \
   || { cat "$build_dir/configure.log" >&2; exit 1; }
-cmake --build "$build_dir" --parallel "$(nproc)" ${LATTN_BUILD_TARGET:+--target "$LATTN_BUILD_TARGET"}
+# Quiet when it works; on a failure the end of the log says why.
+if ! cmake --build "$build_dir" --parallel "$(nproc)" ${LATTN_BUILD_TARGET:+--target "$LATTN_BUILD_TARGET"} \
+    >"$build_dir/build.log" 2>&1; then
+  tail -60 "$build_dir/build.log" >&2
+  echo "build: failed (whole log: $build_dir/build.log)" >&2
+  exit 1
+fi

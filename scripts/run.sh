@@ -4,5 +4,5 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/setup.sh"
-LATTN_BUILD_TARGET=lattnbench "$root/scripts/build.sh" >/dev/null
+LATTN_BUILD_TARGET=lattnbench "$root/scripts/build.sh"
 exec "${LATTN_BUILD_DIR:-$root/build}/lattnbench" "$@"

@@ -17,7 +17,7 @@ LATTN_BUILD_DIR=$build_dir "$root/scripts/build.sh" -DBUILD_TESTING=ON
 if [[ $quick != 1 ]]; then
   step "tests under ASan + UBSan (build-asan)"
   LATTN_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DBUILD_TESTING=ON -DLATTN_CUDA=OFF \
-    -DLATTN_SANITIZE=address,undefined >/dev/null
+    -DLATTN_SANITIZE=address,undefined
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure --parallel "$(nproc)" --exclude-regex "^python_" | tail -4)
 
