@@ -4,10 +4,17 @@
 #include <new>
 
 namespace lattn {
-namespace {
-constexpr std::size_t kAlignment = 64;  // a cache line, and an AVX-512 register
-std::size_t rounded(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-}  // namespace
+
+RawMemory host_memory() {
+  constexpr std::size_t kAlignment = 64;
+  return {kAlignment,
+          [](std::size_t bytes) {
+            void* ptr = std::aligned_alloc(kAlignment, bytes);
+            if (!ptr) throw std::bad_alloc();
+            return ptr;
+          },
+          [](void* ptr) { std::free(ptr); }};
+}
 
 CountingAllocator::~CountingAllocator() { release_cache(); }
 
@@ -20,8 +27,7 @@ void* CountingAllocator::allocate(std::size_t bytes) {
     ptr = cached->second;
     cache_.erase(cached);
   } else {
-    ptr = std::aligned_alloc(kAlignment, rounded(bytes));
-    if (!ptr) throw std::bad_alloc();
+    ptr = raw_.allocate(rounded(bytes));
   }
   live_ += bytes;
   if (live_ > peak_) peak_ = live_;
@@ -35,7 +41,7 @@ void CountingAllocator::deallocate(void* ptr, std::size_t bytes) noexcept {
   try {
     cache_.emplace(rounded(bytes), ptr);
   } catch (...) {
-    std::free(ptr);
+    raw_.release(ptr);
   }
 }
 
@@ -56,7 +62,7 @@ void CountingAllocator::reset_peak() {
 
 void CountingAllocator::release_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [size, ptr] : cache_) std::free(ptr);
+  for (auto& [size, ptr] : cache_) raw_.release(ptr);
   cache_.clear();
 }
 

@@ -1,6 +1,8 @@
-// Host allocator that counts live and peak bytes (temp_mb) and keeps freed blocks for reuse, so
-// that a kernel asking for the same scratch on every call pays for page faults only on the first
-// (the cold call, which compile_s reports), not inside the timed samples.
+// An allocator that counts live and peak bytes (temp_mb) and keeps freed blocks for reuse, so
+// that a kernel asking for the same scratch on every call pays for page faults (host) or
+// cudaMalloc's device synchronisation (GPU) only on the first, cold call, which compile_s
+// reports, never inside the timed samples. Where the memory comes from is a RawMemory: host
+// memory here, device memory in the CUDA backend (kernels/cuda/device_allocator.hpp).
 #pragma once
 
 #include <cstddef>
@@ -11,9 +13,18 @@
 
 namespace lattn {
 
+struct RawMemory {
+  std::size_t alignment;
+  void* (*allocate)(std::size_t bytes);  // throws on failure
+  void (*release)(void* ptr);
+};
+
+// 64-byte aligned host memory: a cache line, and an AVX-512 register.
+RawMemory host_memory();
+
 class CountingAllocator final : public Allocator {
  public:
-  CountingAllocator() = default;
+  explicit CountingAllocator(RawMemory raw = host_memory()) : raw_(raw) {}
   CountingAllocator(const CountingAllocator&) = delete;
   CountingAllocator& operator=(const CountingAllocator&) = delete;
   ~CountingAllocator() override;
@@ -29,6 +40,9 @@ class CountingAllocator final : public Allocator {
   void release_cache();
 
  private:
+  std::size_t rounded(std::size_t bytes) const { return (bytes + raw_.alignment - 1) / raw_.alignment * raw_.alignment; }
+
+  RawMemory raw_;
   mutable std::mutex mutex_;
   std::size_t live_ = 0;
   std::size_t peak_ = 0;

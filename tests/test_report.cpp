@@ -14,17 +14,8 @@
 using namespace lattn;
 namespace fs = std::filesystem;
 
-namespace {
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("lattn-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-}  // namespace
-
 TEST_CASE("a smoke run writes a complete result file", "[report]") {
-  const fs::path dir = fresh_dir("report");
+  const fs::path dir = test::fresh_dir("report");
   RunRequest request;
   request.config = load_config_file(test::source_dir() + "/configs/smoke.yaml");
   request.argv = {"lattnbench", "--config", "configs/smoke.yaml"};
@@ -68,7 +59,7 @@ TEST_CASE("a smoke run writes a complete result file", "[report]") {
 }
 
 TEST_CASE("atomic writes replace a file whole", "[report]") {
-  const fs::path dir = fresh_dir("atomic");
+  const fs::path dir = test::fresh_dir("atomic");
   const std::string path = (dir / "sub" / "r.json").string();
   write_file_atomically(path, "first");
   write_file_atomically(path, "second, longer");

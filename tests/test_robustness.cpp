@@ -25,12 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("lattn-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // Twelve cases of a few hundred milliseconds each.
 std::vector<std::string> slow_run_args(const fs::path& out) {
@@ -87,7 +81,7 @@ TEST_CASE("SIGINT and SIGTERM finish the sample, write the finished cases marked
           "[robustness][signals]") {
   for (int sig : {SIGINT, SIGTERM}) {
     INFO("signal " << sig);
-    const fs::path dir = fresh_dir("sigint");
+    const fs::path dir = test::fresh_dir("sigint");
     const fs::path out = dir / "r.json";
     const pid_t pid = spawn(slow_run_args(out), dir / "log");
     wait_for_journal(fs::path(out.string() + ".journal.jsonl"), 2);
@@ -104,7 +98,7 @@ TEST_CASE("SIGINT and SIGTERM finish the sample, write the finished cases marked
 }
 
 TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "[robustness][resume]") {
-  const fs::path dir = fresh_dir("sigkill");
+  const fs::path dir = test::fresh_dir("sigkill");
   const fs::path out = dir / "r.json";
   const fs::path journal = out.string() + ".journal.jsonl";
   const auto args = slow_run_args(out);
@@ -135,7 +129,7 @@ TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "
 }
 
 TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") {
-  const fs::path dir = fresh_dir("resume-mismatch");
+  const fs::path dir = test::fresh_dir("resume-mismatch");
   const fs::path journal = dir / "j.jsonl";
   {
     Journal j(journal.string(), {{"journal", "lattnbench"}, {"config", {{"reps", 99}}}}, false);
@@ -148,7 +142,7 @@ TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") 
 }
 
 TEST_CASE("a case too big for memory is skipped with the reason, and the run goes on", "[robustness][memory]") {
-  const fs::path dir = fresh_dir("memguard");
+  const fs::path dir = test::fresh_dir("memguard");
   const fs::path out = dir / "r.json";
   const auto result = test::run_process(test::binary() + " --seq 16,16777216 --dim 128 --batch 1 --heads 1 --impl scan "
                                         "--mode fwd --reps 2 --min-sample-ms 1 --quiet --out " + out.string());

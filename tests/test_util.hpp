@@ -4,7 +4,10 @@
 
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -39,6 +42,14 @@ inline ProcessResult run_process(const std::string& command) {
 }
 
 inline std::string binary() { return LATTN_BINARY; }
+
+// An empty folder of this test process's own under the system's temporary folder.
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lattn-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 // Whether this build has the CUDA backend and this machine a GPU it can use.
 inline bool cuda_usable() {

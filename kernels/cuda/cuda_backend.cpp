@@ -204,7 +204,7 @@ class CudaCase final : public PreparedCase {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   DeviceBuffer q_, k_, v_, h0_, dO_, dhT_, o_, hT_, dq_, dk_, dv_, dh0_, flush_;
-  DeviceAllocator allocator_;
+  CountingAllocator allocator_{device_memory()};
   std::size_t temp_peak_ = 0;
 };
 

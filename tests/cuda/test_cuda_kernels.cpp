@@ -97,7 +97,7 @@ TEST_CASE("float32 CUDA kernels are as exact as the CPU ones", "[cuda]") {
 }
 
 TEST_CASE("the device allocator tracks live and peak bytes and reuses freed blocks", "[cuda][memory]") {
-  cuda::DeviceAllocator allocator;
+  CountingAllocator allocator(cuda::device_memory());
   void* a = allocator.allocate(1000);
   void* b = allocator.allocate(24);
   CHECK(allocator.live_bytes() == 1024);
