@@ -25,7 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 // Twelve cases of a few hundred milliseconds each.
 std::vector<std::string> slow_run_args(const fs::path& out) {
   return {test::binary(), "--seq", "3000,3001,3002", "--dim", "48", "--batch", "1", "--heads", "4", "--reps", "4",
