@@ -80,9 +80,9 @@ TEST_CASE("the sliding-window kernel's scratch equals its closed form and is O(T
                                     std::pair{Problem{1, 1, 200, 16, 1, Decay::none}, 20},
                                     std::pair{Problem{1, 1, 40, 8, 1, Decay::none}, 1000}}) {
       INFO(test::describe(p) << " W" << window << " threads " << threads);
-      // Written out independently of the kernel: Bq = min(64, T), tiles of Bq x min(T, Bq + W - 1);
+      // Written out independently of the kernel: Bq = min(32, T), tiles of Bq x min(T, Bq + W - 1);
       // the backward cuts a head into segments only when there are fewer heads than threads.
-      const std::size_t Bq = std::min(64, p.seq), L = std::min<std::size_t>(p.seq, Bq + window - 1);
+      const std::size_t Bq = std::min(32, p.seq), L = std::min<std::size_t>(p.seq, Bq + window - 1);
       const std::size_t blocks = (p.seq + Bq - 1) / Bq;
       const std::size_t fwd_threads = std::min<std::size_t>(threads, p.heads_total() * blocks);
       const std::size_t segments = std::min<std::size_t>(blocks, (threads + p.heads_total() - 1) / p.heads_total());

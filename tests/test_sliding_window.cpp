@@ -103,8 +103,9 @@ std::vector<Shape> window_shapes() {
       {{1, 1, 1, 1, 1, Decay::none}, 1},        // T = 1
       {{1, 2, 37, 8, 1, Decay::none}, 1},       // window 1: each query sees itself only
       {{2, 1, 100, 16, 1, Decay::none}, 7},     // T not a multiple of the query block
-      {{1, 2, 150, 8, 1, Decay::none}, 64},     // window = query block, ragged last block
-      {{1, 1, 130, 5, 1, Decay::none}, 65},     // odd D, window just over a block
+      {{1, 2, 150, 8, 1, Decay::none}, 32},     // window = query block (32), ragged last block
+      {{1, 1, 130, 5, 1, Decay::none}, 33},     // odd D, window just over a block
+      {{1, 1, 100, 4, 1, Decay::none}, 64},     // window two blocks
       {{1, 2, 90, 16, 1, Decay::none}, 90},     // window = T
       {{1, 1, 70, 8, 1, Decay::none}, 1000},    // window > T: plain causal softmax
       {{1, 1, 200, 64, 1, Decay::none}, 128},   // the layer's head dim and window

@@ -1,7 +1,7 @@
 // Sliding-window causal softmax attention on the CPU, float32, forward and backward (SPEC section 2):
 //   o_t = sum_{tau = max(0, t-W+1)}^{t} p_{t,tau} v_tau,   p_t = softmax(s q_t . k_tau),  s = D^-1/2
 //
-// Work is split into query blocks of Bq rows. The keys a block can see are one contiguous range of
+// Work is split into query blocks of Bq = 32 rows. The keys a block can see are one contiguous range of
 // at most Bq + W - 1 rows, so a block's scores fit one Bq x (Bq + W - 1) tile: time and scratch
 // are O(T * (W + Bq)), never T x T. A whole row's window is in the tile at once, so each row takes
 // its exact maximum before the exponentials (no overflow) and keeps only its log-sum-exp for the
@@ -46,13 +46,17 @@ int backward_segments(const Problem& p) {
 // Keys before a segment's first query that it can reach.
 std::size_t spill_rows(const Problem& p, int window) { return std::size_t(std::min<long>(long(window) - 1, p.seq)); }
 
-// exp(x) for x <= 0 (scores minus their row's maximum or log-sum-exp), to about 1 ulp: Cody-Waite
+// exp(x) for x <= 0 (scores minus their row's maximum or log-sum-exp), within 1 ulp: Cody-Waite
 // reduction to r in [-ln2/2, ln2/2], Cephes' degree-6 polynomial, 2^n from the exponent bits.
-// Unlike std::exp it vectorises; the window's exponentials would otherwise cost as much as its
-// two products.
+// Unlike std::exp it vectorises, and the window's exponentials would otherwise cost as much as
+// its products. n is rounded with the 1.5 * 2^23 trick instead of floor() and a float-to-int
+// conversion: GCC does not vectorise a conversion that may trap unless -fno-trapping-math.
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.0f);  // exp(-87) ~ 1.6e-38: still a normal float, and far below any weight that counts
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  constexpr float magic = 12582912.0f;
+  const float t = x * 1.44269504088896341f + magic;  // round(x / ln2) sits in t's low mantissa bits
+  const float n = t - magic;
+  const std::int32_t ni = std::bit_cast<std::int32_t>(t) - std::bit_cast<std::int32_t>(magic);
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
   float q = 1.9875691500e-4f;
   q = q * r + 1.3981999507e-3f;
@@ -61,7 +65,40 @@ inline float exp_nonpositive(float x) {
   q = q * r + 1.6666665459e-1f;
   q = q * r + 5.0000001201e-1f;
   const float e = q * r * r + r + 1.0f;
-  return e * std::bit_cast<float>(std::int32_t(int(n) + 127) << 23);
+  return e * std::bit_cast<float>((ni + 127) << 23);
+}
+
+// The row loops, kept as plain counted loops over a contiguous span so that they vectorise.
+float row_max(const float* __restrict x, int n) {
+  float m = x[0];
+#pragma omp simd reduction(max : m)
+  for (int j = 0; j < n; ++j) m = m > x[j] ? m : x[j];  // std::max here stays scalar (GCC 12)
+  return m;
+}
+
+// x <- exp(x - shift); returns the sum.
+float exp_shifted(float* __restrict x, int n, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) {
+    x[j] = exp_nonpositive(x[j] - shift);
+    sum += x[j];
+  }
+  return sum;
+}
+
+void scale(float* __restrict x, int n, float factor) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) x[j] *= factor;
+}
+
+// P <- exp(S - lse), dS <- s P (dP - delta), over one row's window.
+void softmax_backward_row(float* __restrict p, float* __restrict d, int n, float lse, float delta, float s) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) {
+    p[j] = exp_nonpositive(p[j] - lse);
+    d[j] = s * p[j] * (d[j] - delta);  // s: the score scale, for both dQ and dK
+  }
 }
 
 struct Block {
@@ -80,7 +117,7 @@ Block block_at(const Problem& p, int window, int index) {
 
 // Row i of the block sees tile columns [first, last]: keys max(0, t - W + 1) .. t, t = q0 + i.
 inline int first_column(const Block& b, int window, int i) { return std::max(0, b.q0 + i - window + 1) - b.k0; }
-inline int last_column(const Block& b, int i) { return b.q0 + i - b.k0; }
+int last_column(const Block& b, int i) { return b.q0 + i - b.k0; }
 
 }  // namespace
 
@@ -115,22 +152,13 @@ void sliding_window_forward(const Problem& p, int window, const SlidingWindowFor
       const float* V = a.v + head + std::size_t(b.k0) * D;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b.n, b.L, D, s, Q, D, K, D, 0.0f, P, ld);
       for (int i = 0; i < b.n; ++i) {
-        float* __restrict row = P + std::size_t(i) * ld;
-        const int lo = first_column(b, window, i), hi = last_column(b, i);
-        float m = row[lo];
-#pragma omp simd reduction(max : m)
-        for (int j = lo; j <= hi; ++j) m = std::max(m, row[j]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = lo; j <= hi; ++j) {
-          row[j] = exp_nonpositive(row[j] - m);
-          sum += row[j];
-        }
-        const float inv = 1.0f / sum;
+        float* row = P + std::size_t(i) * ld;
+        const int lo = first_column(b, window, i), n = last_column(b, i) - lo + 1;
+        const float m = row_max(row + lo, n);
+        const float sum = exp_shifted(row + lo, n, m);
+        scale(row + lo, n, 1.0f / sum);
         std::fill(row, row + lo, 0.0f);
-#pragma omp simd
-        for (int j = lo; j <= hi; ++j) row[j] *= inv;
-        std::fill(row + hi + 1, row + b.L, 0.0f);
+        std::fill(row + lo + n, row + b.L, 0.0f);
         if (a.lse) a.lse[std::size_t(bh) * p.seq + b.q0 + i] = m + std::log(sum);
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b.n, D, b.L, 1.0f, P, ld, V, D, 0.0f,
@@ -184,21 +212,16 @@ void sliding_window_backward(const Problem& p, int window, const SlidingWindowBa
         for (int i = 0; i < b.n; ++i) {
           float* __restrict prow = P + std::size_t(i) * ld;
           float* __restrict drow = dS + std::size_t(i) * ld;
-          const int lo = first_column(b, window, i), hi = last_column(b, i);
-          const float l = lse[b.q0 + i];
+          const int lo = first_column(b, window, i), n = last_column(b, i) - lo + 1;
           const float *oi = o + std::size_t(b.q0 + i) * D, *doi = dOb + std::size_t(i) * D;
           float delta = 0.0f;
 #pragma omp simd reduction(+ : delta)
           for (int j = 0; j < D; ++j) delta += oi[j] * doi[j];
+          softmax_backward_row(prow + lo, drow + lo, n, lse[b.q0 + i], delta, s);
           std::fill(prow, prow + lo, 0.0f);
           std::fill(drow, drow + lo, 0.0f);
-#pragma omp simd
-          for (int j = lo; j <= hi; ++j) {
-            prow[j] = exp_nonpositive(prow[j] - l);
-            drow[j] = s * prow[j] * (drow[j] - delta);  // s: the score scale, for both dQ and dK
-          }
-          std::fill(prow + hi + 1, prow + b.L, 0.0f);
-          std::fill(drow + hi + 1, drow + b.L, 0.0f);
+          std::fill(prow + lo + n, prow + b.L, 0.0f);
+          std::fill(drow + lo + n, drow + b.L, 0.0f);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b.n, D, b.L, 1.0f, dS, ld, K, D,
                     a.accumulate ? 1.0f : 0.0f, dq + std::size_t(b.q0) * D, D);
