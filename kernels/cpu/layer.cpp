@@ -228,11 +228,14 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
       dbeta += gate;
       ul *= sig;
       const float c = r * r * r / float(Dh) * ul;
+      const float sr = sig * r;
+#pragma omp simd
       for (int j = 0; j < Dh; ++j) {
-        dg[j] += double(sig * d[j] * l[j] * r);
-        dl[j] = r * sig * gh[j] * d[j] - c * l[j];
+        dl[j] = sr * gh[j] * d[j] - c * l[j];
         ds[j] = (1.0f - sig) * d[j];
       }
+#pragma omp simd
+      for (int j = 0; j < Dh; ++j) dg[j] += double(sr * d[j] * l[j]);
     }
     dbeta_part[std::size_t(bh)] = dbeta;
   }
