@@ -41,16 +41,19 @@ std::size_t projection_tile_bytes(const LayerProblem& p) {
          sizeof(float);
 }
 
-// C = op(A) op(B) + beta C (m x n, row-major), the rows of C split evenly over the threads.
+// C = op(A) op(B) + beta C (m x n, row-major), in blocks of C's rows taken by whichever thread is
+// free: on a machine shared with other work a thread that loses its core for a while then costs
+// its blocks, not the whole product (an even split would leave the other thread waiting). About
+// four blocks per thread, of 64 to 256 rows: large enough for BLAS, though each call repacks B.
 void parallel_sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
                     float beta, float* C, int ldc) {
-  const int threads = threads_for(std::size_t(m + 15) / 16);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int t = 0; t < threads; ++t) {
-    const int r0 = int(long(m) * t / threads), r1 = int(long(m) * (t + 1) / threads);
-    if (r1 == r0) continue;
+  const int wanted = (m + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads());
+  const int block = std::clamp(wanted, 64, kRowTile), blocks = (m + block - 1) / block;
+#pragma omp parallel for schedule(dynamic) num_threads(threads_for(std::size_t(blocks)))
+  for (int index = 0; index < blocks; ++index) {
+    const int r0 = index * block, rows = std::min(block, m - r0);
     const float* a = trans_a ? A + r0 : A + std::size_t(r0) * lda;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, r1 - r0, n, k,
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows, n, k,
                 1.0f, a, lda, B, ldb, beta, C + std::size_t(r0) * ldc, ldc);
   }
 }
@@ -63,7 +66,7 @@ void project_to_heads(const LayerProblem& p, const float* x, const float* const 
 #pragma omp parallel num_threads(threads_for(std::size_t(tiles)))
   {
     Workspace<float> tile(allocator, std::min<std::size_t>(kRowTile, p.rows()) * M);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)  // as in parallel_sgemm
     for (long index = 0; index < tiles; ++index) {
       const std::size_t r0 = std::size_t(index) * kRowTile, n = std::min<std::size_t>(kRowTile, p.rows() - r0);
       for (int which = 0; which < 3; ++which) {

@@ -142,7 +142,9 @@ void sliding_window_forward(const Problem& p, int window, const SlidingWindowFor
   {
     Workspace<float> tile(allocator, std::size_t(query_block(p)) * ld);
     float* P = tile.data();
-#pragma omp for schedule(static)
+    // Dynamic: blocks are small and equal, and a thread that loses its core to other work then
+    // delays only the blocks it holds.
+#pragma omp for schedule(dynamic, 4)
     for (long task = 0; task < tasks; ++task) {
       const long bh = task / nb;
       const Block b = block_at(p, window, int(task % nb));
@@ -181,7 +183,7 @@ void sliding_window_backward(const Problem& p, int window, const SlidingWindowBa
     Workspace<float> tiles(allocator, 2 * std::size_t(query_block(p)) * ld);
     float* P = tiles.data();
     float* dS = tiles.data() + std::size_t(query_block(p)) * ld;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (long task = 0; task < tasks; ++task) {
       const long bh = task / segments;
       const int seg = int(task % segments);
