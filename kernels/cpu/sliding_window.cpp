@@ -1,8 +1,8 @@
 // Sliding-window causal softmax attention on the CPU, float32, forward and backward (SPEC section 2):
 //   o_t = sum_{tau = max(0, t-W+1)}^{t} p_{t,tau} v_tau,   p_t = softmax(s q_t . k_tau),  s = D^-1/2
 //
-// Work is split into query blocks of Bq = 32 rows. The keys a block can see are one contiguous range of
-// at most Bq + W - 1 rows, so a block's scores fit one Bq x (Bq + W - 1) tile: time and scratch
+// Work is split into query blocks of Bq = 32 rows. The keys a block can see are one contiguous
+// range of at most Bq + W - 1 rows, so a block's scores fit one Bq x (Bq + W - 1) tile: time and scratch
 // are O(T * (W + Bq)), never T x T. A whole row's window is in the tile at once, so each row takes
 // its exact maximum before the exponentials (no overflow) and keeps only its log-sum-exp for the
 // backward, which recomputes P = exp(S - lse) instead of storing it.
@@ -13,7 +13,7 @@
 // Each head is cut into segments of consecutive blocks (only as many as the threads need); a
 // segment owns the dK/dV rows of its own queries and writes the rows before its start (at most
 // W - 1) to a private spill, added in segment order once every segment is done: no atomics, and
-// the result does not depend on the thread count.
+// the sums' order depends on the segment count only, not on which thread ran what.
 #include <cblas.h>
 #include <omp.h>
 
