@@ -11,9 +11,10 @@
 //   dq, dk, dv = linear backward (dO = dLin, dhT = 0) + sliding-window backward (dO = dSwa)
 //   dx = dQ Wq^T + dK Wk^T + dV Wv^T,   dW* = x^T d*       (d* gathered back to [B][T][M])
 //
-// The four projections carry most of the flops, so they run as large single-threaded sgemms, one
-// block of rows per OpenMP thread (one level of threading, like the kernels). Their outputs are
-// scattered to the per-head layout from an L2-sized tile, so the layout change costs one write.
+// The four projections carry most of the flops, so they run as large single-threaded sgemms on
+// blocks of rows that the OpenMP threads take in turn (one level of threading, like the kernels).
+// Their outputs are scattered to the per-head layout from an L2-sized tile, so the layout change
+// costs one write.
 // Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
 // (Q, K, V, Lin, Swa, Y, per-row lse and r) instead of recomputing the forward.
 #include <cblas.h>
