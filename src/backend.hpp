@@ -27,6 +27,15 @@ struct KernelTensors {
   std::vector<float> o, hT, dq, dk, dv, dh0;    // outputs
 };
 
+// Host-side float32 tensors of one layer case (SPEC section 2; M = heads * head_dim, row-major):
+//   x, dOut, out, dx : [batch][seq][M]     wq, wk, wv, wo and their gradients : [M][M] (y = x W)
+//   g, dg : [M]                            beta, dbeta : [heads]
+// dOut and the gradients are empty for mode fwd.
+struct LayerTensors {
+  std::vector<float> x, wq, wk, wv, wo, g, beta, dOut;               // inputs
+  std::vector<float> out, dx, dwq, dwk, dwv, dwo, dg, dbeta;         // outputs
+};
+
 struct MemoryUsage {
   std::size_t arg_bytes = 0;
   std::size_t out_bytes = 0;
@@ -45,6 +54,8 @@ class PreparedCase {
   virtual MemoryUsage memory() const = 0;
   // Copies the outputs of the last call to the host (outside any timed region).
   virtual void read_outputs(KernelTensors& tensors) = 0;
+  // The same for a case made by Backend::prepare_layer.
+  virtual void read_layer_outputs(LayerTensors& tensors);
 };
 
 class Backend {
@@ -66,6 +77,11 @@ class Backend {
   // True when the backend's memory is host RAM (the CPU backend), so that the run's own host
   // buffers and the backend's draw on the same pool.
   virtual bool memory_is_host() const { return false; }
+
+  // The layer suite (kase.suite == "layer"). A backend without it keeps these defaults: the runner
+  // then skips its layer cases with a reason instead of failing them.
+  virtual bool runs_layer_suite() const { return false; }
+  virtual std::unique_ptr<PreparedCase> prepare_layer(const Case& kase, const LayerTensors& inputs);
 };
 
 struct BackendOptions {

@@ -10,6 +10,14 @@
 
 namespace lattn {
 
+void PreparedCase::read_layer_outputs(LayerTensors&) {
+  throw RuntimeFailure("read_layer_outputs on a case that is not a layer case");
+}
+
+std::unique_ptr<PreparedCase> Backend::prepare_layer(const Case&, const LayerTensors&) {
+  throw RuntimeFailure("the " + name() + " backend has no layer suite");
+}
+
 std::vector<std::string> backend_names() { return {"cpu", "cuda"}; }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "error.hpp"
+#include "reference/layer_ref.hpp"
 #include "reference/linear_attention_ref.hpp"
 
 namespace lattn {
@@ -11,6 +12,12 @@ namespace lattn {
 double tolerance_for(const std::string& dtype) {
   if (dtype == "float32") return 1e-4;
   if (dtype == "bf16") return 3e-2;
+  throw UsageError("dtype", "no tolerance known for '" + dtype + "'");
+}
+
+double layer_tolerance_for(const std::string& dtype) {
+  if (dtype == "float32") return 1e-3;
+  if (dtype == "bf16") return 5e-2;
   throw UsageError("dtype", "no tolerance known for '" + dtype + "'");
 }
 
@@ -54,19 +61,66 @@ KernelReference compute_kernel_reference(const Problem& p, const KernelTensors& 
   return ref;
 }
 
+namespace {
+// Adds one output's error to `result`.
+void check_one(CheckResult& result, const char* name, const std::vector<float>& x, const std::vector<double>& r) {
+  if (x.size() != r.size()) throw RuntimeFailure(std::string("output ") + name + " has the wrong size");
+  const OutputError e = relative_l2_error(x.data(), r.data(), x.size());
+  result.per_output[name] = e.rel_err;
+  if (e.first_non_finite >= 0 && result.non_finite.empty())
+    result.non_finite = std::string(name) + "[" + std::to_string(e.first_non_finite) + "]";
+  if (result.worst_output.empty() || e.rel_err > result.rel_err) {
+    result.rel_err = e.rel_err;
+    result.worst_output = name;
+  }
+}
+}  // namespace
+
+LayerReference compute_layer_reference(const LayerProblem& p, const LayerTensors& in, bool backward) {
+  LayerReference ref;
+  const auto x = widened(in.x), wq = widened(in.wq), wk = widened(in.wk), wv = widened(in.wv), wo = widened(in.wo),
+             g = widened(in.g), beta = widened(in.beta);
+  ref.out.assign(p.token_elems(), 0.0);
+  if (!backward) {
+    reference::layer_forward(p, {x.data(), wq.data(), wk.data(), wv.data(), wo.data(), g.data(), beta.data(),
+                                 ref.out.data()});
+    return ref;
+  }
+  const auto dOut = widened(in.dOut);
+  ref.dx.assign(p.token_elems(), 0.0);
+  for (auto* w : {&ref.dwq, &ref.dwk, &ref.dwv, &ref.dwo}) w->assign(p.weight_elems(), 0.0);
+  ref.dg.assign(p.model_dim(), 0.0);
+  ref.dbeta.assign(std::size_t(p.linear.heads), 0.0);
+  reference::layer_forward_backward(p, {x.data(), wq.data(), wk.data(), wv.data(), wo.data(), g.data(), beta.data(),
+                                        dOut.data(), ref.out.data(), ref.dx.data(), ref.dwq.data(), ref.dwk.data(),
+                                        ref.dwv.data(), ref.dwo.data(), ref.dg.data(), ref.dbeta.data()});
+  ref.has_backward = true;
+  return ref;
+}
+
+CheckResult check_layer_outputs(const LayerTensors& out, const LayerReference& ref, Mode mode, double tolerance) {
+  CheckResult result;
+  result.tolerance = tolerance;
+  check_one(result, "out", out.out, ref.out);
+  if (mode == Mode::fwd_bwd) {
+    if (!ref.has_backward) throw RuntimeFailure("the reference has no backward for a fwd_bwd case");
+    check_one(result, "dx", out.dx, ref.dx);
+    check_one(result, "dwq", out.dwq, ref.dwq);
+    check_one(result, "dwk", out.dwk, ref.dwk);
+    check_one(result, "dwv", out.dwv, ref.dwv);
+    check_one(result, "dwo", out.dwo, ref.dwo);
+    check_one(result, "dg", out.dg, ref.dg);
+    check_one(result, "dbeta", out.dbeta, ref.dbeta);
+  }
+  result.passed = result.non_finite.empty() && result.rel_err <= tolerance;
+  return result;
+}
+
 CheckResult check_kernel_outputs(const KernelTensors& out, const KernelReference& ref, Mode mode, double tolerance) {
   CheckResult result;
   result.tolerance = tolerance;
   auto check = [&](const char* name, const std::vector<float>& x, const std::vector<double>& r) {
-    if (x.size() != r.size()) throw RuntimeFailure(std::string("output ") + name + " has the wrong size");
-    const OutputError e = relative_l2_error(x.data(), r.data(), x.size());
-    result.per_output[name] = e.rel_err;
-    if (e.first_non_finite >= 0 && result.non_finite.empty())
-      result.non_finite = std::string(name) + "[" + std::to_string(e.first_non_finite) + "]";
-    if (result.worst_output.empty() || e.rel_err > result.rel_err) {
-      result.rel_err = e.rel_err;
-      result.worst_output = name;
-    }
+    check_one(result, name, x, r);
   };
   check("o", out.o, ref.o);
   check("hT", out.hT, ref.hT);

@@ -8,11 +8,15 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "layer_problem.hpp"
 
 namespace lattn {
 
 // Tolerance on rel_err per dtype (docs/harness.md says why these values).
 double tolerance_for(const std::string& dtype);
+// The layer suite's, per dtype: its gradients are sums over every token of the batch, so float32
+// rounding there is larger than in the kernel's outputs (docs/harness.md).
+double layer_tolerance_for(const std::string& dtype);
 
 struct OutputError {
   double rel_err = 0;
@@ -29,6 +33,14 @@ struct KernelReference {
 
 KernelReference compute_kernel_reference(const Problem& problem, const KernelTensors& inputs, bool backward);
 
+struct LayerReference {
+  std::vector<double> out, dx, dwq, dwk, dwv, dwo, dg, dbeta;
+  bool has_backward = false;
+};
+
+// `problem` is the layer's (a Case's problem with its window and impl).
+LayerReference compute_layer_reference(const LayerProblem& problem, const LayerTensors& inputs, bool backward);
+
 struct CheckResult {
   double rel_err = 0;                     // the largest per-output error
   std::map<std::string, double> per_output;
@@ -40,5 +52,8 @@ struct CheckResult {
 
 CheckResult check_kernel_outputs(const KernelTensors& outputs, const KernelReference& reference, Mode mode,
                                  double tolerance);
+// out for fwd; out, dx, dwq, dwk, dwv, dwo, dg, dbeta for fwd_bwd.
+CheckResult check_layer_outputs(const LayerTensors& outputs, const LayerReference& reference, Mode mode,
+                                double tolerance);
 
 }  // namespace lattn

@@ -27,11 +27,13 @@ struct OverrideFlag {
 
 const std::vector<OverrideFlag>& override_flags() {
   static const std::vector<OverrideFlag> flags = {
-      {"--suite", "suites", "suites to run, comma list (kernel)"},
+      {"--suite", "suites", "suites to run, comma list (kernel, layer)"},
       {"--impl", "impl", "impls, comma list (scan, chunked)"},
       {"--mode", "mode", "modes, comma list (fwd, fwd_bwd)"},
       {"--seq", "seq", "sequence lengths, comma list"},
       {"--dim", "dim", "head dims of the kernel suite, comma list"},
+      {"--head-dim", "head_dim", "head dims of the layer suite, comma list"},
+      {"--window", "window", "sliding windows of the layer suite, comma list"},
       {"--chunk", "chunk", "chunk sizes of the chunked form, comma list"},
       {"--batch", "batch", "batch sizes, comma list"},
       {"--heads", "heads", "head counts, comma list"},

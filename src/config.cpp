@@ -24,6 +24,8 @@ namespace {
 // Sizes beyond these are refused at validation, before anything is allocated.
 constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim = 1024, kMaxChunk = 8192;
 constexpr long kMaxDevice = 1023;
+// The layer's model width heads * head_dim: a weight is width^2 floats (256 MiB at the limit).
+constexpr long kMaxModelDim = 8192;
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
 // One tensor of a case may not exceed this many elements (8 GiB of float32).
 constexpr std::size_t kMaxTensorElems = std::size_t(1) << 31;
@@ -110,32 +112,57 @@ struct Field {
   std::function<void(Config&, const std::vector<Raw>&)> set;
 };
 
-auto int_list(long lo, long hi, std::vector<int> KernelSuite::*member) {
+template <class Suite>
+auto int_list(long lo, long hi, Suite Config::*suite, std::vector<int> Suite::*member) {
   return [=](Config& c, const std::vector<Raw>& raws) {
-    c.kernel.*member = parse_list<int>(raws, [&](const Raw& r) { return int(parse_int(r, lo, hi)); });
+    c.*suite.*member = parse_list<int>(raws, [&](const Raw& r) { return int(parse_int(r, lo, hi)); });
   };
 }
 
-template <class E>
+template <class E, class Suite>
 auto enum_list(const std::vector<std::string>& choices, const char* what, E (*convert)(const std::string&),
-               std::vector<E> KernelSuite::*member) {
+               Suite Config::*suite, std::vector<E> Suite::*member) {
   return [=, &choices](Config& c, const std::vector<Raw>& raws) {
-    c.kernel.*member = parse_list<E>(raws, [&](const Raw& r) { return convert(parse_choice(r, choices, what)); });
+    c.*suite.*member = parse_list<E>(raws, [&](const Raw& r) { return convert(parse_choice(r, choices, what)); });
   };
 }
 
 const std::vector<Field>& kernel_fields() {
+  using S = KernelSuite;
+  constexpr auto k = &Config::kernel;
   static const std::vector<Field> fields = {
-      {"batch", true, int_list(1, kMaxBatch, &KernelSuite::batch)},
-      {"heads", true, int_list(1, kMaxHeads, &KernelSuite::heads)},
-      {"seq", true, int_list(1, kMaxSeq, &KernelSuite::seq)},
-      {"dim", true, int_list(1, kMaxDim, &KernelSuite::dim)},
-      {"chunk", true, int_list(1, kMaxChunk, &KernelSuite::chunk)},
-      {"impl", true, enum_list<Impl>(known_impls(), "impl", impl_from, &KernelSuite::impl)},
-      {"mode", true, enum_list<Mode>(known_modes(), "mode", mode_from, &KernelSuite::mode)},
-      {"decay", true, enum_list<Decay>(known_decays(), "decay", decay_from, &KernelSuite::decay)},
+      {"batch", true, int_list(1, kMaxBatch, k, &S::batch)},
+      {"heads", true, int_list(1, kMaxHeads, k, &S::heads)},
+      {"seq", true, int_list(1, kMaxSeq, k, &S::seq)},
+      {"dim", true, int_list(1, kMaxDim, k, &S::dim)},
+      {"chunk", true, int_list(1, kMaxChunk, k, &S::chunk)},
+      {"impl", true, enum_list<Impl>(known_impls(), "impl", impl_from, k, &S::impl)},
+      {"mode", true, enum_list<Mode>(known_modes(), "mode", mode_from, k, &S::mode)},
+      {"decay", true, enum_list<Decay>(known_decays(), "decay", decay_from, k, &S::decay)},
   };
   return fields;
+}
+
+const std::vector<Field>& layer_fields() {
+  using S = LayerSuite;
+  constexpr auto l = &Config::layer;
+  static const std::vector<Field> fields = {
+      {"batch", true, int_list(1, kMaxBatch, l, &S::batch)},
+      {"heads", true, int_list(1, kMaxHeads, l, &S::heads)},
+      {"head_dim", true, int_list(1, kMaxDim, l, &S::head_dim)},
+      {"window", true, int_list(1, kMaxSeq, l, &S::window)},
+      {"seq", true, int_list(1, kMaxSeq, l, &S::seq)},
+      {"chunk", true, int_list(1, kMaxChunk, l, &S::chunk)},
+      {"impl", true, enum_list<Impl>(known_impls(), "impl", impl_from, l, &S::impl)},
+      {"mode", true, enum_list<Mode>(known_modes(), "mode", mode_from, l, &S::mode)},
+      {"decay", true, enum_list<Decay>(known_decays(), "decay", decay_from, l, &S::decay)},
+  };
+  return fields;
+}
+
+// The suites' own key sets, by suite name (the order of known_suites()).
+const std::vector<Field>& suite_fields(const std::string& suite) {
+  return suite == "layer" ? layer_fields() : kernel_fields();
 }
 
 const std::vector<Field>& top_fields() {
@@ -211,7 +238,7 @@ void apply_mapping(Config& config, const YAML::Node& map, const std::string& sou
     const Field* field = find_field(fields, key);
     if (!field) {
       auto keys = field_keys(fields);
-      if (section) keys.push_back("kernel");
+      if (section) keys.insert(keys.end(), known_suites().begin(), known_suites().end());
       throw UsageError(at(source, key_node), "unknown key '" + prefix + key + "' (expected one of: " + join(keys) + ")");
     }
     field->set(config, node_raws(entry.second, source, prefix + key, field->is_list));
@@ -230,7 +257,7 @@ std::string to_string(Mode mode) { return mode == Mode::fwd ? "fwd" : "fwd_bwd";
 std::string to_string(Decay decay) { return decay == Decay::none ? "none" : "retnet"; }
 
 const std::vector<std::string>& known_suites() {
-  static const std::vector<std::string> v = {"kernel"};
+  static const std::vector<std::string> v = {"kernel", "layer"};
   return v;
 }
 const std::vector<std::string>& known_impls() {
@@ -290,10 +317,11 @@ Config parse_config(const std::string& original_text, const std::string& source)
   config.source = source;
   apply_mapping(config, root, source, top_fields(), "",
                 [&](const std::string& key, const YAML::Node& value) {
-                  if (key != "kernel") return false;
+                  const auto& suites = known_suites();
+                  if (std::find(suites.begin(), suites.end(), key) == suites.end()) return false;
                   if (!value.IsMap())
-                    throw UsageError(at(source, value) + ": kernel", "expected a mapping of the kernel suite's keys");
-                  apply_mapping(config, value, source, kernel_fields(), "kernel.", nullptr);
+                    throw UsageError(at(source, value) + ": " + key, "expected a mapping of the " + key + " suite's keys");
+                  apply_mapping(config, value, source, suite_fields(key), key + ".", nullptr);
                   return true;
                 });
   validate_config(config);
@@ -310,25 +338,51 @@ Config load_config_file(const std::string& path) {
 
 Config embedded_default_config() { return parse_config(kEmbeddedDefaultConfig, "<built-in default.yaml>"); }
 
+namespace {
+
+std::vector<Raw> override_raws(const Field& field, const std::string& flag_name, const std::string& text) {
+  std::vector<Raw> raws;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (!field.is_list && !raws.empty()) break;
+    raws.push_back(Raw{item, flag_name, false});
+  }
+  if (text.empty() || raws.empty() || (!field.is_list && text.find(',') != std::string::npos))
+    throw UsageError(flag_name, field.is_list ? "expected a value or a comma list, got '" + text + "'"
+                                              : "expected a single value, got '" + text + "'");
+  return raws;
+}
+
+std::string flag_of(const std::string& key) {
+  std::string flag = "--" + (key == "suites" ? std::string("suite") : key);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+}  // namespace
+
 void apply_overrides(Config& config, const Overrides& overrides) {
+  // Top-level keys first: --suite decides which suites the suite keys below go to.
+  for (const auto& [key, text] : overrides.values)
+    if (const Field* field = find_field(top_fields(), key)) field->set(config, override_raws(*field, flag_of(key), text));
   for (const auto& [key, text] : overrides.values) {
-    const std::string flag = "--" + (key == "suites" ? std::string("suite") : key);
-    std::string flag_name = flag;
-    std::replace(flag_name.begin(), flag_name.end(), '_', '-');
-    const Field* field = find_field(top_fields(), key);
-    if (!field) field = find_field(kernel_fields(), key);
-    if (!field) throw UsageError(flag_name, "no such config key");
-    std::vector<Raw> raws;
-    std::stringstream items(text);
-    std::string item;
-    while (std::getline(items, item, ',')) {
-      if (!field->is_list && !raws.empty()) break;
-      raws.push_back(Raw{item, flag_name, false});
+    if (find_field(top_fields(), key)) continue;
+    // A suite key goes to every selected suite that has it (--seq sets kernel.seq and layer.seq).
+    std::vector<std::string> owners;
+    bool applied = false;
+    for (const auto& suite : known_suites()) {
+      const Field* field = find_field(suite_fields(suite), key);
+      if (!field) continue;
+      owners.push_back(suite);
+      if (std::find(config.suites.begin(), config.suites.end(), suite) == config.suites.end()) continue;
+      field->set(config, override_raws(*field, flag_of(key), text));
+      applied = true;
     }
-    if (text.empty() || raws.empty() || (!field->is_list && text.find(',') != std::string::npos))
-      throw UsageError(flag_name, field->is_list ? "expected a value or a comma list, got '" + text + "'"
-                                                 : "expected a single value, got '" + text + "'");
-    field->set(config, raws);
+    if (owners.empty()) throw UsageError(flag_of(key), "no such config key");
+    if (!applied)
+      throw UsageError(flag_of(key), "only the " + join(owners) + " suite has this key, and the selected suites are " +
+                                         join(config.suites) + " (add it with --suite)");
   }
   validate_config(config);
 }
@@ -351,10 +405,26 @@ void validate_config(const Config& c) {
                                            " seq " + std::to_string(seq) + " dim " + std::to_string(dim) +
                                            " needs tensors of over 2^31 elements (8 GiB each); no machine here holds that");
         }
+  const auto& l = c.layer;
+  for (int heads : l.heads)
+    for (int head_dim : l.head_dim) {
+      const long width = long(heads) * head_dim;
+      if (width > kMaxModelDim)
+        throw UsageError(c.source, "layer heads " + std::to_string(heads) + " x head_dim " + std::to_string(head_dim) +
+                                       " is a model width of " + std::to_string(width) + ", over the limit " +
+                                       std::to_string(kMaxModelDim) + " (each weight is width^2 floats)");
+      for (int batch : l.batch)
+        for (int seq : l.seq)
+          if (std::size_t(batch) * seq * std::size_t(width) > kMaxTensorElems)
+            throw UsageError(c.source, "layer case batch " + std::to_string(batch) + " seq " + std::to_string(seq) +
+                                           " model width " + std::to_string(width) +
+                                           " needs tensors of over 2^31 elements (8 GiB each); no machine here holds that");
+    }
 }
 
-std::vector<Case> expand_plan(const Config& c) {
-  std::vector<Case> plan;
+namespace {
+
+void expand_kernel(const Config& c, std::vector<Case>& plan) {
   const auto& k = c.kernel;
   // dim outside seq, mode outside impl: the order of the reference results file, which also keeps
   // the cases that share inputs and a reference next to each other.
@@ -376,6 +446,41 @@ std::vector<Case> expand_plan(const Config& c) {
                   kase.plan_index = plan.size();
                   plan.push_back(kase);
                 }
+}
+
+void expand_layer(const Config& c, std::vector<Case>& plan) {
+  const auto& l = c.layer;
+  // seq outside impl outside mode, as the reference results file orders its layer records.
+  for (int batch : l.batch)
+    for (int heads : l.heads)
+      for (int head_dim : l.head_dim)
+        for (int window : l.window)
+          for (int chunk : l.chunk)
+            for (Decay decay : l.decay)
+              for (int seq : l.seq)
+                for (Impl impl : l.impl)
+                  for (Mode mode : l.mode) {
+                    Case kase;
+                    kase.suite = "layer";
+                    kase.impl = impl;
+                    kase.mode = mode;
+                    kase.problem = Problem{batch, heads, seq, head_dim, chunk, decay};
+                    kase.window = window;
+                    kase.backend = c.run.backend;
+                    kase.dtype = c.run.dtype;
+                    kase.plan_index = plan.size();
+                    plan.push_back(kase);
+                  }
+}
+
+}  // namespace
+
+std::vector<Case> expand_plan(const Config& c) {
+  std::vector<Case> plan;
+  for (const auto& suite : c.suites) {
+    if (suite == "kernel") expand_kernel(c, plan);
+    if (suite == "layer") expand_layer(c, plan);
+  }
   return plan;
 }
 
@@ -390,6 +495,11 @@ nlohmann::json to_json(const Config& c) {
       {"chunk", c.kernel.chunk}, {"impl", names(c.kernel.impl)}, {"mode", names(c.kernel.mode)},
       {"decay", names(c.kernel.decay)},
   };
+  nlohmann::json layer = {
+      {"batch", c.layer.batch}, {"heads", c.layer.heads}, {"head_dim", c.layer.head_dim},
+      {"window", c.layer.window}, {"seq", c.layer.seq}, {"chunk", c.layer.chunk},
+      {"impl", names(c.layer.impl)}, {"mode", names(c.layer.mode)}, {"decay", names(c.layer.decay)},
+  };
   return {
       {"source", c.source},
       {"suites", c.suites},
@@ -403,6 +513,7 @@ nlohmann::json to_json(const Config& c) {
       {"device", c.run.device},
       {"cold", c.run.cold},
       {"kernel", kernel},
+      {"layer", layer},
   };
 }
 

@@ -32,6 +32,20 @@ struct KernelSuite {
   std::vector<Decay> decay{Decay::none};
 };
 
+// The hybrid block of SPEC section 2: model width heads * head_dim, a linear branch (impl, chunk,
+// decay) and a sliding-window branch of `window` keys.
+struct LayerSuite {
+  std::vector<int> batch{2};
+  std::vector<int> heads{8};
+  std::vector<int> head_dim{64};
+  std::vector<int> window{128};
+  std::vector<int> seq{512, 2048};
+  std::vector<int> chunk{128};
+  std::vector<Impl> impl{Impl::scan, Impl::chunked};
+  std::vector<Mode> mode{Mode::fwd, Mode::fwd_bwd};
+  std::vector<Decay> decay{Decay::none};
+};
+
 struct RunSettings {
   std::string backend = "cpu";
   std::string dtype = "float32";
@@ -45,13 +59,15 @@ struct RunSettings {
 };
 
 struct Config {
-  std::vector<std::string> suites{"kernel"};
+  std::vector<std::string> suites{"kernel", "layer"};
   RunSettings run;
   KernelSuite kernel;
+  LayerSuite layer;
   std::string source = "<built-in>";  // where the config came from, for messages and the JSON
 };
 
-// One entry of the plan: everything a backend needs to run a case.
+// One entry of the plan: everything a backend needs to run a case. For a layer case, `problem` is
+// the linear branch's (dim = head_dim) and `window` the sliding window; kernel cases have window 0.
 struct Case {
   std::string suite;
   Impl impl;
@@ -60,6 +76,10 @@ struct Case {
   std::string backend;
   std::string dtype;
   std::size_t plan_index = 0;
+  int window = 0;
+
+  bool is_layer() const { return suite == "layer"; }
+  int model_dim() const { return problem.heads * problem.dim; }
 };
 
 // The names the config accepts, for --list and for messages.

@@ -69,4 +69,23 @@ KernelTensors make_kernel_inputs(const Problem& p, Mode mode, std::uint64_t seed
   return t;
 }
 
+LayerTensors make_layer_inputs(const Problem& p, Mode mode, std::uint64_t seed) {
+  LayerTensors t;
+  const std::size_t M = std::size_t(p.heads) * p.dim, tokens = std::size_t(p.batch) * p.seq * M;
+  auto make = [&](std::vector<float>& v, std::size_t n, TensorId id, double stddev) {
+    v.resize(n);
+    fill_normal(v, seed, id, stddev);
+  };
+  const double w_std = 1.0 / std::sqrt(double(M));
+  make(t.x, tokens, TensorId::x, 1.0);
+  make(t.wq, M * M, TensorId::wq, w_std);
+  make(t.wk, M * M, TensorId::wk, w_std);
+  make(t.wv, M * M, TensorId::wv, w_std);
+  make(t.wo, M * M, TensorId::wo, w_std);
+  t.g.assign(M, 1.0f);
+  make(t.beta, std::size_t(p.heads), TensorId::beta, 1.0);
+  if (mode == Mode::fwd_bwd) make(t.dOut, tokens, TensorId::dOut, 1.0);
+  return t;
+}
+
 }  // namespace lattn

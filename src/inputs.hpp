@@ -23,7 +23,11 @@ float bf16_bits_to_float(std::uint16_t bits);
 void round_to_bf16(std::vector<float>& values);
 
 struct KernelTensors;
+struct LayerTensors;
 // q, k, v, h0 always; dO and dhT for fwd_bwd.
 KernelTensors make_kernel_inputs(const Problem& problem, Mode mode, std::uint64_t seed);
+// x, wq, wk, wv, wo (N(0, 1/M), M = heads * dim), g = 1, beta always; dOut for fwd_bwd. `problem`
+// is the layer's linear-branch problem: dim is the head dim.
+LayerTensors make_layer_inputs(const Problem& problem, Mode mode, std::uint64_t seed);
 
 }  // namespace lattn

@@ -61,13 +61,15 @@ void check_writable(const std::string& path, const std::string& flag) {
 }
 
 std::string format_table(const nlohmann::json& results) {
-  std::string out = fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:<6} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}\n",
-                                "suite", "impl", "mode", "B", "H", "seq", "D", "chunk", "decay", "median_ms", "q1_ms",
+  std::string out = fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}\n",
+                                "suite", "impl", "mode", "B", "H", "seq", "D", "chunk", "W", "decay", "median_ms", "q1_ms",
                                 "q3_ms", "GFLOP/s", "temp_MiB", "rel_err", "status");
   for (const auto& r : results) {
-    out += fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:<6} ", r.value("suite", ""),
+    // W: the layer's window ("-" for kernel cases, which have none).
+    const std::string window = r.contains("window") ? std::to_string(r.value("window", 0)) : "-";
+    out += fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", r.value("suite", ""),
                        r.value("impl", ""), r.value("mode", ""), r.value("batch", 0), r.value("heads", 0),
-                       r.value("seq", 0), r.value("dim", 0), r.value("chunk", 0), r.value("decay", ""));
+                       r.value("seq", 0), r.value("dim", 0), r.value("chunk", 0), window, r.value("decay", ""));
     const std::string status = r.value("status", "");
     if (status == "skipped" || !r.contains("median_ms")) {
       out += fmt::format("{:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", status,

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "backend.hpp"
 #include "check.hpp"
@@ -40,14 +41,16 @@ std::string utc_now(const char* format) {
 
 std::string describe(const Case& c) {
   const Problem& p = c.problem;
-  return fmt::format("{} {} {} B{} H{} T{} D{} C{} decay={}", c.suite, to_string(c.impl), to_string(c.mode), p.batch,
-                     p.heads, p.seq, p.dim, p.chunk, to_string(p.decay));
+  return fmt::format("{} {} {} B{} H{} T{} D{} C{}{} decay={}", c.suite, to_string(c.impl), to_string(c.mode), p.batch,
+                     p.heads, p.seq, p.dim, p.chunk, c.is_layer() ? fmt::format(" W{}", c.window) : "",
+                     to_string(p.decay));
 }
 
 std::string case_slug(const Case& c) {
   const Problem& p = c.problem;
-  return fmt::format("{:03d}-{}-{}-{}-b{}h{}t{}d{}c{}-{}", c.plan_index, c.suite, to_string(c.impl), to_string(c.mode),
-                     p.batch, p.heads, p.seq, p.dim, p.chunk, to_string(p.decay));
+  return fmt::format("{:03d}-{}-{}-{}-b{}h{}t{}d{}c{}{}-{}", c.plan_index, c.suite, to_string(c.impl),
+                     to_string(c.mode), p.batch, p.heads, p.seq, p.dim, p.chunk,
+                     c.is_layer() ? fmt::format("w{}", c.window) : "", to_string(p.decay));
 }
 
 std::string format_duration(double seconds) {
@@ -72,6 +75,18 @@ nlohmann::json device_fingerprint(const nlohmann::json& device) {
     if (device.contains(key)) fp[key] = device[key];
   return fp;
 }
+
+// A layer record's `dim` is the head dim, as in the reference results file; `head_dim` says so
+// explicitly, and `model_dim` is the projections' width heads * head_dim.
+nlohmann::json layer_identity(const Case& c) {
+  nlohmann::json id = identity(c);
+  id["window"] = c.window;
+  id["head_dim"] = c.problem.dim;
+  id["model_dim"] = c.model_dim();
+  return id;
+}
+
+nlohmann::json identity_of(const Case& c) { return c.is_layer() ? layer_identity(c) : identity(c); }
 
 // Inputs and the float64 reference for the shape last seen: scan and chunked, fwd and fwd_bwd of
 // one shape come one after another in the plan and share them.
@@ -108,9 +123,12 @@ class ReferenceCache {
 // Host bytes the run itself holds for a case beyond the backend: the cached inputs (float32) and
 // the float64 reference with its widened inputs, the case's own input copy, and the outputs read
 // back (all six tensors counted for every mode, as the cache does).
+// A layer case holds x, out, dOut, dx (B x T x M each) and the four weights with their gradients.
 std::size_t host_estimate(const Case& c) {
   const Problem& p = c.problem;
-  const std::size_t elems = 4 * p.token_elems() + 2 * p.state_elems();
+  const std::size_t M = std::size_t(c.model_dim());
+  const std::size_t elems =
+      c.is_layer() ? 4 * p.token_elems() + 8 * M * M : 4 * p.token_elems() + 2 * p.state_elems();
   return elems * (4 /*cache*/ + 8 /*widened*/ + 8 /*reference outputs*/ + 4 /*case inputs*/ + 4 /*read back*/);
 }
 
@@ -127,10 +145,82 @@ std::optional<std::string> memory_guard(const Backend& backend, const Case& c) {
   return std::nullopt;
 }
 
-void dump_case(const std::string& dir, const Case& c, const KernelTensors& in, const KernelTensors& out) {
-  const Problem& p = c.problem;
+LayerProblem layer_problem(const Case& c) { return LayerProblem{c.problem, c.window, c.impl == Impl::chunked}; }
+
+// The same for the layer suite: scan and chunked, fwd and fwd_bwd of one shape share inputs and
+// reference. `backward` is whether any case of the suite needs the gradients; when it does, the
+// first case of a shape computes them, so that the (slow) float64 layer runs once per shape.
+class LayerReferenceCache {
+ public:
+  struct Entry {
+    LayerTensors inputs;
+    LayerReference reference;
+  };
+
+  const Entry& get(const Case& c, bool backward, std::uint64_t seed) {
+    const Problem& p = c.problem;
+    const auto key = std::make_tuple(p.batch, p.heads, p.seq, p.dim, c.window, int(p.decay));
+    if (!entry_ || key != key_ || (backward && !entry_->reference.has_backward)) {
+      entry_.reset();
+      auto entry = std::make_unique<Entry>();
+      entry->inputs = make_layer_inputs(p, Mode::fwd_bwd, seed);
+      // The float64 layer does not depend on impl or chunk: its linear branch is the scan reference.
+      entry->reference = compute_layer_reference(layer_problem(c), entry->inputs, backward);
+      entry_ = std::move(entry);
+      key_ = key;
+    }
+    return *entry_;
+  }
+
+ private:
+  std::tuple<int, int, int, int, int, int> key_{};
+  std::unique_ptr<Entry> entry_;
+};
+
+struct Caches {
+  ReferenceCache kernel;
+  LayerReferenceCache layer;
+  bool layer_backward = false;
+};
+
+std::string make_case_folder(const std::string& dir, const Case& c) {
   const std::string folder = (std::filesystem::path(dir) / case_slug(c)).string();
   std::filesystem::create_directories(folder);
+  return folder;
+}
+
+void dump_layer_case(const std::string& dir, const Case& c, const LayerTensors& in, const LayerTensors& out) {
+  const Problem& p = c.problem;
+  const std::string folder = make_case_folder(dir, c);
+  const std::size_t M = std::size_t(c.model_dim());
+  const std::vector<std::size_t> tok{std::size_t(p.batch), std::size_t(p.seq), M}, w{M, M}, vec{M},
+      heads{std::size_t(p.heads)};
+  auto put = [&](const char* name, const std::vector<float>& v, const std::vector<std::size_t>& shape) {
+    if (!v.empty()) write_npy(folder + "/" + name + ".npy", v.data(), shape);
+  };
+  put("x", in.x, tok);
+  put("wq", in.wq, w);
+  put("wk", in.wk, w);
+  put("wv", in.wv, w);
+  put("wo", in.wo, w);
+  put("g", in.g, vec);
+  put("beta", in.beta, heads);
+  put("out", out.out, tok);
+  if (c.mode == Mode::fwd_bwd) {
+    put("dOut", in.dOut, tok);
+    put("dx", out.dx, tok);
+    put("dwq", out.dwq, w);
+    put("dwk", out.dwk, w);
+    put("dwv", out.dwv, w);
+    put("dwo", out.dwo, w);
+    put("dg", out.dg, vec);
+    put("dbeta", out.dbeta, heads);
+  }
+}
+
+void dump_case(const std::string& dir, const Case& c, const KernelTensors& in, const KernelTensors& out) {
+  const Problem& p = c.problem;
+  const std::string folder = make_case_folder(dir, c);
   const std::vector<std::size_t> tok{std::size_t(p.batch), std::size_t(p.heads), std::size_t(p.seq), std::size_t(p.dim)};
   const std::vector<std::size_t> st{std::size_t(p.batch), std::size_t(p.heads), std::size_t(p.dim), std::size_t(p.dim)};
   auto put = [&](const char* name, const std::vector<float>& v, const std::vector<std::size_t>& shape) {
@@ -169,23 +259,25 @@ KernelTensors inputs_for(const KernelTensors& all, Mode mode) {
 struct RunContext {
   const RunRequest& request;
   Backend& backend;
-  ReferenceCache cache;
+  Caches caches;
   TimerInfo timer;
 };
 
-nlohmann::json run_case(RunContext& ctx, const Case& c) {
-  nlohmann::json record = identity(c);
-  const auto& run = ctx.request.config.run;
-  const auto& shared = ctx.cache.get(c.problem, c.mode, run.seed, c.dtype);
-  throw_if_interrupted();
-  const KernelTensors inputs = inputs_for(shared.inputs, c.mode);
-  auto prepared = ctx.backend.prepare(c, inputs);
-  const Timing timing = measure(*prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
+std::optional<std::string> unsupported_reason(const Backend& backend, const Case& c) {
+  if (auto why = backend.unsupported_reason(c)) return why;
+  if (c.is_layer() && !backend.runs_layer_suite()) return "the " + backend.name() + " backend has no layer suite yet";
+  return std::nullopt;
+}
 
-  KernelTensors outputs;
-  prepared->read_outputs(outputs);
-  const CheckResult check = check_kernel_outputs(outputs, shared.reference, c.mode, tolerance_for(c.dtype));
-  const MemoryUsage memory = prepared->memory();
+// Times a prepared case, then `check_outputs` reads and checks its outputs; the record of SPEC
+// section 4 that every suite shares.
+template <class CheckOutputs>
+nlohmann::json measure_and_record(const Case& c, RunContext& ctx, PreparedCase& prepared, CheckOutputs&& check_outputs) {
+  nlohmann::json record = identity_of(c);
+  const auto& run = ctx.request.config.run;
+  const Timing timing = measure(prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
+  const CheckResult check = check_outputs();
+  const MemoryUsage memory = prepared.memory();
   const double flops = case_flops(c), bytes = case_min_bytes(memory);
   const double seconds = timing.stats.median * 1e-3;
 
@@ -222,7 +314,38 @@ nlohmann::json run_case(RunContext& ctx, const Case& c) {
                                           timing.stats.median * 1e6, ctx.timer.resolution_ns);
   if (run.cold) record["cold"] = true;
 
+  return record;
+}
+
+nlohmann::json run_case(RunContext& ctx, const Case& c) {
+  const auto& run = ctx.request.config.run;
+  const auto& shared = ctx.caches.kernel.get(c.problem, c.mode, run.seed, c.dtype);
+  throw_if_interrupted();
+  const KernelTensors inputs = inputs_for(shared.inputs, c.mode);
+  auto prepared = ctx.backend.prepare(c, inputs);
+  KernelTensors outputs;
+  nlohmann::json record = measure_and_record(c, ctx, *prepared, [&] {
+    prepared->read_outputs(outputs);
+    return check_kernel_outputs(outputs, shared.reference, c.mode, tolerance_for(c.dtype));
+  });
   if (!ctx.request.dump_dir.empty()) dump_case(ctx.request.dump_dir, c, inputs, outputs);
+  return record;
+}
+
+nlohmann::json run_layer_case(RunContext& ctx, const Case& c) {
+  Caches& caches = ctx.caches;
+  const bool backward = caches.layer_backward || c.mode == Mode::fwd_bwd;
+  const auto& shared = caches.layer.get(c, backward, ctx.request.config.run.seed);
+  throw_if_interrupted();
+  LayerTensors inputs = shared.inputs;
+  if (c.mode == Mode::fwd) inputs.dOut.clear();  // fwd cases do not carry the cotangent
+  auto prepared = ctx.backend.prepare_layer(c, inputs);
+  LayerTensors outputs;
+  nlohmann::json record = measure_and_record(c, ctx, *prepared, [&] {
+    prepared->read_layer_outputs(outputs);
+    return check_layer_outputs(outputs, shared.reference, c.mode, layer_tolerance_for(c.dtype));
+  });
+  if (!ctx.request.dump_dir.empty()) dump_layer_case(ctx.request.dump_dir, c, inputs, outputs);
   return record;
 }
 
@@ -294,6 +417,7 @@ int run_benchmarks(const RunRequest& request) {
   install_interrupt_handlers();
   nlohmann::json results = nlohmann::json::array();
   nlohmann::json totals = {{"cases", plan.size()}, {"ok", 0}, {"failed", 0}, {"skipped", 0}};
+  for (Mode mode : config.layer.mode) ctx.caches.layer_backward = ctx.caches.layer_backward || mode == Mode::fwd_bwd;
   const auto run_start = std::chrono::steady_clock::now();
   bool any_failed = false;
   std::size_t position = 0;
@@ -306,31 +430,31 @@ int run_benchmarks(const RunRequest& request) {
     if (auto it = done.find(c.plan_index); it != done.end()) {
       record = it->second;
       note = "from the journal";
-    } else if (auto why = backend->unsupported_reason(c)) {
-      record = identity(c);
+    } else if (auto why = unsupported_reason(*backend, c)) {
+      record = identity_of(c);
       record["status"] = "skipped";
       record["skip_reason"] = *why;
       note = "skipped: " + *why;
     } else if (auto too_big = memory_guard(*backend, c)) {
-      record = identity(c);
+      record = identity_of(c);
       record["status"] = "skipped";
       record["skip_reason"] = "memory: " + *too_big;
       note = "skipped: memory: " + *too_big;
     } else {
       try {
-        record = run_case(ctx, c);
+        record = c.is_layer() ? run_layer_case(ctx, c) : run_case(ctx, c);
         note = fmt::format("median {:.4f} ms, rel_err {:.2e}", record["median_ms"].get<double>(),
                            record["rel_err"].get<double>());
         if (record["status"] == "failed") note += " FAILED: " + record["check_failure"].get<std::string>();
       } catch (const Interrupted&) {
         break;
       } catch (const std::bad_alloc&) {
-        record = identity(c);
+        record = identity_of(c);
         record["status"] = "skipped";
         record["skip_reason"] = "memory: an allocation failed";
         note = "skipped: memory: an allocation failed";
       } catch (const std::exception& e) {
-        record = identity(c);
+        record = identity_of(c);
         record["status"] = "failed";
         record["error"] = e.what();
         note = std::string("FAILED: ") + e.what();

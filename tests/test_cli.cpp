@@ -56,7 +56,10 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
       {"--config /nonexistent/suite.yaml", "/nonexistent/suite.yaml: cannot read the config file"},
       {"--seq 0", "--seq: expected an integer in 1..16777216, got 0"},
       {"--impl fused", "--impl: unknown impl 'fused'"},
-      {"--suite layer", "--suite: unknown suite 'layer'"},
+      {"--suite attention", "--suite: unknown suite 'attention'"},
+      {"--window 0", "--window: expected an integer in 1..16777216, got 0"},
+      {"--suite layer --heads 256 --head-dim 64", "over the limit 8192"},
+      {"--suite kernel --head-dim 32", "--head-dim: only the layer suite has this key"},
       {"--backend tpu", "--backend: unknown backend 'tpu'"},
       {"--frobnicate", "command line:"},
   };
@@ -73,10 +76,19 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
 
 TEST_CASE("a run with flags only writes its file and exits 0", "[cli]") {
   const fs::path out = write_temp("placeholder", "").parent_path() / "flags.json";
-  const auto result = lattnbench("--seq 33 --dim 8 --chunk 16 --batch 1 --heads 2 --reps 2 --warmup 1 "
+  const auto result = lattnbench("--suite kernel --seq 33 --dim 8 --chunk 16 --batch 1 --heads 2 --reps 2 --warmup 1 "
                                  "--min-sample-ms 1 --threads 1 --out " + out.string());
   INFO(result.output);
   CHECK(result.exit_status == 0);
   CHECK(fs::exists(out));
   CHECK_THAT(result.output, Contains("[4/4]") && Contains("ETA"));
+}
+
+TEST_CASE("the layer suite runs from flags and writes its records", "[cli][layer]") {
+  const fs::path out = write_temp("placeholder", "").parent_path() / "layer.json";
+  const auto result = lattnbench("--suite layer --seq 40 --batch 1 --heads 2 --head-dim 8 --window 5 --chunk 16 "
+                                 "--reps 2 --warmup 1 --min-sample-ms 1 --threads 1 --out " + out.string());
+  INFO(result.output);
+  CHECK(result.exit_status == 0);
+  CHECK_THAT(result.output, Contains("[4/4] layer chunked fwd_bwd B1 H2 T40 D8 C16 W5"));
 }

@@ -66,10 +66,34 @@ TEST_CASE("the embedded default is configs/default.yaml and the reference result
   CHECK(plan_signature(from_file) == plan_signature(embedded));
   CHECK(plan_signature(embedded) == plan_signature(Config{}));
   const auto plan = expand_plan(embedded);
-  CHECK(plan.size() == 36);  // 3 seq x 3 dim x 2 impl x 2 mode
+  CHECK(plan.size() == 44);  // kernel: 3 seq x 3 dim x 2 impl x 2 mode; layer: 2 seq x 2 impl x 2 mode
   CHECK(plan.front().problem.batch == 2);
   CHECK(plan.front().problem.heads == 4);
   CHECK(plan.front().problem.chunk == 128);
+  CHECK(plan.front().window == 0);
+  const Case& layer = plan[36];
+  CHECK(layer.suite == "layer");
+  CHECK(layer.problem.batch == 2);
+  CHECK(layer.problem.heads == 8);
+  CHECK(layer.problem.dim == 64);
+  CHECK(layer.model_dim() == 512);
+  CHECK(layer.window == 128);
+  CHECK(layer.problem.seq == 512);
+  CHECK(plan.back().problem.seq == 2048);
+}
+
+TEST_CASE("the layer plan follows the reference file's order: seq, then impl, then mode", "[config]") {
+  const Config c = parse_config("suites: [layer]\nlayer:\n  seq: [64, 128]\n  window: [8, 16]\n  head_dim: 16\n", "l.yaml");
+  const auto plan = expand_plan(c);
+  REQUIRE(plan.size() == 2 * 2 * 2 * 2);
+  CHECK(plan[0].window == 8);
+  CHECK(plan[0].impl == Impl::scan);
+  CHECK(plan[0].mode == Mode::fwd);
+  CHECK(plan[1].mode == Mode::fwd_bwd);
+  CHECK(plan[2].impl == Impl::chunked);
+  CHECK(plan[4].problem.seq == 128);
+  CHECK(plan[8].window == 16);
+  for (const Case& k : plan) CHECK(k.suite == "layer");
 }
 
 TEST_CASE("the command line beats the file, which beats the defaults", "[config]") {
@@ -85,6 +109,15 @@ TEST_CASE("the command line beats the file, which beats the defaults", "[config]
   CHECK(c.run.reps == 3);
   CHECK(c.kernel.impl == std::vector<Impl>{Impl::chunked});
   CHECK(c.kernel.dim == std::vector<int>{16});
+  // --seq reaches every selected suite that has the key, --window only the layer
+  CHECK(c.layer.seq == std::vector<int>{32, 48});
+  Overrides w;
+  w.values["window"] = "4,8";
+  w.values["head_dim"] = "32";
+  apply_overrides(c, w);
+  CHECK(c.layer.window == std::vector<int>{4, 8});
+  CHECK(c.layer.head_dim == std::vector<int>{32});
+  CHECK(c.kernel.dim == std::vector<int>{16});
 }
 
 TEST_CASE("each class of malformed config has its own message naming where", "[config][errors]") {
@@ -99,7 +132,18 @@ TEST_CASE("each class of malformed config has its own message naming where", "[c
   CHECK_THAT(error_of("kernel:\n  batch: -3\n"), Contains("kernel.batch") && Contains("got -3"));
   CHECK_THAT(error_of("kernel:\n  seq: 1000000000000\n"), Contains("kernel.seq") && Contains("expected an integer in 1..16777216"));
   CHECK_THAT(error_of("suites: [kernel, attention]\n"), Contains("suite.yaml:1") && Contains("unknown suite 'attention'"));
-  CHECK_THAT(error_of("suites: layer\n"), Contains("unknown suite 'layer'"));
+  CHECK(error_of("suites: layer\n").empty());
+  CHECK_THAT(error_of("suites: [layer, attention]\n"), Contains("unknown suite 'attention'"));
+  CHECK_THAT(error_of("layer:\n  dim: 64\n"), Contains("suite.yaml:2") && Contains("unknown key 'layer.dim'") &&
+                                                 Contains("head_dim"));
+  CHECK_THAT(error_of("layer:\n  window: 0\n"), Contains("suite.yaml:2: layer.window") && Contains("got 0"));
+  CHECK_THAT(error_of("layer:\n  window: -4\n"), Contains("layer.window") && Contains("got -4"));
+  CHECK_THAT(error_of("layer:\n  head_dim: 0\n"), Contains("layer.head_dim") && Contains("got 0"));
+  CHECK_THAT(error_of("layer:\n  heads: 64\n  head_dim: 256\n"),
+             Contains("heads 64 x head_dim 256") && Contains("16384") && Contains("over the limit 8192"));
+  CHECK_THAT(error_of("layer:\n  batch: 4096\n  seq: 1048576\n"), Contains("layer case") && Contains("2^31"));
+  CHECK_THAT(error_of("layer: [1]\n"), Contains("layer") && Contains("expected a mapping"));
+  CHECK_THAT(error_of("layer:\n  impl: fused\n"), Contains("unknown impl 'fused'"));
   CHECK_THAT(error_of("kernel:\n  impl: [scan, fused]\n"), Contains("unknown impl 'fused'"));
   CHECK_THAT(error_of("kernel:\n  mode: backward\n"), Contains("unknown mode 'backward'"));
   CHECK_THAT(error_of("backend: tpu\n"), Contains("unknown backend 'tpu'"));
@@ -128,6 +172,24 @@ TEST_CASE("bad command-line values name the flag", "[config][errors]") {
   CHECK_THAT(override_error("seq", "512,abc"), Contains("--seq") && Contains("'abc'"));
   CHECK_THAT(override_error("min_sample_ms", "0"), Contains("--min-sample-ms"));
   CHECK_THAT(override_error("threads", "2,3"), Contains("--threads") && Contains("single value"));
-  CHECK_THAT(override_error("suites", "layer"), Contains("--suite") && Contains("unknown suite 'layer'"));
+  CHECK(override_error("suites", "layer").empty());
+  CHECK_THAT(override_error("suites", "attention"), Contains("--suite") && Contains("unknown suite 'attention'"));
+  CHECK_THAT(override_error("window", "0"), Contains("--window") && Contains("got 0"));
+  CHECK_THAT(override_error("head_dim", "2000"), Contains("--head-dim") && Contains("1..1024"));
+  CHECK_THAT(override_error("heads", "1024"), Contains("heads 1024 x head_dim 64") && Contains("over the limit"));
+  auto kernel_only = [](const std::string& key, const std::string& value) {
+    Config c;
+    Overrides o;
+    o.values["suites"] = "kernel";
+    o.values[key] = value;
+    try {
+      apply_overrides(c, o);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(kernel_only("window", "64"), Contains("--window") && Contains("only the layer suite"));
+  CHECK(kernel_only("seq", "64").empty());
   CHECK_THAT(override_error("seq", ""), Contains("--seq"));
 }

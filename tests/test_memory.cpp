@@ -6,6 +6,7 @@
 
 #include "counting_allocator.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/layer_kernels.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -70,4 +71,71 @@ TEST_CASE("the backend reports the kernel's scratch as temp and the tensors as a
   CHECK(m.temp_bytes == std::max(cpu::chunked_forward_workspace_bytes(p), cpu::chunked_backward_workspace_bytes(p)));
   CHECK(m.arg_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // q k v dO, h0 dhT
   CHECK(m.out_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // o dq dk dv, hT dh0
+}
+
+TEST_CASE("the sliding-window kernel's scratch equals its closed form and is O(T * W)", "[memory][window]") {
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    for (const auto& [p, window] : {std::pair{Problem{2, 4, 300, 32, 1, Decay::none}, 50},
+                                    std::pair{Problem{1, 1, 200, 16, 1, Decay::none}, 20},
+                                    std::pair{Problem{1, 1, 40, 8, 1, Decay::none}, 1000}}) {
+      INFO(test::describe(p) << " W" << window << " threads " << threads);
+      // Written out independently of the kernel: Bq = min(32, T), tiles of Bq x min(T, Bq + W - 1);
+      // the backward cuts a head into segments only when there are fewer heads than threads.
+      const std::size_t Bq = std::min(32, p.seq), L = std::min<std::size_t>(p.seq, Bq + window - 1);
+      const std::size_t blocks = (p.seq + Bq - 1) / Bq;
+      const std::size_t fwd_threads = std::min<std::size_t>(threads, p.heads_total() * blocks);
+      const std::size_t segments = std::min<std::size_t>(blocks, (threads + p.heads_total() - 1) / p.heads_total());
+      const std::size_t tasks = p.heads_total() * segments, bwd_threads = std::min<std::size_t>(threads, tasks);
+      const std::size_t spill = segments > 1 ? tasks * 2 * std::min<std::size_t>(window - 1, p.seq) * p.dim : 0;
+      CHECK(cpu::sliding_window_forward_workspace_bytes(p, window) == fwd_threads * Bq * L * 4);
+      CHECK(cpu::sliding_window_backward_workspace_bytes(p, window) == (bwd_threads * 2 * Bq * L + spill) * 4);
+
+      KernelTensors t = make_kernel_inputs(p, Mode::fwd_bwd, 0);
+      std::vector<float> o(p.token_elems()), lse(p.heads_total() * p.seq), dq(p.token_elems()), dk(p.token_elems()),
+          dv(p.token_elems());
+      CountingAllocator fwd, bwd;
+      cpu::sliding_window_forward(p, window, {t.q.data(), t.k.data(), t.v.data(), o.data(), lse.data()}, fwd);
+      cpu::sliding_window_backward(p, window,
+                                   {t.q.data(), t.k.data(), t.v.data(), o.data(), lse.data(), t.dO.data(), dq.data(),
+                                    dk.data(), dv.data(), false},
+                                   bwd);
+      CHECK(fwd.peak_bytes() == cpu::sliding_window_forward_workspace_bytes(p, window));
+      CHECK(bwd.peak_bytes() == cpu::sliding_window_backward_workspace_bytes(p, window));
+      CHECK(fwd.live_bytes() == 0);
+      CHECK(bwd.live_bytes() == 0);
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+TEST_CASE("the layer's scratch equals its closed form and grows linearly in T", "[memory][layer]") {
+  omp_set_num_threads(2);
+  for (bool chunked : {false, true}) {
+    const LayerProblem p{{1, 2, 300, 16, 64, Decay::none}, 40, chunked};
+    INFO(test::describe(p.linear) << (chunked ? " chunked" : " scan"));
+    auto backend = make_backend("cpu", BackendOptions{2});
+    for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+      Case kase{"layer", chunked ? Impl::chunked : Impl::scan, mode, p.linear, "cpu", "float32", 0, p.window};
+      auto prepared = backend->prepare_layer(kase, make_layer_inputs(p.linear, mode, 0));
+      prepared->run();
+      const MemoryUsage m = prepared->memory();
+      CHECK(m.temp_bytes == (mode == Mode::fwd ? cpu::layer_forward_workspace_bytes(p)
+                                               : cpu::layer_forward_backward_workspace_bytes(p)));
+      const std::size_t M = p.model_dim(), N = p.token_elems();
+      CHECK(m.arg_bytes == (mode == Mode::fwd ? N : 2 * N) * 4 + (4 * M * M + M + 2) * 4);
+      CHECK(m.out_bytes == (mode == Mode::fwd ? N * 4 : (2 * N + 4 * M * M + M + 2) * 4));
+    }
+    // Per token, the scratch settles to a constant: O(T), with a few tiles on top.
+    auto per_token = [&](int seq, bool backward) {
+      LayerProblem q = p;
+      q.linear.seq = seq;
+      return double(backward ? cpu::layer_forward_backward_workspace_bytes(q) : cpu::layer_forward_workspace_bytes(q)) / seq;
+    };
+    for (bool backward : {false, true}) {
+      CHECK(per_token(8192, backward) == Approx(per_token(4096, backward)).epsilon(0.05));
+      CHECK(per_token(65536, backward) == Approx(per_token(8192, backward)).epsilon(0.05));
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
 }

@@ -44,8 +44,17 @@ TEST_CASE("a smoke run writes a complete result file", "[report]") {
     CHECK(r["samples_ms"].size() == 3);
     CHECK(r["q1_ms"].get<double>() <= r["median_ms"].get<double>());
     CHECK(r["median_ms"].get<double>() <= r["q3_ms"].get<double>());
-    CHECK(r["rel_errs"].size() == (r["mode"] == "fwd" ? 2u : 6u));
+    if (r["suite"] == "layer") {
+      CHECK(r["rel_errs"].size() == (r["mode"] == "fwd" ? 1u : 8u));
+      CHECK(r["dim"] == r["head_dim"]);
+      CHECK(r["model_dim"] == r["heads"].get<int>() * r["head_dim"].get<int>());
+      CHECK(r.contains("window"));
+    } else {
+      CHECK(r["rel_errs"].size() == (r["mode"] == "fwd" ? 2u : 6u));
+      CHECK_FALSE(r.contains("window"));
+    }
   }
+  CHECK(std::count_if(results.begin(), results.end(), [](const auto& r) { return r["suite"] == "layer"; }) == 16);
   CHECK(doc["totals"]["ok"] == results.size());
 
   std::size_t leftovers = 0;
@@ -55,6 +64,10 @@ TEST_CASE("a smoke run writes a complete result file", "[report]") {
   // --dump: the first case's inputs and outputs as .npy files
   CHECK(fs::exists(dir / "dump" / "000-kernel-scan-fwd-b1h2t24d16c32-none" / "q.npy"));
   CHECK(fs::exists(dir / "dump" / "000-kernel-scan-fwd-b1h2t24d16c32-none" / "o.npy"));
+  // and a layer case's
+  const fs::path layer_dump = dir / "dump" / "017-layer-scan-fwd_bwd-b1h2t24d8c32w5-retnet";
+  for (const char* name : {"x", "wq", "wk", "wv", "wo", "g", "beta", "dOut", "out", "dx", "dwq", "dwk", "dwv", "dwo", "dg", "dbeta"})
+    CHECK(fs::exists(layer_dump / (std::string(name) + ".npy")));
   fs::remove_all(dir);
 }
 

@@ -27,7 +27,7 @@ namespace {
 
 // Twelve cases of a few hundred milliseconds each.
 std::vector<std::string> slow_run_args(const fs::path& out) {
-  return {test::binary(), "--seq", "3000,3001,3002", "--dim", "48", "--batch", "1", "--heads", "4", "--reps", "4",
+  return {test::binary(), "--suite", "kernel", "--seq", "3000,3001,3002", "--dim", "48", "--batch", "1", "--heads", "4", "--reps", "4",
           "--min-sample-ms", "20", "--threads", "1", "--quiet", "--out", out.string()};
 }
 
@@ -133,7 +133,7 @@ TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") 
   {
     Journal j(journal.string(), {{"journal", "lattnbench"}, {"config", {{"reps", 99}}}}, false);
   }
-  const auto result = test::run_process(test::binary() + " --seq 16 --dim 4 --quiet --out " + (dir / "r.json").string() +
+  const auto result = test::run_process(test::binary() + " --suite kernel --seq 16 --dim 4 --quiet --out " + (dir / "r.json").string() +
                                         " --resume " + journal.string());
   CHECK(result.exit_status == 2);
   CHECK_THAT(result.output, Catch::Matchers::Contains("the journal's config differs"));
@@ -143,7 +143,7 @@ TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") 
 TEST_CASE("a case too big for memory is skipped with the reason, and the run goes on", "[robustness][memory]") {
   const fs::path dir = test::fresh_dir("memguard");
   const fs::path out = dir / "r.json";
-  const auto result = test::run_process(test::binary() + " --seq 16,16777216 --dim 128 --batch 1 --heads 1 --impl scan "
+  const auto result = test::run_process(test::binary() + " --suite kernel --seq 16,16777216 --dim 128 --batch 1 --heads 1 --impl scan "
                                         "--mode fwd --reps 2 --min-sample-ms 1 --quiet --out " + out.string());
   CHECK(result.exit_status == 0);
   const nlohmann::json doc = read_json(out);

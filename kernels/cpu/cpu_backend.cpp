@@ -9,12 +9,36 @@
 #include "build_info.hpp"
 #include "counting_allocator.hpp"
 #include "environment.hpp"
+#include "error.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/layer_kernels.hpp"
 
 namespace lattn::cpu {
 namespace {
 
 std::size_t bytes_of(const std::vector<float>& v) { return v.size() * sizeof(float); }
+
+template <class... V>
+std::size_t bytes_of(const std::vector<float>& first, const V&... rest) {
+  return bytes_of(first) + bytes_of(rest...);
+}
+
+// Runs `call` on `allocator` and keeps the largest scratch peak seen over the calls.
+template <class Call>
+void counted(CountingAllocator& allocator, std::size_t& temp_peak, Call&& call) {
+  const std::size_t live_before = allocator.live_bytes();
+  allocator.reset_peak();
+  call();
+  temp_peak = std::max(temp_peak, allocator.peak_bytes() - live_before);
+}
+
+template <class Case>
+double time_calls(Case& kase, int calls) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) kase.run();
+  const auto stop = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::milli>(stop - start).count();
+}
 
 class CpuCase final : public PreparedCase {
  public:
@@ -30,9 +54,29 @@ class CpuCase final : public PreparedCase {
     }
   }
 
-  void run() override {
-    const std::size_t live_before = allocator_.live_bytes();
-    allocator_.reset_peak();
+  void run() override { counted(allocator_, temp_peak_, [&] { call(); }); }
+
+  double time_ms(int calls) override { return time_calls(*this, calls); }
+
+  MemoryUsage memory() const override {
+    MemoryUsage m;
+    m.arg_bytes = bytes_of(t_.q, t_.k, t_.v, t_.h0, t_.dO, t_.dhT);
+    m.out_bytes = bytes_of(t_.o, t_.hT, t_.dq, t_.dk, t_.dv, t_.dh0);
+    m.temp_bytes = temp_peak_;
+    return m;
+  }
+
+  void read_outputs(KernelTensors& out) override {
+    out.o = t_.o;
+    out.hT = t_.hT;
+    out.dq = t_.dq;
+    out.dk = t_.dk;
+    out.dv = t_.dv;
+    out.dh0 = t_.dh0;
+  }
+
+ private:
+  void call() {
     const Problem& p = kase_.problem;
     const ForwardArgs<float> fwd{t_.q.data(), t_.k.data(), t_.v.data(), t_.h0.data(), t_.o.data(), t_.hT.data()};
     if (kase_.impl == Impl::scan)
@@ -48,37 +92,70 @@ class CpuCase final : public PreparedCase {
       else
         chunked_backward(p, bwd, allocator_);
     }
-    const std::size_t peak = allocator_.peak_bytes() - live_before;
-    if (peak > temp_peak_) temp_peak_ = peak;
   }
 
-  double time_ms(int calls) override {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) run();
-    const auto stop = std::chrono::steady_clock::now();
-    return std::chrono::duration<double, std::milli>(stop - start).count();
+  Case kase_;
+  KernelTensors t_;
+  CountingAllocator allocator_;
+  std::size_t temp_peak_ = 0;
+};
+
+class CpuLayerCase final : public PreparedCase {
+ public:
+  CpuLayerCase(const Case& kase, const LayerTensors& inputs) : t_(inputs) {
+    problem_ = LayerProblem{kase.problem, kase.window, kase.impl == Impl::chunked};
+    backward_ = kase.mode == Mode::fwd_bwd;
+    t_.out.assign(problem_.token_elems(), 0.0f);
+    if (backward_) {
+      t_.dx.assign(problem_.token_elems(), 0.0f);
+      for (auto* w : {&t_.dwq, &t_.dwk, &t_.dwv, &t_.dwo}) w->assign(problem_.weight_elems(), 0.0f);
+      t_.dg.assign(problem_.model_dim(), 0.0f);
+      t_.dbeta.assign(std::size_t(problem_.linear.heads), 0.0f);
+    }
   }
+
+  void run() override {
+    counted(allocator_, temp_peak_, [&] {
+      if (backward_)
+        layer_forward_backward(problem_, {t_.x.data(), t_.wq.data(), t_.wk.data(), t_.wv.data(), t_.wo.data(),
+                                          t_.g.data(), t_.beta.data(), t_.dOut.data(), t_.out.data(), t_.dx.data(),
+                                          t_.dwq.data(), t_.dwk.data(), t_.dwv.data(), t_.dwo.data(), t_.dg.data(),
+                                          t_.dbeta.data()},
+                               allocator_);
+      else
+        layer_forward(problem_, {t_.x.data(), t_.wq.data(), t_.wk.data(), t_.wv.data(), t_.wo.data(), t_.g.data(),
+                                 t_.beta.data(), t_.out.data()},
+                      allocator_);
+    });
+  }
+
+  double time_ms(int calls) override { return time_calls(*this, calls); }
 
   MemoryUsage memory() const override {
     MemoryUsage m;
-    m.arg_bytes = bytes_of(t_.q) + bytes_of(t_.k) + bytes_of(t_.v) + bytes_of(t_.h0) + bytes_of(t_.dO) + bytes_of(t_.dhT);
-    m.out_bytes = bytes_of(t_.o) + bytes_of(t_.hT) + bytes_of(t_.dq) + bytes_of(t_.dk) + bytes_of(t_.dv) + bytes_of(t_.dh0);
+    m.arg_bytes = bytes_of(t_.x, t_.wq, t_.wk, t_.wv, t_.wo, t_.g, t_.beta, t_.dOut);
+    m.out_bytes = bytes_of(t_.out, t_.dx, t_.dwq, t_.dwk, t_.dwv, t_.dwo, t_.dg, t_.dbeta);
     m.temp_bytes = temp_peak_;
     return m;
   }
 
-  void read_outputs(KernelTensors& out) override {
-    out.o = t_.o;
-    out.hT = t_.hT;
-    out.dq = t_.dq;
-    out.dk = t_.dk;
-    out.dv = t_.dv;
-    out.dh0 = t_.dh0;
+  void read_outputs(KernelTensors&) override { throw RuntimeFailure("read_outputs on a layer case"); }
+
+  void read_layer_outputs(LayerTensors& out) override {
+    out.out = t_.out;
+    out.dx = t_.dx;
+    out.dwq = t_.dwq;
+    out.dwk = t_.dwk;
+    out.dwv = t_.dwv;
+    out.dwo = t_.dwo;
+    out.dg = t_.dg;
+    out.dbeta = t_.dbeta;
   }
 
  private:
-  Case kase_;
-  KernelTensors t_;
+  LayerProblem problem_;
+  bool backward_ = false;
+  LayerTensors t_;
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
 };
@@ -115,6 +192,13 @@ class CpuBackend final : public Backend {
   std::size_t memory_estimate(const Case& kase) const override {
     const Problem& p = kase.problem;
     const bool backward = kase.mode == Mode::fwd_bwd;
+    if (kase.is_layer()) {
+      const LayerProblem layer{p, kase.window, kase.impl == Impl::chunked};
+      const std::size_t M = std::size_t(kase.model_dim());
+      const std::size_t tensors = (backward ? 4 : 2) * p.token_elems() + (backward ? 8 : 4) * M * M;
+      return tensors * sizeof(float) +
+             (backward ? layer_forward_backward_workspace_bytes(layer) : layer_forward_workspace_bytes(layer));
+    }
     const std::size_t tensors = (backward ? 4 : 3) * p.token_elems() + (backward ? 2 : 1) * p.state_elems();
     const std::size_t outputs = (backward ? 4 : 1) * p.token_elems() + (backward ? 2 : 1) * p.state_elems();
     std::size_t scratch = kase.impl == Impl::scan ? scan_forward_workspace_bytes(p) : chunked_forward_workspace_bytes(p);
@@ -126,6 +210,12 @@ class CpuBackend final : public Backend {
 
   std::size_t memory_available() const override { return available_host_memory(); }
   bool memory_is_host() const override { return true; }
+
+  bool runs_layer_suite() const override { return true; }
+
+  std::unique_ptr<PreparedCase> prepare_layer(const Case& kase, const LayerTensors& inputs) override {
+    return std::make_unique<CpuLayerCase>(kase, inputs);
+  }
 
  private:
   int threads_;
