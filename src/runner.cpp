@@ -186,6 +186,10 @@ int run_benchmarks(const RunRequest& request) {
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
 
+  // Measures the roofline (peak_gflops) once, before the first case, and caches the block.
+  const nlohmann::json device = backend->device_info();
+  const double peak_gflops = device.value("peak_gflops", 0.0);
+
   const std::vector<Case> plan = expand_plan(config);
   double total_cost = 0, done_cost = 0;
   for (const auto& c : plan) total_cost += case_cost_estimate(c);
@@ -207,6 +211,10 @@ int run_benchmarks(const RunRequest& request) {
     } else {
       try {
         record = run_case(*backend, c, request, cache);
+        if (peak_gflops > 0) {
+          record["peak_gflops"] = peak_gflops;
+          record["peak_fraction"] = record["gflops"].get<double>() / peak_gflops;
+        }
         note = fmt::format("median {:.4f} ms, rel_err {:.2e}", record["median_ms"].get<double>(),
                            record["rel_err"].get<double>());
         if (record["status"] == "failed") note += " FAILED: " + record["check_failure"].get<std::string>();
@@ -235,11 +243,11 @@ int run_benchmarks(const RunRequest& request) {
   nlohmann::json document = {
       {"schema_version", kSchemaVersion},
       {"tool", "lattnbench"},
-      {"version", backend->device_info().value("lattnbench_version", "")},
+      {"version", device.value("lattnbench_version", "")},
       {"created_utc", started},
       {"argv", request.argv},
       {"config", to_json(config)},
-      {"device", backend->device_info()},
+      {"device", device},
       {"results", results},
       {"totals", totals},
   };

@@ -4,8 +4,10 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 
 #include "build_info.hpp"
+#include "roofline.hpp"
 #include "counting_allocator.hpp"
 #include "cpu/kernels.hpp"
 
@@ -103,6 +105,17 @@ class CpuBackend final : public Backend {
     info["blas"] = openblas_get_config();
     info["blas_version"] = OPENBLAS_VERSION;
     info["blas_threads_inside_kernels"] = 1;
+    info["blas_core"] = openblas_get_corename();
+    if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info["blas_coretype_env"] = env;
+    if (const char* detected = std::getenv("LATTN_OPENBLAS_DETECTED")) info["blas_core_detected"] = detected;
+    // The roofline every record's peak_fraction is taken against, measured once per process.
+    const Roofline& roof = cpu_roofline(threads_);
+    info["sgemm_gflops"] = roof.sgemm_gflops;
+    info["sgemm_n"] = roof.sgemm_n;
+    info["sgemm_threads"] = roof.threads;
+    info["stream_gbytes_per_s"] = roof.stream_gbytes_per_s;
+    info["stream_bytes"] = roof.stream_bytes;
+    info["peak_gflops"] = roof.sgemm_gflops;
     return info;
   }
 
