@@ -10,6 +10,7 @@
 #include "roofline.hpp"
 #include "counting_allocator.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/scan_pass.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -108,6 +109,7 @@ class CpuBackend final : public Backend {
     info["blas_core"] = openblas_get_corename();
     if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info["blas_coretype_env"] = env;
     if (const char* detected = std::getenv("LATTN_OPENBLAS_DETECTED")) info["blas_core_detected"] = detected;
+    info["scan_vector_width"] = to_string(active_vec());
     // The roofline every record's peak_fraction is taken against, measured once per process.
     const Roofline& roof = cpu_roofline(threads_);
     info["sgemm_gflops"] = roof.sgemm_gflops;

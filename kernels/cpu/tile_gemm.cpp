@@ -1,0 +1,136 @@
+// See tile_gemm.hpp. Built only where AVX-512 is compiled in; chunked.cpp falls back to the
+// OpenBLAS form elsewhere.
+#include "cpu/tile_gemm.hpp"
+
+#include <algorithm>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace lattn::cpu::tile {
+namespace {
+
+inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1); }
+
+template <int MR>
+struct Acc {
+  __m512 v[MR][2];
+};
+
+template <int MR>
+__attribute__((always_inline)) inline void fma_segment(Acc<MR>& acc, int k0, int k1, const float* a, long ars,
+                                                       long acs, const float* b) {
+  const float* bk = b + std::size_t(k0) * kNR;
+  const float* ak = a + k0 * acs;
+  for (int k = k0; k < k1; ++k, bk += kNR, ak += acs) {
+    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 x = _mm512_set1_ps(ak[i * ars]);
+      acc.v[i][0] = _mm512_fmadd_ps(x, b0, acc.v[i][0]);
+      acc.v[i][1] = _mm512_fmadd_ps(x, b1, acc.v[i][1]);
+    }
+  }
+}
+
+template <int MR>
+void segment_range(const Segment& s, int i0, int& k0, int& k1) {
+  k0 = 0;
+  k1 = s.K;
+  if (s.range == Range::lower) k1 = std::min(s.K, i0 + MR);
+  if (s.range == Range::upper) k0 = std::min(s.K, i0);
+}
+
+template <int MR>
+void tile(const Product& p, int i0, int panel) {
+  const int j0 = panel * kNR;
+  const __mmask16 m0 = lanes(p.N - j0), m1 = lanes(p.N - j0 - 16);
+  float* c = p.c + panel * p.cps + i0 * p.ldc;
+  Acc<MR> acc;
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = _mm512_setzero_ps();
+  int k0, k1;
+  if (p.s1.range != Range::none) {
+    segment_range<MR>(p.s1, i0, k0, k1);
+    fma_segment<MR>(acc, k0, k1, p.s1.a + i0 * p.s1.ars, p.s1.ars, p.s1.acs, p.s1.b + std::size_t(panel) * p.s1.K * kNR);
+  }
+  if (p.rs) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 r = _mm512_set1_ps(p.rs[i0 + i]);
+      acc.v[i][0] = _mm512_mul_ps(r, acc.v[i][0]);
+      acc.v[i][1] = _mm512_mul_ps(r, acc.v[i][1]);
+    }
+  }
+  if (p.s2.range != Range::none) {
+    segment_range<MR>(p.s2, i0, k0, k1);
+    fma_segment<MR>(acc, k0, k1, p.s2.a + i0 * p.s2.ars, p.s2.ars, p.s2.acs, p.s2.b + std::size_t(panel) * p.s2.K * kNR);
+  }
+  const __m512 alpha = _mm512_set1_ps(p.alpha);
+  const bool masked = p.mask && (p.mask_all || j0 + kNR - 1 > i0);
+  const float* mrow = masked ? p.mask + i0 * p.ldm + j0 : nullptr;
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    __m512 x0 = _mm512_mul_ps(alpha, acc.v[i][0]), x1 = _mm512_mul_ps(alpha, acc.v[i][1]);
+    if (masked) {
+      x0 = _mm512_mul_ps(x0, _mm512_maskz_loadu_ps(m0, mrow + i * p.ldm));
+      x1 = _mm512_mul_ps(x1, _mm512_maskz_loadu_ps(m1, mrow + i * p.ldm + 16));
+    }
+    if (p.beta != 0.0f) {
+      // Added last, so the products' own sum is not rounded against C's (larger) magnitude.
+      const __m512 beta = _mm512_set1_ps(p.beta);
+      x0 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c + i * p.ldc), x0);
+      x1 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + i * p.ldc + 16), x1);
+    }
+    _mm512_mask_storeu_ps(c + i * p.ldc, m0, x0);
+    _mm512_mask_storeu_ps(c + i * p.ldc + 16, m1, x1);
+  }
+}
+
+template <int MR>
+void tail_tile(const Product& p, int i0, int panel, int rows) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return tile<MR>(p, i0, panel);
+    tail_tile<MR - 1>(p, i0, panel, rows);
+  }
+}
+
+}  // namespace
+
+void run(const Product& p) {
+  const int panels = (p.N + kNR - 1) / kNR;
+  for (int panel = 0; panel < panels; ++panel) {
+    const int j0 = panel * kNR;
+    // Tiles wholly above the diagonal of a lower output are skipped; its rows start at j0.
+    int i0 = p.lower ? j0 / kMR * kMR : 0;
+    for (; i0 + kMR <= p.M; i0 += kMR) tile<kMR>(p, i0, panel);
+    if (i0 < p.M) tail_tile<kMR - 1>(p, i0, panel, p.M - i0);
+  }
+}
+
+void pack(const float* src, long lds, bool transposed, int K, int N, const float* w, float* dst) {
+  const int panels = (N + kNR - 1) / kNR;
+  for (int panel = 0; panel < panels; ++panel) {
+    const int j0 = panel * kNR, width = std::min(kNR, N - j0);
+    float* out = dst + std::size_t(panel) * K * kNR;
+    for (int k = 0; k < K; ++k, out += kNR) {
+      const float scale = w ? w[k] : 1.0f;
+      if (transposed)
+        for (int j = 0; j < width; ++j) out[j] = scale * src[std::size_t(j0 + j) * lds + k];
+      else
+        for (int j = 0; j < width; ++j) out[j] = scale * src[std::size_t(k) * lds + j0 + j];
+      for (int j = width; j < kNR; ++j) out[j] = 0.0f;
+    }
+  }
+}
+
+void unpack(const float* panels, int K, int N, float* dst, long ldd) {
+  for (int j0 = 0; j0 < N; j0 += kNR) {
+    const int width = std::min(kNR, N - j0);
+    const float* in = panels + std::size_t(j0 / kNR) * K * kNR;
+    for (int k = 0; k < K; ++k) std::copy(in + std::size_t(k) * kNR, in + std::size_t(k) * kNR + width, dst + k * ldd + j0);
+  }
+}
+
+}  // namespace lattn::cpu::tile
+#endif
