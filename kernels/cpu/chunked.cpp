@@ -29,13 +29,13 @@ bool chunked_uses_tiles() {
 }
 
 std::size_t chunked_forward_workspace_bytes(const Problem& p) {
-  const std::size_t per_thread = chunked_uses_tiles() ? chunked_tiled_forward_floats(p) : chunked_blas_forward_floats(p);
-  return std::size_t(head_parallel_threads(p)) * per_thread * sizeof(float);
+  if (chunked_uses_tiles()) return chunked_tiled_forward_floats(p) * sizeof(float);
+  return std::size_t(head_parallel_threads(p)) * chunked_blas_forward_floats(p) * sizeof(float);
 }
 
 std::size_t chunked_backward_workspace_bytes(const Problem& p) {
-  const std::size_t per_thread = chunked_uses_tiles() ? chunked_tiled_backward_floats(p) : chunked_blas_backward_floats(p);
-  return std::size_t(head_parallel_threads(p)) * per_thread * sizeof(float);
+  if (chunked_uses_tiles()) return chunked_tiled_backward_floats(p) * sizeof(float);
+  return std::size_t(head_parallel_threads(p)) * chunked_blas_backward_floats(p) * sizeof(float);
 }
 
 void chunked_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {

@@ -1,6 +1,7 @@
 // The two implementations behind chunked_forward/backward (kernels.hpp): register-tiled AVX-512
 // products (chunked_tiled.cpp) where AVX-512 is compiled in and active, OpenBLAS sgemm
-// (chunked_blas.cpp) otherwise. Each thread's scratch, in floats, is given in closed form.
+// (chunked_blas.cpp) otherwise. Scratch in floats in closed form: all threads' for the tiled
+// path, one thread's for the BLAS path.
 #pragma once
 
 #include <cstddef>

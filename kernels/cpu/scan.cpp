@@ -23,6 +23,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 
 #include "cpu/kernels.hpp"
 #include "cpu/scan_pass.hpp"
@@ -91,27 +93,32 @@ void unpack(const float* buf, float* dst, float scale, int D, int W, int c0, int
   }
 }
 
-// Runs `pass` (its S unset) on columns [c0, c1) held packed in buf, a tile of tokens at a time
-// over every block when there are several.
-void run_packed(const ScanPass& pass, float* buf, int c0, int c1, int W, Vec vec) {
-  const int D = pass.D;
-  const int tile = c1 - c0 > W ? kTileTokens : pass.T;
-  for (int done = 0; done < pass.T; done += tile) {
-    const int n = std::min(tile, pass.T - done);
-    const int t0 = pass.reverse ? pass.T - done - n : done;  // first token of the tile
-    const std::size_t off = std::size_t(t0) * D;
-    ScanPass sub = pass;
-    sub.T = n;
-    sub.upd_row += off;
-    sub.upd_col += off;
-    sub.read_row += off;
-    sub.out += off;
-    sub.decay_first = pass.decay_first || done > 0;
-    for (int c = c0; c < c1; c += W) {
-      sub.S = buf + std::size_t(c) * D;
-      sub.ld = std::min(W, D - c);
-      sub.s_col0 = c;
-      run_scan_pass(sub, c, std::min(c1, c + W), vec);
+// Runs each pass (its S unset) on columns [c0, c1) of its own packed state, a tile of tokens at a
+// time: within a tile, every block of the first pass, then every block of the second. Passes that
+// walk the same tokens in the same direction (dv and dk) then read each tile's token rows from
+// memory once between them, and several column blocks of one head read them from L2.
+void run_packed(std::initializer_list<std::pair<ScanPass, float*>> passes, int c0, int c1, int W, Vec vec) {
+  const ScanPass& first = passes.begin()->first;
+  const int D = first.D, T = first.T;
+  const int tile = (c1 - c0 > W || passes.size() > 1) ? kTileTokens : T;
+  for (int done = 0; done < T; done += tile) {
+    const int n = std::min(tile, T - done);
+    for (const auto& [pass, buf] : passes) {
+      const int t0 = pass.reverse ? T - done - n : done;  // first token of the tile
+      const std::size_t off = std::size_t(t0) * D;
+      ScanPass sub = pass;
+      sub.T = n;
+      sub.upd_row += off;
+      sub.upd_col += off;
+      sub.read_row += off;
+      sub.out += off;
+      sub.decay_first = pass.decay_first || done > 0;
+      for (int c = c0; c < c1; c += W) {
+        sub.S = buf + std::size_t(c) * D;
+        sub.ld = std::min(W, D - c);
+        sub.s_col0 = c;
+        run_scan_pass(sub, c, std::min(c1, c + W), vec);
+      }
     }
   }
 }
@@ -154,7 +161,7 @@ void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allo
       pass.out = a.o + tok;
       pass.gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
       pass.out_scale = s;
-      run_packed(pass, buf, c0, c1, split.width, vec);
+      run_packed({{pass, buf}}, c0, c1, split.width, vec);
       unpack(buf, a.hT + st, 1.0f, D, split.width, c0, c1);
     });
   }
@@ -191,22 +198,20 @@ void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& al
       pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
       ScanPass dq = pass_of(bh, a.v, a.k, a.dO, a.dq);
       dq.out_scale = s;
-      run_packed(dq, P, c0, c1, split.width, vec);
+      run_packed({{dq, P}}, c0, c1, split.width, vec);
 
       pack(a.dhT + bh * DD, false, G, D, split.width, c0, c1);
+      pack(a.dhT + bh * DD, true, P, D, split.width, c0, c1);
       ScanPass dv = pass_of(bh, a.q, a.dO, a.k, a.dv);
       dv.upd_scale = s;
       dv.decay_first = false;
       dv.reverse = true;
-      run_packed(dv, G, c0, c1, split.width, vec);
-      unpack(G, a.dh0 + bh * DD, dv.gamma, D, split.width, c0, c1);
-
-      pack(a.dhT + bh * DD, true, P, D, split.width, c0, c1);
       ScanPass dk = pass_of(bh, a.dO, a.q, a.v, a.dk);
       dk.upd_scale = s;
       dk.decay_first = false;
       dk.reverse = true;
-      run_packed(dk, P, c0, c1, split.width, vec);
+      run_packed({{dv, G}, {dk, P}}, c0, c1, split.width, vec);
+      unpack(G, a.dh0 + bh * DD, dv.gamma, D, split.width, c0, c1);
     });
   }
 }
