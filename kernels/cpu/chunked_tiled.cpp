@@ -88,7 +88,23 @@ void decay_tables(float gamma, int C, float* pw, float* mask) {
     for (int j = 0; j < C; ++j) mask[std::size_t(i) * C + j] = j <= i ? pw[i - j] : 0.0f;
 }
 
-Segment seg(Range range, int K, const float* a, long ars, long acs, const float* b) {
+// Row-major n x D chunk rows can be a B operand in place when D is a whole number of 32-wide
+// panels and small enough that the panel's rows (D * 4 bytes apart) do not crowd L1 sets; at
+// D = 128 (512 bytes apart) they are packed.
+bool rows_in_place(int D) { return D % tile::kNR == 0 && D <= 64; }
+
+// B = the n x D rows X: in place, or packed into Xp.
+const float* rows_operand(const float* X, int n, int D, float* Xp, long& brs) {
+  if (rows_in_place(D)) {
+    brs = D;
+    return X;
+  }
+  tile::pack(X, D, false, n, D, nullptr, Xp);
+  brs = 0;
+  return Xp;
+}
+
+Segment seg(Range range, int K, const float* a, long ars, long acs, const float* b, long brs = 0) {
   Segment s;
   s.range = range;
   s.K = K;
@@ -96,6 +112,7 @@ Segment seg(Range range, int K, const float* a, long ars, long acs, const float*
   s.ars = ars;
   s.acs = acs;
   s.b = b;
+  s.brs = brs;
   return s;
 }
 
@@ -104,7 +121,10 @@ Segment seg(Range range, int K, const float* a, long ars, long acs, const float*
 // w = lam, alpha = s). Zp: scratch panels of n x D.
 void state_product(float* Yp, int D, int n, const float* X, const float* Z, const float* w, float alpha, float beta,
                    float* Zp) {
-  tile::pack(Z, D, false, n, D, w, Zp);
+  long brs = 0;
+  const float* B = Zp;
+  if (w) tile::pack(Z, D, false, n, D, w, Zp);
+  else B = rows_operand(Z, n, D, Zp, brs);
   Product u;
   u.M = D;
   u.N = D;
@@ -113,7 +133,7 @@ void state_product(float* Yp, int D, int n, const float* X, const float* Z, cons
   u.cps = long(D) * tile::kNR;
   u.beta = beta;
   u.alpha = alpha;
-  u.s1 = seg(Range::full, n, X, 1, D, Zp);
+  u.s1 = seg(Range::full, n, X, 1, D, B, brs);
   tile::run(u);
 }
 
@@ -159,7 +179,8 @@ void chunk_weights(const float* pw, int n, float scale, float* lam, float* gam) 
 void chunk_output(const ForwardBuffers& b, int D, int C, int n, bool decay, const float* Qc, const float* Kc,
                   const float* Vc, float* Oc, const float* Sp) {
   tile::pack(Kc, D, true, D, n, nullptr, b.Ktp);
-  tile::pack(Vc, D, false, n, D, nullptr, b.Vp);
+  long vrs = 0;
+  const float* Vb = rows_operand(Vc, n, D, b.Vp, vrs);
   Product scores;
   scores.M = n;
   scores.N = n;
@@ -179,7 +200,7 @@ void chunk_output(const ForwardBuffers& b, int D, int C, int n, bool decay, cons
   out.ldc = D;
   out.s1 = seg(Range::full, D, Qc, D, 1, Sp);
   out.rs = decay ? b.lam : nullptr;
-  out.s2 = seg(Range::lower, n, b.A, C, 1, b.Vp);
+  out.s2 = seg(Range::lower, n, b.A, C, 1, Vb, vrs);
   out.alpha = float(attention_scale(D));
   tile::run(out);
 }
@@ -243,16 +264,16 @@ void transpose_panels(const float* Sp, int D, float* stage, float* STp) {
 }
 
 // dQ_c, dK_c, dV_c of one chunk from S^T entering it (panels) and dS leaving it (packed).
-// Leaves dO_c packed in b.dOp.
 void chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, const float* Qc, const float* Kc,
                  const float* Vc, const float* dOc, float* dQc, float* dKc, float* dVc, const float* STp,
                  const float* dSp) {
   const float s = float(attention_scale(D));
   tile::pack(Kc, D, true, D, n, nullptr, b.Ktp);
   tile::pack(Vc, D, true, D, n, nullptr, b.Vtp);
-  tile::pack(Kc, D, false, n, D, nullptr, b.Kp);
-  tile::pack(Qc, D, false, n, D, nullptr, b.Qp);
-  tile::pack(dOc, D, false, n, D, nullptr, b.dOp);
+  long krs = 0, qrs = 0, drs = 0;
+  const float* Kb = rows_operand(Kc, n, D, b.Kp, krs);
+  const float* Qb = rows_operand(Qc, n, D, b.Qp, qrs);
+  const float* dOb = rows_operand(dOc, n, D, b.dOp, drs);
   transpose_panels(dSp, D, b.stage, b.dSTp);
 
   Product scores;
@@ -278,20 +299,20 @@ void chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, cons
   dq.ldc = D;
   dq.s1 = seg(Range::full, D, dOc, D, 1, STp);
   dq.rs = b.slam;
-  dq.s2 = seg(Range::lower, n, b.dA, C, 1, b.Kp);
+  dq.s2 = seg(Range::lower, n, b.dA, C, 1, Kb, krs);
   tile::run(dq);
 
   Product dk = dq;
   dk.c = dKc;
   dk.s1 = seg(Range::full, D, Vc, D, 1, b.dSTp);
   dk.rs = decay ? b.gam : nullptr;
-  dk.s2 = seg(Range::upper, n, b.dA, 1, C, b.Qp);
+  dk.s2 = seg(Range::upper, n, b.dA, 1, C, Qb, qrs);
   tile::run(dk);
 
   Product dv = dk;
   dv.c = dVc;
   dv.s1 = seg(Range::full, D, Kc, D, 1, dSp);
-  dv.s2 = seg(Range::upper, n, b.P, 1, C, b.dOp);
+  dv.s2 = seg(Range::upper, n, b.P, 1, C, dOb, drs);
   tile::run(dv);
 }
 

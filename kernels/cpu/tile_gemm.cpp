@@ -13,27 +13,6 @@ namespace {
 inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1); }
 
 template <int MR>
-struct Acc {
-  __m512 v[MR][2];
-};
-
-template <int MR>
-__attribute__((always_inline)) inline void fma_segment(Acc<MR>& acc, int k0, int k1, const float* a, long ars,
-                                                       long acs, const float* b) {
-  const float* bk = b + std::size_t(k0) * kNR;
-  const float* ak = a + k0 * acs;
-  for (int k = k0; k < k1; ++k, bk += kNR, ak += acs) {
-    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16);
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const __m512 x = _mm512_set1_ps(ak[i * ars]);
-      acc.v[i][0] = _mm512_fmadd_ps(x, b0, acc.v[i][0]);
-      acc.v[i][1] = _mm512_fmadd_ps(x, b1, acc.v[i][1]);
-    }
-  }
-}
-
-template <int MR>
 void segment_range(const Segment& s, int i0, int& k0, int& k1) {
   k0 = 0;
   k1 = s.K;
@@ -42,18 +21,45 @@ void segment_range(const Segment& s, int i0, int& k0, int& k1) {
 }
 
 template <int MR>
+struct Acc {
+  __m512 v[MR][2];
+};
+
+// NB = 1: only the tile's first 16 columns (the rest lie above the diagonal of a lower output).
+template <int MR, int NB>
+__attribute__((always_inline)) inline void fma_segment(Acc<MR>& acc, int k0, int k1, const float* a, long ars,
+                                                       long acs, const float* b, long brs) {
+  const float* bk = b + k0 * brs;
+  const float* ak = a + k0 * acs;
+  for (int k = k0; k < k1; ++k, bk += brs, ak += acs) {
+    const __m512 b0 = _mm512_loadu_ps(bk);
+    const __m512 b1 = NB > 1 ? _mm512_loadu_ps(bk + 16) : b0;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 x = _mm512_set1_ps(ak[i * ars]);
+      acc.v[i][0] = _mm512_fmadd_ps(x, b0, acc.v[i][0]);
+      if constexpr (NB > 1) acc.v[i][1] = _mm512_fmadd_ps(x, b1, acc.v[i][1]);
+    }
+  }
+}
+
+template <int MR, int NB>
+void run_segment(Acc<MR>& acc, const Segment& s, int i0, int panel) {
+  int k0, k1;
+  segment_range<MR>(s, i0, k0, k1);
+  const float* b = s.brs ? s.b + panel * kNR : s.b + std::size_t(panel) * s.K * kNR;
+  fma_segment<MR, NB>(acc, k0, k1, s.a + i0 * s.ars, s.ars, s.acs, b, s.brs ? s.brs : kNR);
+}
+
+template <int MR, int NB>
 void tile(const Product& p, int i0, int panel) {
   const int j0 = panel * kNR;
-  const __mmask16 m0 = lanes(p.N - j0), m1 = lanes(p.N - j0 - 16);
+  const __mmask16 m0 = lanes(p.N - j0), m1 = NB > 1 ? lanes(p.N - j0 - 16) : __mmask16(0);
   float* c = p.c + panel * p.cps + i0 * p.ldc;
   Acc<MR> acc;
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = _mm512_setzero_ps();
-  int k0, k1;
-  if (p.s1.range != Range::none) {
-    segment_range<MR>(p.s1, i0, k0, k1);
-    fma_segment<MR>(acc, k0, k1, p.s1.a + i0 * p.s1.ars, p.s1.ars, p.s1.acs, p.s1.b + std::size_t(panel) * p.s1.K * kNR);
-  }
+  if (p.s1.range != Range::none) run_segment<MR, NB>(acc, p.s1, i0, panel);
   if (p.rs) {
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -62,16 +68,17 @@ void tile(const Product& p, int i0, int panel) {
       acc.v[i][1] = _mm512_mul_ps(r, acc.v[i][1]);
     }
   }
-  if (p.s2.range != Range::none) {
-    segment_range<MR>(p.s2, i0, k0, k1);
-    fma_segment<MR>(acc, k0, k1, p.s2.a + i0 * p.s2.ars, p.s2.ars, p.s2.acs, p.s2.b + std::size_t(panel) * p.s2.K * kNR);
-  }
+  if (p.s2.range != Range::none) run_segment<MR, NB>(acc, p.s2, i0, panel);
   const __m512 alpha = _mm512_set1_ps(p.alpha);
   const bool masked = p.mask && (p.mask_all || j0 + kNR - 1 > i0);
   const float* mrow = masked ? p.mask + i0 * p.ldm + j0 : nullptr;
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    __m512 x0 = _mm512_mul_ps(alpha, acc.v[i][0]), x1 = _mm512_mul_ps(alpha, acc.v[i][1]);
+    __m512 x0 = acc.v[i][0], x1 = acc.v[i][1];
+    if (p.alpha != 1.0f) {
+      x0 = _mm512_mul_ps(alpha, x0);
+      x1 = _mm512_mul_ps(alpha, x1);
+    }
     if (masked) {
       x0 = _mm512_mul_ps(x0, _mm512_maskz_loadu_ps(m0, mrow + i * p.ldm));
       x1 = _mm512_mul_ps(x1, _mm512_maskz_loadu_ps(m1, mrow + i * p.ldm + 16));
@@ -88,9 +95,16 @@ void tile(const Product& p, int i0, int panel) {
 }
 
 template <int MR>
+void any_tile(const Product& p, int i0, int panel) {
+  // A lower output's tile whose rows all lie left of the panel's second half needs only the first.
+  if (p.lower && i0 + MR - 1 < panel * kNR + 16) tile<MR, 1>(p, i0, panel);
+  else tile<MR, 2>(p, i0, panel);
+}
+
+template <int MR>
 void tail_tile(const Product& p, int i0, int panel, int rows) {
   if constexpr (MR > 0) {
-    if (rows == MR) return tile<MR>(p, i0, panel);
+    if (rows == MR) return any_tile<MR>(p, i0, panel);
     tail_tile<MR - 1>(p, i0, panel, rows);
   }
 }
@@ -103,7 +117,7 @@ void run(const Product& p) {
     const int j0 = panel * kNR;
     // Tiles wholly above the diagonal of a lower output are skipped; its rows start at j0.
     int i0 = p.lower ? j0 / kMR * kMR : 0;
-    for (; i0 + kMR <= p.M; i0 += kMR) tile<kMR>(p, i0, panel);
+    for (; i0 + kMR <= p.M; i0 += kMR) any_tile<kMR>(p, i0, panel);
     if (i0 < p.M) tail_tile<kMR - 1>(p, i0, panel, p.M - i0);
   }
 }

@@ -35,6 +35,9 @@ struct Segment {
   const float* a = nullptr;
   long ars = 0, acs = 0;
   const float* b = nullptr;  // packed panels, panel p at b + p * K * kNR
+  // Or, with brs set, B read in place: B(k, j) = b[k * brs + j] for a row-major matrix whose
+  // width is a multiple of 32 (no zero padding is needed then).
+  long brs = 0;
 };
 
 struct Product {
