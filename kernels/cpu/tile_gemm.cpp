@@ -44,7 +44,7 @@ __attribute__((always_inline)) inline void fma_segment(Acc<MR>& acc, int k0, int
 }
 
 template <int MR, int NB>
-void run_segment(Acc<MR>& acc, const Segment& s, int i0, int panel) {
+__attribute__((always_inline)) inline void run_segment(Acc<MR>& acc, const Segment& s, int i0, int panel) {
   int k0, k1;
   segment_range<MR>(s, i0, k0, k1);
   const float* b = s.brs ? s.b + panel * kNR : s.b + std::size_t(panel) * s.K * kNR;
