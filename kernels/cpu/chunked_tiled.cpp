@@ -88,10 +88,10 @@ void decay_tables(float gamma, int C, float* pw, float* mask) {
     for (int j = 0; j < C; ++j) mask[std::size_t(i) * C + j] = j <= i ? pw[i - j] : 0.0f;
 }
 
-// Row-major n x D chunk rows can be a B operand in place when D is a whole number of 32-wide
-// panels and small enough that the panel's rows (D * 4 bytes apart) do not crowd L1 sets; at
-// D = 128 (512 bytes apart) they are packed.
-bool rows_in_place(int D) { return D % tile::kNR == 0 && D <= 64; }
+// Row-major n x D chunk rows are a B operand in place when D is exactly one 32-wide panel (rows
+// 128 bytes apart: the panel is contiguous). Wider, a panel's rows are D * 4 bytes apart and
+// crowd L1 sets; packed was faster already at D = 64 (one core: ~85 against ~70 GFLOP/s).
+bool rows_in_place(int D) { return D == tile::kNR; }
 
 // B = the n x D rows X: in place, or packed into Xp.
 const float* rows_operand(const float* X, int n, int D, float* Xp, long& brs) {
