@@ -37,6 +37,11 @@ int tiled_threads(const Problem& p) {
   return split_chunks(p) ? std::min(omp_get_max_threads(), p.chunks()) : head_parallel_threads(p);
 }
 
+// Row stride of the backward's score matrices P and dA: their transposes are read down columns
+// (dA^T Q, P^T dO), and C = 128 floats (512 bytes) apart the column's lines would crowd 8 of L1's
+// 64 sets; 16 floats more spreads them.
+int score_ld(int C) { return C + 16; }
+
 std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * panel_cols(p.dim); }
 
 std::size_t forward_thread_floats(const Problem& p) {
@@ -46,7 +51,7 @@ std::size_t forward_thread_floats(const Problem& p) {
 
 std::size_t backward_thread_floats(const Problem& p) {
   const std::size_t C = effective_chunk(p), D = p.dim, PD = panel_cols(p.dim), PC = panel_cols(int(C));
-  return 3 * C * C + 2 * D * PC + 4 * C * PD + 4 * D * PD + 3 * C + 1;
+  return C * C + 2 * C * score_ld(int(C)) + 2 * D * PC + 4 * C * PD + 4 * D * PD + 3 * C + 1;
 }
 
 }  // namespace
@@ -239,8 +244,8 @@ BackwardBuffers backward_buffers(const Problem& p, float* base) {
   Carver carve{base};
   BackwardBuffers b;
   b.mask = carve.take(std::size_t(C) * C);
-  b.P = carve.take(std::size_t(C) * C);
-  b.dA = carve.take(std::size_t(C) * C);
+  b.P = carve.take(std::size_t(C) * score_ld(C));
+  b.dA = carve.take(std::size_t(C) * score_ld(C));
   b.Ktp = carve.take(std::size_t(D) * panel_cols(C));
   b.Vtp = carve.take(std::size_t(D) * panel_cols(C));
   b.Kp = carve.take(std::size_t(C) * panel_cols(D));
@@ -279,7 +284,7 @@ void chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, cons
   Product scores;
   scores.M = n;
   scores.N = n;
-  scores.ldc = C;
+  scores.ldc = score_ld(C);
   scores.mask = b.mask;
   scores.ldm = C;
   scores.mask_all = decay;
@@ -299,20 +304,20 @@ void chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, cons
   dq.ldc = D;
   dq.s1 = seg(Range::full, D, dOc, D, 1, STp);
   dq.rs = b.slam;
-  dq.s2 = seg(Range::lower, n, b.dA, C, 1, Kb, krs);
+  dq.s2 = seg(Range::lower, n, b.dA, score_ld(C), 1, Kb, krs);
   tile::run(dq);
 
   Product dk = dq;
   dk.c = dKc;
   dk.s1 = seg(Range::full, D, Vc, D, 1, b.dSTp);
   dk.rs = decay ? b.gam : nullptr;
-  dk.s2 = seg(Range::upper, n, b.dA, 1, C, Qb, qrs);
+  dk.s2 = seg(Range::upper, n, b.dA, 1, score_ld(C), Qb, qrs);
   tile::run(dk);
 
   Product dv = dk;
   dv.c = dVc;
   dv.s1 = seg(Range::full, D, Kc, D, 1, dSp);
-  dv.s2 = seg(Range::upper, n, b.P, 1, C, dOb, drs);
+  dv.s2 = seg(Range::upper, n, b.P, 1, score_ld(C), dOb, drs);
   tile::run(dv);
 }
 
