@@ -336,7 +336,8 @@ void forward_heads(const Problem& p, const ForwardArgs<float>& a, float* scratch
 #pragma omp parallel num_threads(tiled_threads(p))
   {
     const ForwardBuffers b = forward_buffers(p, scratch + omp_get_thread_num() * forward_thread_floats(p));
-#pragma omp for schedule(static)
+// Dynamic: a thread descheduled by another job does not hold the others at the end.
+#pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < heads_total; ++bh) {
       const float gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
       const bool decay = gamma != 1.0f;
@@ -404,7 +405,8 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
   {
     float* states = scratch + omp_get_thread_num() * per_thread;  // S^T entering each chunk, panels
     const BackwardBuffers b = backward_buffers(p, states + chunks * state_floats(p));
-#pragma omp for schedule(static)
+// Dynamic: a thread descheduled by another job does not hold the others at the end.
+#pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < heads_total; ++bh) {
       const float gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
       const bool decay = gamma != 1.0f;

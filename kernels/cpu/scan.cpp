@@ -73,6 +73,22 @@ void for_each_head_range(const Split& split, long first, long last, F&& f) {
   }
 }
 
+// Runs f(head, c0, c1) over this thread's work inside a parallel region. With at least as many
+// heads as threads, whole heads are handed out one at a time (dynamic: on a machine shared with
+// other jobs, a thread that is descheduled for a time slice does not hold the others at the
+// end); otherwise each thread takes a contiguous share of the (head, column block) items.
+template <class F>
+void for_each_share(const Split& split, F&& f) {
+  const long heads = split.items / split.blocks;
+  if (heads >= split.threads) {
+#pragma omp for schedule(dynamic, 1) nowait
+    for (long bh = 0; bh < heads; ++bh) for_each_head_range(split, bh * split.blocks, (bh + 1) * split.blocks, f);
+  } else {
+    const auto [first, last] = share(split.items);
+    for_each_head_range(split, first, last, f);
+  }
+}
+
 // Packs columns [c0, c1) of src (D x D, or its transpose) into the block layout above.
 void pack(const float* src, bool transposed, float* buf, int D, int W, int c0, int c1) {
   for (int c = c0; c < c1; c += W) {
@@ -148,8 +164,7 @@ void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allo
 #pragma omp parallel num_threads(split.threads)
   {
     float* buf = state.data() + omp_get_thread_num() * p.head_state_elems();
-    const auto [first, last] = share(split.items);
-    for_each_head_range(split, first, last, [&](long bh, int c0, int c1) {
+    for_each_share(split, [&](long bh, int c0, int c1) {
       const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
       pack(a.h0 + st, false, buf, D, split.width, c0, c1);
       ScanPass pass;
@@ -191,9 +206,8 @@ void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& al
 #pragma omp parallel num_threads(split.threads)
   {
     float* G = carried.data() + omp_get_thread_num() * DD;
-    const auto [first, last] = share(split.items);
     // Each thread packs the starting columns its own items read, so no barrier is needed.
-    for_each_head_range(split, first, last, [&](long bh, int c0, int c1) {
+    for_each_share(split, [&](long bh, int c0, int c1) {
       float* P = starts.data() + bh * DD;
       pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
       ScanPass dq = pass_of(bh, a.v, a.k, a.dO, a.dq);
