@@ -5,11 +5,13 @@
 // loads and stores, not the FMAs, set the pace. So
 //   - a block of W columns of S (W = 32 floats on AVX-512: two registers per row) is walked row by
 //     row; at D = 128 the block is 16 KiB and stays in L1 for the whole pass;
-//   - U tokens are applied to each row while it is in registers (U = 4 on AVX-512), so one load
-//     and one store of the row serve 4 updates and 4 readouts: 16 FMAs per row against 2 loads,
-//     2 stores and 8 scalar broadcasts, which leaves the FMA ports the bottleneck;
+//   - U tokens are applied to each row while it is in registers (U = 6 on AVX-512), so one load
+//     and one store of the row serve 6 updates and 6 readouts: 24 FMAs per row against 2 loads,
+//     2 stores and 12 scalar broadcasts, which leaves the FMA ports the bottleneck (U = 4 ran
+//     ~20% slower at D = 32 and 64, the same at D = 128, on one core);
 //   - the U tokens' column operands c_t and outputs y_t live in registers for the whole row walk
-//     (U * W / 16 each: 8 + 8 zmm) and y_t is written once, scaled, at the end.
+//     (U * W / 16 each: 12 + 12 zmm, with the row and two broadcasts 28 of the 32) and y_t is
+//     written once, scaled, at the end.
 // Ragged column tails (D not a multiple of the width) use masked loads and stores.
 #include "cpu/scan_pass.hpp"
 
@@ -72,7 +74,7 @@ Group<U> group_at(const ScanPass& p, int step) {
 struct Avx512 {
   using V = __m512;
   using M = __mmask16;
-  static constexpr int L = 16, NV = 2, U = 4;
+  static constexpr int L = 16, NV = 2, U = 6;
   static M mask(int n) { return n >= L ? M(0xFFFF) : M((1u << std::max(n, 0)) - 1); }
   static V load(M m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
   static void store(float* p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
