@@ -109,6 +109,10 @@ class CpuBackend final : public Backend {
     info["blas_core"] = openblas_get_corename();
     if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info["blas_coretype_env"] = env;
     if (const char* detected = std::getenv("LATTN_OPENBLAS_DETECTED")) info["blas_core_detected"] = detected;
+    const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+    info["omp_wait_policy"] = wait_policy ? wait_policy : "";
+    if (const char* spin = std::getenv("GOMP_SPINCOUNT")) info["gomp_spincount"] = spin;
+    if (const char* set = std::getenv("LATTN_ENV_SET")) info["env_set_by_lattnbench"] = set;
     info["scan_vector_width"] = to_string(active_vec());
     // The roofline every record's peak_fraction is taken against, measured once per process.
     const Roofline& roof = cpu_roofline(threads_);
