@@ -1,8 +1,11 @@
 // Why this shape of measurement: the kernels call single-threaded OpenBLAS from inside an OpenMP
 // loop (one level of threading), so the peak they can reach is what `threads` OpenMP threads each
 // running their own sgemm reach together, not what OpenBLAS's own thread pool reaches (whose
-// spinning workers would also linger into the first cases). n = 1024 per thread is past the size
-// where OpenBLAS's packing overhead matters and its matrices (12 MiB) do not fit in L2.
+// spinning workers would also linger into the first cases). n = 512 per thread is past the size
+// where OpenBLAS's packing overhead matters (n = 256 and 1024 ran at the same rate on one core
+// here) and its three matrices (3 MiB) do not fit in L2; one product takes ~2 ms, so the best of
+// 30 finds windows where no other job held either core (on this shared machine a best of 4 over
+// 1024^3 products came out 30% low under load).
 // The bandwidth is a STREAM-style triad a = b + s c over arrays far larger than the last-level
 // cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
 #include "roofline.hpp"
@@ -78,14 +81,14 @@ const Roofline& cpu_roofline(int threads) {
   static std::once_flag once;
   static Roofline roofline;
   std::call_once(once, [&] {
-    constexpr int kSgemmN = 1024;
+    constexpr int kSgemmN = 512;
     constexpr std::size_t kTriadElems = std::size_t(1) << 25;  // 128 MiB per array
     openblas_set_num_threads(1);
     roofline.threads = threads;
     roofline.sgemm_n = kSgemmN;
-    roofline.sgemm_gflops = measure_sgemm(threads, kSgemmN, 4);
+    roofline.sgemm_gflops = measure_sgemm(threads, kSgemmN, 30);
     roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
-    roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 5);
+    roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
   });
   return roofline;
 }
