@@ -242,6 +242,18 @@ void set_vec_override(std::optional<Vec> vec) {
   g_override = vec;
 }
 
+int scan_tokens_per_walk(Vec vec) {
+  switch (vec) {
+#if defined(__AVX512F__)
+    case Vec::avx512: return Avx512::U;
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    case Vec::avx2: return Avx2::U;
+#endif
+    default: return 1;
+  }
+}
+
 int scan_column_block(Vec vec) {
   switch (vec) {
     case Vec::avx512: return 32;

@@ -41,6 +41,9 @@ struct ScanPass {
   bool reverse = false;
 };
 
+// Tokens one walk over a column block applies (the last walk of a pass may apply fewer, at a
+// lower rate): token tiles should be a multiple of it.
+int scan_tokens_per_walk(Vec vec);
 // Columns are processed in blocks of this many (the last may be ragged): a work item's granularity.
 int scan_column_block(Vec vec);
 // Runs `pass` on the state's columns [col_begin, col_end).
