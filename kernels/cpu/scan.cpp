@@ -1,9 +1,9 @@
 // Scan (recurrent) form on the CPU, float32, forward and backward (SPEC section 1).
 //
 // Every pass is a run_scan_pass (scan_pass.hpp) over one head's D x D state. Columns of a state
-// are independent, so the work items are (head, block of W state columns), split in contiguous
-// ranges over the threads: batch x heads when there are enough heads, columns of one head when
-// there are not. One level of threading, no BLAS.
+// are independent, so the work items are (head, block of W state columns): with at least as many
+// heads as threads, whole heads are handed out dynamically; with fewer, each thread takes a
+// contiguous range of items, so one head's columns are split. One level of threading, no BLAS.
 //
 // Forward:  S_t = gamma S_{t-1} + k_t v_t^T, o_t = s S_t^T q_t.
 // Backward, O(B*H*D^2) scratch and no per-token state, three passes that each read out along the
@@ -17,7 +17,8 @@
 // A pass holds its state packed by column blocks: block [c, c + w) as a D x w matrix at offset
 // c * D. In the D x D layout a block's rows are D * 4 bytes apart; at D = 128 that is 512 bytes,
 // so the block's 256 cache lines fall into 16 of L1's 64 sets and evict each other (measured:
-// 51 GFLOP/s on one core at D = 128 against 83 at D = 32). Packed, the 16 KiB block stays in L1.
+// 51 GFLOP/s on one core at D = 128 against 83 at D = 32, then ~80 packed). Packed, the 16 KiB
+// block stays in L1.
 // Scratch: forward, one packed D x D per thread; backward, one per head (h0^T, then dhT^T) and
 // one per thread (G).
 #include <omp.h>
