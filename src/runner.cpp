@@ -211,7 +211,7 @@ int run_benchmarks(const RunRequest& request) {
     } else {
       try {
         record = run_case(*backend, c, request, cache);
-        if (peak_gflops > 0) {
+        if (peak_gflops > 0 && record.contains("gflops")) {
           record["peak_gflops"] = peak_gflops;
           record["peak_fraction"] = record["gflops"].get<double>() / peak_gflops;
         }
