@@ -411,6 +411,7 @@ int run_benchmarks(const RunRequest& request) {
   for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
 
   RunContext ctx{request, *backend, {}, measure_steady_clock()};
+  const double peak_gflops = device.value("peak_gflops", 0.0);
   double total_cost = 0, done_cost = 0;
   for (const auto& c : plan) total_cost += case_cost_estimate(c);
 
@@ -443,6 +444,10 @@ int run_benchmarks(const RunRequest& request) {
     } else {
       try {
         record = c.is_layer() ? run_layer_case(ctx, c) : run_case(ctx, c);
+        if (peak_gflops > 0 && record.contains("gflops")) {
+          record["peak_gflops"] = peak_gflops;
+          record["peak_fraction"] = record["gflops"].get<double>() / peak_gflops;
+        }
         note = fmt::format("median {:.4f} ms, rel_err {:.2e}", record["median_ms"].get<double>(),
                            record["rel_err"].get<double>());
         if (record["status"] == "failed") note += " FAILED: " + record["check_failure"].get<std::string>();

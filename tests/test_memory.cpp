@@ -6,7 +6,9 @@
 
 #include "counting_allocator.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/chunked_tiled.hpp"
 #include "cpu/layer_kernels.hpp"
+#include "cpu/scan_pass.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -30,35 +32,63 @@ TEST_CASE("the counting allocator tracks live and peak bytes and reuses freed bl
 
 TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
   omp_set_num_threads(2);
-  for (const Problem& p : {Problem{2, 4, 300, 32, 128, Decay::none}, Problem{1, 1, 50, 8, 64, Decay::retnet}}) {
-    INFO(test::describe(p));
-    const std::size_t threads = std::min<std::size_t>(2, p.heads_total());
-    REQUIRE(std::size_t(cpu::head_parallel_threads(p)) == threads);
-    const std::size_t C = std::min(p.chunk, p.seq), D = p.dim, chunks = (p.seq + p.chunk - 1) / p.chunk;
+  for (const cpu::Vec vec : cpu::available_vecs()) {
+    cpu::set_vec_override(vec);
+    for (const Problem& p : {Problem{2, 4, 300, 32, 128, Decay::none}, Problem{1, 1, 50, 8, 64, Decay::retnet},
+                             Problem{1, 1, 70, 80, 32, Decay::none}}) {
+      INFO(test::describe(p) << " " << cpu::to_string(vec));
+      const std::size_t threads = std::min<std::size_t>(2, p.heads_total());
+      REQUIRE(std::size_t(cpu::head_parallel_threads(p)) == threads);
+      const std::size_t C = std::min(p.chunk, p.seq), D = p.dim, chunks = (p.seq + p.chunk - 1) / p.chunk;
 
-    // The formulas written out here, independently of the kernels' own *_workspace_bytes.
-    CHECK(cpu::scan_forward_workspace_bytes(p) == 0);
-    CHECK(cpu::scan_backward_workspace_bytes(p) == threads * D * D * 4);
-    CHECK(cpu::chunked_forward_workspace_bytes(p) == threads * (C * C + C * D) * 4);
-    CHECK(cpu::chunked_backward_workspace_bytes(p) == threads * (chunks * D * D + 2 * C * C + C * D) * 4);
+      // The formulas written out here, independently of the kernels' own *_workspace_bytes.
+      // scan: items are (head, block of state columns); a packed state per thread, and in the
+      // backward also h0^T / dhT^T per head.
+      const std::size_t width = cpu::scan_column_block(vec), blocks = (D + width - 1) / width;
+      const std::size_t scan_threads = std::min<std::size_t>(2, p.heads_total() * blocks);
+      CHECK(cpu::scan_forward_workspace_bytes(p) == scan_threads * D * D * 4);
+      CHECK(cpu::scan_backward_workspace_bytes(p) == (p.heads_total() + scan_threads) * D * D * 4);
+      if (cpu::chunked_uses_tiles()) {
+        // Per thread: decay table and scores (C^2 each), packed panels (width rounded up to 32),
+        // the packed state, and gamma powers, lam, gam (3C + 1); the backward's thread has P and
+        // dA with a row stride of C + 16 and adds
+        // packed K^T V^T K Q dO (s lam dO), staging, dS, dS^T. With fewer heads than threads the
+        // chunks are split over min(threads, chunks) threads and the chunk states are shared
+        // (forward: one per chunk + the running one; backward: S and dS per chunk + the running
+        // one); otherwise each thread keeps its own head's chunk-entry states in the backward.
+        const std::size_t PD = (D + 31) / 32 * 32, PC = (C + 31) / 32 * 32, SF = D * PD;
+        const std::size_t fwd_thread = 2 * C * C + D * PC + 2 * C * PD + D * PD + 3 * C + 1;
+        const std::size_t bwd_thread = C * C + 2 * C * (C + 16) + 2 * D * PC + 4 * C * PD + 4 * D * PD + 3 * C + 1;
+        const bool split = p.heads_total() < 2 && chunks > 1;
+        const std::size_t split_threads = std::min<std::size_t>(2, chunks);
+        CHECK(cpu::chunked_forward_workspace_bytes(p) ==
+              (split ? (chunks + 1) * SF + split_threads * fwd_thread : threads * fwd_thread) * 4);
+        CHECK(cpu::chunked_backward_workspace_bytes(p) ==
+              (split ? (2 * chunks + 1) * SF + split_threads * bwd_thread : threads * (chunks * SF + bwd_thread)) * 4);
+      } else {
+        CHECK(cpu::chunked_forward_workspace_bytes(p) == threads * (C * C + C * D) * 4);
+        CHECK(cpu::chunked_backward_workspace_bytes(p) == threads * (chunks * D * D + 2 * C * C + C * D) * 4);
+      }
 
-    KernelTensors t = make_kernel_inputs(p, Mode::fwd_bwd, 0);
-    std::vector<float> o(p.token_elems()), hT(p.state_elems()), dq(p.token_elems()), dk(p.token_elems()),
-        dv(p.token_elems()), dh0(p.state_elems());
-    const ForwardArgs<float> fwd{t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data()};
-    const BackwardArgs<float> bwd{t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(),
-                                  t.dhT.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
-    auto peak_of = [](auto&& call) {
-      CountingAllocator allocator;
-      call(allocator);
-      CHECK(allocator.live_bytes() == 0);
-      return allocator.peak_bytes();
-    };
-    CHECK(peak_of([&](Allocator& a) { cpu::scan_forward(p, fwd, a); }) == cpu::scan_forward_workspace_bytes(p));
-    CHECK(peak_of([&](Allocator& a) { cpu::scan_backward(p, bwd, a); }) == cpu::scan_backward_workspace_bytes(p));
-    CHECK(peak_of([&](Allocator& a) { cpu::chunked_forward(p, fwd, a); }) == cpu::chunked_forward_workspace_bytes(p));
-    CHECK(peak_of([&](Allocator& a) { cpu::chunked_backward(p, bwd, a); }) == cpu::chunked_backward_workspace_bytes(p));
+      KernelTensors t = make_kernel_inputs(p, Mode::fwd_bwd, 0);
+      std::vector<float> o(p.token_elems()), hT(p.state_elems()), dq(p.token_elems()), dk(p.token_elems()),
+          dv(p.token_elems()), dh0(p.state_elems());
+      const ForwardArgs<float> fwd{t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data()};
+      const BackwardArgs<float> bwd{t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(),
+                                    t.dhT.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
+      auto peak_of = [](auto&& call) {
+        CountingAllocator allocator;
+        call(allocator);
+        CHECK(allocator.live_bytes() == 0);
+        return allocator.peak_bytes();
+      };
+      CHECK(peak_of([&](Allocator& a) { cpu::scan_forward(p, fwd, a); }) == cpu::scan_forward_workspace_bytes(p));
+      CHECK(peak_of([&](Allocator& a) { cpu::scan_backward(p, bwd, a); }) == cpu::scan_backward_workspace_bytes(p));
+      CHECK(peak_of([&](Allocator& a) { cpu::chunked_forward(p, fwd, a); }) == cpu::chunked_forward_workspace_bytes(p));
+      CHECK(peak_of([&](Allocator& a) { cpu::chunked_backward(p, bwd, a); }) == cpu::chunked_backward_workspace_bytes(p));
+    }
   }
+  cpu::set_vec_override(std::nullopt);
 }
 
 TEST_CASE("the backend reports the kernel's scratch as temp and the tensors as arg and out", "[memory]") {

@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "build_info.hpp"
+#include "roofline.hpp"
 #include "counting_allocator.hpp"
 #include "environment.hpp"
 #include "error.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/layer_kernels.hpp"
+#include "cpu/scan_pass.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -182,6 +185,22 @@ class CpuBackend final : public Backend {
     info["blas"] = openblas_get_config();
     info["blas_version"] = OPENBLAS_VERSION;
     info["blas_threads_inside_kernels"] = 1;
+    info["blas_core"] = openblas_get_corename();
+    if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info["blas_coretype_env"] = env;
+    if (const char* detected = std::getenv("LATTN_OPENBLAS_DETECTED")) info["blas_core_detected"] = detected;
+    const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+    info["omp_wait_policy"] = wait_policy ? wait_policy : "";
+    if (const char* spin = std::getenv("GOMP_SPINCOUNT")) info["gomp_spincount"] = spin;
+    if (const char* set = std::getenv("LATTN_ENV_SET")) info["env_set_by_lattnbench"] = set;
+    info["scan_vector_width"] = to_string(active_vec());
+    // The roofline every record's peak_fraction is taken against, measured once per process.
+    const Roofline& roof = cpu_roofline(threads_);
+    info["sgemm_gflops"] = roof.sgemm_gflops;
+    info["sgemm_n"] = roof.sgemm_n;
+    info["sgemm_threads"] = roof.threads;
+    info["stream_gbytes_per_s"] = roof.stream_gbytes_per_s;
+    info["stream_bytes"] = roof.stream_bytes;
+    info["peak_gflops"] = roof.sgemm_gflops;
     return info;
   }
 

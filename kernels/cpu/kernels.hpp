@@ -14,6 +14,10 @@ namespace lattn::cpu {
 // Threads a kernel that splits work over batch x heads will use.
 int head_parallel_threads(const Problem& problem);
 
+// Threads the scan kernels use: items are (head, block of state columns), so fewer heads than
+// threads still keeps every thread busy.
+int scan_threads(const Problem& problem);
+
 void scan_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator);
 void scan_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);
 std::size_t scan_forward_workspace_bytes(const Problem& problem);

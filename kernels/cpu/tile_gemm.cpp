@@ -1,0 +1,202 @@
+// See tile_gemm.hpp. Built only where AVX-512 is compiled in; chunked.cpp falls back to the
+// OpenBLAS form elsewhere.
+#include "cpu/tile_gemm.hpp"
+
+#include <algorithm>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace lattn::cpu::tile {
+namespace {
+
+inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1); }
+
+template <int MR>
+void segment_range(const Segment& s, int i0, int& k0, int& k1) {
+  k0 = 0;
+  k1 = s.K;
+  if (s.range == Range::lower) k1 = std::min(s.K, i0 + MR);
+  if (s.range == Range::upper) k0 = std::min(s.K, i0);
+}
+
+template <int MR>
+struct Acc {
+  __m512 v[MR][2];
+};
+
+// NB = 1: only the tile's first 16 columns (the rest lie above the diagonal of a lower output).
+template <int MR, int NB>
+__attribute__((always_inline)) inline void fma_segment(Acc<MR>& acc, int k0, int k1, const float* a, long ars,
+                                                       long acs, const float* b, long brs) {
+  const float* bk = b + k0 * brs;
+  const float* ak = a + k0 * acs;
+  for (int k = k0; k < k1; ++k, bk += brs, ak += acs) {
+    const __m512 b0 = _mm512_loadu_ps(bk);
+    const __m512 b1 = NB > 1 ? _mm512_loadu_ps(bk + 16) : b0;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 x = _mm512_set1_ps(ak[i * ars]);
+      acc.v[i][0] = _mm512_fmadd_ps(x, b0, acc.v[i][0]);
+      if constexpr (NB > 1) acc.v[i][1] = _mm512_fmadd_ps(x, b1, acc.v[i][1]);
+    }
+  }
+}
+
+template <int MR, int NB>
+__attribute__((always_inline)) inline void run_segment(Acc<MR>& acc, const Segment& s, int i0, int panel) {
+  int k0, k1;
+  segment_range<MR>(s, i0, k0, k1);
+  const float* b = s.brs ? s.b + panel * kNR : s.b + std::size_t(panel) * s.K * kNR;
+  fma_segment<MR, NB>(acc, k0, k1, s.a + i0 * s.ars, s.ars, s.acs, b, s.brs ? s.brs : kNR);
+}
+
+template <int MR, int NB>
+void tile(const Product& p, int i0, int panel) {
+  const int j0 = panel * kNR;
+  const __mmask16 m0 = lanes(p.N - j0), m1 = NB > 1 ? lanes(p.N - j0 - 16) : __mmask16(0);
+  float* c = p.c + panel * p.cps + i0 * p.ldc;
+  Acc<MR> acc;
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = _mm512_setzero_ps();
+  if (p.s1.range != Range::none) run_segment<MR, NB>(acc, p.s1, i0, panel);
+  if (p.rs) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 r = _mm512_set1_ps(p.rs[i0 + i]);
+      acc.v[i][0] = _mm512_mul_ps(r, acc.v[i][0]);
+      acc.v[i][1] = _mm512_mul_ps(r, acc.v[i][1]);
+    }
+  }
+  if (p.s2.range != Range::none) run_segment<MR, NB>(acc, p.s2, i0, panel);
+  const __m512 alpha = _mm512_set1_ps(p.alpha);
+  const bool masked = p.mask && (p.mask_all || j0 + kNR - 1 > i0);
+  const float* mrow = masked ? p.mask + i0 * p.ldm + j0 : nullptr;
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    __m512 x0 = acc.v[i][0], x1 = acc.v[i][1];
+    if (p.alpha != 1.0f) {
+      x0 = _mm512_mul_ps(alpha, x0);
+      x1 = _mm512_mul_ps(alpha, x1);
+    }
+    if (masked) {
+      x0 = _mm512_mul_ps(x0, _mm512_maskz_loadu_ps(m0, mrow + i * p.ldm));
+      x1 = _mm512_mul_ps(x1, _mm512_maskz_loadu_ps(m1, mrow + i * p.ldm + 16));
+    }
+    if (p.beta != 0.0f) {
+      // Added last, so the products' own sum is not rounded against C's (larger) magnitude.
+      const __m512 beta = _mm512_set1_ps(p.beta);
+      x0 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c + i * p.ldc), x0);
+      x1 = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + i * p.ldc + 16), x1);
+    }
+    _mm512_mask_storeu_ps(c + i * p.ldc, m0, x0);
+    _mm512_mask_storeu_ps(c + i * p.ldc + 16, m1, x1);
+  }
+}
+
+template <int MR>
+void any_tile(const Product& p, int i0, int panel) {
+  // A lower output's tile whose rows all lie left of the panel's second half needs only the first.
+  if (p.lower && i0 + MR - 1 < panel * kNR + 16) tile<MR, 1>(p, i0, panel);
+  else tile<MR, 2>(p, i0, panel);
+}
+
+template <int MR>
+void tail_tile(const Product& p, int i0, int panel, int rows) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return any_tile<MR>(p, i0, panel);
+    tail_tile<MR - 1>(p, i0, panel, rows);
+  }
+}
+
+}  // namespace
+
+void run(const Product& p) {
+  const int panels = (p.N + kNR - 1) / kNR;
+  for (int panel = 0; panel < panels; ++panel) {
+    const int j0 = panel * kNR;
+    // Tiles wholly above the diagonal of a lower output are skipped; its rows start at j0.
+    int i0 = p.lower ? j0 / kMR * kMR : 0;
+    for (; i0 + kMR <= p.M; i0 += kMR) any_tile<kMR>(p, i0, panel);
+    if (i0 < p.M) tail_tile<kMR - 1>(p, i0, panel, p.M - i0);
+  }
+}
+
+namespace {
+
+// In-register transpose of a 16 x 16 block: r[i] is row i on entry, column i on exit.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16], w[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // Now lane L of u[4i + m] holds column 4L + m of rows 4i..4i+3.
+  for (int m = 0; m < 4; ++m) {
+    w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+    w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+    w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+    w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
+    r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
+    r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0xdd);
+  }
+}
+
+}  // namespace
+
+void pack(const float* src, long lds, bool transposed, int K, int N, const float* w, float* dst) {
+  const int panels = (N + kNR - 1) / kNR;
+  for (int panel = 0; panel < panels; ++panel) {
+    const int j0 = panel * kNR, width = std::min(kNR, N - j0);
+    float* out = dst + std::size_t(panel) * K * kNR;
+    int k_fast = 0;
+    if (transposed && width == kNR) {
+      // X(k, j) = src[j * lds + k]: 16 x 16 blocks of src rows transposed in registers (a
+      // strided scalar gather costs about 4x as much here, and the backward packs 3 of these
+      // per chunk).
+      k_fast = K / 16 * 16;
+      for (int k0 = 0; k0 < k_fast; k0 += 16)
+        for (int jj = 0; jj < kNR; jj += 16) {
+          __m512 r[16];
+          for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + std::size_t(j0 + jj + i) * lds + k0);
+          transpose16(r);
+          for (int i = 0; i < 16; ++i) {
+            const __m512 x = w ? _mm512_mul_ps(_mm512_set1_ps(w[k0 + i]), r[i]) : r[i];
+            _mm512_storeu_ps(out + std::size_t(k0 + i) * kNR + jj, x);
+          }
+        }
+    }
+    for (int k = k_fast; k < K; ++k) {
+      float* row = out + std::size_t(k) * kNR;
+      const float scale = w ? w[k] : 1.0f;
+      if (transposed)
+        for (int j = 0; j < width; ++j) row[j] = scale * src[std::size_t(j0 + j) * lds + k];
+      else
+        for (int j = 0; j < width; ++j) row[j] = scale * src[std::size_t(k) * lds + j0 + j];
+      for (int j = width; j < kNR; ++j) row[j] = 0.0f;
+    }
+  }
+}
+
+void unpack(const float* panels, int K, int N, float* dst, long ldd) {
+  for (int j0 = 0; j0 < N; j0 += kNR) {
+    const int width = std::min(kNR, N - j0);
+    const float* in = panels + std::size_t(j0 / kNR) * K * kNR;
+    for (int k = 0; k < K; ++k) std::copy(in + std::size_t(k) * kNR, in + std::size_t(k) * kNR + width, dst + k * ldd + j0);
+  }
+}
+
+}  // namespace lattn::cpu::tile
+#endif

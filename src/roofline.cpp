@@ -1,0 +1,96 @@
+// Why this shape of measurement: the kernels call single-threaded OpenBLAS from inside an OpenMP
+// loop (one level of threading), so the peak they can reach is what `threads` OpenMP threads each
+// running their own sgemm reach together, not what OpenBLAS's own thread pool reaches (whose
+// spinning workers would also linger into the first cases). n = 512 per thread is past the size
+// where OpenBLAS's packing overhead matters (n = 256 and 1024 ran at the same rate on one core
+// here) and its three matrices (3 MiB) do not fit in L2; one product takes ~2 ms, so the best of
+// 30 finds windows where no other job held either core (on this shared machine a best of 4 over
+// 1024^3 products came out 30% low under load).
+// The bandwidth is a STREAM-style triad a = b + s c over arrays far larger than the last-level
+// cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
+#include "roofline.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+namespace lattn {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double measure_sgemm(int threads, int n, int reps) {
+  double best = 1e30;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      a[i] = float(i % 7) * 0.25f;
+      b[i] = float(i % 5) * 0.5f;
+    }
+    for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
+      std::chrono::steady_clock::time_point start;
+#pragma omp barrier
+#pragma omp master
+      start = std::chrono::steady_clock::now();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                  c.data(), n);
+#pragma omp barrier
+#pragma omp master
+      if (r >= 0) best = std::min(best, seconds_since(start));
+    }
+  }
+  return 2.0 * n * n * n * threads / best * 1e-9;
+}
+
+double measure_triad(int threads, std::size_t elems, int reps) {
+  std::vector<float> a(elems), b(elems), c(elems);
+  double best = 1e30;
+  const long n = long(elems);
+#pragma omp parallel num_threads(threads)
+  {
+    // First touch by the thread that streams the same range later.
+#pragma omp for schedule(static)
+    for (long i = 0; i < n; ++i) {
+      a[i] = 0.0f;
+      b[i] = 1.0f;
+      c[i] = 2.0f;
+    }
+    for (int r = -1; r < reps; ++r) {
+      std::chrono::steady_clock::time_point start;
+#pragma omp master
+      start = std::chrono::steady_clock::now();
+#pragma omp for schedule(static)
+      for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+#pragma omp master
+      if (r >= 0) best = std::min(best, seconds_since(start));
+    }
+  }
+  return 3.0 * sizeof(float) * elems / best * 1e-9;
+}
+
+}  // namespace
+
+const Roofline& cpu_roofline(int threads) {
+  static std::once_flag once;
+  static Roofline roofline;
+  std::call_once(once, [&] {
+    constexpr int kSgemmN = 512;
+    constexpr std::size_t kTriadElems = std::size_t(1) << 25;  // 128 MiB per array
+    openblas_set_num_threads(1);
+    roofline.threads = threads;
+    roofline.sgemm_n = kSgemmN;
+    roofline.sgemm_gflops = measure_sgemm(threads, kSgemmN, 30);
+    roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
+    roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
+  });
+  return roofline;
+}
+
+}  // namespace lattn

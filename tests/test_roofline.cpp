@@ -1,0 +1,55 @@
+// The roofline every CPU result carries: the measured peak and bandwidth in the device block,
+// peak_gflops / peak_fraction in each record, and the two environment settings lattnbench makes
+// before the libraries read them (docs/performance.md).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "roofline.hpp"
+#include "test_util.hpp"
+
+using namespace lattn;
+namespace fs = std::filesystem;
+
+TEST_CASE("the CPU roofline is measured once and cached", "[roofline]") {
+  const Roofline& first = cpu_roofline(2);
+  CHECK(first.threads == 2);
+  CHECK(first.sgemm_n > 0);
+  CHECK(first.sgemm_gflops > 1.0);
+  CHECK(first.stream_gbytes_per_s > 0.1);
+  CHECK(first.stream_bytes == 3 * sizeof(float) * (std::size_t(1) << 25));
+  const Roofline& again = cpu_roofline(1);  // cached: the first call's figures, not a new measurement
+  CHECK(&again == &first);
+  CHECK(again.threads == 2);
+}
+
+TEST_CASE("every record carries peak_gflops and peak_fraction against the device block's peak", "[roofline][cli]") {
+  const fs::path out = fs::temp_directory_path() / ("lattn-roofline-" + std::to_string(::getpid()) + ".json");
+  const auto run = test::run_process(test::binary() + " --config " + test::source_dir() +
+                                     "/configs/smoke.yaml --quiet --threads 2 --out " + out.string());
+  REQUIRE(run.exit_status == 0);
+  const nlohmann::json doc = nlohmann::json::parse(std::ifstream(out));
+  fs::remove(out);
+  const nlohmann::json& device = doc["device"];
+  const double peak = device["peak_gflops"];
+  CHECK(peak > 1.0);
+  CHECK(device["sgemm_gflops"].get<double>() == peak);
+  CHECK(device["sgemm_threads"] == 2);
+  CHECK(device["stream_gbytes_per_s"].get<double>() > 0.1);
+  // lattnbench re-executes itself with OMP_WAIT_POLICY=passive unless a policy was chosen.
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) CHECK(device["omp_wait_policy"] == "passive");
+  // And never runs OpenBLAS's SSE3 fallback on a CPU with AVX2 or AVX-512 unless told to.
+  if (!std::getenv("OPENBLAS_CORETYPE") && __builtin_cpu_supports("avx2")) CHECK(device["blas_core"] != "Prescott");
+  for (const auto& record : doc["results"]) {
+    INFO(record.dump());
+    CHECK(record["peak_gflops"].get<double>() == peak);
+    CHECK(record["peak_fraction"].get<double>() == Approx(record["gflops"].get<double>() / peak));
+    CHECK(record["flops"].get<double>() > 0);
+    CHECK(record["gbytes_per_s"].get<double>() > 0);
+  }
+}
