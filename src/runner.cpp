@@ -184,7 +184,7 @@ struct Caches {
 };
 
 std::string make_case_folder(const std::string& dir, const Case& c) {
-  const std::string folder = (std::filesystem::path(dir) / case_slug(c)).string();
+  std::string folder = (std::filesystem::path(dir) / case_slug(c)).string();
   std::filesystem::create_directories(folder);
   return folder;
 }

@@ -35,16 +35,13 @@ bool cpu_has(Vec v) {
 }
 
 bool compiled(Vec v) {
-  switch (v) {
-    case Vec::generic: return true;
-#if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: return true;
-#endif
 #if defined(__AVX512F__)
-    case Vec::avx512: return true;
+  if (v == Vec::avx512) return true;
 #endif
-    default: return false;
-  }
+#if defined(__AVX2__) && defined(__FMA__)
+  if (v == Vec::avx2) return true;
+#endif
+  return v == Vec::generic;
 }
 
 // Token pointers of a group of U consecutive steps of the pass (in pass order).

@@ -47,8 +47,8 @@ template <int MR, int NB>
 __attribute__((always_inline)) inline void run_segment(Acc<MR>& acc, const Segment& s, int i0, int panel) {
   int k0, k1;
   segment_range<MR>(s, i0, k0, k1);
-  const float* b = s.brs ? s.b + panel * kNR : s.b + std::size_t(panel) * s.K * kNR;
-  fma_segment<MR, NB>(acc, k0, k1, s.a + i0 * s.ars, s.ars, s.acs, b, s.brs ? s.brs : kNR);
+  const float* b = s.brs ? s.b + std::ptrdiff_t(panel) * kNR : s.b + std::size_t(panel) * s.K * kNR;
+  fma_segment<MR, NB>(acc, k0, k1, s.a + std::ptrdiff_t(i0) * s.ars, s.ars, s.acs, b, s.brs ? s.brs : kNR);
 }
 
 template <int MR, int NB>
@@ -127,11 +127,11 @@ namespace {
 // In-register transpose of a 16 x 16 block: r[i] is row i on entry, column i on exit.
 inline void transpose16(__m512 r[16]) {
   __m512 t[16], u[16], w[16];
-  for (int i = 0; i < 8; ++i) {
+  for (std::size_t i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
-  for (int i = 0; i < 4; ++i) {
+  for (std::size_t i = 0; i < 4; ++i) {
     const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
     const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
     u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
@@ -140,13 +140,13 @@ inline void transpose16(__m512 r[16]) {
     u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
   }
   // Now lane L of u[4i + m] holds column 4L + m of rows 4i..4i+3.
-  for (int m = 0; m < 4; ++m) {
+  for (std::size_t m = 0; m < 4; ++m) {
     w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
     w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
     w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
     w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
   }
-  for (int m = 0; m < 4; ++m) {
+  for (std::size_t m = 0; m < 4; ++m) {
     r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
     r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
     r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);

@@ -47,7 +47,7 @@ Vec to_heads(const LayerProblem& p, const Vec& rows) {
     for (int t = 0; t < T; ++t)
       for (int h = 0; h < H; ++h)
         for (int j = 0; j < Dh; ++j)
-          out[((std::size_t(b) * H + h) * T + t) * Dh + j] = rows[(std::size_t(b) * T + t) * p.model_dim() + h * Dh + j];
+          out[((std::size_t(b) * H + h) * T + t) * Dh + j] = rows[(std::size_t(b) * T + t) * p.model_dim() + std::size_t(h) * Dh + j];
   return out;
 }
 
@@ -58,7 +58,7 @@ Vec to_rows(const LayerProblem& p, const Vec& heads) {
     for (int t = 0; t < T; ++t)
       for (int h = 0; h < H; ++h)
         for (int j = 0; j < Dh; ++j)
-          out[(std::size_t(b) * T + t) * p.model_dim() + h * Dh + j] = heads[((std::size_t(b) * H + h) * T + t) * Dh + j];
+          out[(std::size_t(b) * T + t) * p.model_dim() + std::size_t(h) * Dh + j] = heads[((std::size_t(b) * H + h) * T + t) * Dh + j];
   return out;
 }
 
