@@ -1,9 +1,11 @@
-// CUDA kernels of SPEC section 1 (docs/cuda.md), host-side declarations. Every pointer is device
-// memory in the layouts of kernels/problem.hpp. Token tensors (q, k, v, dO) are float32 or bf16
-// (as raw 16-bit patterns) by `dtype`; states (h0, dhT) and every output are float32, and every
-// product accumulates in float32. Each function only enqueues work on `stream` (asynchronous).
+// CUDA kernels of SPEC section 1 (and, at the end, section 2's sliding window; docs/cuda.md),
+// host-side declarations. Every pointer is device memory in the layouts of kernels/problem.hpp.
+// Token tensors (q, k, v, dO) are float32 or bf16 (as raw 16-bit patterns) by `dtype`; states
+// (h0, dhT) and every output are float32, and every product accumulates in float32. Each function
+// only enqueues work on `stream` (asynchronous).
 //
-// None of the kernels needs scratch memory: the chunked backward recomputes the chunk states
+// None of the linear-attention kernels needs scratch memory (the sliding-window backward, at the
+// end, takes one float per row): the chunked backward recomputes the chunk states
 // instead of storing them, and the scan backward runs a forward recurrence for dq and a reverse
 // one for dk, dv. The allocator is taken anyway, so that a kernel that does need scratch counts
 // it, and the *_workspace_bytes closed forms (all 0) are held to the count by the tests.

@@ -231,6 +231,8 @@ const std::vector<SwaProblem>& shapes() {
       {1, 1, 300, 20, 100},   // W > Bt: several key blocks per query block, Dh not a multiple of 16
       {1, 3, 257, 48, 64},    // W = Bt, one row beyond a block
       {1, 1, 1000, 64, 129},  // long T, W = 2 Bt + 1
+      {1, 1, 200, 8, 66},     // W = Bt + 2: a query block's first key block holds only its first key
+      {1, 1, 150, 8, 34},     // the same for Bt 16 and 32
       {1, 1, 90, 256, 33},    // Dh = 256 (skipped where the tiles do not fit)
   };
   return s;
