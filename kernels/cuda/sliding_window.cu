@@ -434,8 +434,10 @@ __global__ void __launch_bounds__(kThreads) swa_dq_kernel(SwaParams p) {
   }
 }
 
+// (kThreads, 1): from Dh 64 up its shared memory (~116 KiB at bf16 Bt 64) allows one block per
+// multiprocessor anyway; without the 1, ptxas held the float32 instance to 64 registers and spilled.
 template <class T>
-__global__ void __launch_bounds__(kThreads) swa_dkv_kernel(SwaParams p) {
+__global__ void __launch_bounds__(kThreads, 1) swa_dkv_kernel(SwaParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const Layout L = make_layout(Kind::dkv, p.Bt, p.D, int(sizeof(T)));
   const T* Qs = reinterpret_cast<const T*>(smem + L.a);
