@@ -1,4 +1,5 @@
-"""A float64 numpy port of the CUDA kernels' index logic (kernels/cuda/chunked.cu and scan.cu).
+"""A float64 numpy port of the CUDA kernels' index logic (kernels/cuda/chunked.cu, scan.cu and
+sliding_window.cu: its query / key blocks, window ranges, masks and online softmax).
 
 No GPU is needed: each kernel's loops over column slices, chunks, staged row blocks and 16 x 16
 tiles (with the causal skips, the zero padding, the gamma-power indices and the operand swaps of
@@ -185,6 +186,114 @@ class CudaEmulationTest(unittest.TestCase):
                 sdk, _ = scan_kernel(dO, q, v, dhT, True, True, s, 1, gamma, False)
                 for name, x, r in zip(("o", "hT", "dq", "dk", "dv", "dh0"), (so, shT, sdq, sdk, sdv, sdh0), ref):
                     self.assertLess(rel(x, r), 1e-12, name)
+
+
+# ---- sliding-window attention (kernels/cuda/sliding_window.cu) ----
+# Blocks of Bt query / key rows, Dh padded to Dp; shared tiles start as NaN and are staged with
+# zero padding; the tile products run over the whole padded Bt x Bt / Bt x Dp tiles (as the warps'
+# 16 x 16 tiles cover them). W is clamped to T as the launcher does.
+
+def in_window(t, tau, T, W): return t < T and tau <= t and tau > t - W
+
+def window_mask(q0, k0, Bt, T, W):
+    return np.array([[in_window(q0 + r, k0 + c, T, W) for c in range(Bt)] for r in range(Bt)])
+
+def swa_forward_kernel(q, k, v, W, Bt):
+    T, D = q.shape; Dp = r16(D); W = min(W, T); s = D ** -0.5
+    o = np.full((T, D), np.nan); lse = np.full(T, np.nan)
+    for q0 in range(0, T, Bt):                       # blockIdx.y
+        Qs, Ks, Vs = (np.full((Bt, Dp), np.nan) for _ in range(3))
+        stage(Qs, q[q0:], D, 0, min(Bt, T - q0), Bt, Dp)
+        Oacc = np.zeros((Bt, Dp)); m = np.full(Bt, -np.inf); l = np.zeros(Bt)
+        q_last = min(q0 + Bt, T) - 1
+        for k0 in range(max(0, q0 - W + 1) // Bt * Bt, q_last + 1, Bt):
+            valid = min(Bt, T - k0)
+            stage(Ks, k[k0:], D, 0, valid, Bt, Dp); stage(Vs, v[k0:], D, 0, valid, Bt, Dp)
+            Sf = Qs @ Ks.T
+            P = np.full((Bt, Bt), np.nan)
+            mask = window_mask(q0, k0, Bt, T, W)
+            for r in range(Bt):                       # one warp per row
+                sv = np.where(mask[r], Sf[r] * s, -np.inf)
+                m_new = max(m[r], sv.max()); m_use = 0.0 if m_new == -np.inf else m_new
+                e = np.exp(sv - m_use); alpha = np.exp(m[r] - m_use)
+                P[r] = e; Oacc[r] *= alpha
+                m[r] = m_new; l[r] = l[r] * alpha + e.sum()
+            Oacc += P @ Vs
+        for r in range(min(Bt, T - q0)):
+            o[q0 + r] = Oacc[r, :D] / l[r]; lse[q0 + r] = m[r] + np.log(l[r])
+    return o, lse
+
+def swa_backward_kernels(q, k, v, dO, o, lse, W, Bt):
+    T, D = q.shape; Dp = r16(D); W = min(W, T); s = D ** -0.5
+    delta = np.full(T, np.nan)
+    for t in range(T): delta[t] = dO[t] @ o[t]                 # swa_delta_kernel
+    def stage_queries(q0):
+        Qs, dOs = np.full((Bt, Dp), np.nan), np.full((Bt, Dp), np.nan); valid = min(Bt, T - q0)
+        stage(Qs, q[q0:], D, 0, valid, Bt, Dp); stage(dOs, dO[q0:], D, 0, valid, Bt, Dp)
+        Lr = np.array([lse[q0 + r] if r < valid else 0.0 for r in range(Bt)])
+        Dr = np.array([delta[q0 + r] if r < valid else 0.0 for r in range(Bt)])
+        return Qs, dOs, Lr, Dr
+    def stage_keys(k0):
+        Ks, Vs = np.full((Bt, Dp), np.nan), np.full((Bt, Dp), np.nan); valid = min(Bt, T - k0)
+        stage(Ks, k[k0:], D, 0, valid, Bt, Dp); stage(Vs, v[k0:], D, 0, valid, Bt, Dp)
+        return Ks, Vs
+    dq, dk, dv = (np.full((T, D), np.nan) for _ in range(3))
+    for k0 in range(0, T, Bt):                                  # swa_dkv_kernel
+        Ks, Vs = stage_keys(k0); dKacc = np.zeros((Bt, Dp)); dVacc = np.zeros((Bt, Dp))
+        k_last = min(k0 + Bt, T) - 1
+        for q0 in range(k0, min(T - 1, k_last + W - 1) + 1, Bt):
+            Qs, dOs, Lr, Dr = stage_queries(q0)
+            Sf = Qs @ Ks.T
+            with np.errstate(over="ignore"):
+                P = np.where(window_mask(q0, k0, Bt, T, W), np.exp(Sf * s - Lr[:, None]), 0.0)
+            dVacc += P.T @ dOs
+            dPf = dOs @ Vs.T
+            dS = P * (dPf - Dr[:, None])
+            dKacc += dS.T @ Qs
+        for r in range(min(Bt, T - k0)):
+            dk[k0 + r] = s * dKacc[r, :D]; dv[k0 + r] = dVacc[r, :D]
+    for q0 in range(0, T, Bt):                                  # swa_dq_kernel
+        Qs, dOs, Lr, Dr = stage_queries(q0); dQacc = np.zeros((Bt, Dp))
+        for k0 in range(max(0, q0 - W + 1) // Bt * Bt, min(q0 + Bt, T), Bt):
+            Ks, Vs = stage_keys(k0)
+            Sf = Qs @ Ks.T; dPf = dOs @ Vs.T
+            with np.errstate(over="ignore"):
+                P = np.where(window_mask(q0, k0, Bt, T, W), np.exp(Sf * s - Lr[:, None]), 0.0)
+            dQacc += (P * (dPf - Dr[:, None])) @ Ks
+        for r in range(min(Bt, T - q0)):
+            dq[q0 + r] = s * dQacc[r, :D]
+    return dq, dk, dv
+
+def swa_reference(q, k, v, dO, W):
+    """Direct float64 SPEC section 2 window attention and the analytic gradients of <O, dO>."""
+    T, D = q.shape; s = D ** -0.5
+    o = np.zeros((T, D)); lse = np.zeros(T); dq, dk, dv = (np.zeros((T, D)) for _ in range(3))
+    for t in range(T):
+        lo = max(0, t - W + 1); S = s * k[lo:t + 1] @ q[t]
+        m = S.max(); p = np.exp(S - m); l = p.sum(); p /= l
+        o[t] = p @ v[lo:t + 1]; lse[t] = m + np.log(l)
+        dS = p * (v[lo:t + 1] @ dO[t] - dO[t] @ o[t])
+        dq[t] = s * dS @ k[lo:t + 1]; dk[lo:t + 1] += s * np.outer(dS, q[t]); dv[lo:t + 1] += np.outer(p, dO[t])
+    return o, lse, dq, dk, dv
+
+SWA_SHAPES = [(37, 64, 1), (50, 32, 1000), (64, 16, 64), (100, 64, 17), (70, 1, 8), (130, 128, 40),
+              (300, 20, 100), (257, 48, 64), (5, 3, 2), (1, 7, 1), (150, 8, 34), (200, 8, 66)]
+
+
+class CudaSlidingWindowEmulationTest(unittest.TestCase):
+    def test_sliding_window_kernels_match_the_reference(self):
+        rng = np.random.default_rng(1)
+        for T, D, W in SWA_SHAPES:
+            q, k, v, dO = [rng.standard_normal((T, D)) for _ in range(4)]
+            ref = swa_reference(q, k, v, dO, W)
+            for Bt in (16, 32, 64):
+                with self.subTest(T=T, D=D, W=W, Bt=Bt):
+                    o, lse = swa_forward_kernel(q, k, v, W, Bt)
+                    dq, dk, dv = swa_backward_kernels(q, k, v, dO, o, lse, W, Bt)
+                    for name, x, r in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, dq, dk, dv), ref):
+                        self.assertTrue(np.all(np.isfinite(x)), name)
+                        err = np.abs(x - r).max() / max(np.abs(r).max(), 1.0)
+                        self.assertLess(err, 1e-12, name)
 
 
 if __name__ == "__main__":
