@@ -174,7 +174,7 @@ Errors run_case(const SwaProblem& p, cuda::Dtype dtype, std::uint64_t seed = 7) 
   DeviceBuffer dq = output(p.token_elems()), dk = output(p.token_elems()), dv = output(p.token_elems());
   cudaStream_t stream = nullptr;
   LATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cuda::DeviceAllocator allocator;
+  CountingAllocator allocator(cuda::device_memory());
   Errors e{};
   cuda::swa_forward(p, dtype, {q.get(), k.get(), v.get(), o.f(), lse.f()}, allocator, stream);
   e.fwd_peak = allocator.peak_bytes();
