@@ -16,8 +16,10 @@ LATTN_BUILD_DIR=$build_dir "$root/scripts/build.sh" -DBUILD_TESTING=ON
 
 if [[ $quick != 1 ]]; then
   step "tests under ASan + UBSan (build-asan)"
+  # -O1: instrumented code compiles in half the time of -O3 and still inlines enough for the
+  # sanitizers to see through; CI's time goes to finding errors, not to optimising them.
   LATTN_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DBUILD_TESTING=ON -DLATTN_CUDA=OFF \
-    -DLATTN_SANITIZE=address,undefined
+    -DLATTN_SANITIZE=address,undefined "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure --parallel "$(nproc)" --exclude-regex "^python_" | tail -4)
 

@@ -3,9 +3,10 @@
 // running their own sgemm reach together, not what OpenBLAS's own thread pool reaches (whose
 // spinning workers would also linger into the first cases). n = 512 per thread is past the size
 // where OpenBLAS's packing overhead matters (n = 256 and 1024 ran at the same rate on one core
-// here) and its three matrices (3 MiB) do not fit in L2; one product takes ~2 ms, so the best of
-// 30 finds windows where no other job held either core (on this shared machine a best of 4 over
-// 1024^3 products came out 30% low under load).
+// here) and its three matrices (3 MiB) do not fit in L2; one product takes ~2 ms, and the best of
+// 100 (about 0.2 s) finds windows where no other job held either core: a best of 4 over 1024^3
+// products came out 30% low under load, and a best of 30 still read 210 instead of ~300 GFLOP/s
+// once on an idle two-core VM.
 // The bandwidth is a STREAM-style triad a = b + s c over arrays far larger than the last-level
 // cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
 #include "roofline.hpp"
@@ -86,7 +87,7 @@ const Roofline& cpu_roofline(int threads) {
     openblas_set_num_threads(1);
     roofline.threads = threads;
     roofline.sgemm_n = kSgemmN;
-    roofline.sgemm_gflops = measure_sgemm(threads, kSgemmN, 30);
+    roofline.sgemm_gflops = measure_sgemm(threads, kSgemmN, 100);
     roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
     roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
   });
