@@ -391,8 +391,13 @@ void validate_config(const Config& c) {
   const auto& k = c.kernel;
   const double cases = double(k.batch.size()) * double(k.heads.size()) * double(k.seq.size()) * double(k.dim.size()) *
                        double(k.chunk.size()) * double(k.impl.size()) * double(k.mode.size()) * double(k.decay.size());
-  if (cases > double(kMaxPlanCases))
-    throw UsageError(c.source, "the kernel suite expands to " + std::to_string(long(cases)) + " cases; at most " +
+  const auto& l = c.layer;
+  const double layer_cases = double(l.batch.size()) * double(l.heads.size()) * double(l.head_dim.size()) *
+                             double(l.window.size()) * double(l.seq.size()) * double(l.chunk.size()) *
+                             double(l.impl.size()) * double(l.mode.size()) * double(l.decay.size());
+  // Checked before the size loops below, which walk these products.
+  if (cases + layer_cases > double(kMaxPlanCases))
+    throw UsageError(c.source, "the suites expand to " + std::to_string(long(cases + layer_cases)) + " cases; at most " +
                                    std::to_string(kMaxPlanCases) + " fit in one run (use --shard or fewer values)");
   for (int batch : k.batch)
     for (int heads : k.heads)
@@ -405,7 +410,6 @@ void validate_config(const Config& c) {
                                            " seq " + std::to_string(seq) + " dim " + std::to_string(dim) +
                                            " needs tensors of over 2^31 elements (8 GiB each); no machine here holds that");
         }
-  const auto& l = c.layer;
   for (int heads : l.heads)
     for (int head_dim : l.head_dim) {
       const long width = long(heads) * head_dim;

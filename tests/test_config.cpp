@@ -154,6 +154,10 @@ TEST_CASE("each class of malformed config has its own message naming where", "[c
   CHECK_THAT(error_of(""), Contains("empty"));
   CHECK_THAT(error_of("- 1\n- 2\n"), Contains("expected a mapping at the top level"));
   CHECK_THAT(error_of("kernel:\n  batch: 4096\n  heads: 4096\n  seq: 16777216\n  dim: 1024\n"), Contains("2^31"));
+  std::string many = "layer:\n  seq: [";
+  for (int s = 1; s <= 400; ++s) many += std::to_string(s) + (s < 400 ? ", " : "]\n  window: [");
+  for (int w = 1; w <= 400; ++w) many += std::to_string(w) + (w < 400 ? ", " : "]\n");
+  CHECK_THAT(error_of(many), Contains("cases; at most 100000"));
 }
 
 TEST_CASE("bad command-line values name the flag", "[config][errors]") {
