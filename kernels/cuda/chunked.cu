@@ -38,6 +38,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/launch_helpers.cuh"
 #include "cuda/warp_tiles.cuh"
 
 namespace lattn::cuda {
@@ -341,36 +342,6 @@ __global__ void __launch_bounds__(kThreads) chunk_backward_kernel(ChunkParams p)
 }
 
 int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
-int element_size(Dtype dtype) { return dtype == Dtype::f32 ? 4 : 2; }
-
-int current_device() {
-  int device = 0;
-  LATTN_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
-// Read once per device: launches stay free of attribute queries inside timed loops.
-std::size_t max_shared_bytes(int device) {
-  static std::map<int, std::size_t> known;
-  auto it = known.find(device);
-  if (it == known.end()) {
-    int bytes = 0;
-    LATTN_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    it = known.emplace(device, std::size_t(bytes)).first;
-  }
-  return it->second;
-}
-
-// Raises a kernel's dynamic shared-memory limit on `device` when a launch needs more than before.
-template <class Kernel>
-void allow_shared(Kernel kernel, int device, std::size_t bytes) {
-  static std::map<std::pair<const void*, int>, std::size_t> allowed;
-  std::size_t& have = allowed[{reinterpret_cast<const void*>(kernel), device}];
-  if (bytes > have) {
-    LATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    have = bytes;
-  }
-}
 
 // The staging height (a multiple of 16 up to 64, at most the padded chunk): the largest with which
 // two blocks share a multiprocessor (latency hiding: a block waits at its barriers), else the

@@ -41,6 +41,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/launch_helpers.cuh"
 #include "cuda/warp_tiles.cuh"
 #include "error.hpp"
 
@@ -365,34 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1) swa_dkv_kernel(SwaParams p) {
   }
 }
 
-int element_size(Dtype dtype) { return dtype == Dtype::f32 ? 4 : 2; }
-
-int current_device() {
-  int device = 0;
-  LATTN_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
-std::size_t max_shared_bytes(int device) {
-  static std::map<int, std::size_t> known;
-  auto it = known.find(device);
-  if (it == known.end()) {
-    int bytes = 0;
-    LATTN_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    it = known.emplace(device, std::size_t(bytes)).first;
-  }
-  return it->second;
-}
-
-template <class Kernel>
-void allow_shared(Kernel kernel, int device, std::size_t bytes) {
-  static std::map<std::pair<const void*, int>, std::size_t> allowed;
-  std::size_t& have = allowed[{reinterpret_cast<const void*>(kernel), device}];
-  if (bytes > have) {
-    LATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    have = bytes;
-  }
-}
 
 std::size_t shared_bytes(Kind kind, const SwaProblem& p, Dtype dtype, int bt) {
   return make_layout(kind, bt, p.dim, element_size(dtype)).total;
