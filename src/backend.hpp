@@ -78,6 +78,11 @@ class Backend {
   // buffers and the backend's draw on the same pool.
   virtual bool memory_is_host() const { return false; }
 
+  // A quick re-measurement of the device block's peak (GFLOP/s), taken by the runner just before
+  // and just after each case, or nothing where the backend has none (docs/results.md,
+  // peak_gflops_now).
+  virtual std::optional<double> peak_check_gflops() { return std::nullopt; }
+
   // The layer suite (kase.suite == "layer"). A backend without it keeps these defaults: the runner
   // then skips its layer cases with a reason instead of failing them.
   virtual bool runs_layer_suite() const { return false; }

@@ -16,7 +16,7 @@ const std::vector<std::string>& column_keys() {
   static const std::vector<std::string> keys = {
       "suite",  "impl",    "mode",    "backend", "dtype",   "decay",  "batch",   "heads",      "seq",
       "dim",    "chunk",   "window",  "head_dim", "status", "median_ms", "q1_ms", "q3_ms",    "inner",
-      "gflops", "peak_fraction", "gbytes_per_s", "temp_mb", "arg_mb", "out_mb", "rel_err", "compile_s"};
+      "gflops", "peak_fraction", "peak_fraction_now", "gbytes_per_s", "temp_mb", "arg_mb", "out_mb", "rel_err", "compile_s"};
   return keys;
 }
 
@@ -75,7 +75,7 @@ std::string to_csv(const nlohmann::json& results) {
 
 std::string to_markdown(const nlohmann::json& results) {
   const std::vector<std::string> keys = {"suite", "impl", "mode", "batch", "heads", "seq", "dim", "chunk", "decay",
-                                         "median_ms", "q1_ms", "q3_ms", "gflops", "peak_fraction", "temp_mb",
+                                         "median_ms", "q1_ms", "q3_ms", "gflops", "peak_fraction", "peak_fraction_now", "temp_mb",
                                          "rel_err", "status"};
   std::string out = "|";
   for (const auto& k : keys) out += " " + k + " |";

@@ -22,12 +22,15 @@
 namespace lattn {
 namespace {
 
+constexpr int kSgemmN = 512;
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double measure_sgemm(int threads, int n, int reps) {
-  double best = 1e30;
+// Per product of all threads together: wall seconds, in product order.
+std::vector<double> sgemm_times(int threads, int n, int reps) {
+  std::vector<double> times;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
@@ -44,10 +47,17 @@ double measure_sgemm(int threads, int n, int reps) {
                   c.data(), n);
 #pragma omp barrier
 #pragma omp master
-      if (r >= 0) best = std::min(best, seconds_since(start));
+      if (r >= 0) times.push_back(seconds_since(start));
     }
   }
-  return 2.0 * n * n * n * threads / best * 1e-9;
+  return times;
+}
+
+double sgemm_rate(int threads, int n, double seconds) { return 2.0 * n * n * n * threads / seconds * 1e-9; }
+
+double measure_sgemm(int threads, int n, int reps) {
+  const std::vector<double> times = sgemm_times(threads, n, reps);
+  return sgemm_rate(threads, n, *std::min_element(times.begin(), times.end()));
 }
 
 double measure_triad(int threads, std::size_t elems, int reps) {
@@ -82,7 +92,6 @@ const Roofline& cpu_roofline(int threads) {
   static std::once_flag once;
   static Roofline roofline;
   std::call_once(once, [&] {
-    constexpr int kSgemmN = 512;
     constexpr std::size_t kTriadElems = std::size_t(1) << 25;  // 128 MiB per array
     openblas_set_num_threads(1);
     roofline.threads = threads;
@@ -92,6 +101,13 @@ const Roofline& cpu_roofline(int threads) {
     roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
   });
   return roofline;
+}
+
+double cpu_sgemm_check(int threads, int products) {
+  openblas_set_num_threads(1);
+  std::vector<double> times = sgemm_times(threads, kSgemmN, products);
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return sgemm_rate(threads, kSgemmN, times[times.size() / 2]);
 }
 
 }  // namespace lattn

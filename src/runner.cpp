@@ -443,10 +443,17 @@ int run_benchmarks(const RunRequest& request) {
       note = "skipped: memory: " + *too_big;
     } else {
       try {
+        const std::optional<double> peak_before = backend->peak_check_gflops();
         record = c.is_layer() ? run_layer_case(ctx, c) : run_case(ctx, c);
+        const std::optional<double> peak_after = backend->peak_check_gflops();
         if (peak_gflops > 0 && record.contains("gflops")) {
           record["peak_gflops"] = peak_gflops;
           record["peak_fraction"] = record["gflops"].get<double>() / peak_gflops;
+        }
+        if (peak_before && peak_after && record.contains("gflops")) {
+          const double now = 0.5 * (*peak_before + *peak_after);
+          record["peak_gflops_now"] = now;
+          record["peak_fraction_now"] = record["gflops"].get<double>() / now;
         }
         note = fmt::format("median {:.4f} ms, rel_err {:.2e}", record["median_ms"].get<double>(),
                            record["rel_err"].get<double>());

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -28,7 +29,17 @@ TEST_CASE("the CPU roofline is measured once and cached", "[roofline]") {
   CHECK(again.threads == 2);
 }
 
-TEST_CASE("every record carries peak_gflops and peak_fraction against the device block's peak", "[roofline][cli]") {
+TEST_CASE("the sgemm check is a fresh median of its products", "[roofline]") {
+  const double cached = cpu_roofline(2).sgemm_gflops;
+  const double one = cpu_sgemm_check(1, 1), several = cpu_sgemm_check(2, 3);
+  CHECK(std::isfinite(one));
+  CHECK(one > 1.0);
+  CHECK(std::isfinite(several));
+  CHECK(several > 1.0);
+  CHECK(cpu_roofline(2).sgemm_gflops == cached);  // a check leaves the start-up figure alone
+}
+
+TEST_CASE("every record carries peak_gflops and peak_fraction against the device block's peak and the peak around it", "[roofline][cli]") {
   const fs::path out = fs::temp_directory_path() / ("lattn-roofline-" + std::to_string(::getpid()) + ".json");
   const auto run = test::run_process(test::binary() + " --config " + test::source_dir() +
                                      "/configs/smoke.yaml --quiet --threads 2 --out " + out.string());
@@ -49,6 +60,10 @@ TEST_CASE("every record carries peak_gflops and peak_fraction against the device
     INFO(record.dump());
     CHECK(record["peak_gflops"].get<double>() == peak);
     CHECK(record["peak_fraction"].get<double>() == Approx(record["gflops"].get<double>() / peak));
+    // The re-measurement the runner takes on either side of each case.
+    const double now = record["peak_gflops_now"];
+    CHECK(now > 1.0);
+    CHECK(record["peak_fraction_now"].get<double>() == Approx(record["gflops"].get<double>() / now));
     CHECK(record["flops"].get<double>() > 0);
     CHECK(record["gbytes_per_s"].get<double>() > 0);
   }
