@@ -52,13 +52,13 @@ TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
         // Per thread: decay table and scores (C^2 each), packed panels (width rounded up to 32),
         // the packed state, and gamma powers, lam, gam (3C + 1); the backward's thread has P and
         // dA with a row stride of C + 16 and adds
-        // packed K^T V^T K Q dO (s lam dO), staging, dS, dS^T. With fewer heads than threads the
+        // packed K^T V^T K Q dO (s lam dO), S^T, dS, dS^T. With fewer heads than threads the
         // chunks are split over min(threads, chunks) threads and the chunk states are shared
         // (forward: one per chunk + the running one; backward: S and dS per chunk + the running
         // one); otherwise each thread keeps its own head's chunk-entry states in the backward.
         const std::size_t PD = (D + 31) / 32 * 32, PC = (C + 31) / 32 * 32, SF = D * PD;
         const std::size_t fwd_thread = 2 * C * C + D * PC + 2 * C * PD + D * PD + 3 * C + 1;
-        const std::size_t bwd_thread = C * C + 2 * C * (C + 16) + 2 * D * PC + 4 * C * PD + 4 * D * PD + 3 * C + 1;
+        const std::size_t bwd_thread = C * C + 2 * C * (C + 16) + 2 * D * PC + 4 * C * PD + 3 * D * PD + 3 * C + 1;
         const bool split = p.heads_total() < 2 && chunks > 1;
         const std::size_t split_threads = std::min<std::size_t>(2, chunks);
         CHECK(cpu::chunked_forward_workspace_bytes(p) ==

@@ -51,7 +51,7 @@ std::size_t forward_thread_floats(const Problem& p) {
 
 std::size_t backward_thread_floats(const Problem& p) {
   const std::size_t C = effective_chunk(p), D = p.dim, PD = panel_cols(p.dim), PC = panel_cols(int(C));
-  return C * C + 2 * C * score_ld(int(C)) + 2 * D * PC + 4 * C * PD + 4 * D * PD + 3 * C + 1;
+  return C * C + 2 * C * score_ld(int(C)) + 2 * D * PC + 4 * C * PD + 3 * D * PD + 3 * C + 1;
 }
 
 }  // namespace
@@ -124,12 +124,15 @@ Segment seg(Range range, int K, const float* a, long ars, long acs, const float*
 // Y = beta Y + alpha X^T (diag(w) Z) for chunk rows X, Z (n x D, row-major), Y a packed D x D
 // state: the chunk's contribution to S (X = K, Z = V, w = gam) or to dS (X = Q, Z = dO,
 // w = lam, alpha = s). Zp: scratch panels of n x D.
-void state_product(float* Yp, int D, int n, const float* X, const float* Z, const float* w, float alpha, float beta,
-                   float* Zp) {
-  long brs = 0;
-  const float* B = Zp;
-  if (w) tile::pack(Z, D, false, n, D, w, Zp);
-  else B = rows_operand(Z, n, D, Zp, brs);
+// A B operand of the products: packed panels (brs = 0) or row-major rows in place (brs their stride).
+struct Operand {
+  const float* b;
+  long brs;
+};
+
+// The state product with Z already an operand (the unweighted rows another product of the same
+// chunk has packed).
+void state_product(float* Yp, int D, int n, const float* X, Operand Z, float alpha, float beta) {
   Product u;
   u.M = D;
   u.N = D;
@@ -138,8 +141,16 @@ void state_product(float* Yp, int D, int n, const float* X, const float* Z, cons
   u.cps = long(D) * tile::kNR;
   u.beta = beta;
   u.alpha = alpha;
-  u.s1 = seg(Range::full, n, X, 1, D, B, brs);
+  u.s1 = seg(Range::full, n, X, 1, D, Z.b, Z.brs);
   tile::run(u);
+}
+
+void state_product(float* Yp, int D, int n, const float* X, const float* Z, const float* w, float alpha, float beta,
+                   float* Zp) {
+  Operand B{Zp, 0};
+  if (w) tile::pack(Z, D, false, n, D, w, Zp);
+  else B.b = rows_operand(Z, n, D, Zp, B.brs);
+  state_product(Yp, D, n, X, B, alpha, beta);
 }
 
 struct ChunkRows {
@@ -181,8 +192,9 @@ void chunk_weights(const float* pw, int n, float scale, float* lam, float* gam) 
 }
 
 // O_c = s (diag(lam) Q_c S + ((Q_c K_c^T) . M) V_c) for the packed state S entering the chunk.
-void chunk_output(const ForwardBuffers& b, int D, int C, int n, bool decay, const float* Qc, const float* Kc,
-                  const float* Vc, float* Oc, const float* Sp) {
+// Returns V_c as the operand it used, for the state product to reuse.
+Operand chunk_output(const ForwardBuffers& b, int D, int C, int n, bool decay, const float* Qc, const float* Kc,
+                     const float* Vc, float* Oc, const float* Sp) {
   tile::pack(Kc, D, true, D, n, nullptr, b.Ktp);
   long vrs = 0;
   const float* Vb = rows_operand(Vc, n, D, b.Vp, vrs);
@@ -208,6 +220,7 @@ void chunk_output(const ForwardBuffers& b, int D, int C, int n, bool decay, cons
   out.s2 = seg(Range::lower, n, b.A, C, 1, Vb, vrs);
   out.alpha = float(attention_scale(D));
   tile::run(out);
+  return {Vb, vrs};
 }
 
 // Walks elements [e0, e1) of the packed chunk states in order (reverse: last chunk first):
@@ -236,7 +249,7 @@ std::pair<std::size_t, std::size_t> share(std::size_t n) {
 }
 
 struct BackwardBuffers {
-  float *mask, *P, *dA, *Ktp, *Vtp, *Kp, *Qp, *dOp, *dOl, *stage, *dSTp, *Sp, *dSp, *pw, *slam, *gam;
+  float *mask, *P, *dA, *Ktp, *Vtp, *Kp, *Qp, *dOp, *dOl, *dSTp, *Sp, *dSp, *pw, *slam, *gam;
 };
 
 BackwardBuffers backward_buffers(const Problem& p, float* base) {
@@ -252,7 +265,6 @@ BackwardBuffers backward_buffers(const Problem& p, float* base) {
   b.Qp = carve.take(std::size_t(C) * panel_cols(D));
   b.dOp = carve.take(std::size_t(C) * panel_cols(D));
   b.dOl = carve.take(std::size_t(C) * panel_cols(D));
-  b.stage = carve.take(state_floats(p));
   b.dSTp = carve.take(state_floats(p));
   b.Sp = carve.take(state_floats(p));
   b.dSp = carve.take(state_floats(p));
@@ -262,16 +274,11 @@ BackwardBuffers backward_buffers(const Problem& p, float* base) {
   return b;
 }
 
-// Packed D x D state -> panels of its transpose (through a row-major staging buffer).
-void transpose_panels(const float* Sp, int D, float* stage, float* STp) {
-  tile::unpack(Sp, D, D, stage, D);
-  tile::pack(stage, D, true, D, D, nullptr, STp);
-}
-
 // dQ_c, dK_c, dV_c of one chunk from S^T entering it (panels) and dS leaving it (packed).
-void chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, const float* Qc, const float* Kc,
-                 const float* Vc, const float* dOc, float* dQc, float* dKc, float* dVc, const float* STp,
-                 const float* dSp) {
+// Returns dO_c as the operand it used, for the dS product to reuse.
+Operand chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, const float* Qc, const float* Kc,
+                    const float* Vc, const float* dOc, float* dQc, float* dKc, float* dVc, const float* STp,
+                    const float* dSp) {
   const float s = float(attention_scale(D));
   tile::pack(Kc, D, true, D, n, nullptr, b.Ktp);
   tile::pack(Vc, D, true, D, n, nullptr, b.Vtp);
@@ -279,7 +286,7 @@ void chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, cons
   const float* Kb = rows_operand(Kc, n, D, b.Kp, krs);
   const float* Qb = rows_operand(Qc, n, D, b.Qp, qrs);
   const float* dOb = rows_operand(dOc, n, D, b.dOp, drs);
-  transpose_panels(dSp, D, b.stage, b.dSTp);
+  tile::transpose_packed(dSp, D, b.dSTp);
 
   Product scores;
   scores.M = n;
@@ -319,14 +326,17 @@ void chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, cons
   dv.s1 = seg(Range::full, D, Kc, D, 1, dSp);
   dv.s2 = seg(Range::upper, n, b.P, 1, score_ld(C), dOb, drs);
   tile::run(dv);
+  return {dOb, drs};
 }
 
 // dS = beta dS + s Q_c^T diag(lam) dO_c (dS packed). Without decay lam = 1 and s is the
 // product's alpha; with it, dO's rows are packed scaled by s lam.
+// dO_packed: dO_c as an operand already (chunk_grads'), used when there is no decay to weight it.
 void chunk_dstate(const BackwardBuffers& b, int D, int n, bool decay, const float* Qc, const float* dOc, float* dSp,
-                  float beta) {
+                  float beta, const Operand* dO_packed = nullptr) {
   const float s = float(attention_scale(D));
   if (decay) state_product(dSp, D, n, Qc, dOc, b.slam, 1.0f, beta, b.dOl);
+  else if (dO_packed) state_product(dSp, D, n, Qc, *dO_packed, s, beta);
   else state_product(dSp, D, n, Qc, dOc, nullptr, s, beta, b.dOl);
 }
 
@@ -347,8 +357,9 @@ void forward_heads(const Problem& p, const ForwardArgs<float>& a, float* scratch
       for (int c = 0; c < p.chunks(); ++c) {
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
-        chunk_output(b, D, C, n, decay, a.q + tok + r, a.k + tok + r, a.v + tok + r, a.o + tok + r, b.Sp);
-        state_product(b.Sp, D, n, a.k + tok + r, a.v + tok + r, decay ? b.gam : nullptr, 1.0f, b.pw[n], b.Vg);
+        const Operand V = chunk_output(b, D, C, n, decay, a.q + tok + r, a.k + tok + r, a.v + tok + r, a.o + tok + r, b.Sp);
+        if (decay) state_product(b.Sp, D, n, a.k + tok + r, a.v + tok + r, b.gam, 1.0f, b.pw[n], b.Vg);
+        else state_product(b.Sp, D, n, a.k + tok + r, V, 1.0f, b.pw[n]);
       }
       tile::unpack(b.Sp, D, D, a.hT + st, D);
     }
@@ -417,7 +428,7 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
       tile::pack(a.h0 + st, D, false, D, D, nullptr, b.Sp);
       for (int c = 0; c < chunks; ++c) {
         const auto [n, r] = chunk_rows(p, c);
-        transpose_panels(b.Sp, D, b.stage, states + c * state_floats(p));
+        tile::transpose_packed(b.Sp, D, states + c * state_floats(p));
         if (c + 1 == chunks) break;
         chunk_weights(b.pw, n, s, b.slam, b.gam);
         state_product(b.Sp, D, n, k + r, v + r, decay ? b.gam : nullptr, 1.0f, b.pw[n], b.Kp);
@@ -427,9 +438,9 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
       for (int c = chunks - 1; c >= 0; --c) {
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, s, b.slam, b.gam);
-        chunk_grads(b, D, C, n, decay, q + r, k + r, v + r, dO + r, a.dq + tok + r, a.dk + tok + r, a.dv + tok + r,
-                    states + c * state_floats(p), b.dSp);
-        chunk_dstate(b, D, n, decay, q + r, dO + r, b.dSp, b.pw[n]);
+        const Operand dOc = chunk_grads(b, D, C, n, decay, q + r, k + r, v + r, dO + r, a.dq + tok + r,
+                                        a.dk + tok + r, a.dv + tok + r, states + c * state_floats(p), b.dSp);
+        chunk_dstate(b, D, n, decay, q + r, dO + r, b.dSp, b.pw[n], &dOc);
       }
       tile::unpack(b.dSp, D, D, a.dh0 + st, D);
     }
@@ -478,7 +489,7 @@ void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float*
       for (int c = 0; c < chunks; ++c) {
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, s, b.slam, b.gam);
-        transpose_panels(states + c * SF, D, b.stage, b.Sp);
+        tile::transpose_packed(states + c * SF, D, b.Sp);
         chunk_grads(b, D, C, n, decay, q + r, k + r, v + r, dO + r, a.dq + tok + r, a.dk + tok + r, a.dv + tok + r,
                     b.Sp, dstates + c * SF);
       }

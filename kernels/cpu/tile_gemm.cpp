@@ -190,6 +190,34 @@ void pack(const float* src, long lds, bool transposed, int K, int N, const float
   }
 }
 
+void transpose_packed(const float* panels, int D, float* dst) {
+  const std::size_t ps = std::size_t(D) * kNR;  // floats per panel
+  auto at = [&](int i, int j) { return panels[std::size_t(j / kNR) * ps + std::size_t(i) * kNR + j % kNR]; };
+  if (D % 16 == 0) {
+    // dst(k, j) = X(j, k): the 16 x 16 block of X at rows j0.., columns k0.. is 16 rows of 16
+    // contiguous floats in its panel, and lands as 16 rows of 16 contiguous floats in dst's.
+    for (int j0 = 0; j0 < D; j0 += 16)
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        __m512 r[16];
+        const float* src = panels + std::size_t(k0 / kNR) * ps + std::size_t(j0) * kNR + k0 % kNR;
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + std::size_t(i) * kNR);
+        transpose16(r);
+        float* out = dst + std::size_t(j0 / kNR) * ps + std::size_t(k0) * kNR + j0 % kNR;
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + std::size_t(i) * kNR, r[i]);
+      }
+    if (D % kNR == 0) return;
+    // D an odd multiple of 16: the last panel's upper half is padding.
+    float* last = dst + std::size_t(D / kNR) * ps;
+    for (int k = 0; k < D; ++k) std::fill(last + std::size_t(k) * kNR + 16, last + std::size_t(k + 1) * kNR, 0.0f);
+    return;
+  }
+  for (int q = 0; q < D; q += kNR)
+    for (int k = 0; k < D; ++k) {
+      float* row = dst + std::size_t(q / kNR) * ps + std::size_t(k) * kNR;
+      for (int jj = 0; jj < kNR; ++jj) row[jj] = q + jj < D ? at(q + jj, k) : 0.0f;
+    }
+}
+
 void unpack(const float* panels, int K, int N, float* dst, long ldd) {
   for (int j0 = 0; j0 < N; j0 += kNR) {
     const int width = std::min(kNR, N - j0);

@@ -63,5 +63,8 @@ void run(const Product& product);
 void pack(const float* src, long lds, bool transposed, int K, int N, const float* w, float* dst);
 // The inverse of pack for a packed D x D state: dst[i * ldd + j] = X(i, j).
 void unpack(const float* panels, int K, int N, float* dst, long ldd);
+// Panels of X^T from the panels of a packed D x D matrix X, in one pass (16 x 16 blocks
+// transposed in registers where D allows; the last panel zero-padded as pack pads it).
+void transpose_packed(const float* panels, int D, float* dst);
 
 }  // namespace lattn::cpu::tile
