@@ -13,11 +13,6 @@ using namespace lattn;
 
 namespace {
 
-struct VecOverride {
-  explicit VecOverride(cpu::Vec vec) { cpu::set_vec_override(vec); }
-  ~VecOverride() { cpu::set_vec_override(std::nullopt); }
-};
-
 std::vector<Problem> path_shapes() {
   std::vector<Problem> shapes;
   for (Decay decay : {Decay::none, Decay::retnet}) {
@@ -36,7 +31,7 @@ std::vector<Problem> path_shapes() {
 
 TEST_CASE("every vector width of scan and chunked matches the float64 reference", "[paths]") {
   for (const cpu::Vec vec : cpu::available_vecs()) {
-    VecOverride force(vec);
+    test::VecOverride force(vec);
     for (const Problem& p : path_shapes()) {
       for (Impl impl : {Impl::scan, Impl::chunked}) {
         for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
@@ -54,7 +49,7 @@ TEST_CASE("every vector width of scan and chunked matches the float64 reference"
 
 TEST_CASE("thread splits over heads and over one head's columns give the reference answer", "[paths][threads]") {
   for (const cpu::Vec vec : cpu::available_vecs()) {
-    VecOverride force(vec);
+    test::VecOverride force(vec);
     // B*H = 1 and 3 with up to 4 threads: fewer heads than threads, so the scan splits one
     // head's state columns (D = 100: four blocks on AVX-512, seven on AVX2, two generic).
     for (const Problem& p : {Problem{1, 1, 50, 100, 16, Decay::retnet}, Problem{3, 1, 41, 40, 16, Decay::none}}) {

@@ -114,12 +114,23 @@ TEST_CASE("the sliding-window kernel's scratch equals its closed form and is O(T
       // the backward cuts a head into segments only when there are fewer heads than threads.
       const std::size_t Bq = std::min(32, p.seq), L = std::min<std::size_t>(p.seq, Bq + window - 1);
       const std::size_t blocks = (p.seq + Bq - 1) / Bq;
-      const std::size_t fwd_threads = std::min<std::size_t>(threads, p.heads_total() * blocks);
       const std::size_t segments = std::min<std::size_t>(blocks, (threads + p.heads_total() - 1) / p.heads_total());
       const std::size_t tasks = p.heads_total() * segments, bwd_threads = std::min<std::size_t>(threads, tasks);
       const std::size_t spill = segments > 1 ? tasks * 2 * std::min<std::size_t>(window - 1, p.seq) * p.dim : 0;
-      CHECK(cpu::sliding_window_forward_workspace_bytes(p, window) == fwd_threads * Bq * L * 4);
-      CHECK(cpu::sliding_window_backward_workspace_bytes(p, window) == (bwd_threads * 2 * Bq * L + spill) * 4);
+      // With the register-tiled products the forward takes groups of 8 blocks: a tile of Bq x
+      // (L + 31) (block key ranges start at multiples of 32), K^T of the group's keys as 32-wide
+      // panels, and the group's V rows padded to a panel when D is not a multiple of 32.
+      auto round32 = [](std::size_t n) { return (n + 31) / 32 * 32; };
+      const std::size_t group_keys = std::min<std::size_t>(p.seq, 8 * Bq + window - 1 + 31);
+      const std::size_t tiled_fwd = Bq * std::min<std::size_t>(p.seq, Bq + window - 1 + 31) +
+                                    p.dim * round32(group_keys) + (p.dim % 32 ? group_keys * round32(p.dim) : 0);
+      const std::size_t fwd_tasks = p.heads_total() * (cpu::chunked_uses_tiles() ? (blocks + 7) / 8 : blocks);
+      const std::size_t fwd_threads = std::min<std::size_t>(threads, fwd_tasks);
+      CHECK(cpu::sliding_window_forward_workspace_bytes(p, window) ==
+            fwd_threads * (cpu::chunked_uses_tiles() ? tiled_fwd : Bq * L) * 4);
+      const std::size_t bwd_panels = cpu::chunked_uses_tiles() ? p.dim * ((L + 31) / 32 * 32) : 0;  // K^T, then V^T
+      CHECK(cpu::sliding_window_backward_workspace_bytes(p, window) ==
+            (bwd_threads * (2 * Bq * L + bwd_panels) + spill) * 4);
 
       KernelTensors t = make_kernel_inputs(p, Mode::fwd_bwd, 0);
       std::vector<float> o(p.token_elems()), lse(p.heads_total() * p.seq), dq(p.token_elems()), dk(p.token_elems()),

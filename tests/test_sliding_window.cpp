@@ -109,6 +109,8 @@ std::vector<Shape> window_shapes() {
       {{1, 2, 90, 16, 1, Decay::none}, 90},     // window = T
       {{1, 1, 70, 8, 1, Decay::none}, 1000},    // window > T: plain causal softmax
       {{1, 1, 200, 64, 1, Decay::none}, 128},   // the layer's head dim and window
+      {{1, 1, 600, 16, 1, Decay::none}, 100},   // three groups of 8 query blocks, the last ragged
+      {{2, 1, 530, 32, 1, Decay::none}, 128},   // two groups, V read in place
   };
 }
 
@@ -134,11 +136,14 @@ TEST_CASE("the float64 sliding-window reference equals a naive masked softmax", 
 }
 
 TEST_CASE("the CPU sliding-window kernel matches a naive masked softmax, forward and backward", "[window]") {
+  // Each vector width: AVX-512 runs the forward's products on the tiled kernel, narrower ones on OpenBLAS.
+  for (const cpu::Vec vec : cpu::available_vecs())
   for (int threads : {1, 2, 3}) {
+    test::VecOverride force(vec);
     omp_set_num_threads(threads);
     for (const Shape& shape : window_shapes()) {
       const Problem& p = shape.p;
-      INFO(test::describe(p) << " W" << shape.window << " threads " << threads);
+      INFO(test::describe(p) << " W" << shape.window << " threads " << threads << " " << cpu::to_string(vec));
       std::mt19937_64 rng(11);
       const auto q = random_vector(p.token_elems(), rng), k = random_vector(p.token_elems(), rng),
                  v = random_vector(p.token_elems(), rng), dO = random_vector(p.token_elems(), rng);

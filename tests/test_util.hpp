@@ -14,9 +14,18 @@
 
 #include "backend.hpp"
 #include "check.hpp"
+#include "cpu/scan_pass.hpp"
 #include "inputs.hpp"
 
 namespace lattn::test {
+
+// Forces the CPU kernels' vector width for a scope (it must be available here).
+struct VecOverride {
+  explicit VecOverride(cpu::Vec vec) { cpu::set_vec_override(vec); }
+  ~VecOverride() { cpu::set_vec_override(std::nullopt); }
+  VecOverride(const VecOverride&) = delete;
+  VecOverride& operator=(const VecOverride&) = delete;
+};
 
 inline std::string describe(const Problem& p) {
   return "B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " T" + std::to_string(p.seq) + " D" +

@@ -21,8 +21,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 
+#include "cpu/chunked_tiled.hpp"
 #include "cpu/layer_kernels.hpp"
+#include "cpu/tile_gemm.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -119,29 +122,111 @@ Block block_at(const Problem& p, int window, int index) {
 inline int first_column(const Block& b, int window, int i) { return std::max(0, b.q0 + i - window + 1) - b.k0; }
 int last_column(const Block& b, int i) { return b.q0 + i - b.k0; }
 
+#if defined(__AVX512F__)
+// Where AVX-512 is compiled, the window's score products run on the register-tiled kernel of the
+// chunked form (tile_gemm.hpp): a block's products are 32 x L x D and 32 x D x L (L <= 32 + W - 1),
+// small enough that OpenBLAS's per-call packing of both operands and its small-matrix path ran
+// them at ~0.4 of the sgemm peak (D = 64, W = 128). Every score element is the same FMA chain over
+// d = 0 .. D-1 wherever its key sits in a tile, so the backward's exp(S - lse) here sees the very
+// scores whose lse the forward kept (its blocks are not aligned as the forward's are).
+// P = s Q K^T for the block's n queries (rows Q) against its L keys (rows K; K^T packed into Ktp),
+// or dP = dO V^T with the same shapes.
+void tiled_scores(const float* Q, const float* K, const Block& b, int D, float s, float* P, int ld, float* Ktp) {
+  tile::pack(K, D, true, D, b.L, nullptr, Ktp);
+  tile::Product scores;
+  scores.M = b.n;
+  scores.N = b.L;
+  scores.c = P;
+  scores.ldc = ld;
+  scores.s1.range = tile::Range::full;
+  scores.s1.K = D;
+  scores.s1.a = Q;
+  scores.s1.ars = D;
+  scores.s1.acs = 1;
+  scores.s1.b = Ktp;
+  scores.alpha = s;
+  tile::run(scores);
+}
+#else
+// Never called: chunked_uses_tiles() is false where AVX-512 is not compiled in.
+void tiled_scores(const float*, const float*, const Block&, int, float, float*, int, float*) {
+  throw std::logic_error("tiled_scores: built without AVX-512");
+}
+#endif
+
 }  // namespace
 
+// The tiled forward walks a head in groups of kGroupBlocks query blocks: K^T of the keys a group
+// sees is packed once (the blocks' key ranges overlap by W - 1 rows, so packing per block moved
+// each key ~5 times at W = 128 and the packing took a quarter of the kernel's time), and each
+// block's key range starts at a multiple of 32 so that its K^T is whole panels of the group's
+// (at most 31 extra, fully masked, score columns).
+constexpr int kGroupBlocks = 8;
+int group_count(const Problem& p) { return (blocks_per_head(p) + kGroupBlocks - 1) / kGroupBlocks; }
+int align_down(int x) { return x / tile::kNR * tile::kNR; }
+// The widest key range of an aligned block, and of a group.
+int max_aligned_keys(const Problem& p, int window) { return std::min(p.seq, query_block(p) + window - 1 + tile::kNR - 1); }
+int max_group_keys(const Problem& p, int window) {
+  return std::min(p.seq, kGroupBlocks * query_block(p) + window - 1 + tile::kNR - 1);
+}
+// V is read in place when its rows are whole panels; otherwise the group's rows are copied to a
+// row-major buffer with the width padded to a panel.
+bool values_in_place(int D) { return D % tile::kNR == 0; }
+
+// Per thread in the forward: the block's score tile, and with the register-tiled products also
+// the group's keys as panels of K^T and, unless V is read in place, its value rows.
+std::size_t forward_thread_floats(const Problem& p, int window) {
+  if (!chunked_uses_tiles()) return std::size_t(query_block(p)) * max_keys(p, window);
+  const std::size_t G = max_group_keys(p, window), PD = tile::panel_cols(p.dim);
+  return std::size_t(query_block(p)) * max_aligned_keys(p, window) + std::size_t(p.dim) * tile::panel_cols(int(G)) +
+         (values_in_place(p.dim) ? 0 : G * PD);
+}
+
 std::size_t sliding_window_forward_workspace_bytes(const Problem& p, int window) {
-  const std::size_t tasks = p.heads_total() * std::size_t(blocks_per_head(p));
-  return std::size_t(threads_for(tasks)) * query_block(p) * max_keys(p, window) * sizeof(float);
+  const std::size_t tasks = p.heads_total() * std::size_t(chunked_uses_tiles() ? group_count(p) : blocks_per_head(p));
+  return std::size_t(threads_for(tasks)) * forward_thread_floats(p, window) * sizeof(float);
+}
+
+// Per thread in the backward: the P and dS tiles, and with the register-tiled score products
+// the panels of K^T (then V^T).
+std::size_t backward_thread_floats(const Problem& p, int window) {
+  const std::size_t L = max_keys(p, window), tiles = 2 * std::size_t(query_block(p)) * L;
+  return tiles + (chunked_uses_tiles() ? std::size_t(p.dim) * tile::panel_cols(int(L)) : 0);
 }
 
 std::size_t sliding_window_backward_workspace_bytes(const Problem& p, int window) {
   const int segments = backward_segments(p);
   const std::size_t tasks = p.heads_total() * std::size_t(segments);
-  const std::size_t tiles = std::size_t(threads_for(tasks)) * 2 * query_block(p) * max_keys(p, window);
+  const std::size_t tiles = std::size_t(threads_for(tasks)) * backward_thread_floats(p, window);
   const std::size_t spills = segments > 1 ? tasks * 2 * spill_rows(p, window) * p.dim : 0;
   return (tiles + spills) * sizeof(float);
 }
 
-void sliding_window_forward(const Problem& p, int window, const SlidingWindowForwardArgs& a, Allocator& allocator) {
+namespace {
+
+// Row i of block b's score tile P (ld floats per row) -> its softmax, zero outside the window;
+// keeps the row's log-sum-exp when `lse` is given.
+void softmax_rows(float* P, int ld, const Block& b, int window, float* lse) {
+  for (int i = 0; i < b.n; ++i) {
+    float* row = P + std::size_t(i) * ld;
+    const int lo = first_column(b, window, i), n = last_column(b, i) - lo + 1;
+    const float m = row_max(row + lo, n);
+    const float sum = exp_shifted(row + lo, n, m);
+    scale(row + lo, n, 1.0f / sum);
+    std::fill(row, row + lo, 0.0f);
+    std::fill(row + lo + n, row + b.L, 0.0f);
+    if (lse) lse[b.q0 + i] = m + std::log(sum);
+  }
+}
+
+void forward_blas(const Problem& p, int window, const SlidingWindowForwardArgs& a, Allocator& allocator) {
   const int D = p.dim, ld = max_keys(p, window), nb = blocks_per_head(p);
   const float s = float(attention_scale(D));
   const long tasks = long(p.heads_total()) * nb;
 #pragma omp parallel num_threads(threads_for(std::size_t(tasks)))
   {
-    Workspace<float> tile(allocator, std::size_t(query_block(p)) * ld);
-    float* P = tile.data();
+    Workspace<float> scratch(allocator, forward_thread_floats(p, window));
+    float* P = scratch.data();
     // Dynamic: blocks are small and equal, and a thread that loses its core to other work then
     // delays only the blocks it holds.
 #pragma omp for schedule(dynamic, 4)
@@ -153,24 +238,99 @@ void sliding_window_forward(const Problem& p, int window, const SlidingWindowFor
       const float* K = a.k + head + std::size_t(b.k0) * D;
       const float* V = a.v + head + std::size_t(b.k0) * D;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b.n, b.L, D, s, Q, D, K, D, 0.0f, P, ld);
-      for (int i = 0; i < b.n; ++i) {
-        float* row = P + std::size_t(i) * ld;
-        const int lo = first_column(b, window, i), n = last_column(b, i) - lo + 1;
-        const float m = row_max(row + lo, n);
-        const float sum = exp_shifted(row + lo, n, m);
-        scale(row + lo, n, 1.0f / sum);
-        std::fill(row, row + lo, 0.0f);
-        std::fill(row + lo + n, row + b.L, 0.0f);
-        if (a.lse) a.lse[std::size_t(bh) * p.seq + b.q0 + i] = m + std::log(sum);
-      }
+      softmax_rows(P, ld, b, window, a.lse ? a.lse + std::size_t(bh) * p.seq : nullptr);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b.n, D, b.L, 1.0f, P, ld, V, D, 0.0f,
                   a.o + head + std::size_t(b.q0) * D, D);
     }
   }
 }
 
+#if defined(__AVX512F__)
+void forward_tiled(const Problem& p, int window, const SlidingWindowForwardArgs& a, Allocator& allocator) {
+  const int D = p.dim, ld = max_aligned_keys(p, window), nb = blocks_per_head(p), groups = group_count(p);
+  const int PD = tile::panel_cols(D);
+  const bool in_place = values_in_place(D);
+  const float s = float(attention_scale(D));
+  const long tasks = long(p.heads_total()) * groups;
+#pragma omp parallel num_threads(threads_for(std::size_t(tasks)))
+  {
+    Workspace<float> scratch(allocator, forward_thread_floats(p, window));
+    float* P = scratch.data();
+    float* Ktp = P + std::size_t(query_block(p)) * ld;
+    float* Vrows = Ktp + std::size_t(D) * tile::panel_cols(max_group_keys(p, window));  // unless in place
+#pragma omp for schedule(dynamic)  // as in forward_blas
+    for (long task = 0; task < tasks; ++task) {
+      const long bh = task / groups;
+      const int first = int(task % groups) * kGroupBlocks, last = std::min(nb, first + kGroupBlocks);
+      const std::size_t head = std::size_t(bh) * p.head_token_elems();
+      // The group's keys: from the first block's aligned start to the last block's last query.
+      const int g0 = align_down(block_at(p, window, first).k0);
+      const Block end = block_at(p, window, last - 1);
+      const int keys = end.q0 + end.n - g0;
+      tile::pack(a.k + head + std::size_t(g0) * D, D, true, D, keys, nullptr, Ktp);
+      const float* V = a.v + head;
+      long vrs = D;
+      int v0 = 0;  // V's row index of the operand's row 0
+      if (!in_place) {
+        for (int r = 0; r < keys; ++r) {
+          std::copy_n(a.v + head + std::size_t(g0 + r) * D, D, Vrows + std::size_t(r) * PD);
+          std::fill(Vrows + std::size_t(r) * PD + D, Vrows + std::size_t(r + 1) * PD, 0.0f);
+        }
+        V = Vrows;
+        vrs = PD;
+        v0 = g0;
+      }
+      for (int index = first; index < last; ++index) {
+        Block b = block_at(p, window, index);
+        b.k0 = align_down(b.k0);
+        b.L = b.q0 + b.n - b.k0;
+        tile::Product scores;
+        scores.M = b.n;
+        scores.N = b.L;
+        scores.c = P;
+        scores.ldc = ld;
+        scores.s1.range = tile::Range::full;
+        scores.s1.K = D;
+        scores.s1.a = a.q + head + std::size_t(b.q0) * D;
+        scores.s1.ars = D;
+        scores.s1.acs = 1;
+        scores.s1.b = Ktp + std::size_t((b.k0 - g0) / tile::kNR) * D * tile::kNR;
+        scores.alpha = s;
+        tile::run(scores);
+        softmax_rows(P, ld, b, window, a.lse ? a.lse + std::size_t(bh) * p.seq : nullptr);
+        tile::Product out;
+        out.M = b.n;
+        out.N = D;
+        out.c = a.o + head + std::size_t(b.q0) * D;
+        out.ldc = D;
+        out.s1.range = tile::Range::full;
+        out.s1.K = b.L;
+        out.s1.a = P;
+        out.s1.ars = ld;
+        out.s1.acs = 1;
+        out.s1.b = V + std::size_t(b.k0 - v0) * vrs;
+        out.s1.brs = vrs;
+        tile::run(out);
+      }
+    }
+  }
+}
+#else
+void forward_tiled(const Problem&, int, const SlidingWindowForwardArgs&, Allocator&) {
+  throw std::logic_error("forward_tiled: built without AVX-512");
+}
+#endif
+
+}  // namespace
+
+void sliding_window_forward(const Problem& p, int window, const SlidingWindowForwardArgs& a, Allocator& allocator) {
+  if (chunked_uses_tiles()) forward_tiled(p, window, a, allocator);
+  else forward_blas(p, window, a, allocator);
+}
+
 void sliding_window_backward(const Problem& p, int window, const SlidingWindowBackwardArgs& a, Allocator& allocator) {
   const int D = p.dim, ld = max_keys(p, window), nb = blocks_per_head(p), segments = backward_segments(p);
+  const bool tiled = chunked_uses_tiles();
   const float s = float(attention_scale(D));
   const long tasks = long(p.heads_total()) * segments;
   const std::size_t spill = spill_rows(p, window), spill_elems = spill * D;
@@ -180,9 +340,10 @@ void sliding_window_backward(const Problem& p, int window, const SlidingWindowBa
 
 #pragma omp parallel num_threads(threads_for(std::size_t(tasks)))
   {
-    Workspace<float> tiles(allocator, 2 * std::size_t(query_block(p)) * ld);
+    Workspace<float> tiles(allocator, backward_thread_floats(p, window));
     float* P = tiles.data();
     float* dS = tiles.data() + std::size_t(query_block(p)) * ld;
+    float* panels = dS + std::size_t(query_block(p)) * ld;  // tiled products only
 #pragma omp for schedule(dynamic)
     for (long task = 0; task < tasks; ++task) {
       const long bh = task / segments;
@@ -209,8 +370,13 @@ void sliding_window_backward(const Problem& p, int window, const SlidingWindowBa
         const float* dOb = dO + std::size_t(b.q0) * D;
         const float* K = k + std::size_t(b.k0) * D;
         const float* V = v + std::size_t(b.k0) * D;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b.n, b.L, D, s, Q, D, K, D, 0.0f, P, ld);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b.n, b.L, D, 1.0f, dOb, D, V, D, 0.0f, dS, ld);
+        if (tiled) {
+          tiled_scores(Q, K, b, D, s, P, ld, panels);
+          tiled_scores(dOb, V, b, D, 1.0f, dS, ld, panels);
+        } else {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b.n, b.L, D, s, Q, D, K, D, 0.0f, P, ld);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b.n, b.L, D, 1.0f, dOb, D, V, D, 0.0f, dS, ld);
+        }
         for (int i = 0; i < b.n; ++i) {
           float* __restrict prow = P + std::size_t(i) * ld;
           float* __restrict drow = dS + std::size_t(i) * ld;
