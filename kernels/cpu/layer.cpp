@@ -29,7 +29,7 @@
 namespace lattn::cpu {
 namespace {
 
-constexpr int kRowTile = 256;  // 256 x M floats of projection output per thread: 512 KiB at M = 512
+constexpr int kRowTile = 256;  // 256 x 3M floats of projection output per thread: 1.5 MiB at M = 512
 
 int threads_for(std::size_t tasks) {
   return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), std::max<std::size_t>(tasks, 1)));
@@ -37,8 +37,11 @@ int threads_for(std::size_t tasks) {
 
 std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + kRowTile - 1) / kRowTile; }
 
-std::size_t projection_tile_bytes(const LayerProblem& p) {
-  return std::size_t(threads_for(row_tiles(p))) * std::min<std::size_t>(kRowTile, p.rows()) * p.model_dim() *
+// The input projections' scratch: [Wq Wk Wv] side by side (M x 3M), and a row tile of all three
+// outputs per thread.
+std::size_t projection_bytes(const LayerProblem& p) {
+  const std::size_t M = p.model_dim();
+  return (3 * M * M + std::size_t(threads_for(row_tiles(p))) * std::min<std::size_t>(kRowTile, p.rows()) * 3 * M) *
          sizeof(float);
 }
 
@@ -60,25 +63,30 @@ void parallel_sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float
 }
 
 // dst[b][h][t][:] = (x W)[b*T + t][h*Dh : (h+1)*Dh] for W = wq, wk, wv into q, k, v.
+// One product per row tile against [Wq Wk Wv]: OpenBLAS packs the tile of x once instead of three
+// times (2 threads, 4096 x 512 rows: ~11% faster than three products of 512 columns).
 void project_to_heads(const LayerProblem& p, const float* x, const float* const w[3], float* const out[3],
                       Allocator& allocator) {
   const int M = int(p.model_dim()), T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
   const long tiles = long(row_tiles(p));
+  Workspace<float> wqkv(allocator, 3 * std::size_t(M) * M);
+  for (int i = 0; i < M; ++i)
+    for (int which = 0; which < 3; ++which)
+      std::copy_n(w[which] + std::size_t(i) * M, M, wqkv.data() + (std::size_t(i) * 3 + which) * M);
 #pragma omp parallel num_threads(threads_for(std::size_t(tiles)))
   {
-    Workspace<float> tile(allocator, std::min<std::size_t>(kRowTile, p.rows()) * M);
+    Workspace<float> tile(allocator, std::min<std::size_t>(kRowTile, p.rows()) * 3 * M);
 #pragma omp for schedule(dynamic)  // as in parallel_sgemm
     for (long index = 0; index < tiles; ++index) {
       const std::size_t r0 = std::size_t(index) * kRowTile, n = std::min<std::size_t>(kRowTile, p.rows() - r0);
-      for (int which = 0; which < 3; ++which) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), M, M, 1.0f, x + r0 * M, M, w[which], M, 0.0f,
-                    tile.data(), M);
-        for (std::size_t i = 0; i < n; ++i) {
-          const std::size_t b = (r0 + i) / T, t = (r0 + i) % T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), 3 * M, M, 1.0f, x + r0 * M, M, wqkv.data(),
+                  3 * M, 0.0f, tile.data(), 3 * M);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t b = (r0 + i) / T, t = (r0 + i) % T;
+        for (int which = 0; which < 3; ++which)
           for (int h = 0; h < H; ++h)
-            std::copy_n(tile.data() + i * M + std::size_t(h) * Dh, Dh,
+            std::copy_n(tile.data() + (i * 3 + which) * M + std::size_t(h) * Dh, Dh,
                         out[which] + ((b * H + h) * T + t) * Dh);
-        }
       }
     }
   }
@@ -161,7 +169,7 @@ std::size_t layer_forward_workspace_bytes(const LayerProblem& p) {
   const Problem& lp = p.linear;
   const std::size_t kept = (5 * p.token_elems() + 2 * lp.state_elems()) * sizeof(float);
   const std::size_t linear = p.chunked ? chunked_forward_workspace_bytes(lp) : scan_forward_workspace_bytes(lp);
-  return kept + max_of({projection_tile_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window)});
+  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window)});
 }
 
 std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) {
@@ -171,7 +179,7 @@ std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) {
                            lp.heads_total() * (1 + lp.dim) * sizeof(double);
   const std::size_t linear = p.chunked ? max_of({chunked_forward_workspace_bytes(lp), chunked_backward_workspace_bytes(lp)})
                                        : max_of({scan_forward_workspace_bytes(lp), scan_backward_workspace_bytes(lp)});
-  return kept + max_of({projection_tile_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
+  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
                         sliding_window_backward_workspace_bytes(lp, p.window)});
 }
 
