@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <new>
+#include <vector>
 
 #include "build_info.hpp"
 #include "roofline.hpp"
@@ -19,12 +21,51 @@
 namespace lattn::cpu {
 namespace {
 
-std::size_t bytes_of(const std::vector<float>& v) { return v.size() * sizeof(float); }
+// The case's own copies of its tensors start on 64-byte lines, as a framework's tensors do (a
+// std::vector's large buffer starts 16 bytes into its mapping): a kernel may then stream whole
+// output lines past the cache, and timings do not hinge on where malloc put the data.
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    if (void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes)) return static_cast<T*>(p);
+    throw std::bad_alloc();
+  }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  friend bool operator==(const LineAligned&, const LineAligned&) { return true; }
+};
+using Floats = std::vector<float, LineAligned<float>>;
 
-template <class... V>
-std::size_t bytes_of(const std::vector<float>& first, const V&... rest) {
+Floats copy_of(const std::vector<float>& v) { return Floats(v.begin(), v.end()); }
+std::vector<float> plain(const Floats& v) { return std::vector<float>(v.begin(), v.end()); }
+
+template <class V>
+std::size_t bytes_of(const V& v) {
+  return v.size() * sizeof(float);
+}
+
+template <class V, class... Rest>
+std::size_t bytes_of(const V& first, const Rest&... rest) {
   return bytes_of(first) + bytes_of(rest...);
 }
+
+struct HostKernelTensors {
+  Floats q, k, v, h0, dO, dhT, o, hT, dq, dk, dv, dh0;
+  explicit HostKernelTensors(const KernelTensors& in)
+      : q(copy_of(in.q)), k(copy_of(in.k)), v(copy_of(in.v)), h0(copy_of(in.h0)), dO(copy_of(in.dO)),
+        dhT(copy_of(in.dhT)) {}
+};
+
+struct HostLayerTensors {
+  Floats x, wq, wk, wv, wo, g, beta, dOut, out, dx, dwq, dwk, dwv, dwo, dg, dbeta;
+  explicit HostLayerTensors(const LayerTensors& in)
+      : x(copy_of(in.x)), wq(copy_of(in.wq)), wk(copy_of(in.wk)), wv(copy_of(in.wv)), wo(copy_of(in.wo)),
+        g(copy_of(in.g)), beta(copy_of(in.beta)), dOut(copy_of(in.dOut)) {}
+};
 
 // Runs `call` on `allocator` and keeps the largest scratch peak seen over the calls.
 template <class Call>
@@ -70,12 +111,12 @@ class CpuCase final : public PreparedCase {
   }
 
   void read_outputs(KernelTensors& out) override {
-    out.o = t_.o;
-    out.hT = t_.hT;
-    out.dq = t_.dq;
-    out.dk = t_.dk;
-    out.dv = t_.dv;
-    out.dh0 = t_.dh0;
+    out.o = plain(t_.o);
+    out.hT = plain(t_.hT);
+    out.dq = plain(t_.dq);
+    out.dk = plain(t_.dk);
+    out.dv = plain(t_.dv);
+    out.dh0 = plain(t_.dh0);
   }
 
  private:
@@ -98,7 +139,7 @@ class CpuCase final : public PreparedCase {
   }
 
   Case kase_;
-  KernelTensors t_;
+  HostKernelTensors t_;
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
 };
@@ -145,20 +186,20 @@ class CpuLayerCase final : public PreparedCase {
   void read_outputs(KernelTensors&) override { throw RuntimeFailure("read_outputs on a layer case"); }
 
   void read_layer_outputs(LayerTensors& out) override {
-    out.out = t_.out;
-    out.dx = t_.dx;
-    out.dwq = t_.dwq;
-    out.dwk = t_.dwk;
-    out.dwv = t_.dwv;
-    out.dwo = t_.dwo;
-    out.dg = t_.dg;
-    out.dbeta = t_.dbeta;
+    out.out = plain(t_.out);
+    out.dx = plain(t_.dx);
+    out.dwq = plain(t_.dwq);
+    out.dwk = plain(t_.dwk);
+    out.dwv = plain(t_.dwv);
+    out.dwo = plain(t_.dwo);
+    out.dg = plain(t_.dg);
+    out.dbeta = plain(t_.dbeta);
   }
 
  private:
   LayerProblem problem_;
   bool backward_ = false;
-  LayerTensors t_;
+  HostLayerTensors t_;
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
 };
