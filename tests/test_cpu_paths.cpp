@@ -23,6 +23,7 @@ std::vector<Problem> path_shapes() {
     shapes.push_back({1, 1, 131, 48, 128, decay});    // ragged last chunk of 3 rows, D = 1.5 panels
     shapes.push_back({1, 1, 97, 64, 40, decay});      // chunk not a multiple of the 8-row tile
     shapes.push_back({1, 2, 66, 128, 64, decay});     // D = 128: four column blocks, four panels
+    shapes.push_back({2, 1, 50, 32, 16, decay});      // D = 32: the scan's compiled-in D, 50 tokens = 8 groups of 6 + 2
   }
   return shapes;
 }
