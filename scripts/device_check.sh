@@ -2,11 +2,12 @@
 # One prepared check for a machine with an NVIDIA GPU (docs/cuda.md): configures and builds
 # lattnbench with the CUDA backend from scratch (build folder under /tmp; nothing built elsewhere
 # is used), runs the whole CTest suite (the CUDA tests included), then a short benchmark of the
-# kernel suite in float32 and bf16 and the headline shape (batch 4, heads 64, seq 4096, dim 128).
+# kernel suite in float32 and bf16, the layer suite in float32, and the headline shape (batch 4,
+# heads 64, seq 4096, dim 128).
 #
 #   scripts/device_check.sh [OUTDIR]        (default: $OUT, else ./out/device-check)
 #
-# Writes at most 8 files into OUTDIR: build.log, test.log, sanitize.log, bench.log and four result
+# Writes at most 9 files into OUTDIR: build.log, test.log, sanitize.log, bench.log and five result
 # JSONs.
 # Dependencies: the system's, or the Debian packages scripts/fetch_device_deps.sh unpacked into
 # .deps/root (used when present; LATTN_DEPS=DIR names another). Every step has a timeout; the whole
@@ -85,10 +86,11 @@ bench() {  # name, timeout seconds, args...
 }
 short=(--batch 2 --heads 4 --seq 512,2048,8192 --dim 32,64,128 --chunk 64 --warmup 2 --reps 5 --min-sample-ms 5)
 head=(--batch 4 --heads 64 --seq 4096 --dim 128 --impl scan,chunked --mode fwd,fwd_bwd --warmup 3 --reps 10 --min-sample-ms 20)
-bench kernel-float32 60 "${short[@]}" --dtype float32
-bench kernel-bf16 60 "${short[@]}" --dtype bf16
-bench headline-float32 120 "${head[@]}" --chunk 64 --dtype float32
-bench headline-bf16 150 "${head[@]}" --chunk 64,128 --dtype bf16
+bench kernel-float32 60 --suite kernel "${short[@]}" --dtype float32
+bench kernel-bf16 60 --suite kernel "${short[@]}" --dtype bf16
+bench layer-float32 45 --suite layer --seq 512,2048 --dtype float32 --warmup 2 --reps 5 --min-sample-ms 5
+bench headline-float32 120 --suite kernel "${head[@]}" --chunk 64 --dtype float32
+bench headline-bf16 150 --suite kernel "${head[@]}" --chunk 64,128 --dtype bf16
 
 # The bar (H200): chunked bf16 fwd < 0.6 ms, fwd_bwd < 2.5 ms at batch 4, heads 64, seq 4096, dim 128.
 if [[ -f $out/headline-bf16.json ]] && command -v python3 >/dev/null; then

@@ -1,5 +1,5 @@
 // The CUDA backend behind lattn::Backend. Host code only (built by the host compiler); the kernels
-// are in scan.cu and chunked.cu.
+// are in scan.cu, chunked.cu, sliding_window.cu and layer.cu, the layer's products on cuBLAS.
 //
 // What a call is: the kernels of one fwd or fwd_bwd step enqueued on the case's stream. run()
 // enqueues one call and waits for it; time_ms(n) records a CUDA event, enqueues n calls back to
@@ -9,7 +9,9 @@
 // Host-device copies happen in prepare() and read_outputs(), never inside a timed region.
 #include "cuda/cuda_backend.hpp"
 
+#include <cublas_v2.h>  // types and enums only: the library is opened with dlopen (cublas())
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -208,6 +210,301 @@ class CudaCase final : public PreparedCase {
   std::size_t temp_peak_ = 0;
 };
 
+// ---- The layer (SPEC section 2) ----
+
+// cuBLAS is opened on first use, not linked: libcublasLt alone is ~540 MiB, and mapping it made
+// every lattnbench start (CPU runs, --help, the tests' hundreds of runs) ~150 ms slower.
+struct Cublas {
+  cublasStatus_t (*create)(cublasHandle_t*);
+  cublasStatus_t (*destroy)(cublasHandle_t);
+  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+  cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+  cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*,
+                          const float*, int, const float*, int, const float*, float*, int);
+};
+
+const Cublas& cublas() {
+  static const Cublas api = [] {
+    void* lib = nullptr;
+    for (const char* name : {LATTN_CUBLAS_SONAME, LATTN_CUBLAS_PATH})
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!lib)
+      throw RuntimeFailure(std::string("the CUDA layer needs cuBLAS: cannot open " LATTN_CUBLAS_SONAME ": ") + dlerror());
+    auto symbol = [&](const char* name) {
+      void* f = dlsym(lib, name);
+      if (!f) throw RuntimeFailure(std::string("cuBLAS has no ") + name);
+      return f;
+    };
+    Cublas c;
+    c.create = reinterpret_cast<decltype(c.create)>(symbol("cublasCreate_v2"));
+    c.destroy = reinterpret_cast<decltype(c.destroy)>(symbol("cublasDestroy_v2"));
+    c.set_stream = reinterpret_cast<decltype(c.set_stream)>(symbol("cublasSetStream_v2"));
+    c.set_math_mode = reinterpret_cast<decltype(c.set_math_mode)>(symbol("cublasSetMathMode"));
+    c.sgemm = reinterpret_cast<decltype(c.sgemm)>(symbol("cublasSgemm_v2"));
+    return c;
+  }();
+  return api;
+}
+
+void check_cublas(cublasStatus_t status, const char* call, int line) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw RuntimeFailure(std::string(__FILE__) + ":" + std::to_string(line) + ": " + call + ": cuBLAS status " +
+                         std::to_string(int(status)));
+}
+#define LATTN_CUBLAS_CHECK(call) check_cublas((call), #call, __LINE__)
+
+// C = op(A) op(B) + beta C for row-major m x n C, as cblas_sgemm takes it: cuBLAS is column-major,
+// and a row-major matrix read column-major is its transpose, so this is C^T = op(B)^T op(A)^T.
+void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  const float one = 1.0f;
+  LATTN_CUBLAS_CHECK(cublas().sgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    n, m, k, &one, B, ldb, A, lda, &beta, C, ldc));
+}
+
+// The layer's scratch, in the order one call takes it (bytes; each slice rounded to 256 by the arena):
+// forward q k v Lin Swa Y and a projection tile (rows x M each), h0 (zeros, also the backward's
+// dhT) and hT, the window's log-sum-exp and, for fwd_bwd, the norm's 1/RMS per row; the backward
+// then dY dLin dSwa, the two branches' dq dk dv, dg's row terms, the gate sums, dh0, and the window
+// backward's own scratch.
+std::vector<std::size_t> layer_scratch_slices(const LayerProblem& p, bool backward) {
+  const std::size_t N = p.token_elems() * 4, S = p.linear.state_elems() * 4, R = p.linear.heads_total() * p.linear.seq * 4;
+  std::vector<std::size_t> slices = {N, N, N, N, N, N, N, S, S, R};
+  if (!backward) return slices;
+  slices.push_back(R);  // rinv
+  for (int i = 0; i < 10; ++i) slices.push_back(N);
+  slices.push_back(R);  // gate
+  slices.push_back(S);  // dh0
+  const SwaProblem w{p.linear.batch, p.linear.heads, p.linear.seq, p.linear.dim, p.window};
+  slices.push_back(swa_backward_workspace_bytes(w));
+  return slices;
+}
+
+std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+std::size_t layer_scratch_bytes(const LayerProblem& p, bool backward) {
+  std::size_t total = 0;
+  for (std::size_t bytes : layer_scratch_slices(p, backward)) total += round_up_256(bytes);
+  return total;
+}
+
+// Scratch handed out from one device block allocated when the case is prepared: a call then never
+// calls cudaMalloc or cudaFree (cudaFree waits for the whole device) inside a timed region. Blocks
+// come back last-in first-out, as Workspace scopes return them.
+class Arena final : public Allocator {
+ public:
+  explicit Arena(std::size_t capacity) : capacity_(capacity) {
+    if (capacity_) LATTN_CUDA_CHECK(cudaMalloc(&base_, capacity_));
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() override {
+    if (base_) cudaFree(base_);
+  }
+  void* allocate(std::size_t bytes) override {
+    const std::size_t need = round_up_256(bytes);
+    if (top_ + need > capacity_)
+      throw RuntimeFailure("CUDA layer scratch: a call asked for more than the " + std::to_string(capacity_) +
+                           " bytes of its closed form (layer_scratch_slices is out of step with the call)");
+    starts_.push_back(top_);
+    void* ptr = static_cast<char*>(base_) + top_;
+    top_ += need;
+    peak_ = std::max(peak_, top_);
+    return ptr;
+  }
+  void deallocate(void* ptr, std::size_t) noexcept override {
+    if (!starts_.empty() && ptr == static_cast<char*>(base_) + starts_.back()) {
+      top_ = starts_.back();
+      starts_.pop_back();
+    }
+  }
+  std::size_t capacity() const { return capacity_; }
+  std::size_t peak() const { return peak_; }
+
+ private:
+  void* base_ = nullptr;
+  std::size_t capacity_ = 0, top_ = 0, peak_ = 0;
+  std::vector<std::size_t> starts_;
+};
+
+class CudaLayerCase final : public PreparedCase {
+ public:
+  CudaLayerCase(const Case& kase, const LayerTensors& in, int device, bool cold)
+      : problem_{kase.problem, kase.window, kase.impl == Impl::chunked},
+        backward_(kase.mode == Mode::fwd_bwd),
+        device_(device),
+        arena_((LATTN_CUDA_CHECK(cudaSetDevice(device)), layer_scratch_bytes(problem_, backward_))) {
+    LATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LATTN_CUDA_CHECK(cudaEventCreate(&start_));
+    LATTN_CUDA_CHECK(cudaEventCreate(&stop_));
+    LATTN_CUBLAS_CHECK(cublas().create(&blas_));
+    LATTN_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
+    // float32 products in float32: no TF32 tensor-core rounding of the operands.
+    LATTN_CUBLAS_CHECK(cublas().set_math_mode(blas_, CUBLAS_DEFAULT_MATH));
+    for (auto [buffer, host] : {std::pair{&x_, &in.x}, {&wq_, &in.wq}, {&wk_, &in.wk}, {&wv_, &in.wv},
+                                {&wo_, &in.wo}, {&g_, &in.g}, {&beta_, &in.beta}, {&dOut_, &in.dOut}})
+      *buffer = upload(*host);
+    const std::size_t N = problem_.token_elems(), W = problem_.weight_elems(), M = problem_.model_dim();
+    out_ = DeviceBuffer(N * sizeof(float));
+    if (backward_) {
+      dx_ = DeviceBuffer(N * sizeof(float));
+      for (auto* w : {&dwq_, &dwk_, &dwv_, &dwo_}) *w = DeviceBuffer(W * sizeof(float));
+      dg_ = DeviceBuffer(M * sizeof(float));
+      dbeta_ = DeviceBuffer(std::size_t(problem_.linear.heads) * sizeof(float));
+    }
+    if (cold) {
+      int l2 = 0;
+      LATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_));
+      flush_ = DeviceBuffer(std::max<std::size_t>(2 * std::size_t(l2), 1 << 20));
+    }
+    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  ~CudaLayerCase() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    if (blas_) cublas().destroy(blas_);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  void run() override {
+    LATTN_CUDA_CHECK(cudaSetDevice(device_));
+    enqueue();
+    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  double time_ms(int calls) override {
+    LATTN_CUDA_CHECK(cudaSetDevice(device_));
+    double total = 0;
+    if (!flush_.get()) {
+      LATTN_CUDA_CHECK(cudaEventRecord(start_, stream_));
+      for (int i = 0; i < calls; ++i) enqueue();
+      LATTN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+      return elapsed_ms();
+    }
+    for (int i = 0; i < calls; ++i) {
+      LATTN_CUDA_CHECK(cudaMemsetAsync(flush_.get(), i & 0xff, flush_.bytes(), stream_));
+      LATTN_CUDA_CHECK(cudaEventRecord(start_, stream_));
+      enqueue();
+      LATTN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+      total += elapsed_ms();
+    }
+    return total;
+  }
+
+  MemoryUsage memory() const override {
+    MemoryUsage m;
+    for (const DeviceBuffer* b : {&x_, &wq_, &wk_, &wv_, &wo_, &g_, &beta_, &dOut_}) m.arg_bytes += b->bytes();
+    for (const DeviceBuffer* b : {&out_, &dx_, &dwq_, &dwk_, &dwv_, &dwo_, &dg_, &dbeta_}) m.out_bytes += b->bytes();
+    m.temp_bytes = arena_.peak();
+    return m;
+  }
+
+  void read_outputs(KernelTensors&) override { throw RuntimeFailure("read_outputs on a layer case"); }
+
+  void read_layer_outputs(LayerTensors& out) override {
+    LATTN_CUDA_CHECK(cudaSetDevice(device_));
+    for (auto [buffer, host] : {std::pair{&out_, &out.out}, {&dx_, &out.dx}, {&dwq_, &out.dwq}, {&dwk_, &out.dwk},
+                                {&dwv_, &out.dwv}, {&dwo_, &out.dwo}, {&dg_, &out.dg}, {&dbeta_, &out.dbeta}})
+      download(*buffer, *host);
+    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  DeviceBuffer upload(const std::vector<float>& host) {
+    DeviceBuffer buffer(host.size() * sizeof(float));
+    if (!host.empty())
+      LATTN_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), host.data(), buffer.bytes(), cudaMemcpyHostToDevice, stream_));
+    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return buffer;
+  }
+
+  void download(const DeviceBuffer& buffer, std::vector<float>& host) {
+    host.assign(buffer.bytes() / sizeof(float), 0.0f);
+    if (!host.empty())
+      LATTN_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost, stream_));
+  }
+
+  double elapsed_ms() {
+    LATTN_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    LATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return double(ms);
+  }
+
+  // One call, enqueued: the same steps as the CPU layer (kernels/cpu/layer.cpp), the projections
+  // on cuBLAS, the branches on the kernels of kernels.hpp, every scratch block from the arena in
+  // the order of layer_scratch_slices.
+  void enqueue() {
+    const LayerProblem& p = problem_;
+    const Problem& lp = p.linear;
+    const std::size_t N = p.token_elems(), S = lp.state_elems(), R = lp.heads_total() * lp.seq;
+    const int M = int(p.model_dim()), rows = int(p.rows());
+    Workspace<float> q(arena_, N), k(arena_, N), v(arena_, N), lin(arena_, N), swa(arena_, N), y(arena_, N),
+        tile(arena_, N), h0(arena_, S), hT(arena_, S), lse(arena_, R);
+    Workspace<float> rinv(arena_, backward_ ? R : 0);
+    LATTN_CUDA_CHECK(cudaMemsetAsync(h0.data(), 0, S * sizeof(float), stream_));
+
+    const float* w[3] = {wq_.f(), wk_.f(), wv_.f()};
+    float* qkv[3] = {q.data(), k.data(), v.data()};
+    for (int i = 0; i < 3; ++i) {
+      gemm(blas_, false, false, rows, M, M, x_.f(), M, w[i], M, 0.0f, tile.data(), M);
+      layer_rows_to_heads(p, tile.data(), M, qkv[i], stream_);
+    }
+    const DeviceForward linear{q.data(), k.data(), v.data(), h0.data(), lin.data(), hT.data()};
+    if (p.chunked)
+      chunked_forward(lp, Dtype::f32, linear, arena_, stream_);
+    else
+      scan_forward(lp, Dtype::f32, linear, arena_, stream_);
+    const SwaProblem wp{lp.batch, lp.heads, lp.seq, lp.dim, p.window};
+    swa_forward(wp, Dtype::f32, {q.data(), k.data(), v.data(), swa.data(), lse.data()}, arena_, stream_);
+    layer_norm_gate_forward(p, g_.f(), beta_.f(), lin.data(), swa.data(), y.data(), rinv.data(), stream_);
+    gemm(blas_, false, false, rows, M, M, y.data(), M, wo_.f(), M, 0.0f, out_.f(), M);
+    if (!backward_) return;
+
+    Workspace<float> dy(arena_, N), dlin(arena_, N), dswa(arena_, N), dq(arena_, N), dk(arena_, N), dv(arena_, N),
+        dq2(arena_, N), dk2(arena_, N), dv2(arena_, N), dg_terms(arena_, N), gate(arena_, R), dh0(arena_, S);
+    gemm(blas_, true, false, M, M, rows, y.data(), M, dOut_.f(), M, 0.0f, dwo_.f(), M);
+    gemm(blas_, false, true, rows, M, M, dOut_.f(), M, wo_.f(), M, 0.0f, dy.data(), M);
+    layer_norm_gate_backward(p,
+                             {g_.f(), beta_.f(), lin.data(), swa.data(), rinv.data(), dy.data(), dlin.data(),
+                              dswa.data(), dg_terms.data(), gate.data(), dg_.f(), dbeta_.f()},
+                             stream_);
+    // h0 = 0 is dhT = 0 too: nothing reads the final state.
+    const DeviceBackward lb{q.data(), k.data(), v.data(), h0.data(), dlin.data(),
+                            h0.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
+    if (p.chunked)
+      chunked_backward(lp, Dtype::f32, lb, arena_, stream_);
+    else
+      scan_backward(lp, Dtype::f32, lb, arena_, stream_);
+    swa_backward(wp, Dtype::f32,
+                 {q.data(), k.data(), v.data(), dswa.data(), swa.data(), lse.data(), dq2.data(), dk2.data(), dv2.data()},
+                 arena_, stream_);
+    // Both branches' gradients, summed on the way back to the rows layout, into buffers the
+    // backward no longer reads; then dx and the input projections' gradients.
+    float* grads[3] = {tile.data(), y.data(), dg_terms.data()};
+    layer_heads_to_rows(p, dq.data(), dq2.data(), grads[0], stream_);
+    layer_heads_to_rows(p, dk.data(), dk2.data(), grads[1], stream_);
+    layer_heads_to_rows(p, dv.data(), dv2.data(), grads[2], stream_);
+    float* dw[3] = {dwq_.f(), dwk_.f(), dwv_.f()};
+    for (int i = 0; i < 3; ++i) {
+      gemm(blas_, false, true, rows, M, M, grads[i], M, w[i], M, i == 0 ? 0.0f : 1.0f, dx_.f(), M);
+      gemm(blas_, true, false, M, M, rows, x_.f(), M, grads[i], M, 0.0f, dw[i], M);
+    }
+  }
+
+  LayerProblem problem_;
+  bool backward_;
+  int device_;
+  Arena arena_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer x_, wq_, wk_, wv_, wo_, g_, beta_, dOut_, out_, dx_, dwq_, dwk_, dwv_, dwo_, dg_, dbeta_, flush_;
+};
+
 std::string first_line(const char* path) {
   std::ifstream in(path);
   std::string line;
@@ -242,14 +539,19 @@ class CudaBackend final : public Backend {
   std::optional<std::string> unsupported_reason(const Case& kase) const override {
     if (kase.dtype != "float32" && kase.dtype != "bf16")
       return "the CUDA backend runs float32 and bf16, not " + kase.dtype;
+    if (kase.is_layer() && kase.dtype != "float32") return "the CUDA layer runs float32 only";
     const Problem& p = kase.problem;
-    if (kase.impl == Impl::scan) return scan_unsupported(p);
     int shared = 0;
     if (cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_) != cudaSuccess) {
       cudaGetLastError();
       return std::string("no CUDA device: cannot read device ") + std::to_string(device_) + "'s shared memory size";
     }
-    return chunked_unsupported(p, dtype_of(kase.dtype), std::size_t(shared));
+    const Dtype dtype = dtype_of(kase.dtype);
+    if (kase.is_layer())
+      if (auto why = swa_unsupported({p.batch, p.heads, p.seq, p.dim, kase.window}, dtype, std::size_t(shared)))
+        return why;
+    if (kase.impl == Impl::scan) return scan_unsupported(p);
+    return chunked_unsupported(p, dtype, std::size_t(shared));
   }
 
   nlohmann::json device_info() const override {
@@ -298,11 +600,22 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaCase>(kase, inputs, device_, cold_);
   }
 
+  bool runs_layer_suite() const override { return true; }
+
+  std::unique_ptr<PreparedCase> prepare_layer(const Case& kase, const LayerTensors& inputs) override {
+    return std::make_unique<CudaLayerCase>(kase, inputs, device_, cold_);
+  }
+
   // Every tensor counted at 4 bytes (bf16 inputs take 2: the estimate errs high), plus the L2
   // flush buffer of --cold; the kernels' scratch is 0 (kernels.hpp).
   std::size_t memory_estimate(const Case& kase) const override {
     const Problem& p = kase.problem;
     const bool bwd = kase.mode == Mode::fwd_bwd;
+    if (kase.is_layer()) {
+      const LayerProblem layer{p, kase.window, kase.impl == Impl::chunked};
+      const std::size_t tensors = (bwd ? 4 : 2) * layer.token_elems() + (bwd ? 8 : 4) * layer.weight_elems();
+      return tensors * sizeof(float) + layer_scratch_bytes(layer, bwd);
+    }
     const std::size_t elems = (bwd ? 8 : 4) * p.token_elems() + (bwd ? 4 : 2) * p.state_elems();
     std::size_t flush = 0;
     int l2 = 0;

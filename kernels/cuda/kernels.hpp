@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "layer_problem.hpp"
 #include "problem.hpp"
 #include "workspace.hpp"
 
@@ -122,5 +123,27 @@ inline std::size_t swa_backward_workspace_bytes(const SwaProblem& p) { return p.
 // backward's is the larger of its two tile kernels.
 std::size_t swa_shared_bytes(const SwaProblem& problem, Dtype dtype, bool backward, int rows);
 std::optional<std::string> swa_unsupported(const SwaProblem& problem, Dtype dtype, std::size_t max_shared_bytes);
+
+// ---- The layer's layout changes and its norm and gate (SPEC section 2, layer.cu) ----
+// float32 throughout. rows: [batch * seq][ld] (columns h * head_dim + j of head h), heads:
+// [batch][heads][seq][head_dim]; the cuBLAS products and the branch kernels around them are
+// composed by the backend (cuda_backend.cpp).
+void layer_rows_to_heads(const LayerProblem& problem, const float* rows, int ld, float* heads, cudaStream_t stream);
+// rows = a + c (c may be null), both in the heads layout; rows has leading dimension M.
+void layer_heads_to_rows(const LayerProblem& problem, const float* a, const float* c, float* rows,
+                         cudaStream_t stream);
+// Y = sig(beta_h) RMSNorm(Lin_h) g_h + (1 - sig(beta_h)) Swa_h into the rows layout; rinv (may be
+// null) keeps each (batch, head, token) row's 1 / RMS for the backward.
+void layer_norm_gate_forward(const LayerProblem& problem, const float* g, const float* beta, const float* lin,
+                             const float* swa, float* y, float* rinv, cudaStream_t stream);
+
+struct LayerGateBackward {
+  const float *g, *beta, *lin, *swa, *rinv, *dy;  // dy: rows layout
+  float *dlin, *dswa;                           // heads layout
+  float* dg_terms;                              // rows layout, scratch
+  float* gate;                                  // one per (batch, head, token) row, scratch
+  float *dg, *dbeta;                            // [M], [heads]
+};
+void layer_norm_gate_backward(const LayerProblem& problem, const LayerGateBackward& args, cudaStream_t stream);
 
 }  // namespace lattn::cuda

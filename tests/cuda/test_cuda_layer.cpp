@@ -1,0 +1,94 @@
+// The CUDA layer (cuBLAS projections, the scan / chunked and sliding-window kernels, the norm and
+// gate of kernels/cuda/layer.cu) against the float64 layer reference, forward and every gradient,
+// and its scratch against a closed form written out here. Runs only with a GPU
+// (test_cuda_main.cpp skips otherwise).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "check.hpp"
+#include "test_util.hpp"
+
+using namespace lattn;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct LayerOutcome {
+  CheckResult check;
+  MemoryUsage memory;
+};
+
+LayerOutcome run_cuda_layer(const LayerProblem& p, Mode mode, std::uint64_t seed = 5) {
+  auto backend = make_backend("cuda", BackendOptions{});
+  Case kase{"layer", p.chunked ? Impl::chunked : Impl::scan, mode, p.linear, "cuda", "float32", 0, p.window};
+  if (auto why = backend->unsupported_reason(kase)) FAIL("unsupported: " << *why);
+  const LayerTensors inputs = make_layer_inputs(p.linear, mode, seed);
+  auto prepared = backend->prepare_layer(kase, inputs);
+  prepared->run();
+  prepared->run();  // a second call reuses the scratch and overwrites every output
+  LayerTensors outputs;
+  prepared->read_layer_outputs(outputs);
+  const LayerReference reference = compute_layer_reference(p, inputs, mode == Mode::fwd_bwd);
+  return {check_layer_outputs(outputs, reference, mode, layer_tolerance_for("float32")), prepared->memory()};
+}
+
+// The scratch one call takes, each block rounded up to 256 bytes: q k v Lin Swa Y and a projection
+// tile, h0 and hT, the window's lse (and 1/RMS for fwd_bwd); the backward's dY dLin dSwa, two sets
+// of dq dk dv, dg's row terms, the gate sums, dh0 and the window backward's one float per row.
+std::size_t expected_scratch(const LayerProblem& p, bool backward) {
+  auto r256 = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const std::size_t N = r256(p.token_elems() * 4), S = r256(p.linear.state_elems() * 4),
+                    R = r256(p.linear.heads_total() * p.linear.seq * 4);
+  const std::size_t forward = 7 * N + 2 * S + R;
+  return backward ? forward + R + 10 * N + R + S + R : forward;
+}
+
+}  // namespace
+
+TEST_CASE("the CUDA layer matches the float64 reference, forward and backward, scan and chunked", "[cuda][layer]") {
+  const std::vector<LayerProblem> shapes = {
+      {{1, 1, 8, 4, 4, Decay::none}, 1, false},
+      {{1, 2, 9, 4, 4, Decay::retnet}, 1, false},       // window 1
+      {{2, 3, 100, 16, 32, Decay::none}, 32, false},    // ragged chunks and query blocks
+      {{1, 2, 150, 8, 64, Decay::retnet}, 200, false},  // window > T
+      {{1, 4, 300, 64, 128, Decay::none}, 128, false},  // the suite's head dim and window
+      {{2, 8, 513, 64, 128, Decay::none}, 128, false},  // the suite's model width 512, ragged last chunk
+  };
+  for (LayerProblem p : shapes)
+    for (bool chunked : {false, true})
+      for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+        p.chunked = chunked;
+        INFO(test::describe(p.linear) << " W" << p.window << (chunked ? " chunked " : " scan ") << to_string(mode));
+        const LayerOutcome r = run_cuda_layer(p, mode);
+        std::string errors;
+        for (const auto& [name, err] : r.check.per_output) errors += fmt::format("{}={:.2e} ", name, err);
+        INFO(errors);
+        CHECK(r.check.non_finite.empty());
+        CHECK(r.check.passed);
+        CHECK(r.check.per_output.size() == (mode == Mode::fwd ? 1u : 8u));
+        CHECK(r.memory.temp_bytes == expected_scratch(p, mode == Mode::fwd_bwd));
+      }
+}
+
+TEST_CASE("the CUDA backend runs the layer suite (no skipped cases) and reports its scratch", "[cuda][layer][cli]") {
+  const fs::path out = fs::temp_directory_path() / ("lattn-cuda-layer-" + std::to_string(::getpid()) + ".json");
+  const auto run = test::run_process(test::binary() + " --backend cuda --suite layer --seq 64 --heads 2 --head-dim 16 "
+                                     "--window 8 --reps 2 --warmup 1 --quiet --out " + out.string());
+  INFO(run.output);
+  REQUIRE(run.exit_status == 0);
+  const nlohmann::json doc = nlohmann::json::parse(std::ifstream(out));
+  fs::remove(out);
+  REQUIRE(doc["results"].size() == 4);  // scan and chunked, fwd and fwd_bwd
+  for (const auto& r : doc["results"]) {
+    INFO(r.dump());
+    CHECK(r["status"] == "ok");
+    CHECK(r["temp_mb"].get<double>() > 0);
+  }
+}
