@@ -130,7 +130,7 @@ void block_steps(const ScanPass& p, const Group<U>& g, int c0, const typename I:
   // interleaving them hands the FMA ports work the out-of-order window did not find on its own
   // (one core, in L1: +20% at D = 32 and 128 over one row at a time).
   int i = 0;
-  for (; i + 2 <= p.D; i += 2, row += 2 * p.ld) {
+  for (; i + 2 <= p.D; i += 2, row += 2 * std::ptrdiff_t(p.ld)) {
     if ((i & 15) == 0) prefetch_rows(i);
     V s[2][NB];
 #pragma GCC unroll 4
