@@ -105,9 +105,7 @@ const Roofline& cpu_roofline(int threads) {
 
 double cpu_sgemm_check(int threads, int products) {
   openblas_set_num_threads(1);
-  std::vector<double> times = sgemm_times(threads, kSgemmN, products);
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return sgemm_rate(threads, kSgemmN, times[times.size() / 2]);
+  return measure_sgemm(threads, kSgemmN, products);
 }
 
 }  // namespace lattn

@@ -19,10 +19,10 @@ struct Roofline {
 // the OpenMP thread count of the run; OpenBLAS stays single-threaded inside each thread.
 const Roofline& cpu_roofline(int threads);
 
-// A short re-measurement of the same sgemm rate: the median of `products` products (each ~2 ms
-// at n = 512). The runner takes one on each side of a case so that a record's rate can also be
-// held against the peak of the same minutes: on a shared host the attainable rate moves by tens
-// of percent from one minute to the next, and the start-up best-of-100 is the quiet moment.
+// A short re-measurement of the same sgemm rate: the best of `products` products (each ~2 ms at
+// n = 512). The runner takes one on each side of a case so that a record's rate can also be held
+// against the peak of the same seconds: on a shared host the attainable rate moves by tens of
+// percent from one minute to the next, and the start-up best-of-100 is its quietest moment.
 double cpu_sgemm_check(int threads, int products);
 
 }  // namespace lattn

@@ -451,7 +451,7 @@ int run_benchmarks(const RunRequest& request) {
           record["peak_fraction"] = record["gflops"].get<double>() / peak_gflops;
         }
         if (peak_before && peak_after && record.contains("gflops")) {
-          const double now = 0.5 * (*peak_before + *peak_after);
+          const double now = std::max(*peak_before, *peak_after);
           record["peak_gflops_now"] = now;
           record["peak_fraction_now"] = record["gflops"].get<double>() / now;
         }

@@ -29,7 +29,7 @@ TEST_CASE("the CPU roofline is measured once and cached", "[roofline]") {
   CHECK(again.threads == 2);
 }
 
-TEST_CASE("the sgemm check is a fresh median of its products", "[roofline]") {
+TEST_CASE("the sgemm check is a fresh measurement that leaves the cached roofline alone", "[roofline]") {
   const double cached = cpu_roofline(2).sgemm_gflops;
   const double one = cpu_sgemm_check(1, 1), several = cpu_sgemm_check(2, 3);
   CHECK(std::isfinite(one));
