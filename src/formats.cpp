@@ -16,7 +16,7 @@ const std::vector<std::string>& column_keys() {
   static const std::vector<std::string> keys = {
       "suite",  "impl",    "mode",    "backend", "dtype",   "decay",  "batch",   "heads",      "seq",
       "dim",    "chunk",   "window",  "head_dim", "status", "median_ms", "q1_ms", "q3_ms",    "inner",
-      "gflops", "peak_fraction", "peak_fraction_now", "gbytes_per_s", "temp_mb", "arg_mb", "out_mb", "rel_err", "compile_s"};
+      "gflops", "peak_fraction", "peak_fraction_now", "roofline_fraction", "gbytes_per_s", "temp_mb", "arg_mb", "out_mb", "rel_err", "compile_s"};
   return keys;
 }
 

@@ -413,6 +413,7 @@ int run_benchmarks(const RunRequest& request) {
 
   RunContext ctx{request, *backend, {}, measure_steady_clock()};
   const double peak_gflops = device.value("peak_gflops", 0.0);
+  const double stream_gbytes_per_s = device.value("stream_gbytes_per_s", 0.0);
   double total_cost = 0, done_cost = 0;
   for (const auto& c : plan) total_cost += case_cost_estimate(c);
 
@@ -450,6 +451,14 @@ int run_benchmarks(const RunRequest& request) {
         if (peak_gflops > 0 && record.contains("gflops")) {
           record["peak_gflops"] = peak_gflops;
           record["peak_fraction"] = record["gflops"].get<double>() / peak_gflops;
+          // The roofline: the rate a case of this arithmetic intensity can reach at the measured
+          // bandwidth, if that is below the compute peak (memory-bound: small D, long sequences).
+          const double bytes = record.value("bytes", 0.0), flops = record.value("flops", 0.0);
+          if (stream_gbytes_per_s > 0 && bytes > 0 && flops > 0) {
+            const double roof = std::min(peak_gflops, flops / bytes * stream_gbytes_per_s);
+            record["roofline_gflops"] = roof;
+            record["roofline_fraction"] = record["gflops"].get<double>() / roof;
+          }
         }
         if (peak_before && peak_after && record.contains("gflops")) {
           const double now = std::max(*peak_before, *peak_after);

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +65,12 @@ TEST_CASE("every record carries peak_gflops and peak_fraction against the device
     const double now = record["peak_gflops_now"];
     CHECK(now > 1.0);
     CHECK(record["peak_fraction_now"].get<double>() == Approx(record["gflops"].get<double>() / now));
+    // The roofline: the compute peak, or the intensity times the measured bandwidth if lower.
+    const double intensity = record["flops"].get<double>() / record["bytes"].get<double>();
+    const double roof = std::min(peak, intensity * device["stream_gbytes_per_s"].get<double>());
+    CHECK(record["roofline_gflops"].get<double>() == Approx(roof));
+    CHECK(record["roofline_fraction"].get<double>() == Approx(record["gflops"].get<double>() / roof));
+    CHECK(record["roofline_fraction"].get<double>() >= record["peak_fraction"].get<double>());
     CHECK(record["flops"].get<double>() > 0);
     CHECK(record["gbytes_per_s"].get<double>() > 0);
   }
