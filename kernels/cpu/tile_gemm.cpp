@@ -113,13 +113,27 @@ void tail_tile(const Product& p, int i0, int panel, int rows) {
 
 void run(const Product& p) {
   const int panels = (p.N + kNR - 1) / kNR;
+  // Lines to prefetch before each micro-tile: the region spread evenly over an upper bound of
+  // the tiles (a lower output has fewer; the rest go out at the end).
+  const std::size_t lines = p.prefetch ? (p.prefetch_floats + 15) / 16 : 0;
+  const std::size_t tiles = std::size_t(panels) * ((p.M + kMR - 1) / kMR);
+  const std::size_t per_tile = tiles ? (lines + tiles - 1) / tiles : 0;
+  std::size_t next = 0;
+  auto prefetch_some = [&](std::size_t count) {
+    for (const std::size_t end = std::min(lines, next + count); next < end; ++next)
+      _mm_prefetch(reinterpret_cast<const char*>(p.prefetch + next * 16), _MM_HINT_T1);
+  };
   for (int panel = 0; panel < panels; ++panel) {
     const int j0 = panel * kNR;
     // Tiles wholly above the diagonal of a lower output are skipped; its rows start at j0.
     int i0 = p.lower ? j0 / kMR * kMR : 0;
-    for (; i0 + kMR <= p.M; i0 += kMR) any_tile<kMR>(p, i0, panel);
+    for (; i0 + kMR <= p.M; i0 += kMR) {
+      prefetch_some(per_tile);
+      any_tile<kMR>(p, i0, panel);
+    }
     if (i0 < p.M) tail_tile<kMR - 1>(p, i0, panel, p.M - i0);
   }
+  prefetch_some(lines);
 }
 
 namespace {

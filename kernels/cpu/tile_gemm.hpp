@@ -54,6 +54,10 @@ struct Product {
   long ldm = 0;                 // and on every tile when mask_all
   bool mask_all = false;
   bool lower = false;  // C is lower triangular (mask zeroes above the diagonal): skip tiles above it
+  // Memory the caller reads next (the next chunk's rows): prefetched into L2 a few lines per
+  // micro-tile, so that its misses overlap this product's FMAs instead of stalling the next one.
+  const float* prefetch = nullptr;
+  std::size_t prefetch_floats = 0;
 };
 
 void run(const Product& product);
