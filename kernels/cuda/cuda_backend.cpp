@@ -23,6 +23,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_allocator.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/row_major_gemm.hpp"
 #include "inputs.hpp"
 
 namespace lattn::cuda {
@@ -253,13 +254,13 @@ void check_cublas(cublasStatus_t status, const char* call, int line) {
 }
 #define LATTN_CUBLAS_CHECK(call) check_cublas((call), #call, __LINE__)
 
-// C = op(A) op(B) + beta C for row-major m x n C, as cblas_sgemm takes it: cuBLAS is column-major,
-// and a row-major matrix read column-major is its transpose, so this is C^T = op(B)^T op(A)^T.
+// C = op(A) op(B) + beta C for row-major m x n C, as cblas_sgemm takes it (row_major_gemm.hpp).
 void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   const float one = 1.0f;
-  LATTN_CUBLAS_CHECK(cublas().sgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                    n, m, k, &one, B, ldb, A, lda, &beta, C, ldc));
+  const ColumnMajorGemm g = column_major_call(trans_a, trans_b, m, n, k, A, lda, B, ldb, ldc);
+  LATTN_CUBLAS_CHECK(cublas().sgemm(handle, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    g.m, g.n, g.k, &one, g.a, g.lda, g.b, g.ldb, &beta, C, g.ldc));
 }
 
 // The layer's scratch, in the order one call takes it (bytes; each slice rounded to 256 by the arena):
