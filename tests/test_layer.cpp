@@ -104,18 +104,7 @@ CheckResult run_cpu_layer(const LayerProblem& p, Mode mode, int threads = 0, std
 }  // namespace
 
 TEST_CASE("the CPU layer matches the float64 reference, forward and backward, scan and chunked", "[layer]") {
-  const std::vector<LayerProblem> shapes = {
-      // Small, but not degenerate: at T = 1, Lin = s (q.k) v points along v whatever q and k are,
-      // so RMSNorm(Lin) does not depend on them, their true gradients are of order eps = 1e-6 and
-      // float32 returns its rounding noise (the same for head_dim 1 at any T: RMSNorm is then
-      // sign(Lin) g). Two to three tokens of head_dim 2 are still ill-conditioned for some seeds.
-      {{1, 1, 8, 4, 4, Decay::none}, 1, false},
-      {{1, 2, 9, 4, 4, Decay::retnet}, 1, false},     // window 1
-      {{2, 3, 100, 16, 32, Decay::none}, 32, false},  // ragged chunks and query blocks
-      {{1, 2, 150, 8, 64, Decay::retnet}, 200, false},  // window > T
-      {{1, 4, 300, 64, 128, Decay::none}, 128, false},  // the suite's head dim and window
-  };
-  for (LayerProblem p : shapes)
+  for (LayerProblem p : test::layer_test_shapes())
     for (bool chunked : {false, true})
       for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
         p.chunked = chunked;

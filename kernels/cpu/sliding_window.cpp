@@ -129,10 +129,8 @@ int last_column(const Block& b, int i) { return b.q0 + i - b.k0; }
 // them at ~0.4 of the sgemm peak (D = 64, W = 128). Every score element is the same FMA chain over
 // d = 0 .. D-1 wherever its key sits in a tile, so the backward's exp(S - lse) here sees the very
 // scores whose lse the forward kept (its blocks are not aligned as the forward's are).
-// P = s Q K^T for the block's n queries (rows Q) against its L keys (rows K; K^T packed into Ktp),
-// or dP = dO V^T with the same shapes.
-void tiled_scores(const float* Q, const float* K, const Block& b, int D, float s, float* P, int ld, float* Ktp) {
-  tile::pack(K, D, true, D, b.L, nullptr, Ktp);
+// P = s Q K^T for the block's n queries (rows Q) against its L keys, K^T given as panels.
+void panel_scores(const float* Q, const float* Ktp, const Block& b, int D, float s, float* P, int ld) {
   tile::Product scores;
   scores.M = b.n;
   scores.N = b.L;
@@ -146,6 +144,12 @@ void tiled_scores(const float* Q, const float* K, const Block& b, int D, float s
   scores.s1.b = Ktp;
   scores.alpha = s;
   tile::run(scores);
+}
+
+// The same from K's rows (packed into Ktp first), or dP = dO V^T with the same shapes.
+void tiled_scores(const float* Q, const float* K, const Block& b, int D, float s, float* P, int ld, float* Ktp) {
+  tile::pack(K, D, true, D, b.L, nullptr, Ktp);
+  panel_scores(Q, Ktp, b, D, s, P, ld);
 }
 #else
 // Never called: chunked_uses_tiles() is false where AVX-512 is not compiled in.
@@ -284,19 +288,8 @@ void forward_tiled(const Problem& p, int window, const SlidingWindowForwardArgs&
         Block b = block_at(p, window, index);
         b.k0 = align_down(b.k0);
         b.L = b.q0 + b.n - b.k0;
-        tile::Product scores;
-        scores.M = b.n;
-        scores.N = b.L;
-        scores.c = P;
-        scores.ldc = ld;
-        scores.s1.range = tile::Range::full;
-        scores.s1.K = D;
-        scores.s1.a = a.q + head + std::size_t(b.q0) * D;
-        scores.s1.ars = D;
-        scores.s1.acs = 1;
-        scores.s1.b = Ktp + std::size_t((b.k0 - g0) / tile::kNR) * D * tile::kNR;
-        scores.alpha = s;
-        tile::run(scores);
+        panel_scores(a.q + head + std::size_t(b.q0) * D, Ktp + std::size_t((b.k0 - g0) / tile::kNR) * D * tile::kNR, b,
+                     D, s, P, ld);
         softmax_rows(P, ld, b, window, a.lse ? a.lse + std::size_t(bh) * p.seq : nullptr);
         tile::Product out;
         out.M = b.n;

@@ -60,41 +60,25 @@ std::string version_string(int v) { return std::to_string(v / 1000) + "." + std:
 
 Dtype dtype_of(const std::string& name) { return name == "bf16" ? Dtype::bf16 : Dtype::f32; }
 
-class CudaCase final : public PreparedCase {
+// What every CUDA case shares: its device and stream, the two events of a sample, the --cold
+// flush buffer, the host-device copies, and run() / time_ms() around the case's own enqueue().
+class StreamCase : public PreparedCase {
  public:
-  CudaCase(const Case& kase, const KernelTensors& in, int device, bool cold)
-      : kase_(kase), dtype_(dtype_of(kase.dtype)), device_(device) {
+  StreamCase(int device, bool cold) : device_(device) {
     LATTN_CUDA_CHECK(cudaSetDevice(device_));
     LATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LATTN_CUDA_CHECK(cudaEventCreate(&start_));
     LATTN_CUDA_CHECK(cudaEventCreate(&stop_));
-    const Problem& p = kase.problem;
-    const bool bwd = kase.mode == Mode::fwd_bwd;
-    q_ = upload_tokens(in.q);
-    k_ = upload_tokens(in.k);
-    v_ = upload_tokens(in.v);
-    h0_ = upload_floats(in.h0);
-    if (bwd) {
-      dO_ = upload_tokens(in.dO);
-      dhT_ = upload_floats(in.dhT);
-    }
-    o_ = DeviceBuffer(p.token_elems() * sizeof(float));
-    hT_ = DeviceBuffer(p.state_elems() * sizeof(float));
-    if (bwd) {
-      dq_ = DeviceBuffer(p.token_elems() * sizeof(float));
-      dk_ = DeviceBuffer(p.token_elems() * sizeof(float));
-      dv_ = DeviceBuffer(p.token_elems() * sizeof(float));
-      dh0_ = DeviceBuffer(p.state_elems() * sizeof(float));
-    }
     if (cold) {
       int l2 = 0;
       LATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_));
       flush_ = DeviceBuffer(std::max<std::size_t>(2 * std::size_t(l2), 1 << 20));
     }
-    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  StreamCase(const StreamCase&) = delete;
+  StreamCase& operator=(const StreamCase&) = delete;
 
-  ~CudaCase() override {
+  ~StreamCase() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     cudaEventDestroy(start_);
@@ -127,6 +111,65 @@ class CudaCase final : public PreparedCase {
     return total;
   }
 
+ protected:
+  // One call's work, enqueued on stream_ (asynchronous).
+  virtual void enqueue() = 0;
+
+  DeviceBuffer upload_floats(const std::vector<float>& host) {
+    DeviceBuffer buffer(host.size() * sizeof(float));
+    if (!host.empty())
+      LATTN_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), host.data(), buffer.bytes(), cudaMemcpyHostToDevice, stream_));
+    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return buffer;
+  }
+
+  // Enqueued: the caller synchronises once after its last download.
+  void download(const DeviceBuffer& buffer, std::vector<float>& host) {
+    host.assign(buffer.bytes() / sizeof(float), 0.0f);
+    if (!host.empty())
+      LATTN_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost, stream_));
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+
+ private:
+  double elapsed_ms() {
+    LATTN_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    LATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return double(ms);
+  }
+
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  DeviceBuffer flush_;
+};
+
+class CudaCase final : public StreamCase {
+ public:
+  CudaCase(const Case& kase, const KernelTensors& in, int device, bool cold)
+      : StreamCase(device, cold), kase_(kase), dtype_(dtype_of(kase.dtype)) {
+    const Problem& p = kase.problem;
+    const bool bwd = kase.mode == Mode::fwd_bwd;
+    q_ = upload_tokens(in.q);
+    k_ = upload_tokens(in.k);
+    v_ = upload_tokens(in.v);
+    h0_ = upload_floats(in.h0);
+    if (bwd) {
+      dO_ = upload_tokens(in.dO);
+      dhT_ = upload_floats(in.dhT);
+    }
+    o_ = DeviceBuffer(p.token_elems() * sizeof(float));
+    hT_ = DeviceBuffer(p.state_elems() * sizeof(float));
+    if (bwd) {
+      dq_ = DeviceBuffer(p.token_elems() * sizeof(float));
+      dk_ = DeviceBuffer(p.token_elems() * sizeof(float));
+      dv_ = DeviceBuffer(p.token_elems() * sizeof(float));
+      dh0_ = DeviceBuffer(p.state_elems() * sizeof(float));
+    }
+    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
   MemoryUsage memory() const override {
     MemoryUsage m;
     m.arg_bytes = q_.bytes() + k_.bytes() + v_.bytes() + h0_.bytes() + dO_.bytes() + dhT_.bytes();
@@ -147,14 +190,6 @@ class CudaCase final : public PreparedCase {
   }
 
  private:
-  DeviceBuffer upload_floats(const std::vector<float>& host) {
-    DeviceBuffer buffer(host.size() * sizeof(float));
-    if (!host.empty())
-      LATTN_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), host.data(), buffer.bytes(), cudaMemcpyHostToDevice, stream_));
-    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return buffer;
-  }
-
   // q, k, v, dO: float32, or bf16 bit patterns (round to nearest even) for dtype bf16.
   DeviceBuffer upload_tokens(const std::vector<float>& host) {
     if (dtype_ == Dtype::f32) return upload_floats(host);
@@ -167,21 +202,8 @@ class CudaCase final : public PreparedCase {
     return buffer;
   }
 
-  void download(const DeviceBuffer& buffer, std::vector<float>& host) {
-    host.assign(buffer.bytes() / sizeof(float), 0.0f);
-    if (!host.empty())
-      LATTN_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost, stream_));
-  }
-
-  double elapsed_ms() {
-    LATTN_CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    LATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    return double(ms);
-  }
-
   // One call's kernels, enqueued; the scratch they take is counted (none, for today's kernels).
-  void enqueue() {
+  void enqueue() override {
     const std::size_t live_before = allocator_.live_bytes();
     allocator_.reset_peak();
     const Problem& p = kase_.problem;
@@ -203,10 +225,7 @@ class CudaCase final : public PreparedCase {
 
   Case kase_;
   Dtype dtype_;
-  int device_;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  DeviceBuffer q_, k_, v_, h0_, dO_, dhT_, o_, hT_, dq_, dk_, dv_, dh0_, flush_;
+  DeviceBuffer q_, k_, v_, h0_, dO_, dhT_, o_, hT_, dq_, dk_, dv_, dh0_;
   CountingAllocator allocator_{device_memory()};
   std::size_t temp_peak_ = 0;
 };
@@ -328,23 +347,20 @@ class Arena final : public Allocator {
   std::vector<std::size_t> starts_;
 };
 
-class CudaLayerCase final : public PreparedCase {
+class CudaLayerCase final : public StreamCase {
  public:
   CudaLayerCase(const Case& kase, const LayerTensors& in, int device, bool cold)
-      : problem_{kase.problem, kase.window, kase.impl == Impl::chunked},
+      : StreamCase(device, cold),
+        problem_{kase.problem, kase.window, kase.impl == Impl::chunked},
         backward_(kase.mode == Mode::fwd_bwd),
-        device_(device),
-        arena_((LATTN_CUDA_CHECK(cudaSetDevice(device)), layer_scratch_bytes(problem_, backward_))) {
-    LATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LATTN_CUDA_CHECK(cudaEventCreate(&start_));
-    LATTN_CUDA_CHECK(cudaEventCreate(&stop_));
+        arena_(layer_scratch_bytes(problem_, backward_)) {
     LATTN_CUBLAS_CHECK(cublas().create(&blas_));
     LATTN_CUBLAS_CHECK(cublas().set_stream(blas_, stream_));
     // float32 products in float32: no TF32 tensor-core rounding of the operands.
     LATTN_CUBLAS_CHECK(cublas().set_math_mode(blas_, CUBLAS_DEFAULT_MATH));
     for (auto [buffer, host] : {std::pair{&x_, &in.x}, {&wq_, &in.wq}, {&wk_, &in.wk}, {&wv_, &in.wv},
                                 {&wo_, &in.wo}, {&g_, &in.g}, {&beta_, &in.beta}, {&dOut_, &in.dOut}})
-      *buffer = upload(*host);
+      *buffer = upload_floats(*host);
     const std::size_t N = problem_.token_elems(), W = problem_.weight_elems(), M = problem_.model_dim();
     out_ = DeviceBuffer(N * sizeof(float));
     if (backward_) {
@@ -353,46 +369,14 @@ class CudaLayerCase final : public PreparedCase {
       dg_ = DeviceBuffer(M * sizeof(float));
       dbeta_ = DeviceBuffer(std::size_t(problem_.linear.heads) * sizeof(float));
     }
-    if (cold) {
-      int l2 = 0;
-      LATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_));
-      flush_ = DeviceBuffer(std::max<std::size_t>(2 * std::size_t(l2), 1 << 20));
-    }
     LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   ~CudaLayerCase() override {
+    // The handle goes before the stream it was bound to (the base's destructor).
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     if (blas_) cublas().destroy(blas_);
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-    cudaStreamDestroy(stream_);
-  }
-
-  void run() override {
-    LATTN_CUDA_CHECK(cudaSetDevice(device_));
-    enqueue();
-    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-
-  double time_ms(int calls) override {
-    LATTN_CUDA_CHECK(cudaSetDevice(device_));
-    double total = 0;
-    if (!flush_.get()) {
-      LATTN_CUDA_CHECK(cudaEventRecord(start_, stream_));
-      for (int i = 0; i < calls; ++i) enqueue();
-      LATTN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
-      return elapsed_ms();
-    }
-    for (int i = 0; i < calls; ++i) {
-      LATTN_CUDA_CHECK(cudaMemsetAsync(flush_.get(), i & 0xff, flush_.bytes(), stream_));
-      LATTN_CUDA_CHECK(cudaEventRecord(start_, stream_));
-      enqueue();
-      LATTN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
-      total += elapsed_ms();
-    }
-    return total;
   }
 
   MemoryUsage memory() const override {
@@ -414,31 +398,10 @@ class CudaLayerCase final : public PreparedCase {
   }
 
  private:
-  DeviceBuffer upload(const std::vector<float>& host) {
-    DeviceBuffer buffer(host.size() * sizeof(float));
-    if (!host.empty())
-      LATTN_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), host.data(), buffer.bytes(), cudaMemcpyHostToDevice, stream_));
-    LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return buffer;
-  }
-
-  void download(const DeviceBuffer& buffer, std::vector<float>& host) {
-    host.assign(buffer.bytes() / sizeof(float), 0.0f);
-    if (!host.empty())
-      LATTN_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost, stream_));
-  }
-
-  double elapsed_ms() {
-    LATTN_CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    LATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    return double(ms);
-  }
-
   // One call, enqueued: the same steps as the CPU layer (kernels/cpu/layer.cpp), the projections
   // on cuBLAS, the branches on the kernels of kernels.hpp, every scratch block from the arena in
   // the order of layer_scratch_slices.
-  void enqueue() {
+  void enqueue() override {
     const LayerProblem& p = problem_;
     const Problem& lp = p.linear;
     const std::size_t N = p.token_elems(), S = lp.state_elems(), R = lp.heads_total() * lp.seq;
@@ -498,12 +461,9 @@ class CudaLayerCase final : public PreparedCase {
 
   LayerProblem problem_;
   bool backward_;
-  int device_;
   Arena arena_;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  DeviceBuffer x_, wq_, wk_, wv_, wo_, g_, beta_, dOut_, out_, dx_, dwq_, dwk_, dwv_, dwo_, dg_, dbeta_, flush_;
+  DeviceBuffer x_, wq_, wk_, wv_, wo_, g_, beta_, dOut_, out_, dx_, dwq_, dwk_, dwv_, dwo_, dg_, dbeta_;
 };
 
 std::string first_line(const char* path) {

@@ -53,14 +53,8 @@ std::size_t expected_scratch(const LayerProblem& p, bool backward) {
 }  // namespace
 
 TEST_CASE("the CUDA layer matches the float64 reference, forward and backward, scan and chunked", "[cuda][layer]") {
-  const std::vector<LayerProblem> shapes = {
-      {{1, 1, 8, 4, 4, Decay::none}, 1, false},
-      {{1, 2, 9, 4, 4, Decay::retnet}, 1, false},       // window 1
-      {{2, 3, 100, 16, 32, Decay::none}, 32, false},    // ragged chunks and query blocks
-      {{1, 2, 150, 8, 64, Decay::retnet}, 200, false},  // window > T
-      {{1, 4, 300, 64, 128, Decay::none}, 128, false},  // the suite's head dim and window
-      {{2, 8, 513, 64, 128, Decay::none}, 128, false},  // the suite's model width 512, ragged last chunk
-  };
+  std::vector<LayerProblem> shapes = test::layer_test_shapes();
+  shapes.push_back({{2, 8, 513, 64, 128, Decay::none}, 128, false});  // the suite's model width 512, ragged last chunk
   for (LayerProblem p : shapes)
     for (bool chunked : {false, true})
       for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
