@@ -56,6 +56,9 @@ class PreparedCase {
   virtual void read_outputs(KernelTensors& tensors) = 0;
   // The same for a case made by Backend::prepare_layer.
   virtual void read_layer_outputs(LayerTensors& tensors);
+  // How a chunked fwd_bwd's backward got the state entering each chunk: "kept" from the forward,
+  // or "recomputed"; empty for other cases.
+  virtual std::string bwd_states() const { return {}; }
 };
 
 class Backend {

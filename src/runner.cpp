@@ -309,7 +309,7 @@ nlohmann::json measure_and_record(const Case& c, RunContext& ctx, PreparedCase& 
   record["gflops"] = seconds > 0 ? flops / seconds * 1e-9 : 0.0;
   record["bytes"] = bytes;
   record["gbytes_per_s"] = seconds > 0 ? bytes / seconds * 1e-9 : 0.0;
-  if (c.impl == Impl::chunked && c.mode == Mode::fwd_bwd) record["bwd_states"] = "recomputed";
+  if (const std::string states = prepared.bwd_states(); !states.empty()) record["bwd_states"] = states;
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
     record["timer_warning"] = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
                                           timing.stats.median * 1e6, ctx.timer.resolution_ns);

@@ -56,6 +56,9 @@ TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
         // chunks are split over min(threads, chunks) threads and the chunk states are shared
         // (forward: one per chunk + the running one; backward: S and dS per chunk + the running
         // one); otherwise each thread keeps its own head's chunk-entry states in the backward.
+        // A forward that keeps every head's chunk states (B * H * chunks packed states, allocated
+        // by the caller) needs no chunk states of its own, and neither does the backward given them
+        // (split over chunks, it still holds dS per chunk).
         const std::size_t PD = (D + 31) / 32 * 32, PC = (C + 31) / 32 * 32, SF = D * PD;
         const std::size_t fwd_thread = 2 * C * C + D * PC + 2 * C * PD + D * PD + 3 * C + 1;
         const std::size_t bwd_thread = C * C + 2 * C * (C + 16) + 2 * D * PC + 4 * C * PD + 3 * D * PD + 3 * C + 1;
@@ -65,9 +68,15 @@ TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
               (split ? (chunks + 1) * SF + split_threads * fwd_thread : threads * fwd_thread) * 4);
         CHECK(cpu::chunked_backward_workspace_bytes(p) ==
               (split ? (2 * chunks + 1) * SF + split_threads * bwd_thread : threads * (chunks * SF + bwd_thread)) * 4);
+        CHECK(cpu::chunked_kept_states_bytes(p) == p.heads_total() * chunks * SF * 4);
+        CHECK(cpu::chunked_forward_workspace_bytes(p, true) ==
+              (split ? SF + split_threads * fwd_thread : threads * fwd_thread) * 4);
+        CHECK(cpu::chunked_backward_workspace_bytes(p, true) ==
+              (split ? (chunks + 1) * SF + split_threads * bwd_thread : threads * bwd_thread) * 4);
       } else {
         CHECK(cpu::chunked_forward_workspace_bytes(p) == threads * (C * C + C * D) * 4);
         CHECK(cpu::chunked_backward_workspace_bytes(p) == threads * (chunks * D * D + 2 * C * C + C * D) * 4);
+        CHECK(cpu::chunked_kept_states_bytes(p) == 0);  // the OpenBLAS path recomputes
       }
 
       KernelTensors t = make_kernel_inputs(p, Mode::fwd_bwd, 0);
@@ -86,6 +95,13 @@ TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
       CHECK(peak_of([&](Allocator& a) { cpu::scan_backward(p, bwd, a); }) == cpu::scan_backward_workspace_bytes(p));
       CHECK(peak_of([&](Allocator& a) { cpu::chunked_forward(p, fwd, a); }) == cpu::chunked_forward_workspace_bytes(p));
       CHECK(peak_of([&](Allocator& a) { cpu::chunked_backward(p, bwd, a); }) == cpu::chunked_backward_workspace_bytes(p));
+      if (cpu::chunked_kept_states_bytes(p) > 0) {
+        std::vector<float> kept(cpu::chunked_kept_states_bytes(p) / 4);
+        CHECK(peak_of([&](Allocator& a) { cpu::chunked_forward(p, fwd, a, kept.data()); }) ==
+              cpu::chunked_forward_workspace_bytes(p, true));
+        CHECK(peak_of([&](Allocator& a) { cpu::chunked_backward(p, bwd, a, kept.data()); }) ==
+              cpu::chunked_backward_workspace_bytes(p, true));
+      }
     }
   }
   cpu::set_vec_override(std::nullopt);
@@ -98,7 +114,11 @@ TEST_CASE("the backend reports the kernel's scratch as temp and the tensors as a
   auto prepared = backend->prepare(kase, make_kernel_inputs(p, Mode::fwd_bwd, 0));
   prepared->run();
   const MemoryUsage m = prepared->memory();
-  CHECK(m.temp_bytes == std::max(cpu::chunked_forward_workspace_bytes(p), cpu::chunked_backward_workspace_bytes(p)));
+  // A fwd_bwd call holds the chunk states its forward keeps for its backward, where it can keep them.
+  const std::size_t kept = cpu::chunked_kept_states_bytes(p);
+  CHECK(m.temp_bytes == kept + std::max(cpu::chunked_forward_workspace_bytes(p, kept > 0),
+                                        cpu::chunked_backward_workspace_bytes(p, kept > 0)));
+  CHECK(prepared->bwd_states() == (kept > 0 ? "kept" : "recomputed"));
   CHECK(m.arg_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // q k v dO, h0 dhT
   CHECK(m.out_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // o dq dk dv, hT dh0
 }

@@ -12,8 +12,12 @@
 //   dK_c = dA^T Q_c + diag(gam) V_c dS^T
 //   dV_c = s ((Q_c K_c^T) . M)^T dO_c + diag(gam) K_c dS
 //   dS  <- gamma^n dS + s (diag(lam) Q_c)^T dO_c
-// Both backwards recompute the states entering each chunk per head into a per-thread buffer
-// (`bwd_states: "recomputed"`), so scratch is O(threads * chunks * D^2), not O(B * H * chunks * D^2).
+// The backward needs the state entering each chunk. The tiled path's forward can keep them for
+// every head (O(B * H * chunks * D^2), `bwd_states: "kept"`); otherwise the backward recomputes
+// them per head into a per-thread buffer (`"recomputed"`, O(threads * chunks * D^2)).
+#include <algorithm>
+#include <stdexcept>
+
 #include "cpu/chunked_tiled.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/scan_pass.hpp"
@@ -28,23 +32,34 @@ bool chunked_uses_tiles() {
 #endif
 }
 
-std::size_t chunked_forward_workspace_bytes(const Problem& p) {
-  if (chunked_uses_tiles()) return chunked_tiled_forward_floats(p) * sizeof(float);
+std::size_t chunked_kept_states_bytes(const Problem& p) {
+  return chunked_uses_tiles() ? chunked_tiled_kept_states_floats(p) * sizeof(float) : 0;
+}
+
+std::size_t chunked_forward_workspace_bytes(const Problem& p, bool keep) {
+  if (chunked_uses_tiles()) return chunked_tiled_forward_floats(p, keep) * sizeof(float);
   return std::size_t(head_parallel_threads(p)) * chunked_blas_forward_floats(p) * sizeof(float);
 }
 
-std::size_t chunked_backward_workspace_bytes(const Problem& p) {
-  if (chunked_uses_tiles()) return chunked_tiled_backward_floats(p) * sizeof(float);
+std::size_t chunked_backward_workspace_bytes(const Problem& p, bool kept) {
+  if (chunked_uses_tiles()) return chunked_tiled_backward_floats(p, kept) * sizeof(float);
   return std::size_t(head_parallel_threads(p)) * chunked_blas_backward_floats(p) * sizeof(float);
 }
 
-void chunked_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
-  if (chunked_uses_tiles()) chunked_tiled_forward(p, a, allocator);
+std::size_t chunked_forward_backward_workspace_bytes(const Problem& p) {
+  const std::size_t kept = chunked_kept_states_bytes(p);
+  return kept + std::max(chunked_forward_workspace_bytes(p, kept > 0), chunked_backward_workspace_bytes(p, kept > 0));
+}
+
+void chunked_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
+  if (chunked_uses_tiles()) chunked_tiled_forward(p, a, allocator, keep);
+  else if (keep) throw std::logic_error("chunked_forward: the OpenBLAS path keeps no chunk states");
   else chunked_blas_forward(p, a, allocator);
 }
 
-void chunked_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
-  if (chunked_uses_tiles()) chunked_tiled_backward(p, a, allocator);
+void chunked_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator, const float* kept) {
+  if (chunked_uses_tiles()) chunked_tiled_backward(p, a, allocator, kept);
+  else if (kept) throw std::logic_error("chunked_backward: the OpenBLAS path takes no kept chunk states");
   else chunked_blas_backward(p, a, allocator);
 }
 

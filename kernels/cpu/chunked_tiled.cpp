@@ -5,7 +5,8 @@
 //   A    = (Q K^T) . M                    lower output: tiles above the diagonal are not computed
 //   O    = s ( diag(lam) (Q S) + A V )    one accumulator, k of A V cut at the tile's last row
 //   S    = gamma^n S + K^T (diag(gam) V)
-// Backward, after a forward recompute that keeps each chunk's entering state (as S^T panels):
+// Backward, from the state entering each chunk (kept by the forward, or recomputed by a forward
+// sweep of the state products alone):
 //   P    = s (Q K^T) . M,  dA = s (dO V^T) . M                          (lower outputs)
 //   dQ   = diag(s lam) (dO S^T) + dA K                                  (k of dA K: j <= i)
 //   dK   = diag(gam) (V dS^T) + dA^T Q,  dV = diag(gam) (K dS) + P^T dO  (k of dA^T Q: j >= i)
@@ -56,16 +57,22 @@ std::size_t backward_thread_floats(const Problem& p) {
 
 }  // namespace
 
-std::size_t chunked_tiled_forward_floats(const Problem& p) {
-  const std::size_t shared = split_chunks(p) ? (std::size_t(p.chunks()) + 1) * state_floats(p) : 0;
+std::size_t chunked_tiled_kept_states_floats(const Problem& p) {
+  return p.heads_total() * std::size_t(p.chunks()) * state_floats(p);
+}
+
+// Split over chunks, the forward's chunk states live in the kept block when there is one.
+std::size_t chunked_tiled_forward_floats(const Problem& p, bool keep) {
+  const std::size_t chunk_states = keep ? 0 : std::size_t(p.chunks()) * state_floats(p);
+  const std::size_t shared = split_chunks(p) ? chunk_states + state_floats(p) : 0;
   return shared + std::size_t(tiled_threads(p)) * forward_thread_floats(p);
 }
 
-std::size_t chunked_tiled_backward_floats(const Problem& p) {
+std::size_t chunked_tiled_backward_floats(const Problem& p, bool kept) {
   const std::size_t chunk_states = std::size_t(p.chunks()) * state_floats(p);
-  if (split_chunks(p))
-    return 2 * chunk_states + state_floats(p) + std::size_t(tiled_threads(p)) * backward_thread_floats(p);
-  return std::size_t(tiled_threads(p)) * (chunk_states + backward_thread_floats(p));
+  const std::size_t threads = std::size_t(tiled_threads(p)), bt = backward_thread_floats(p);
+  if (split_chunks(p)) return (kept ? 1 : 2) * chunk_states + state_floats(p) + threads * bt;
+  return threads * ((kept ? 0 : chunk_states) + bt);
 }
 
 #if defined(__AVX512F__)
@@ -359,8 +366,10 @@ void chunk_dstate(const BackwardBuffers& b, int D, int n, bool decay, const floa
   else state_product(dSp, D, n, Qc, dOc, nullptr, s, beta, b.dOl);
 }
 
-void forward_heads(const Problem& p, const ForwardArgs<float>& a, float* scratch) {
+// keep: where S^T entering each chunk of every head goes (panels, head-major), or null.
+void forward_heads(const Problem& p, const ForwardArgs<float>& a, float* scratch, float* keep) {
   const int D = p.dim, C = effective_chunk(p);
+  const std::size_t SF = state_floats(p);
   const long heads_total = long(p.heads_total());
 #pragma omp parallel num_threads(tiled_threads(p))
   {
@@ -381,6 +390,7 @@ void forward_heads(const Problem& p, const ForwardArgs<float>& a, float* scratch
           next = {a.q + tok + r1, a.k + tok + r1, a.v + tok + r1, std::size_t(n1) * D};
         }
         chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
+        if (keep) tile::transpose_packed(b.Sp, D, keep + (bh * p.chunks() + c) * SF);
         const Operand V =
             chunk_output(b, D, C, n, decay, a.q + tok + r, a.k + tok + r, a.v + tok + r, a.o + tok + r, b.Sp, next);
         if (decay) state_product(b.Sp, D, n, a.k + tok + r, a.v + tok + r, b.gam, 1.0f, b.pw[n], b.Vg, next.q, next.floats);
@@ -394,11 +404,14 @@ void forward_heads(const Problem& p, const ForwardArgs<float>& a, float* scratch
 // One head at a time, chunks split over the threads: the intra-chunk work has no sequential
 // dependency, and the states entering the chunks come from a prefix over the chunks' own
 // contributions K_c^T diag(gam) V_c, an O(chunks * D^2) walk split over state elements.
-void forward_chunk_split(const Problem& p, const ForwardArgs<float>& a, float* scratch) {
+// keep: where S entering each chunk of every head goes (packed, head-major), or null; the
+// prefix then runs in place there.
+void forward_chunk_split(const Problem& p, const ForwardArgs<float>& a, float* scratch, float* keep) {
   const int D = p.dim, C = effective_chunk(p), chunks = p.chunks();
-  float* chunk_states = scratch;
-  float* run = chunk_states + chunks * state_floats(p);
-  float* threads_base = run + state_floats(p);
+  const std::size_t SF = state_floats(p);
+  float* run = scratch;
+  float* own_states = keep ? nullptr : run + SF;
+  float* threads_base = keep ? run + SF : own_states + chunks * SF;
 #pragma omp parallel num_threads(tiled_threads(p))
   {
     const ForwardBuffers b = forward_buffers(p, threads_base + omp_get_thread_num() * forward_thread_floats(p));
@@ -408,13 +421,14 @@ void forward_chunk_split(const Problem& p, const ForwardArgs<float>& a, float* s
       const bool decay = gamma != 1.0f;
       decay_tables(gamma, C, b.pw, b.mask);
       const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
+      float* chunk_states = keep ? keep + bh * chunks * SF : own_states;
 #pragma omp single
       tile::pack(a.h0 + st, D, false, D, D, nullptr, run);
 #pragma omp for schedule(static)
       for (int c = 0; c < chunks; ++c) {
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
-        state_product(chunk_states + c * state_floats(p), D, n, a.k + tok + r, a.v + tok + r, decay ? b.gam : nullptr,
+        state_product(chunk_states + c * SF, D, n, a.k + tok + r, a.v + tok + r, decay ? b.gam : nullptr,
                       1.0f, 0.0f, b.Vg);
       }
       prefix_states(p, gamma, chunk_states, run, e0, e1, false);
@@ -426,21 +440,24 @@ void forward_chunk_split(const Problem& p, const ForwardArgs<float>& a, float* s
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
         chunk_output(b, D, C, n, decay, a.q + tok + r, a.k + tok + r, a.v + tok + r, a.o + tok + r,
-                     chunk_states + c * state_floats(p));
+                     chunk_states + c * SF);
       }
     }
   }
 }
 
-void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scratch) {
+// kept: forward_heads' S^T panels, or null to recompute them per head into this thread's block.
+void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scratch, const float* kept) {
   const int D = p.dim, C = effective_chunk(p), chunks = p.chunks();
   const float s = float(attention_scale(D));
   const long heads_total = long(p.heads_total());
-  const std::size_t per_thread = std::size_t(chunks) * state_floats(p) + backward_thread_floats(p);
+  const std::size_t SF = state_floats(p);
+  const std::size_t own_states = kept ? 0 : std::size_t(chunks) * SF;
+  const std::size_t per_thread = own_states + backward_thread_floats(p);
 #pragma omp parallel num_threads(tiled_threads(p))
   {
-    float* states = scratch + omp_get_thread_num() * per_thread;  // S^T entering each chunk, panels
-    const BackwardBuffers b = backward_buffers(p, states + chunks * state_floats(p));
+    float* own = scratch + omp_get_thread_num() * per_thread;
+    const BackwardBuffers b = backward_buffers(p, own + own_states);
 // Dynamic: a thread descheduled by another job does not hold the others at the end.
 #pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < heads_total; ++bh) {
@@ -449,14 +466,17 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
       decay_tables(gamma, C, b.pw, b.mask);
       const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
       const float *q = a.q + tok, *k = a.k + tok, *v = a.v + tok, *dO = a.dO + tok;
+      const float* states = kept ? kept + bh * chunks * SF : own;  // S^T entering each chunk, panels
 
-      tile::pack(a.h0 + st, D, false, D, D, nullptr, b.Sp);
-      for (int c = 0; c < chunks; ++c) {
-        const auto [n, r] = chunk_rows(p, c);
-        tile::transpose_packed(b.Sp, D, states + c * state_floats(p));
-        if (c + 1 == chunks) break;
-        chunk_weights(b.pw, n, s, b.slam, b.gam);
-        state_product(b.Sp, D, n, k + r, v + r, decay ? b.gam : nullptr, 1.0f, b.pw[n], b.Kp);
+      if (!kept) {
+        tile::pack(a.h0 + st, D, false, D, D, nullptr, b.Sp);
+        for (int c = 0; c < chunks; ++c) {
+          const auto [n, r] = chunk_rows(p, c);
+          tile::transpose_packed(b.Sp, D, own + c * SF);
+          if (c + 1 == chunks) break;
+          chunk_weights(b.pw, n, s, b.slam, b.gam);
+          state_product(b.Sp, D, n, k + r, v + r, decay ? b.gam : nullptr, 1.0f, b.pw[n], b.Kp);
+        }
       }
 
       tile::pack(a.dhT + st, D, false, D, D, nullptr, b.dSp);
@@ -464,7 +484,7 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, s, b.slam, b.gam);
         const Operand dOc = chunk_grads(b, D, C, n, decay, q + r, k + r, v + r, dO + r, a.dq + tok + r,
-                                        a.dk + tok + r, a.dv + tok + r, states + c * state_floats(p), b.dSp);
+                                        a.dk + tok + r, a.dv + tok + r, states + c * SF, b.dSp);
         chunk_dstate(b, D, n, decay, q + r, dO + r, b.dSp, b.pw[n], &dOc);
       }
       tile::unpack(b.dSp, D, D, a.dh0 + st, D);
@@ -475,14 +495,15 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
 // The backward of forward_chunk_split: the entering states S_c by a forward prefix, the
 // gradients dS leaving each chunk by a reverse prefix over the chunks' own contributions
 // s Q_c^T diag(lam) dO_c, then every chunk's dQ, dK, dV independently.
-void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float* scratch) {
+// kept: forward_chunk_split's packed states, or null to recompute them.
+void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float* scratch, const float* kept) {
   const int D = p.dim, C = effective_chunk(p), chunks = p.chunks();
   const float s = float(attention_scale(D));
   const std::size_t SF = state_floats(p);
-  float* states = scratch;              // S entering each chunk, packed
-  float* dstates = states + chunks * SF;  // dS leaving each chunk, packed
+  float* dstates = scratch;  // dS leaving each chunk, packed
   float* run = dstates + chunks * SF;
-  float* threads_base = run + SF;
+  float* own_states = kept ? nullptr : run + SF;  // S entering each chunk, packed
+  float* threads_base = kept ? run + SF : own_states + chunks * SF;
 #pragma omp parallel num_threads(tiled_threads(p))
   {
     const BackwardBuffers b = backward_buffers(p, threads_base + omp_get_thread_num() * backward_thread_floats(p));
@@ -493,16 +514,19 @@ void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float*
       decay_tables(gamma, C, b.pw, b.mask);
       const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
       const float *q = a.q + tok, *k = a.k + tok, *v = a.v + tok, *dO = a.dO + tok;
+      const float* states = kept ? kept + bh * chunks * SF : own_states;
+      if (!kept) {
 #pragma omp single
-      tile::pack(a.h0 + st, D, false, D, D, nullptr, run);
+        tile::pack(a.h0 + st, D, false, D, D, nullptr, run);
+      }
 #pragma omp for schedule(static)
       for (int c = 0; c < chunks; ++c) {
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, s, b.slam, b.gam);
-        state_product(states + c * SF, D, n, k + r, v + r, decay ? b.gam : nullptr, 1.0f, 0.0f, b.Kp);
+        if (!kept) state_product(own_states + c * SF, D, n, k + r, v + r, decay ? b.gam : nullptr, 1.0f, 0.0f, b.Kp);
         chunk_dstate(b, D, n, decay, q + r, dO + r, dstates + c * SF, 0.0f);
       }
-      prefix_states(p, gamma, states, run, e0, e1, false);
+      if (!kept) prefix_states(p, gamma, own_states, run, e0, e1, false);
 #pragma omp barrier
 #pragma omp single
       tile::pack(a.dhT + st, D, false, D, D, nullptr, run);
@@ -524,23 +548,23 @@ void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float*
 
 }  // namespace
 
-void chunked_tiled_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
-  Workspace<float> scratch(allocator, chunked_tiled_forward_floats(p));
-  if (split_chunks(p)) forward_chunk_split(p, a, scratch.data());
-  else forward_heads(p, a, scratch.data());
+void chunked_tiled_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
+  Workspace<float> scratch(allocator, chunked_tiled_forward_floats(p, keep != nullptr));
+  if (split_chunks(p)) forward_chunk_split(p, a, scratch.data(), keep);
+  else forward_heads(p, a, scratch.data(), keep);
 }
 
-void chunked_tiled_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
-  Workspace<float> scratch(allocator, chunked_tiled_backward_floats(p));
-  if (split_chunks(p)) backward_chunk_split(p, a, scratch.data());
-  else backward_heads(p, a, scratch.data());
+void chunked_tiled_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator, const float* kept) {
+  Workspace<float> scratch(allocator, chunked_tiled_backward_floats(p, kept != nullptr));
+  if (split_chunks(p)) backward_chunk_split(p, a, scratch.data(), kept);
+  else backward_heads(p, a, scratch.data(), kept);
 }
 
 #else
-void chunked_tiled_forward(const Problem&, const ForwardArgs<float>&, Allocator&) {
+void chunked_tiled_forward(const Problem&, const ForwardArgs<float>&, Allocator&, float*) {
   throw std::logic_error("chunked_tiled_forward: built without AVX-512");
 }
-void chunked_tiled_backward(const Problem&, const BackwardArgs<float>&, Allocator&) {
+void chunked_tiled_backward(const Problem&, const BackwardArgs<float>&, Allocator&, const float*) {
   throw std::logic_error("chunked_tiled_backward: built without AVX-512");
 }
 #endif

@@ -14,10 +14,14 @@ namespace lattn::cpu {
 // Whether chunked_forward/backward take the tiled path now (AVX-512 active, see scan_pass.hpp).
 bool chunked_uses_tiles();
 
-void chunked_tiled_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator);
-void chunked_tiled_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);
-std::size_t chunked_tiled_forward_floats(const Problem& problem);
-std::size_t chunked_tiled_backward_floats(const Problem& problem);
+// keep / kept: the chunk states of kernels.hpp's chunked_forward/backward (or null), sized by
+// chunked_tiled_kept_states_floats.
+void chunked_tiled_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator, float* keep);
+void chunked_tiled_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator,
+                            const float* kept);
+std::size_t chunked_tiled_kept_states_floats(const Problem& problem);
+std::size_t chunked_tiled_forward_floats(const Problem& problem, bool keep);
+std::size_t chunked_tiled_backward_floats(const Problem& problem, bool kept);
 
 void chunked_blas_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator);
 void chunked_blas_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);

@@ -110,6 +110,11 @@ class CpuCase final : public PreparedCase {
     return m;
   }
 
+  std::string bwd_states() const override {
+    if (kase_.impl != Impl::chunked || kase_.mode != Mode::fwd_bwd) return {};
+    return kept_states_ ? "kept" : "recomputed";
+  }
+
   void read_outputs(KernelTensors& out) override {
     out.o = plain(t_.o);
     out.hT = plain(t_.hT);
@@ -123,25 +128,38 @@ class CpuCase final : public PreparedCase {
   void call() {
     const Problem& p = kase_.problem;
     const ForwardArgs<float> fwd{t_.q.data(), t_.k.data(), t_.v.data(), t_.h0.data(), t_.o.data(), t_.hT.data()};
-    if (kase_.impl == Impl::scan)
+    if (kase_.impl == Impl::scan) {
       scan_forward(p, fwd, allocator_);
-    else
+    } else if (kase_.mode == Mode::fwd_bwd) {
+      forward_backward_chunked(p, fwd);
+      return;
+    } else {
       chunked_forward(p, fwd, allocator_);
+    }
     if (kase_.mode == Mode::fwd_bwd) {
       const BackwardArgs<float> bwd{t_.q.data(),  t_.k.data(),  t_.v.data(),  t_.h0.data(),
                                     t_.dO.data(), t_.dhT.data(), t_.dq.data(), t_.dk.data(),
                                     t_.dv.data(), t_.dh0.data()};
-      if (kase_.impl == Impl::scan)
-        scan_backward(p, bwd, allocator_);
-      else
-        chunked_backward(p, bwd, allocator_);
+      scan_backward(p, bwd, allocator_);
     }
+  }
+
+  // The backward takes the chunk states the forward kept, as a training step would.
+  void forward_backward_chunked(const Problem& p, const ForwardArgs<float>& fwd) {
+    Workspace<float> kept(allocator_, chunked_kept_states_bytes(p) / sizeof(float));
+    kept_states_ = kept.data() != nullptr;
+    chunked_forward(p, fwd, allocator_, kept.data());
+    const BackwardArgs<float> bwd{t_.q.data(),  t_.k.data(),  t_.v.data(),  t_.h0.data(),
+                                  t_.dO.data(), t_.dhT.data(), t_.dq.data(), t_.dk.data(),
+                                  t_.dv.data(), t_.dh0.data()};
+    chunked_backward(p, bwd, allocator_, kept.data());
   }
 
   Case kase_;
   HostKernelTensors t_;
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
+  bool kept_states_ = false;
 };
 
 class CpuLayerCase final : public PreparedCase {
@@ -181,6 +199,11 @@ class CpuLayerCase final : public PreparedCase {
     m.out_bytes = bytes_of(t_.out, t_.dx, t_.dwq, t_.dwk, t_.dwv, t_.dwo, t_.dg, t_.dbeta);
     m.temp_bytes = temp_peak_;
     return m;
+  }
+
+  std::string bwd_states() const override {
+    if (!problem_.chunked || !backward_) return {};
+    return chunked_kept_states_bytes(problem_.linear) > 0 ? "kept" : "recomputed";
   }
 
   void read_outputs(KernelTensors&) override { throw RuntimeFailure("read_outputs on a layer case"); }
@@ -263,8 +286,8 @@ class CpuBackend final : public Backend {
     const std::size_t outputs = (backward ? 4 : 1) * p.token_elems() + (backward ? 2 : 1) * p.state_elems();
     std::size_t scratch = kase.impl == Impl::scan ? scan_forward_workspace_bytes(p) : chunked_forward_workspace_bytes(p);
     if (backward)
-      scratch = std::max(scratch, kase.impl == Impl::scan ? scan_backward_workspace_bytes(p)
-                                                          : chunked_backward_workspace_bytes(p));
+      scratch = kase.impl == Impl::scan ? std::max(scratch, scan_backward_workspace_bytes(p))
+                                        : chunked_forward_backward_workspace_bytes(p);
     return (tensors + outputs) * sizeof(float) + scratch;
   }
 

@@ -23,11 +23,20 @@ void scan_backward(const Problem& problem, const BackwardArgs<float>& args, Allo
 std::size_t scan_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_backward_workspace_bytes(const Problem& problem);
 
-void chunked_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator);
-// Recomputes the state entering each chunk (one head at a time per thread) rather than keeping
-// every head's chunk states from the forward pass.
-void chunked_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);
-std::size_t chunked_forward_workspace_bytes(const Problem& problem);
-std::size_t chunked_backward_workspace_bytes(const Problem& problem);
+// The chunked backward needs the state entering each chunk of every head. A forward given `keep`
+// (chunked_kept_states_bytes of it, allocated by the caller) leaves them there for a backward of
+// the same problem and inputs given them as `kept`; a backward without them recomputes them, one
+// head at a time per thread. chunked_kept_states_bytes is 0 where the implementation cannot keep
+// them (the OpenBLAS path): pass null there.
+std::size_t chunked_kept_states_bytes(const Problem& problem);
+void chunked_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator,
+                     float* keep = nullptr);
+void chunked_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator,
+                      const float* kept = nullptr);
+std::size_t chunked_forward_workspace_bytes(const Problem& problem, bool keep = false);
+std::size_t chunked_backward_workspace_bytes(const Problem& problem, bool kept = false);
+// Peak scratch of chunked_forward keeping the chunk states (where it can) then chunked_backward
+// taking them, the kept states included: what a fwd_bwd call holds.
+std::size_t chunked_forward_backward_workspace_bytes(const Problem& problem);
 
 }  // namespace lattn::cpu

@@ -16,7 +16,8 @@
 // Their outputs are scattered to the per-head layout from an L2-sized tile, so the layout change
 // costs one write.
 // Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
-// (Q, K, V, Lin, Swa, Y, per-row lse and r) instead of recomputing the forward.
+// (Q, K, V, Lin, Swa, Y, per-row lse and r, and the chunked branch's chunk states) instead of
+// recomputing the forward.
 #include <cblas.h>
 #include <omp.h>
 
@@ -140,6 +141,7 @@ struct ForwardBuffers {
   float *q, *k, *v, *lin, *swa, *y;
   float *h0, *hT;     // h0 is all zeros
   float *lse, *rinv;  // null in a forward-only call
+  float* chunk_states;  // the chunked branch's states for its backward, or null
 };
 
 void forward_pass(const LayerProblem& p, const LayerForwardArgs<float>& a, const ForwardBuffers& f,
@@ -151,7 +153,7 @@ void forward_pass(const LayerProblem& p, const LayerForwardArgs<float>& a, const
   std::fill_n(f.h0, p.linear.state_elems(), 0.0f);
   const ForwardArgs<float> linear{f.q, f.k, f.v, f.h0, f.lin, f.hT};
   if (p.chunked)
-    chunked_forward(p.linear, linear, allocator);
+    chunked_forward(p.linear, linear, allocator, f.chunk_states);
   else
     scan_forward(p.linear, linear, allocator);
   sliding_window_forward(p.linear, p.window, {f.q, f.k, f.v, f.swa, f.lse}, allocator);
@@ -175,10 +177,12 @@ std::size_t layer_forward_workspace_bytes(const LayerProblem& p) {
 std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) {
   const Problem& lp = p.linear;
   const std::size_t rows_per_head = lp.heads_total() * lp.seq;
+  const std::size_t kept_states = p.chunked ? chunked_kept_states_bytes(lp) : 0;
   const std::size_t kept = (12 * p.token_elems() + 3 * lp.state_elems() + 2 * rows_per_head) * sizeof(float) +
-                           lp.heads_total() * (1 + lp.dim) * sizeof(double);
-  const std::size_t linear = p.chunked ? max_of({chunked_forward_workspace_bytes(lp), chunked_backward_workspace_bytes(lp)})
-                                       : max_of({scan_forward_workspace_bytes(lp), scan_backward_workspace_bytes(lp)});
+                           lp.heads_total() * (1 + lp.dim) * sizeof(double) + kept_states;
+  const std::size_t linear =
+      p.chunked ? max_of({chunked_forward_workspace_bytes(lp, kept_states > 0), chunked_backward_workspace_bytes(lp, kept_states > 0)})
+                : max_of({scan_forward_workspace_bytes(lp), scan_backward_workspace_bytes(lp)});
   return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
                         sliding_window_backward_workspace_bytes(lp, p.window)});
 }
@@ -188,7 +192,9 @@ void layer_forward(const LayerProblem& p, const LayerForwardArgs<float>& a, Allo
   Workspace<float> q(allocator, N), k(allocator, N), v(allocator, N), lin(allocator, N), swa(allocator, N);
   Workspace<float> h0(allocator, S), hT(allocator, S);
   // Q is dead once both branches have run, so Y takes its place.
-  forward_pass(p, a, {q.data(), k.data(), v.data(), lin.data(), swa.data(), q.data(), h0.data(), hT.data(), nullptr, nullptr},
+  forward_pass(p, a,
+               {q.data(), k.data(), v.data(), lin.data(), swa.data(), q.data(), h0.data(), hT.data(), nullptr, nullptr,
+                nullptr},
                allocator);
 }
 
@@ -202,10 +208,11 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
       dv(allocator, N);
   Workspace<float> h0(allocator, S), hT(allocator, S), dh0(allocator, S), lse(allocator, R), rinv(allocator, R);
   Workspace<double> dbeta_part(allocator, lp.heads_total()), dg_part(allocator, lp.heads_total() * Dh);
+  Workspace<float> chunk_states(allocator, p.chunked ? chunked_kept_states_bytes(lp) / sizeof(float) : 0);
 
   forward_pass(p, {a.x, a.wq, a.wk, a.wv, a.wo, a.g, a.beta, a.out},
                {q.data(), k.data(), v.data(), lin.data(), swa.data(), y.data(), h0.data(), hT.data(), lse.data(),
-                rinv.data()},
+                rinv.data(), chunk_states.data()},
                allocator);
 
   // Output projection.
@@ -268,7 +275,7 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
   const BackwardArgs<float> linear{q.data(),  k.data(),  v.data(),  h0.data(), dlin.data(),
                                    h0.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
   if (p.chunked)
-    chunked_backward(lp, linear, allocator);
+    chunked_backward(lp, linear, allocator, chunk_states.data());
   else
     scan_backward(lp, linear, allocator);
   SlidingWindowBackwardArgs window{q.data(), k.data(), v.data(), swa.data(), lse.data(), dswa.data(),

@@ -178,6 +178,11 @@ class CudaCase final : public StreamCase {
     return m;
   }
 
+  // The chunked backward recomputes the chunk states per column slice (docs/cuda.md).
+  std::string bwd_states() const override {
+    return kase_.impl == Impl::chunked && kase_.mode == Mode::fwd_bwd ? "recomputed" : "";
+  }
+
   void read_outputs(KernelTensors& out) override {
     LATTN_CUDA_CHECK(cudaSetDevice(device_));
     download(o_, out.o);
@@ -386,6 +391,8 @@ class CudaLayerCase final : public StreamCase {
     m.temp_bytes = arena_.peak();
     return m;
   }
+
+  std::string bwd_states() const override { return problem_.chunked && backward_ ? "recomputed" : ""; }
 
   void read_outputs(KernelTensors&) override { throw RuntimeFailure("read_outputs on a layer case"); }
 
