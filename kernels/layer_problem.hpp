@@ -17,6 +17,9 @@ struct LayerProblem {
   Problem linear;        // batch, heads, seq, dim = head_dim, chunk and decay of the linear branch
   int window = 1;        // query t attends keys max(0, t - window + 1) .. t
   bool chunked = false;  // the linear branch's form: chunked, else scan
+  // fwd_bwd on the CPU: the chunked branch's forward keeps its chunk states for the backward
+  // (kernels/cpu/kernels.hpp), else the backward recomputes them.
+  bool keep_chunk_states = true;
 
   std::size_t model_dim() const { return std::size_t(linear.heads) * linear.dim; }
   std::size_t rows() const { return std::size_t(linear.batch) * linear.seq; }  // tokens of the batch

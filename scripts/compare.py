@@ -185,6 +185,9 @@ def judge(key, base, new, metric, threshold, alpha, ignore):
         change = row.new_value / row.base_value - 1
         if abs(change) > threshold and significant:
             row.verdict = "SLOWER" if change > 0 else "FASTER"
+        # Same case, different algorithm for the backward's chunk states: say so beside the verdict.
+        if base.get("bwd_states") and new.get("bwd_states") and base["bwd_states"] != new["bwd_states"]:
+            row.note = f"bwd_states {base['bwd_states']} -> {new['bwd_states']}"
     return row
 
 

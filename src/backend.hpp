@@ -96,6 +96,9 @@ struct BackendOptions {
   int threads = 0;    // CPU threads for the whole run; 0: every core
   int device = 0;     // GPU index (CUDA backend)
   bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
+  // Chunked fwd_bwd: the forward keeps the chunk states for the backward where the backend can
+  // (CPU tiled path), else the backward recomputes them. Records say which (`bwd_states`).
+  bool keep_chunk_states = true;
 };
 
 // Every backend this build knows, available here or not ("cpu" always; "cuda" when built).

@@ -46,6 +46,7 @@ const std::vector<OverrideFlag>& override_flags() {
       {"--min-sample-ms", "min_sample_ms", "a sample lasts at least this long (ms)"},
       {"--seed", "seed", "seed of the inputs"},
       {"--device", "device", "GPU index of the CUDA backend (default 0)"},
+      {"--bwd-states", "bwd_states", "chunked fwd_bwd: kept (the forward keeps the chunk states) or recomputed"},
   };
   return flags;
 }

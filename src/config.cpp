@@ -186,6 +186,10 @@ const std::vector<Field>& top_fields() {
       {"seed", false, [](Config& c, const std::vector<Raw>& raws) { c.run.seed = parse_seed(raws[0]); }},
       {"device", false, [](Config& c, const std::vector<Raw>& raws) { c.run.device = int(parse_int(raws[0], 0, kMaxDevice)); }},
       {"cold", false, [](Config& c, const std::vector<Raw>& raws) { c.run.cold = parse_bool(raws[0]); }},
+      {"bwd_states", false,
+       [](Config& c, const std::vector<Raw>& raws) {
+         c.run.bwd_states = parse_choice(raws[0], known_bwd_states(), "bwd_states");
+       }},
   };
   return fields;
 }
@@ -272,6 +276,11 @@ const std::vector<std::string>& known_decays() {
   static const std::vector<std::string> v = {"none", "retnet"};
   return v;
 }
+const std::vector<std::string>& known_bwd_states() {
+  static const std::vector<std::string> v = {"kept", "recomputed"};
+  return v;
+}
+
 const std::vector<std::string>& known_dtypes() {
   static const std::vector<std::string> v = {"float32", "bf16"};
   return v;
@@ -516,6 +525,7 @@ nlohmann::json to_json(const Config& c) {
       {"seed", c.run.seed},
       {"device", c.run.device},
       {"cold", c.run.cold},
+      {"bwd_states", c.run.bwd_states},
       {"kernel", kernel},
       {"layer", layer},
   };

@@ -56,6 +56,7 @@ struct RunSettings {
   std::uint64_t seed = 0;
   int device = 0;     // GPU index (CUDA backend)
   bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
+  std::string bwd_states = "kept";  // chunked fwd_bwd: "kept" from the forward or "recomputed" (BackendOptions)
 };
 
 struct Config {
@@ -88,6 +89,7 @@ const std::vector<std::string>& known_impls();
 const std::vector<std::string>& known_modes();
 const std::vector<std::string>& known_decays();
 const std::vector<std::string>& known_dtypes();
+const std::vector<std::string>& known_bwd_states();
 
 // Parses `text` as YAML or JSON (by the extension of `source_name`: .json is JSON, else YAML).
 Config parse_config(const std::string& text, const std::string& source_name);

@@ -387,7 +387,8 @@ int run_benchmarks(const RunRequest& request) {
   if (!request.gbench_path.empty()) check_writable(request.gbench_path, "--gbench-out");
   const std::string journal_path = request.resume_path.empty() ? journal_path_for(out_path) : request.resume_path;
 
-  auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads, config.run.device, config.run.cold});
+  auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads, config.run.device, config.run.cold,
+                                                                 config.run.bwd_states == "kept"});
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
   const nlohmann::json device = backend->device_info();

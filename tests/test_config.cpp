@@ -96,6 +96,24 @@ TEST_CASE("the layer plan follows the reference file's order: seq, then impl, th
   for (const Case& k : plan) CHECK(k.suite == "layer");
 }
 
+TEST_CASE("bwd_states is a config key with a flag: kept or recomputed, one value", "[config]") {
+  CHECK(embedded_default_config().run.bwd_states == "kept");
+  Config c = parse_config("bwd_states: recomputed\n", "suite.yaml");
+  CHECK(c.run.bwd_states == "recomputed");
+  CHECK(to_json(c).at("bwd_states") == "recomputed");
+  Overrides o;
+  o.values["bwd_states"] = "kept";
+  apply_overrides(c, o);
+  CHECK(c.run.bwd_states == "kept");
+  CHECK_THROWS_WITH(parse_config("bwd_states: stored\n", "s.yaml"),
+                    Catch::Matchers::Contains("s.yaml:1: bwd_states") &&
+                        Catch::Matchers::Contains("expected one of: kept, recomputed"));
+  CHECK_THROWS_WITH(parse_config("bwd_states: [kept, recomputed]\n", "s.yaml"),
+                    Catch::Matchers::Contains("expected a single value"));
+  o.values["bwd_states"] = "none";
+  CHECK_THROWS_WITH(apply_overrides(c, o), Catch::Matchers::Contains("--bwd-states"));
+}
+
 TEST_CASE("the command line beats the file, which beats the defaults", "[config]") {
   Config c = parse_config("reps: 7\nkernel:\n  seq: [64]\n  dim: 16\n", "x.yaml");
   CHECK(c.run.reps == 7);

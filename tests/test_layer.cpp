@@ -90,7 +90,7 @@ TEST_CASE("layer reference gradients match central finite differences", "[layer]
 namespace {
 
 CheckResult run_cpu_layer(const LayerProblem& p, Mode mode, int threads = 0, std::uint64_t seed = 5) {
-  auto backend = make_backend("cpu", BackendOptions{threads});
+  auto backend = make_backend("cpu", BackendOptions{threads, 0, false, p.keep_chunk_states});
   Case kase{"layer", p.chunked ? Impl::chunked : Impl::scan, mode, p.linear, "cpu", "float32", 0, p.window};
   const LayerTensors inputs = make_layer_inputs(p.linear, mode, seed);
   auto prepared = backend->prepare_layer(kase, inputs);
@@ -106,17 +106,21 @@ CheckResult run_cpu_layer(const LayerProblem& p, Mode mode, int threads = 0, std
 TEST_CASE("the CPU layer matches the float64 reference, forward and backward, scan and chunked", "[layer]") {
   for (LayerProblem p : test::layer_test_shapes())
     for (bool chunked : {false, true})
-      for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
-        p.chunked = chunked;
-        INFO(test::describe(p.linear) << " W" << p.window << (chunked ? " chunked " : " scan ") << to_string(mode));
-        const CheckResult check = run_cpu_layer(p, mode);
-        std::string errors;
-        for (const auto& [name, err] : check.per_output) errors += name + " " + std::to_string(err) + " ";
-        INFO(errors);
-        CHECK(check.passed);
-        CHECK(check.per_output.size() == (mode == Mode::fwd ? 1u : 8u));
-        CHECK(check.rel_err < 1e-4);
-      }
+      for (bool keep : {true, false})  // the chunked branch's states kept from the forward or recomputed
+        for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+          if (!keep && !(chunked && mode == Mode::fwd_bwd)) continue;
+          p.chunked = chunked;
+          p.keep_chunk_states = keep;
+          INFO(test::describe(p.linear) << " W" << p.window << (chunked ? " chunked " : " scan ") << to_string(mode)
+                                        << (keep ? "" : " recomputed"));
+          const CheckResult check = run_cpu_layer(p, mode);
+          std::string errors;
+          for (const auto& [name, err] : check.per_output) errors += name + " " + std::to_string(err) + " ";
+          INFO(errors);
+          CHECK(check.passed);
+          CHECK(check.per_output.size() == (mode == Mode::fwd ? 1u : 8u));
+          CHECK(check.rel_err < 1e-4);
+        }
 }
 
 TEST_CASE("the CPU layer gives the same answer on one thread and on several", "[layer][threads]") {

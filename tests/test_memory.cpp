@@ -119,6 +119,15 @@ TEST_CASE("the backend reports the kernel's scratch as temp and the tensors as a
   CHECK(m.temp_bytes == kept + std::max(cpu::chunked_forward_workspace_bytes(p, kept > 0),
                                         cpu::chunked_backward_workspace_bytes(p, kept > 0)));
   CHECK(prepared->bwd_states() == (kept > 0 ? "kept" : "recomputed"));
+
+  // Asked to recompute them, the call holds the larger of the two passes' own scratch.
+  auto recomputing = make_backend("cpu", BackendOptions{2, 0, false, false});
+  auto lighter = recomputing->prepare(kase, make_kernel_inputs(p, Mode::fwd_bwd, 0));
+  lighter->run();
+  CHECK(lighter->memory().temp_bytes ==
+        std::max(cpu::chunked_forward_workspace_bytes(p), cpu::chunked_backward_workspace_bytes(p)));
+  CHECK(lighter->bwd_states() == "recomputed");
+  CHECK(recomputing->memory_estimate(kase) < backend->memory_estimate(kase) + (kept > 0 ? 0 : 1));
   CHECK(m.arg_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // q k v dO, h0 dhT
   CHECK(m.out_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // o dq dk dv, hT dh0
 }

@@ -86,7 +86,8 @@ double time_calls(Case& kase, int calls) {
 
 class CpuCase final : public PreparedCase {
  public:
-  CpuCase(const Case& kase, const KernelTensors& inputs) : kase_(kase), t_(inputs) {
+  CpuCase(const Case& kase, const KernelTensors& inputs, bool keep_chunk_states)
+      : kase_(kase), t_(inputs), keep_chunk_states_(keep_chunk_states) {
     const Problem& p = kase.problem;
     t_.o.assign(p.token_elems(), 0.0f);
     t_.hT.assign(p.state_elems(), 0.0f);
@@ -144,9 +145,10 @@ class CpuCase final : public PreparedCase {
     }
   }
 
-  // The backward takes the chunk states the forward kept, as a training step would.
+  // The backward takes the chunk states the forward kept, as a training step would, unless the
+  // run asked for them recomputed (less memory).
   void forward_backward_chunked(const Problem& p, const ForwardArgs<float>& fwd) {
-    Workspace<float> kept(allocator_, chunked_kept_states_bytes(p) / sizeof(float));
+    Workspace<float> kept(allocator_, keep_chunk_states_ ? chunked_kept_states_bytes(p) / sizeof(float) : 0);
     kept_states_ = kept.data() != nullptr;
     chunked_forward(p, fwd, allocator_, kept.data());
     const BackwardArgs<float> bwd{t_.q.data(),  t_.k.data(),  t_.v.data(),  t_.h0.data(),
@@ -159,13 +161,14 @@ class CpuCase final : public PreparedCase {
   HostKernelTensors t_;
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
+  bool keep_chunk_states_;
   bool kept_states_ = false;
 };
 
 class CpuLayerCase final : public PreparedCase {
  public:
-  CpuLayerCase(const Case& kase, const LayerTensors& inputs) : t_(inputs) {
-    problem_ = LayerProblem{kase.problem, kase.window, kase.impl == Impl::chunked};
+  CpuLayerCase(const Case& kase, const LayerTensors& inputs, bool keep_chunk_states) : t_(inputs) {
+    problem_ = LayerProblem{kase.problem, kase.window, kase.impl == Impl::chunked, keep_chunk_states};
     backward_ = kase.mode == Mode::fwd_bwd;
     t_.out.assign(problem_.token_elems(), 0.0f);
     if (backward_) {
@@ -203,7 +206,7 @@ class CpuLayerCase final : public PreparedCase {
 
   std::string bwd_states() const override {
     if (!problem_.chunked || !backward_) return {};
-    return chunked_kept_states_bytes(problem_.linear) > 0 ? "kept" : "recomputed";
+    return problem_.keep_chunk_states && chunked_kept_states_bytes(problem_.linear) > 0 ? "kept" : "recomputed";
   }
 
   void read_outputs(KernelTensors&) override { throw RuntimeFailure("read_outputs on a layer case"); }
@@ -230,7 +233,8 @@ class CpuLayerCase final : public PreparedCase {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& options)
-      : threads_(options.threads > 0 ? options.threads : omp_get_num_procs()) {
+      : threads_(options.threads > 0 ? options.threads : omp_get_num_procs()),
+        keep_chunk_states_(options.keep_chunk_states) {
     omp_set_num_threads(threads_);
     openblas_set_num_threads(1);
   }
@@ -269,14 +273,14 @@ class CpuBackend final : public Backend {
   }
 
   std::unique_ptr<PreparedCase> prepare(const Case& kase, const KernelTensors& inputs) override {
-    return std::make_unique<CpuCase>(kase, inputs);
+    return std::make_unique<CpuCase>(kase, inputs, keep_chunk_states_);
   }
 
   std::size_t memory_estimate(const Case& kase) const override {
     const Problem& p = kase.problem;
     const bool backward = kase.mode == Mode::fwd_bwd;
     if (kase.is_layer()) {
-      const LayerProblem layer{p, kase.window, kase.impl == Impl::chunked};
+      const LayerProblem layer{p, kase.window, kase.impl == Impl::chunked, keep_chunk_states_};
       const std::size_t M = std::size_t(kase.model_dim());
       const std::size_t tensors = (backward ? 4 : 2) * p.token_elems() + (backward ? 8 : 4) * M * M;
       return tensors * sizeof(float) +
@@ -286,8 +290,9 @@ class CpuBackend final : public Backend {
     const std::size_t outputs = (backward ? 4 : 1) * p.token_elems() + (backward ? 2 : 1) * p.state_elems();
     std::size_t scratch = kase.impl == Impl::scan ? scan_forward_workspace_bytes(p) : chunked_forward_workspace_bytes(p);
     if (backward)
-      scratch = kase.impl == Impl::scan ? std::max(scratch, scan_backward_workspace_bytes(p))
-                                        : chunked_forward_backward_workspace_bytes(p);
+      scratch = kase.impl == Impl::scan      ? std::max(scratch, scan_backward_workspace_bytes(p))
+                : keep_chunk_states_ ? chunked_forward_backward_workspace_bytes(p)
+                                     : std::max(scratch, chunked_backward_workspace_bytes(p));
     return (tensors + outputs) * sizeof(float) + scratch;
   }
 
@@ -300,11 +305,12 @@ class CpuBackend final : public Backend {
   bool runs_layer_suite() const override { return true; }
 
   std::unique_ptr<PreparedCase> prepare_layer(const Case& kase, const LayerTensors& inputs) override {
-    return std::make_unique<CpuLayerCase>(kase, inputs);
+    return std::make_unique<CpuLayerCase>(kase, inputs, keep_chunk_states_);
   }
 
  private:
   int threads_;
+  bool keep_chunk_states_;
 };
 
 }  // namespace

@@ -56,6 +56,20 @@ class CompareTest(unittest.TestCase):
         self.assertIn("SLOWER", proc.stdout)
         self.assertIn("REGRESSION", proc.stdout)
 
+    def test_a_change_of_bwd_states_is_noted_beside_the_verdict(self):
+        case = fx.is_case(impl="chunked", mode="fwd_bwd", seq=2048, dim=32)
+        base_doc = json.loads(json.dumps(self.base_doc))
+        fx.find(base_doc, case)["bwd_states"] = "recomputed"
+        base = self.write("base-recomputed.json", base_doc)
+        new_doc = json.loads(json.dumps(self.base_doc))
+        fx.find(new_doc, case)["bwd_states"] = "kept"
+        new = self.write("new-kept.json", new_doc)
+        proc, doc = self.compare(base, new)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(self.case(doc, case)["note"], "bwd_states recomputed -> kept")
+        self.assertIn("bwd_states recomputed -> kept", proc.stdout)
+        self.assertEqual([c for c in doc["cases"] if c["note"].startswith("bwd_states")], [self.case(doc, case)])
+
     def test_noise_within_threshold_is_same_and_exits_0(self):
         new = self.write("noise.json", fx.variant(self.base_doc, seed=2, scale=1.02, noise=0.01))
         proc, doc = self.compare(self.base, new)
