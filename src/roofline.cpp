@@ -4,9 +4,10 @@
 // spinning workers would also linger into the first cases). n = 512 per thread is past the size
 // where OpenBLAS's packing overhead matters (n = 256 and 1024 ran at the same rate on one core
 // here) and its three matrices (3 MiB) do not fit in L2; one product takes ~2 ms, and the best of
-// 100 (about 0.2 s) finds windows where no other job held either core: a best of 4 over 1024^3
-// products came out 30% low under load, and a best of 30 still read 210 instead of ~300 GFLOP/s
-// once on an idle two-core VM.
+// many finds windows where no other job held either core: a best of 4 over 1024^3 products came
+// out 30% low under load, a best of 30 still read 210 instead of ~300 GFLOP/s once on an idle
+// two-core VM, and a best of 100 (0.2 s) read 157 once; the start-up measurement now runs until
+// its best settles (sgemm_peak_settled).
 // The bandwidth is a STREAM-style triad a = b + s c over arrays far larger than the last-level
 // cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
 #include "roofline.hpp"
@@ -28,9 +29,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Per product of all threads together: wall seconds, in product order.
-std::vector<double> sgemm_times(int threads, int n, int reps) {
+// Per product of all threads together: wall seconds, in product order, until
+// done(times, seconds since the first product) says so.
+template <class Done>
+std::vector<double> sgemm_times(int threads, int n, Done&& done) {
   std::vector<double> times;
+  bool stop = false;
+  std::chrono::steady_clock::time_point first;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
@@ -38,16 +43,23 @@ std::vector<double> sgemm_times(int threads, int n, int reps) {
       a[i] = float(i % 7) * 0.25f;
       b[i] = float(i % 5) * 0.5f;
     }
-    for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
+    for (int r = -1; !stop; ++r) {  // r = -1: warm-up
       std::chrono::steady_clock::time_point start;
 #pragma omp barrier
 #pragma omp master
-      start = std::chrono::steady_clock::now();
+      {
+        start = std::chrono::steady_clock::now();
+        if (r == 0) first = start;
+      }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
                   c.data(), n);
 #pragma omp barrier
 #pragma omp master
-      if (r >= 0) times.push_back(seconds_since(start));
+      if (r >= 0) {
+        times.push_back(seconds_since(start));
+        stop = done(times, seconds_since(first));
+      }
+#pragma omp barrier
     }
   }
   return times;
@@ -56,7 +68,8 @@ std::vector<double> sgemm_times(int threads, int n, int reps) {
 double sgemm_rate(int threads, int n, double seconds) { return 2.0 * n * n * n * threads / seconds * 1e-9; }
 
 double measure_sgemm(int threads, int n, int reps) {
-  const std::vector<double> times = sgemm_times(threads, n, reps);
+  const std::vector<double> times =
+      sgemm_times(threads, n, [reps](const std::vector<double>& t, double) { return int(t.size()) >= reps; });
   return sgemm_rate(threads, n, *std::min_element(times.begin(), times.end()));
 }
 
@@ -88,6 +101,18 @@ double measure_triad(int threads, std::size_t elems, int reps) {
 
 }  // namespace
 
+bool sgemm_peak_settled(const std::vector<double>& product_seconds, double elapsed_seconds, const PeakRule& rule) {
+  if (elapsed_seconds >= rule.max_seconds) return true;
+  const std::size_t count = product_seconds.size();
+  if (int(count) < rule.min_products || elapsed_seconds < rule.min_seconds) return false;
+  const std::size_t recent = std::max<std::size_t>(25, count / 4);
+  if (recent >= count) return false;
+  const auto split = product_seconds.end() - long(recent);
+  const double before = *std::min_element(product_seconds.begin(), split);
+  const double lately = *std::min_element(split, product_seconds.end());
+  return lately > before / 1.01;  // the recent best is not 1% faster than the earlier best
+}
+
 const Roofline& cpu_roofline(int threads) {
   static std::once_flag once;
   static Roofline roofline;
@@ -96,7 +121,15 @@ const Roofline& cpu_roofline(int threads) {
     openblas_set_num_threads(1);
     roofline.threads = threads;
     roofline.sgemm_n = kSgemmN;
-    roofline.sgemm_gflops = measure_sgemm(threads, kSgemmN, 100);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<double> times = sgemm_times(threads, kSgemmN, [](const std::vector<double>& t, double elapsed) {
+      return sgemm_peak_settled(t, elapsed, PeakRule{});
+    });
+    roofline.sgemm_seconds = seconds_since(start);
+    roofline.sgemm_products = int(times.size());
+    std::sort(times.begin(), times.end());
+    roofline.sgemm_gflops = sgemm_rate(threads, kSgemmN, times.front());
+    roofline.sgemm_median_gflops = sgemm_rate(threads, kSgemmN, times[times.size() / 2]);
     roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
     roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
   });

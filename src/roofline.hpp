@@ -4,20 +4,37 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 namespace lattn {
 
 struct Roofline {
   int threads = 0;
   int sgemm_n = 0;                  // each thread multiplies its own n x n matrices
-  double sgemm_gflops = 0;          // all threads together, best of the repetitions
+  double sgemm_gflops = 0;          // all threads together, best of the products
+  int sgemm_products = 0;           // how many products the start-up measurement took
+  double sgemm_median_gflops = 0;   // their median: how far the machine's moments spread
+  double sgemm_seconds = 0;         // how long it took
   std::size_t stream_bytes = 0;     // bytes one triad pass moves (3 arrays), all threads
   double stream_gbytes_per_s = 0;   // best of the repetitions
 };
 
-// Measures on the first call (about a second), returns the cached figures after. `threads` is
-// the OpenMP thread count of the run; OpenBLAS stays single-threaded inside each thread.
+// Measures on the first call (one to three seconds), returns the cached figures after. `threads`
+// is the OpenMP thread count of the run; OpenBLAS stays single-threaded inside each thread.
 const Roofline& cpu_roofline(int threads);
+
+// When the start-up sgemm has seen enough (`product_seconds`: each product's wall time, in order;
+// `elapsed_seconds`: since the first): at least `min_products` products over at least
+// `min_seconds`, and then the last quarter of them (at least 25) bettered the best of those before
+// by under 1%; or `max_seconds` have passed. On a shared host a fixed 0.2 s window can fall wholly
+// in a busy stretch (one run here read 157 GFLOP/s against ~300 minutes apart, and its cases then
+// read above the peak); waiting until the best stops improving keeps looking while it still moves.
+struct PeakRule {
+  int min_products = 100;
+  double min_seconds = 0.5;
+  double max_seconds = 2.5;
+};
+bool sgemm_peak_settled(const std::vector<double>& product_seconds, double elapsed_seconds, const PeakRule& rule);
 
 // A short re-measurement of the same sgemm rate: the best of `products` products (each ~2 ms at
 // n = 512). The runner takes one on each side of a case so that a record's rate can also be held

@@ -499,6 +499,12 @@ int run_benchmarks(const RunRequest& request) {
     }
   }
 
+  if (const std::string w = above_peak_warning(results, peak_gflops, device.value("sgemm_median_gflops", 0.0));
+      !w.empty()) {
+    warnings.push_back(w);
+    fmt::print(stderr, "lattnbench: warning: {}\n", w);
+  }
+
   const int signal = interrupt_signal();
   nlohmann::json full_device = device;
   full_device["timer"] = to_json(ctx.timer);

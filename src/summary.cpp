@@ -108,3 +108,17 @@ std::string format_summary(const nlohmann::json& summary) {
 }
 
 }  // namespace lattn
+
+namespace lattn {
+
+std::string above_peak_warning(const nlohmann::json& results, double peak_gflops, double median_gflops) {
+  const auto above = std::count_if(results.begin(), results.end(),
+                                   [](const nlohmann::json& r) { return r.value("peak_fraction", 0.0) > 1.0; });
+  if (above == 0) return {};
+  return fmt::format(
+      "{} case(s) ran above the start-up sgemm peak ({:.1f} GFLOP/s; median of its products {:.1f}): it was "
+      "measured in a busier stretch than they ran in; read peak_fraction_now",
+      above, peak_gflops, median_gflops);
+}
+
+}  // namespace lattn

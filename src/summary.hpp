@@ -12,4 +12,8 @@ namespace lattn {
 nlohmann::json build_summary(const nlohmann::json& results);
 std::string format_summary(const nlohmann::json& summary);
 
+// A warning when records ran above the start-up peak (`peak_fraction` > 1): the peak was then
+// measured in a busier stretch than the cases ran in. Empty when none did.
+std::string above_peak_warning(const nlohmann::json& results, double peak_gflops, double median_gflops);
+
 }  // namespace lattn

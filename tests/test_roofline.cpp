@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "roofline.hpp"
+#include "summary.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -28,6 +29,39 @@ TEST_CASE("the CPU roofline is measured once and cached", "[roofline]") {
   const Roofline& again = cpu_roofline(1);  // cached: the first call's figures, not a new measurement
   CHECK(&again == &first);
   CHECK(again.threads == 2);
+}
+
+TEST_CASE("the start-up sgemm stops once its best has settled, not after a fixed count", "[roofline]") {
+  const PeakRule rule{100, 0.5, 2.5};
+  std::vector<double> flat(100, 2e-3);
+  CHECK(sgemm_peak_settled(flat, 0.6, rule));
+  CHECK_FALSE(sgemm_peak_settled(flat, 0.4, rule));  // too soon: a 0.2 s window can be one busy stretch
+  CHECK_FALSE(sgemm_peak_settled(std::vector<double>(99, 2e-3), 0.6, rule));  // too few
+  CHECK(sgemm_peak_settled(std::vector<double>(10, 2e-3), 2.5, rule));         // out of time, whatever
+  // The best still moving: the last quarter beat the earlier best by 2%, so keep going ...
+  std::vector<double> improving(75, 3e-3);
+  improving.insert(improving.end(), 25, 3e-3 / 1.02);
+  CHECK_FALSE(sgemm_peak_settled(improving, 0.6, rule));
+  // ... but a gain under 1% is settled.
+  std::vector<double> nearly(75, 3e-3);
+  nearly.insert(nearly.end(), 25, 3e-3 / 1.005);
+  CHECK(sgemm_peak_settled(nearly, 0.6, rule));
+  // The quarter grows with the count: 200 products look back over the last 50.
+  std::vector<double> late(150, 3e-3);
+  late.insert(late.end(), 20, 2e-3);
+  late.insert(late.end(), 30, 3e-3);
+  CHECK_FALSE(sgemm_peak_settled(late, 0.6, rule));
+}
+
+TEST_CASE("records above the start-up peak make a warning that names how many", "[roofline]") {
+  const nlohmann::json below = nlohmann::json::array({{{"peak_fraction", 0.7}}, {{"status", "skipped"}}});
+  CHECK(above_peak_warning(below, 200.0, 150.0).empty());
+  nlohmann::json above = below;
+  above.push_back({{"peak_fraction", 1.3}});
+  above.push_back({{"peak_fraction", 1.01}});
+  const std::string w = above_peak_warning(above, 157.0, 120.0);
+  CHECK(w.rfind("2 case(s) ran above the start-up sgemm peak (157.0 GFLOP/s", 0) == 0);
+  CHECK(w.find("peak_fraction_now") != std::string::npos);
 }
 
 TEST_CASE("the sgemm check is a fresh measurement that leaves the cached roofline alone", "[roofline]") {
@@ -52,6 +86,11 @@ TEST_CASE("every record carries peak_gflops and peak_fraction against the device
   CHECK(peak > 1.0);
   CHECK(device["sgemm_gflops"].get<double>() == peak);
   CHECK(device["sgemm_threads"] == 2);
+  // At least 100 products over half a second, unless the 2.5 s cap came first; the median below the best.
+  CHECK((device["sgemm_products"].get<int>() >= 100 || device["sgemm_seconds"].get<double>() >= 2.5));
+  CHECK(device["sgemm_seconds"].get<double>() >= 0.5);
+  CHECK(device["sgemm_median_gflops"].get<double>() <= peak);
+  CHECK(device["sgemm_median_gflops"].get<double>() > 1.0);
   CHECK(device["stream_gbytes_per_s"].get<double>() > 0.1);
   // lattnbench re-executes itself with OMP_WAIT_POLICY=passive unless a policy was chosen.
   if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) CHECK(device["omp_wait_policy"] == "passive");

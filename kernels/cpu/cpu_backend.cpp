@@ -266,6 +266,9 @@ class CpuBackend final : public Backend {
     info["sgemm_gflops"] = roof.sgemm_gflops;
     info["sgemm_n"] = roof.sgemm_n;
     info["sgemm_threads"] = roof.threads;
+    info["sgemm_products"] = roof.sgemm_products;
+    info["sgemm_median_gflops"] = roof.sgemm_median_gflops;
+    info["sgemm_seconds"] = roof.sgemm_seconds;
     info["stream_gbytes_per_s"] = roof.stream_gbytes_per_s;
     info["stream_bytes"] = roof.stream_bytes;
     info["peak_gflops"] = roof.sgemm_gflops;
