@@ -92,8 +92,12 @@ TEST_CASE("every record carries peak_gflops and peak_fraction against the device
   CHECK(device["sgemm_median_gflops"].get<double>() <= peak);
   CHECK(device["sgemm_median_gflops"].get<double>() > 1.0);
   CHECK(device["stream_gbytes_per_s"].get<double>() > 0.1);
-  // lattnbench re-executes itself with OMP_WAIT_POLICY=passive unless a policy was chosen.
-  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) CHECK(device["omp_wait_policy"] == "passive");
+  // lattnbench re-executes itself with a short spin (GOMP_SPINCOUNT=1000) unless a policy was chosen.
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
+    CHECK(device["gomp_spincount"] == "1000");
+    CHECK(device["omp_wait_policy"] == "");
+    CHECK(device["env_set_by_lattnbench"].get<std::string>().find("GOMP_SPINCOUNT") != std::string::npos);
+  }
   // And never runs OpenBLAS's SSE3 fallback on a CPU with AVX2 or AVX-512 unless told to.
   if (!std::getenv("OPENBLAS_CORETYPE") && __builtin_cpu_supports("avx2")) CHECK(device["blas_core"] != "Prescott");
   for (const auto& record : doc["results"]) {

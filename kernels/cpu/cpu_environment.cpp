@@ -30,8 +30,8 @@ void prepare_cpu_environment(char** argv) {
     set += "OPENBLAS_CORETYPE ";
   }
   if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    set += "OMP_WAIT_POLICY ";
+    setenv("GOMP_SPINCOUNT", "1000", 1);
+    set += "GOMP_SPINCOUNT ";
   }
   if (set.empty()) return;
   set.pop_back();
