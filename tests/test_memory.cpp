@@ -181,8 +181,13 @@ TEST_CASE("the sliding-window kernel's scratch equals its closed form and is O(T
 
 TEST_CASE("the layer's scratch equals its closed form and grows linearly in T", "[memory][layer]") {
   omp_set_num_threads(2);
+  // The second shape's width (192) against its few rows makes the weight gradients' partial
+  // products (blocks x M x 3M) the largest scratch of the backward.
+  for (const LayerProblem& shape : {LayerProblem{{1, 2, 300, 16, 64, Decay::none}, 40, false},
+                                    LayerProblem{{1, 4, 64, 48, 32, Decay::none}, 16, false}})
   for (bool chunked : {false, true}) {
-    const LayerProblem p{{1, 2, 300, 16, 64, Decay::none}, 40, chunked};
+    LayerProblem p = shape;
+    p.chunked = chunked;
     INFO(test::describe(p.linear) << (chunked ? " chunked" : " scan"));
     auto backend = make_backend("cpu", BackendOptions{2});
     for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
@@ -192,9 +197,9 @@ TEST_CASE("the layer's scratch equals its closed form and grows linearly in T", 
       const MemoryUsage m = prepared->memory();
       CHECK(m.temp_bytes == (mode == Mode::fwd ? cpu::layer_forward_workspace_bytes(p)
                                                : cpu::layer_forward_backward_workspace_bytes(p)));
-      const std::size_t M = p.model_dim(), N = p.token_elems();
-      CHECK(m.arg_bytes == (mode == Mode::fwd ? N : 2 * N) * 4 + (4 * M * M + M + 2) * 4);
-      CHECK(m.out_bytes == (mode == Mode::fwd ? N * 4 : (2 * N + 4 * M * M + M + 2) * 4));
+      const std::size_t M = p.model_dim(), N = p.token_elems(), H = std::size_t(p.linear.heads);
+      CHECK(m.arg_bytes == (mode == Mode::fwd ? N : 2 * N) * 4 + (4 * M * M + M + H) * 4);  // x (dOut), W, g, beta
+      CHECK(m.out_bytes == (mode == Mode::fwd ? N * 4 : (2 * N + 4 * M * M + M + H) * 4));
     }
     // Per token, the scratch settles to a constant: O(T), with a few tiles on top.
     auto per_token = [&](int seq, bool backward) {
