@@ -332,10 +332,10 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
   float* const g3 = y_dy_lin.data();
   heads_to_rows(p, dq.data(), g3, 3 * std::size_t(M));
   heads_to_rows(p, dk.data(), g3 + M, 3 * std::size_t(M));
-  heads_to_rows(p, dv.data(), g3 + 2 * M, 3 * std::size_t(M));
+  heads_to_rows(p, dv.data(), g3 + 2 * std::ptrdiff_t(M), 3 * std::size_t(M));
   const float* const w[3] = {a.wq, a.wk, a.wv};
   for (int i = 0; i < 3; ++i)
-    parallel_sgemm(true, rows, M, M, g3 + i * M, 3 * M, w[i], M, i == 0 ? 0.0f : 1.0f, a.dx, M);
+    parallel_sgemm(true, rows, M, M, g3 + std::ptrdiff_t(i) * M, 3 * M, w[i], M, i == 0 ? 0.0f : 1.0f, a.dx, M);
   float* const dw[3] = {a.dwq, a.dwk, a.dwv};
   k_split_product(M, 3 * M, rows, a.x, M, g3, 3 * M, dw, M, allocator);
 }

@@ -575,21 +575,21 @@ class CudaBackend final : public Backend {
   }
 
   // Every tensor counted at 4 bytes (bf16 inputs take 2: the estimate errs high), plus the L2
-  // flush buffer of --cold; the kernels' scratch is 0 (kernels.hpp).
+  // flush buffer of --cold; a kernel case takes no scratch (kernels.hpp), a layer case its arena.
   std::size_t memory_estimate(const Case& kase) const override {
     const Problem& p = kase.problem;
     const bool bwd = kase.mode == Mode::fwd_bwd;
-    if (kase.is_layer()) {
-      const LayerProblem layer{p, kase.window, kase.impl == Impl::chunked};
-      const std::size_t tensors = (bwd ? 4 : 2) * layer.token_elems() + (bwd ? 8 : 4) * layer.weight_elems();
-      return tensors * sizeof(float) + layer_scratch_bytes(layer, bwd);
-    }
-    const std::size_t elems = (bwd ? 8 : 4) * p.token_elems() + (bwd ? 4 : 2) * p.state_elems();
-    std::size_t flush = 0;
+    std::size_t flush = 0;  // a layer case flushes the L2 the same way (StreamCase)
     int l2 = 0;
     if (cold_ && cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_) == cudaSuccess)
       flush = std::max<std::size_t>(2 * std::size_t(l2), 1 << 20);
     cudaGetLastError();
+    if (kase.is_layer()) {
+      const LayerProblem layer{p, kase.window, kase.impl == Impl::chunked};
+      const std::size_t tensors = (bwd ? 4 : 2) * layer.token_elems() + (bwd ? 8 : 4) * layer.weight_elems();
+      return tensors * sizeof(float) + layer_scratch_bytes(layer, bwd) + flush;
+    }
+    const std::size_t elems = (bwd ? 8 : 4) * p.token_elems() + (bwd ? 4 : 2) * p.state_elems();
     return elems * sizeof(float) + flush;
   }
 

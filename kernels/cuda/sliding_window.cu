@@ -442,8 +442,9 @@ void swa_backward(const SwaProblem& p, Dtype dtype, const DeviceSwaBackward& a, 
   check_problem(p);
   if (p.seq == 0 || p.heads_total() == 0) return;
   // D lives only for this call's three launches, all on `stream`: the block goes back to the
-  // allocator's cache when this function returns and is reused only by later work (the backend
-  // runs one case at a time and synchronises after each call).
+  // allocator when this function returns (the device allocator's cache, or the layer's arena,
+  // whose next slice is then taken by work later on the same stream), so nothing can overwrite it
+  // while the launches still read it.
   Workspace<float> delta(allocator, swa_backward_workspace_bytes(p) / sizeof(float));
   SwaParams b = base_params(p);
   b.q = a.q, b.k = a.k, b.v = a.v, b.dO = a.dO, b.o = a.o, b.lse = a.lse, b.delta = delta.data();
