@@ -128,33 +128,23 @@ class CpuCase final : public PreparedCase {
  private:
   void call() {
     const Problem& p = kase_.problem;
+    const bool backward = kase_.mode == Mode::fwd_bwd;
     const ForwardArgs<float> fwd{t_.q.data(), t_.k.data(), t_.v.data(), t_.h0.data(), t_.o.data(), t_.hT.data()};
-    if (kase_.impl == Impl::scan) {
-      scan_forward(p, fwd, allocator_);
-    } else if (kase_.mode == Mode::fwd_bwd) {
-      forward_backward_chunked(p, fwd);
-      return;
-    } else {
-      chunked_forward(p, fwd, allocator_);
-    }
-    if (kase_.mode == Mode::fwd_bwd) {
-      const BackwardArgs<float> bwd{t_.q.data(),  t_.k.data(),  t_.v.data(),  t_.h0.data(),
-                                    t_.dO.data(), t_.dhT.data(), t_.dq.data(), t_.dk.data(),
-                                    t_.dv.data(), t_.dh0.data()};
-      scan_backward(p, bwd, allocator_);
-    }
-  }
-
-  // The backward takes the chunk states the forward kept, as a training step would, unless the
-  // run asked for them recomputed (less memory).
-  void forward_backward_chunked(const Problem& p, const ForwardArgs<float>& fwd) {
-    Workspace<float> kept(allocator_, keep_chunk_states_ ? chunked_kept_states_bytes(p) / sizeof(float) : 0);
-    kept_states_ = kept.data() != nullptr;
-    chunked_forward(p, fwd, allocator_, kept.data());
     const BackwardArgs<float> bwd{t_.q.data(),  t_.k.data(),  t_.v.data(),  t_.h0.data(),
                                   t_.dO.data(), t_.dhT.data(), t_.dq.data(), t_.dk.data(),
                                   t_.dv.data(), t_.dh0.data()};
-    chunked_backward(p, bwd, allocator_, kept.data());
+    if (kase_.impl == Impl::scan) {
+      scan_forward(p, fwd, allocator_);
+      if (backward) scan_backward(p, bwd, allocator_);
+      return;
+    }
+    // The backward takes the chunk states the forward kept, as a training step would, unless the
+    // run asked for them recomputed (less memory).
+    Workspace<float> kept(allocator_,
+                          backward && keep_chunk_states_ ? chunked_kept_states_bytes(p) / sizeof(float) : 0);
+    kept_states_ = kept.data() != nullptr;
+    chunked_forward(p, fwd, allocator_, kept.data());
+    if (backward) chunked_backward(p, bwd, allocator_, kept.data());
   }
 
   Case kase_;

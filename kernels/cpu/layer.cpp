@@ -62,7 +62,7 @@ void parallel_sgemm(bool trans_b, int m, int n, int k, const float* A, int lda, 
   }
 }
 
-// The weight gradients W^T-style products C = A^T B (m x n) of A (k x m) and B (k x n), k the
+// The weight gradients: products C = A^T B (m x n) of A (k x m) and B (k x n), k the
 // batch's tokens and so much larger than m and n: split over k into blocks that whichever thread
 // is free takes, each product into its own partial, then the partials summed in block order (the
 // sum's order does not depend on which thread ran what). Split over C's rows instead, as
