@@ -107,10 +107,6 @@ std::string format_summary(const nlohmann::json& summary) {
   return out;
 }
 
-}  // namespace lattn
-
-namespace lattn {
-
 std::string above_peak_warning(const nlohmann::json& results, double peak_gflops, double median_gflops) {
   const auto above = std::count_if(results.begin(), results.end(),
                                    [](const nlohmann::json& r) { return r.value("peak_fraction", 0.0) > 1.0; });

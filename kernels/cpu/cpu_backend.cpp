@@ -113,7 +113,7 @@ class CpuCase final : public PreparedCase {
 
   std::string bwd_states() const override {
     if (kase_.impl != Impl::chunked || kase_.mode != Mode::fwd_bwd) return {};
-    return kept_states_ ? "kept" : "recomputed";
+    return kept_states_bytes() > 0 ? "kept" : "recomputed";
   }
 
   void read_outputs(KernelTensors& out) override {
@@ -140,11 +140,13 @@ class CpuCase final : public PreparedCase {
     }
     // The backward takes the chunk states the forward kept, as a training step would, unless the
     // run asked for them recomputed (less memory).
-    Workspace<float> kept(allocator_,
-                          backward && keep_chunk_states_ ? chunked_kept_states_bytes(p) / sizeof(float) : 0);
-    kept_states_ = kept.data() != nullptr;
+    Workspace<float> kept(allocator_, backward ? kept_states_bytes() / sizeof(float) : 0);
     chunked_forward(p, fwd, allocator_, kept.data());
     if (backward) chunked_backward(p, bwd, allocator_, kept.data());
+  }
+
+  std::size_t kept_states_bytes() const {
+    return keep_chunk_states_ ? chunked_kept_states_bytes(kase_.problem) : 0;
   }
 
   Case kase_;
@@ -152,7 +154,6 @@ class CpuCase final : public PreparedCase {
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
   bool keep_chunk_states_;
-  bool kept_states_ = false;
 };
 
 class CpuLayerCase final : public PreparedCase {
@@ -196,7 +197,7 @@ class CpuLayerCase final : public PreparedCase {
 
   std::string bwd_states() const override {
     if (!problem_.chunked || !backward_) return {};
-    return problem_.keep_chunk_states && chunked_kept_states_bytes(problem_.linear) > 0 ? "kept" : "recomputed";
+    return layer_kept_chunk_states_bytes(problem_) > 0 ? "kept" : "recomputed";
   }
 
   void read_outputs(KernelTensors&) override { throw RuntimeFailure("read_outputs on a layer case"); }

@@ -213,10 +213,14 @@ std::size_t layer_forward_workspace_bytes(const LayerProblem& p) {
   return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window)});
 }
 
+std::size_t layer_kept_chunk_states_bytes(const LayerProblem& p) {
+  return p.chunked && p.keep_chunk_states ? chunked_kept_states_bytes(p.linear) : 0;
+}
+
 std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) {
   const Problem& lp = p.linear;
   const std::size_t rows_per_head = lp.heads_total() * lp.seq;
-  const std::size_t kept_states = p.chunked && p.keep_chunk_states ? chunked_kept_states_bytes(lp) : 0;
+  const std::size_t kept_states = layer_kept_chunk_states_bytes(p);
   const std::size_t kept = (12 * p.token_elems() + 3 * lp.state_elems() + 2 * rows_per_head) * sizeof(float) +
                            lp.heads_total() * (1 + lp.dim) * sizeof(double) + kept_states;
   const std::size_t linear =
@@ -251,8 +255,7 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
   Workspace<float> dlin(allocator, N), dswa(allocator, N), dq(allocator, N), dk(allocator, N), dv(allocator, N);
   Workspace<float> h0(allocator, S), hT(allocator, S), dh0(allocator, S), lse(allocator, R), rinv(allocator, R);
   Workspace<double> dbeta_part(allocator, lp.heads_total()), dg_part(allocator, lp.heads_total() * Dh);
-  Workspace<float> chunk_states(allocator,
-                                p.chunked && p.keep_chunk_states ? chunked_kept_states_bytes(lp) / sizeof(float) : 0);
+  Workspace<float> chunk_states(allocator, layer_kept_chunk_states_bytes(p) / sizeof(float));
 
   forward_pass(p, {a.x, a.wq, a.wk, a.wv, a.wo, a.g, a.beta, a.out},
                {q.data(), k.data(), v.data(), lin, swa.data(), y, h0.data(), hT.data(), lse.data(), rinv.data(),

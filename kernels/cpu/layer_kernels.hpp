@@ -46,5 +46,8 @@ void layer_forward_backward(const LayerProblem& problem, const LayerBackwardArgs
                             Allocator& allocator);
 std::size_t layer_forward_workspace_bytes(const LayerProblem& problem);
 std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& problem);
+// The chunk states a fwd_bwd call's chunked branch keeps for its backward (part of the workspace
+// above): 0 for scan, when keep_chunk_states is off, or where the chunked path cannot keep them.
+std::size_t layer_kept_chunk_states_bytes(const LayerProblem& problem);
 
 }  // namespace lattn::cpu

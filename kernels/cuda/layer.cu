@@ -62,15 +62,32 @@ __device__ float warp_sum(float x) {
 
 __device__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
 
+// The (batch, head, token) row of this thread's warp: `row` = bh * T + t indexes the per-head
+// layout's rows, `out_row` is the offset of the head's slice of that token's row in [B][T][M].
+struct WarpRow {
+  long row, out_row;
+  int lane, h;
+};
+
+// False for the warps past the last row (the whole warp alike, so its shuffles stay full).
+__device__ bool warp_row(const Shape& s, WarpRow& w) {
+  w.row = blockIdx.x * long(kWarpsPerBlock) + threadIdx.x / 32;
+  w.lane = threadIdx.x % 32;
+  if (w.row >= long(s.B) * s.H * s.T) return false;
+  const int t = int(w.row % s.T), bh = int(w.row / s.T), b = bh / s.H;
+  w.h = bh % s.H;
+  w.out_row = (long(b) * s.T + t) * s.M + long(w.h) * s.Dh;
+  return true;
+}
+
 // One warp per row (bh, t): Y = sig RMSNorm(Lin) g + (1 - sig) Swa into [B][T][M]; r kept when asked.
 __global__ void norm_gate_forward_kernel(const float* __restrict__ g, const float* __restrict__ beta,
                                          const float* __restrict__ lin, const float* __restrict__ swa,
                                          float* __restrict__ y, float* __restrict__ rinv, Shape s) {
-  const long rows = long(s.B) * s.H * s.T;
-  const long row = blockIdx.x * long(kWarpsPerBlock) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int t = int(row % s.T), bh = int(row / s.T), h = bh % s.H, b = bh / s.H;
+  WarpRow w;
+  if (!warp_row(s, w)) return;
+  const long row = w.row;
+  const int lane = w.lane, h = w.h;
   const float* l = lin + row * s.Dh;
   const float* sw = swa + row * s.Dh;
   float squares = 0.0f;
@@ -79,7 +96,7 @@ __global__ void norm_gate_forward_kernel(const float* __restrict__ g, const floa
   const float r = 1.0f / sqrtf(squares / float(s.Dh) + float(kRmsNormEps));
   if (rinv && lane == 0) rinv[row] = r;
   const float sig = sigmoid(beta[h]), a = sig * r, c = 1.0f - sig;
-  float* out = y + (long(b) * s.T + t) * s.M + long(h) * s.Dh;
+  float* out = y + w.out_row;
   const float* gh = g + long(h) * s.Dh;
   for (int j = lane; j < s.Dh; j += 32) out[j] = a * gh[j] * l[j] + c * sw[j];
 }
@@ -93,14 +110,12 @@ __global__ void norm_gate_backward_kernel(const float* __restrict__ g, const flo
                                           const float* __restrict__ rinv, const float* __restrict__ dy,
                                           float* __restrict__ dlin, float* __restrict__ dswa,
                                           float* __restrict__ dg_terms, float* __restrict__ gate, Shape s) {
-  const long rows = long(s.B) * s.H * s.T;
-  const long row = blockIdx.x * long(kWarpsPerBlock) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int t = int(row % s.T), bh = int(row / s.T), h = bh % s.H, b = bh / s.H;
+  WarpRow w;
+  if (!warp_row(s, w)) return;
+  const long row = w.row, out_row = w.out_row;
+  const int lane = w.lane, h = w.h;
   const float* l = lin + row * s.Dh;
   const float* sw = swa + row * s.Dh;
-  const long out_row = (long(b) * s.T + t) * s.M + long(h) * s.Dh;
   const float* d = dy + out_row;
   const float* gh = g + long(h) * s.Dh;
   const float r = rinv[row], sig = sigmoid(beta[h]);
