@@ -17,13 +17,13 @@ std::vector<Problem> path_shapes() {
   std::vector<Problem> shapes;
   for (Decay decay : {Decay::none, Decay::retnet}) {
     shapes.push_back({1, 1, 1, 3, 4, decay});         // one token
-    shapes.push_back({1, 2, 7, 17, 4, decay});        // D = 16 + 1, T < 8
+    shapes.push_back({1, 2, 7, 17, 4, decay});        // D = 16 + 1 (a ragged block of two registers), T < 8
     shapes.push_back({1, 1, 70, 80, 32, decay});      // three column blocks (32, 32, 16), T past two token tiles
     shapes.push_back({2, 1, 45, 33, 16, decay});      // D = 32 + 1, ragged chunk
     shapes.push_back({1, 1, 131, 48, 128, decay});    // ragged last chunk of 3 rows, D = 1.5 panels
     shapes.push_back({1, 1, 97, 64, 40, decay});      // chunk not a multiple of the 8-row tile
     shapes.push_back({1, 2, 66, 128, 64, decay});     // D = 128: four column blocks, four panels
-    shapes.push_back({2, 1, 50, 32, 16, decay});      // D = 32: the scan's compiled-in D, 50 tokens = 8 groups of 6 + 2
+    shapes.push_back({2, 1, 50, 32, 16, decay});      // D = 32: one full-width column block, 50 tokens = 8 groups of 6 + 2
   }
   return shapes;
 }

@@ -139,6 +139,7 @@ void run_packed(std::initializer_list<std::pair<ScanPass, float*>> passes, int c
         sub.S = buf + std::size_t(c) * D;
         sub.ld = std::min(W, D - c);
         sub.s_col0 = c;
+        sub.prefetch_next_rows = c == c0;
         run_scan_pass(sub, c, std::min(c1, c + W), vec);
       }
     }

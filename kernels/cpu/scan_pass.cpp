@@ -12,7 +12,9 @@
 //   - the U tokens' column operands c_t and outputs y_t live in registers for the whole row walk
 //     (U * W / 16 each: 12 + 12 zmm, with two rows and their broadcasts 30 of the 32) and y_t is
 //     written once, scaled, at the end.
-// Ragged column tails (D not a multiple of the width) use masked loads and stores.
+// Ragged column tails (D not a multiple of the width) use masked loads and stores, full blocks
+// plain ones. Interleaving 3 or 4 rows instead of 2 (with U = 4 or 5 to keep the registers) ran
+// within the noise of 2 rows on one core in L1 (120-140 GFLOP/s for every variant, 2026-12-02).
 #include "cpu/scan_pass.hpp"
 
 #include <immintrin.h>
@@ -71,10 +73,12 @@ Group<U> group_at(const ScanPass& p, int step) {
 struct Avx512 {
   using V = __m512;
   using M = __mmask16;
-  static constexpr int L = 16, NV = 2, U = 6;
+    static constexpr int L = 16, NV = 2, U = 6, R = 2;
   static M mask(int n) { return n >= L ? M(0xFFFF) : M((1u << std::max(n, 0)) - 1); }
   static V load(M m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
   static void store(float* p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V zero() { return _mm512_setzero_ps(); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
@@ -87,13 +91,15 @@ struct Avx2 {
   using V = __m256;
   using M = __m256i;
   // 16 ymm registers: U = 2 tokens of 2 column registers keeps c, y, the row and broadcasts in 12.
-  static constexpr int L = 8, NV = 2, U = 2;
+  static constexpr int L = 8, NV = 2, U = 2, R = 2;
   static M mask(int n) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
   }
   static V load(M m, const float* p) { return _mm256_maskload_ps(p, m); }
   static void store(float* p, M m, V v) { _mm256_maskstore_ps(p, m, v); }
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V zero() { return _mm256_setzero_ps(); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -101,123 +107,149 @@ struct Avx2 {
 };
 #endif
 
-// U steps of the pass on one column block [c0, c0 + NB * L) (masked by m) of S.
-template <class I, int U, int NB, bool DECAY>
-void block_steps(const ScanPass& p, const Group<U>& g, int c0, const typename I::M* m) {
+// A block's loads and stores: masked only where the block is ragged (masked loads and stores
+// cost ~8% of the walk's rate in L1 even with every lane set).
+template <class I, bool FULL>
+typename I::V load_lanes(typename I::M m, const float* p) {
+  if constexpr (FULL) return I::loadu(p);
+  else return I::load(m, p);
+}
+template <class I, bool FULL>
+void store_lanes(float* p, typename I::M m, typename I::V v) {
+  if constexpr (FULL) I::storeu(p, v);
+  else I::store(p, m, v);
+}
+
+// What a block walk is compiled for: U steps, NB registers of columns, R rows at a time, whether
+// the steps decay the state, whether the block is full width, whether it prefetches the next
+// group's row operands.
+template <int U_, int NB_, bool DECAY_, bool FULL_, bool PREFETCH_>
+struct Walk {
+  static constexpr int U = U_, NB = NB_;
+  static constexpr bool DECAY = DECAY_, FULL = FULL_, PREFETCH = PREFETCH_;
+};
+
+// R consecutive rows of the block (row points at the first): U steps applied to them while they
+// are in registers.
+template <class I, class K, int R>
+inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i, const typename I::M* m,
+                      const typename I::V (&c)[K::U][K::NB], typename I::V (&y)[K::U][K::NB], typename I::V gam) {
   using V = typename I::V;
+  constexpr int U = K::U, NB = K::NB;
+  V s[R][NB];
+#pragma GCC unroll 4
+  for (int h = 0; h < R; ++h)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) s[h][n] = load_lanes<I, K::FULL>(m[n], row + h * ld + n * I::L);
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int h = 0; h < R; ++h) {
+      const V b = I::set1(g.b[u][i + h]), r = I::set1(g.r[u][i + h]);
+#pragma GCC unroll 4
+      for (int n = 0; n < NB; ++n) {
+        if constexpr (K::DECAY) s[h][n] = I::mul(s[h][n], gam);
+        s[h][n] = I::fma(b, c[u][n], s[h][n]);
+        y[u][n] = I::fma(r, s[h][n], y[u][n]);
+      }
+    }
+#pragma GCC unroll 4
+  for (int h = 0; h < R; ++h)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(row + h * ld + n * I::L, m[n], s[h][n]);
+}
+
+// K::U steps of the pass on one column block [c0, c0 + NB * L) (masked by m) of S.
+template <class I, class K>
+void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename I::M* m) {
+  using V = typename I::V;
+  constexpr int U = K::U, NB = K::NB, R = I::R;
   V c[U][NB], y[U][NB];
   const V us = I::set1(p.upd_scale), gam = I::set1(p.gamma);
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
     for (int n = 0; n < NB; ++n) {
-      c[u][n] = I::mul(I::load(m[n], g.c[u] + c0 + n * I::L), us);
+      c[u][n] = I::mul(load_lanes<I, K::FULL>(m[n], g.c[u] + c0 + n * I::L), us);
       y[u][n] = I::zero();
     }
+  // Locals: the vector stores below may alias anything, so fields of p would be reloaded.
   float* row = p.S + (c0 - p.s_col0);
+  const int D = p.D;
+  const std::ptrdiff_t ld = p.ld;
+  const std::ptrdiff_t ahead = (p.reverse ? -1L : 1L) * U * D;
   // The next group's row operands, one cache line per 16 rows: the first column block of a tile
   // reads them from memory, and the row walk is too regular for the prefetchers to run ahead.
-  const long ahead = (p.reverse ? -1L : 1L) * U * p.D;
+  // The later blocks find them in cache, and there the prefetches cost ~12% of the rate.
   auto prefetch_rows = [&](int i) {
+    if constexpr (K::PREFETCH) {
 #pragma GCC unroll 8
-    for (int u = 0; u < U; ++u) {
-      _mm_prefetch(reinterpret_cast<const char*>(g.b[u] + ahead + i), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(g.r[u] + ahead + i), _MM_HINT_T0);
+      for (int u = 0; u < U; ++u) {
+        _mm_prefetch(reinterpret_cast<const char*>(g.b[u] + ahead + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(g.r[u] + ahead + i), _MM_HINT_T0);
+      }
     }
   };
-  // Rows go two at a time: within a row each readout waits on the state after the previous
-  // token's update (a chain of U dependent FMAs), and the two rows' chains are independent, so
-  // interleaving them hands the FMA ports work the out-of-order window did not find on its own
-  // (one core, in L1: +20% at D = 32 and 128 over one row at a time).
+  // Rows go R at a time: within a row each readout waits on the state after the previous
+  // token's update (a chain of U dependent FMAs), and the rows' chains are independent, so
+  // interleaving them hands the FMA ports work the out-of-order window did not find on its own.
   int i = 0;
-  for (; i + 2 <= p.D; i += 2, row += 2 * std::ptrdiff_t(p.ld)) {
-    if ((i & 15) == 0) prefetch_rows(i);
-    V s[2][NB];
-#pragma GCC unroll 4
-    for (int n = 0; n < NB; ++n) {
-      s[0][n] = I::load(m[n], row + n * I::L);
-      s[1][n] = I::load(m[n], row + p.ld + n * I::L);
-    }
-#pragma GCC unroll 8
-    for (int u = 0; u < U; ++u)
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const V b = I::set1(g.b[u][i + h]), r = I::set1(g.r[u][i + h]);
-#pragma GCC unroll 4
-        for (int n = 0; n < NB; ++n) {
-          if constexpr (DECAY) s[h][n] = I::mul(s[h][n], gam);
-          s[h][n] = I::fma(b, c[u][n], s[h][n]);
-          y[u][n] = I::fma(r, s[h][n], y[u][n]);
-        }
-      }
-#pragma GCC unroll 4
-    for (int n = 0; n < NB; ++n) {
-      I::store(row + n * I::L, m[n], s[0][n]);
-      I::store(row + p.ld + n * I::L, m[n], s[1][n]);
-    }
+  for (; i + R <= D; i += R, row += R * ld) {
+    if ((i & 15) < R) prefetch_rows(i - (i & 15));
+    row_group<I, K, R>(g, row, ld, i, m, c, y, gam);
   }
-  if (i < p.D) {  // odd D: the last row alone
+  for (; i < D; ++i, row += ld) {  // the rows left when R does not divide D
     if ((i & 15) == 0) prefetch_rows(i);
-    V s[NB];
-#pragma GCC unroll 4
-    for (int n = 0; n < NB; ++n) s[n] = I::load(m[n], row + n * I::L);
-#pragma GCC unroll 8
-    for (int u = 0; u < U; ++u) {
-      const V b = I::set1(g.b[u][i]), r = I::set1(g.r[u][i]);
-#pragma GCC unroll 4
-      for (int n = 0; n < NB; ++n) {
-        if constexpr (DECAY) s[n] = I::mul(s[n], gam);
-        s[n] = I::fma(b, c[u][n], s[n]);
-        y[u][n] = I::fma(r, s[n], y[u][n]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int n = 0; n < NB; ++n) I::store(row + n * I::L, m[n], s[n]);
+    row_group<I, K, 1>(g, row, ld, i, m, c, y, gam);
   }
   const V os = I::set1(p.out_scale);
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
-    for (int n = 0; n < NB; ++n) I::store(g.y[u] + c0 + n * I::L, m[n], I::mul(y[u][n], os));
+    for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(g.y[u] + c0 + n * I::L, m[n], I::mul(y[u][n], os));
 }
 
-template <class I, int NB, int U>
-void tail_steps(const ScanPass& p, int step, int left, int c0, const typename I::M* m, bool decay) {
+// Calls block_steps compiled for `left` steps (1 <= left <= U), and the pass's decay.
+template <class I, int NB, bool FULL, bool PREFETCH, int U = I::U>
+void steps(const ScanPass& p, int step, int left, bool decay, int c0, const typename I::M* m) {
   if constexpr (U > 0) {
     if (left == U) {
-      if (decay) block_steps<I, U, NB, true>(p, group_at<U>(p, step), c0, m);
-      else block_steps<I, U, NB, false>(p, group_at<U>(p, step), c0, m);
+      if (decay) block_steps<I, Walk<U, NB, true, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      else block_steps<I, Walk<U, NB, false, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
       return;
     }
-    tail_steps<I, NB, U - 1>(p, step, left, c0, m, decay);
+    steps<I, NB, FULL, PREFETCH, U - 1>(p, step, left, decay, c0, m);
   }
 }
 
-template <class I, int NB>
+template <class I, int NB, bool FULL, bool PREFETCH>
 void column_block(const ScanPass& p, int c0, int width) {
   typename I::M m[NB];
   for (int n = 0; n < NB; ++n) m[n] = I::mask(width - n * I::L);
   const bool decay = p.gamma != 1.0f;
   int step = 0;
   if (decay && !p.decay_first && p.T > 0) {
-    block_steps<I, 1, NB, false>(p, group_at<1>(p, 0), c0, m);
+    steps<I, NB, FULL, PREFETCH>(p, 0, 1, false, c0, m);
     step = 1;
   }
-  for (; step + I::U <= p.T; step += I::U) {
-    if (decay) block_steps<I, I::U, NB, true>(p, group_at<I::U>(p, step), c0, m);
-    else block_steps<I, I::U, NB, false>(p, group_at<I::U>(p, step), c0, m);
+  for (; step < p.T; step += I::U) steps<I, NB, FULL, PREFETCH>(p, step, std::min(I::U, p.T - step), decay, c0, m);
+}
+
+template <class I, bool PREFETCH>
+void column_blocks(const ScanPass& p, int col_begin, int col_end) {
+  constexpr int W = I::L * I::NV;
+  for (int c0 = col_begin; c0 < col_end; c0 += W) {
+    const int width = std::min(W, col_end - c0);
+    if (width == W) column_block<I, I::NV, true, PREFETCH>(p, c0, width);
+    else if (width > I::L) column_block<I, I::NV, false, PREFETCH>(p, c0, width);
+    else column_block<I, 1, false, PREFETCH>(p, c0, width);
   }
-  tail_steps<I, NB, I::U - 1>(p, step, p.T - step, c0, m, decay);
 }
 
 template <class I>
 void run_vectorised(const ScanPass& p, int col_begin, int col_end) {
-  constexpr int W = I::L * I::NV;
-  for (int c0 = col_begin; c0 < col_end; c0 += W) {
-    const int width = std::min(W, col_end - c0);
-    if (width > I::L) column_block<I, I::NV>(p, c0, width);
-    else column_block<I, 1>(p, c0, width);
-  }
+  if (p.prefetch_next_rows) column_blocks<I, true>(p, col_begin, col_end);
+  else column_blocks<I, false>(p, col_begin, col_end);
 }
 
 // The portable form: one token at a time, the column loop left to the compiler's vectoriser.

@@ -39,6 +39,9 @@ struct ScanPass {
   float gamma = 1.0f, upd_scale = 1.0f, out_scale = 1.0f;
   bool decay_first = true;
   bool reverse = false;
+  // Whether the row operands come from memory (the first column block a thread walks over these
+  // tokens): the walk then prefetches each next group's rows; from cache, prefetching only costs.
+  bool prefetch_next_rows = true;
 };
 
 // Tokens one walk over a column block applies (the last walk of a pass may apply fewer, at a
