@@ -410,6 +410,9 @@ int run_benchmarks(const RunRequest& request) {
   Journal journal(journal_path, header, !request.resume_path.empty());
 
   std::vector<std::string> warnings = environment_warnings(device.value("build_type", ""));
+  if (std::string w = peak_spread_warning(device.value("peak_gflops", 0.0), device.value("sgemm_median_gflops", 0.0));
+      !w.empty())
+    warnings.push_back(std::move(w));
   for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
 
   RunContext ctx{request, *backend, {}, measure_steady_clock()};

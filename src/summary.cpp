@@ -117,4 +117,13 @@ std::string above_peak_warning(const nlohmann::json& results, double peak_gflops
       above, peak_gflops, median_gflops);
 }
 
+std::string peak_spread_warning(double peak_gflops, double median_gflops) {
+  if (!(peak_gflops > 0.0) || !(median_gflops > 0.0) || median_gflops >= 0.9 * peak_gflops) return {};
+  return fmt::format(
+      "the start-up sgemm products spread: median {:.1f} against best {:.1f} GFLOP/s ({:.2f}); the machine's rate "
+      "moved while the peak was measured, so a case as fast as sgemm's median reads peak_fraction {:.2f}: read "
+      "peak_fraction_now beside it",
+      median_gflops, peak_gflops, median_gflops / peak_gflops, median_gflops / peak_gflops);
+}
+
 }  // namespace lattn

@@ -16,4 +16,10 @@ std::string format_summary(const nlohmann::json& summary);
 // measured in a busier stretch than the cases ran in. Empty when none did.
 std::string above_peak_warning(const nlohmann::json& results, double peak_gflops, double median_gflops);
 
+// A warning when the start-up sgemm products spread widely (their median under 0.9 of their
+// best): the machine's own rate moved while the peak was measured, so a case that ran exactly as
+// fast as sgemm did at its median would read peak_fraction of about that ratio. Empty otherwise,
+// or when either figure is missing.
+std::string peak_spread_warning(double peak_gflops, double median_gflops);
+
 }  // namespace lattn

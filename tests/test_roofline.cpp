@@ -64,6 +64,16 @@ TEST_CASE("records above the start-up peak make a warning that names how many", 
   CHECK(w.find("peak_fraction_now") != std::string::npos);
 }
 
+TEST_CASE("a wide spread of the start-up sgemm products makes a warning with their ratio", "[roofline]") {
+  CHECK(peak_spread_warning(300.0, 285.0).empty());  // 0.95: a quiet machine
+  CHECK(peak_spread_warning(300.0, 0.0).empty());    // no median recorded (a backend without one)
+  CHECK(peak_spread_warning(0.0, 250.0).empty());
+  const std::string w = peak_spread_warning(300.0, 249.0);
+  CHECK(w.rfind("the start-up sgemm products spread: median 249.0 against best 300.0 GFLOP/s (0.83)", 0) == 0);
+  CHECK(w.find("peak_fraction_now") != std::string::npos);
+  CHECK_FALSE(peak_spread_warning(300.0, 269.0).empty());  // just under 0.9
+}
+
 TEST_CASE("the sgemm check is a fresh measurement that leaves the cached roofline alone", "[roofline]") {
   const double cached = cpu_roofline(2).sgemm_gflops;
   const double one = cpu_sgemm_check(1, 1), several = cpu_sgemm_check(2, 3);
