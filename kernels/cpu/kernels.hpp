@@ -22,6 +22,11 @@ void scan_forward(const Problem& problem, const ForwardArgs<float>& args, Alloca
 void scan_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);
 std::size_t scan_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_backward_workspace_bytes(const Problem& problem);
+// A forward then a backward of the same inputs (fwd's q, k, v, h0 those of bwd) in fewer walks
+// over the tokens: the results are bit for bit those of scan_forward then scan_backward.
+void scan_forward_backward(const Problem& problem, const ForwardArgs<float>& fwd, const BackwardArgs<float>& bwd,
+                           Allocator& allocator);
+std::size_t scan_forward_backward_workspace_bytes(const Problem& problem);
 
 // The chunked backward needs the state entering each chunk of every head. A forward given `keep`
 // (chunked_kept_states_bytes of it, allocated by the caller) leaves them there for a backward of

@@ -162,28 +162,72 @@ std::size_t scan_backward_workspace_bytes(const Problem& p) {
   return (p.heads_total() + std::size_t(scan_threads(p))) * p.head_state_elems() * sizeof(float);
 }
 
+// The forward's state takes the per-thread buffer the reverse passes use later.
+std::size_t scan_forward_backward_workspace_bytes(const Problem& p) { return scan_backward_workspace_bytes(p); }
+
+namespace {
+
+// The passes of one head, bh, of the kernels below (the mathematics in this file's header).
+struct HeadPasses {
+  const Problem& p;
+  float s;  // the attention scale
+
+  ScanPass pass(long bh, const float* upd_row, const float* upd_col, const float* read_row, float* out) const {
+    const std::size_t tok = bh * p.head_token_elems();
+    ScanPass pass;
+    pass.T = p.seq;
+    pass.D = p.dim;
+    pass.upd_row = upd_row + tok;
+    pass.upd_col = upd_col + tok;
+    pass.read_row = read_row + tok;
+    pass.out = out + tok;
+    pass.gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
+    return pass;
+  }
+  ScanPass forward(long bh, const ForwardArgs<float>& a) const {
+    ScanPass o = pass(bh, a.k, a.v, a.q, a.o);
+    o.out_scale = s;
+    return o;
+  }
+  ScanPass dq(long bh, const BackwardArgs<float>& a) const {
+    ScanPass dq = pass(bh, a.v, a.k, a.dO, a.dq);
+    dq.out_scale = s;
+    return dq;
+  }
+  // dv on G and dk on G^T, from dhT, in reverse; G and P are scratch packed states; dh0 out.
+  void reverse(long bh, const BackwardArgs<float>& a, float* G, float* P, int c0, int c1, int W, Vec vec) const {
+    const int D = p.dim;
+    const std::size_t st = bh * p.head_state_elems();
+    pack(a.dhT + st, false, G, D, W, c0, c1);
+    pack(a.dhT + st, true, P, D, W, c0, c1);
+    ScanPass dv = pass(bh, a.q, a.dO, a.k, a.dv);
+    dv.upd_scale = s;
+    dv.decay_first = false;
+    dv.reverse = true;
+    ScanPass dk = pass(bh, a.dO, a.q, a.v, a.dk);
+    dk.upd_scale = s;
+    dk.decay_first = false;
+    dk.reverse = true;
+    run_packed({{dv, G}, {dk, P}}, c0, c1, W, vec);
+    unpack(G, a.dh0 + st, dv.gamma, D, W, c0, c1);
+  }
+};
+
+}  // namespace
+
 void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
   const int D = p.dim;
   const Split split = scan_split(p);
   const Vec vec = active_vec();
-  const float s = float(attention_scale(D));
+  const HeadPasses passes{p, float(attention_scale(D))};
   Workspace<float> state(allocator, std::size_t(split.threads) * p.head_state_elems());
 #pragma omp parallel num_threads(split.threads)
   {
     float* buf = state.data() + omp_get_thread_num() * p.head_state_elems();
     for_each_share(split, [&](long bh, int c0, int c1) {
-      const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
+      const std::size_t st = bh * p.head_state_elems();
       pack(a.h0 + st, false, buf, D, split.width, c0, c1);
-      ScanPass pass;
-      pass.T = p.seq;
-      pass.D = D;
-      pass.upd_row = a.k + tok;
-      pass.upd_col = a.v + tok;
-      pass.read_row = a.q + tok;
-      pass.out = a.o + tok;
-      pass.gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
-      pass.out_scale = s;
-      run_packed({{pass, buf}}, c0, c1, split.width, vec);
+      run_packed({{passes.forward(bh, a), buf}}, c0, c1, split.width, vec);
       unpack(buf, a.hT + st, 1.0f, D, split.width, c0, c1);
     });
   }
@@ -193,23 +237,10 @@ void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& al
   const int D = p.dim;
   const Split split = scan_split(p);
   const Vec vec = active_vec();
-  const float s = float(attention_scale(D));
+  const HeadPasses passes{p, float(attention_scale(D))};
   const std::size_t DD = p.head_state_elems();
   Workspace<float> starts(allocator, p.heads_total() * DD);
   Workspace<float> carried(allocator, std::size_t(split.threads) * DD);
-  auto gamma_of = [&](long bh) { return float(decay_gamma(p.decay, int(bh % p.heads))); };
-  auto pass_of = [&](long bh, const float* upd_row, const float* upd_col, const float* read_row, float* out) {
-    const std::size_t tok = bh * p.head_token_elems();
-    ScanPass pass;
-    pass.T = p.seq;
-    pass.D = D;
-    pass.upd_row = upd_row + tok;
-    pass.upd_col = upd_col + tok;
-    pass.read_row = read_row + tok;
-    pass.out = out + tok;
-    pass.gamma = gamma_of(bh);
-    return pass;
-  };
 #pragma omp parallel num_threads(split.threads)
   {
     float* G = carried.data() + omp_get_thread_num() * DD;
@@ -217,22 +248,35 @@ void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& al
     for_each_share(split, [&](long bh, int c0, int c1) {
       float* P = starts.data() + bh * DD;
       pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
-      ScanPass dq = pass_of(bh, a.v, a.k, a.dO, a.dq);
-      dq.out_scale = s;
-      run_packed({{dq, P}}, c0, c1, split.width, vec);
+      run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec);
+      passes.reverse(bh, a, G, P, c0, c1, split.width, vec);
+    });
+  }
+}
 
-      pack(a.dhT + bh * DD, false, G, D, split.width, c0, c1);
-      pack(a.dhT + bh * DD, true, P, D, split.width, c0, c1);
-      ScanPass dv = pass_of(bh, a.q, a.dO, a.k, a.dv);
-      dv.upd_scale = s;
-      dv.decay_first = false;
-      dv.reverse = true;
-      ScanPass dk = pass_of(bh, a.dO, a.q, a.v, a.dk);
-      dk.upd_scale = s;
-      dk.decay_first = false;
-      dk.reverse = true;
-      run_packed({{dv, G}, {dk, P}}, c0, c1, split.width, vec);
-      unpack(G, a.dh0 + bh * DD, dv.gamma, D, split.width, c0, c1);
+// The forward and the dq pass both walk the tokens forward and both read k and v: one walk over
+// each tile runs the two (as the reverse walk runs dv and dk), so k and v come from memory once
+// for both. Where the scan is bound by memory (D = 32: 8 flops per byte) that is 2 of the 14
+// token tensors a separate forward and backward move.
+void scan_forward_backward(const Problem& p, const ForwardArgs<float>& f, const BackwardArgs<float>& a,
+                           Allocator& allocator) {
+  const int D = p.dim;
+  const Split split = scan_split(p);
+  const Vec vec = active_vec();
+  const HeadPasses passes{p, float(attention_scale(D))};
+  const std::size_t DD = p.head_state_elems();
+  Workspace<float> starts(allocator, p.heads_total() * DD);
+  Workspace<float> carried(allocator, std::size_t(split.threads) * DD);
+#pragma omp parallel num_threads(split.threads)
+  {
+    float* G = carried.data() + omp_get_thread_num() * DD;
+    for_each_share(split, [&](long bh, int c0, int c1) {
+      float* P = starts.data() + bh * DD;
+      pack(f.h0 + bh * DD, false, G, D, split.width, c0, c1);
+      pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
+      run_packed({{passes.forward(bh, f), G}, {passes.dq(bh, a), P}}, c0, c1, split.width, vec);
+      unpack(G, f.hT + bh * DD, 1.0f, D, split.width, c0, c1);
+      passes.reverse(bh, a, G, P, c0, c1, split.width, vec);
     });
   }
 }
