@@ -193,6 +193,16 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
   // Rows go R at a time: within a row each readout waits on the state after the previous
   // token's update (a chain of U dependent FMAs), and the rows' chains are independent, so
   // interleaving them hands the FMA ports work the out-of-order window did not find on its own.
+  // The next group's column operands and outputs, this block's share of their rows: every block
+  // reads its own columns of the tile's c rows from memory (no other block brings them in) and
+  // writes its own columns of y. Once per group, in every block.
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) {
+      _mm_prefetch(reinterpret_cast<const char*>(g.c[u] + ahead + c0 + n * I::L), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(g.y[u] + ahead + c0 + n * I::L), _MM_HINT_ET0);
+    }
   int i = 0;
   for (; i + R <= D; i += R, row += R * ld) {
     if ((i & 15) < R) prefetch_rows(i - (i & 15));
