@@ -233,7 +233,14 @@ void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allo
   }
 }
 
-void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
+namespace {
+
+// The backward's walks, and with `f` the forward's too: the forward and the dq pass both walk the
+// tokens forward and both read k and v, so one walk over each tile runs the two (as the reverse
+// walk runs dv and dk) and k and v come from memory once for both. Where the scan is bound by
+// memory (D = 32: 8 flops per byte) that is 2 of the 14 token tensors a separate forward and
+// backward move.
+void backward_walks(const Problem& p, const ForwardArgs<float>* f, const BackwardArgs<float>& a, Allocator& allocator) {
   const int D = p.dim;
   const Split split = scan_split(p);
   const Vec vec = active_vec();
@@ -248,37 +255,27 @@ void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& al
     for_each_share(split, [&](long bh, int c0, int c1) {
       float* P = starts.data() + bh * DD;
       pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
-      run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec);
+      if (f) {  // the forward's state takes G until the reverse walk needs it
+        pack(f->h0 + bh * DD, false, G, D, split.width, c0, c1);
+        run_packed({{passes.forward(bh, *f), G}, {passes.dq(bh, a), P}}, c0, c1, split.width, vec);
+        unpack(G, f->hT + bh * DD, 1.0f, D, split.width, c0, c1);
+      } else {
+        run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec);
+      }
       passes.reverse(bh, a, G, P, c0, c1, split.width, vec);
     });
   }
 }
 
-// The forward and the dq pass both walk the tokens forward and both read k and v: one walk over
-// each tile runs the two (as the reverse walk runs dv and dk), so k and v come from memory once
-// for both. Where the scan is bound by memory (D = 32: 8 flops per byte) that is 2 of the 14
-// token tensors a separate forward and backward move.
+}  // namespace
+
+void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
+  backward_walks(p, nullptr, a, allocator);
+}
+
 void scan_forward_backward(const Problem& p, const ForwardArgs<float>& f, const BackwardArgs<float>& a,
                            Allocator& allocator) {
-  const int D = p.dim;
-  const Split split = scan_split(p);
-  const Vec vec = active_vec();
-  const HeadPasses passes{p, float(attention_scale(D))};
-  const std::size_t DD = p.head_state_elems();
-  Workspace<float> starts(allocator, p.heads_total() * DD);
-  Workspace<float> carried(allocator, std::size_t(split.threads) * DD);
-#pragma omp parallel num_threads(split.threads)
-  {
-    float* G = carried.data() + omp_get_thread_num() * DD;
-    for_each_share(split, [&](long bh, int c0, int c1) {
-      float* P = starts.data() + bh * DD;
-      pack(f.h0 + bh * DD, false, G, D, split.width, c0, c1);
-      pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
-      run_packed({{passes.forward(bh, f), G}, {passes.dq(bh, a), P}}, c0, c1, split.width, vec);
-      unpack(G, f.hT + bh * DD, 1.0f, D, split.width, c0, c1);
-      passes.reverse(bh, a, G, P, c0, c1, split.width, vec);
-    });
-  }
+  backward_walks(p, &f, a, allocator);
 }
 
 }  // namespace lattn::cpu
