@@ -137,13 +137,14 @@ struct Operand {
   long brs;
 };
 
-// The forward's next chunk's rows of q, k, v (each `floats` long), for this chunk's products to
-// prefetch while they compute: a chunk's products are compute-bound and its first reads of q, k, v
-// memory-bound, and the hardware prefetchers did not overlap the two (seq 8192, 2 threads: chunked
-// fwd 8% faster at D 128, 20% at D 64, alternating runs). The same in the backward's two sweeps
-// measured no faster.
+// The next chunk's rows of q, k, v (and dO in the backward; each `floats` long), for this chunk's
+// products to prefetch while they compute: a chunk's products are compute-bound and its first
+// reads of its rows memory-bound, and the hardware prefetchers did not overlap the two (seq 8192,
+// 2 threads: chunked fwd 8% faster at D 128, 20% at D 64, alternating runs). In the backward's
+// reverse walk (the chunk before): 2 threads 1.03-1.18x in two A/B runs of 5 and 6 rounds, 1
+// thread 0.91-1.10x, within the noise there.
 struct NextRows {
-  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr;
   std::size_t floats = 0;
 };
 
@@ -304,7 +305,7 @@ BackwardBuffers backward_buffers(const Problem& p, float* base) {
 // Returns dO_c as the operand it used, for the dS product to reuse.
 Operand chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, const float* Qc, const float* Kc,
                     const float* Vc, const float* dOc, float* dQc, float* dKc, float* dVc, const float* STp,
-                    const float* dSp) {
+                    const float* dSp, const NextRows& next = {}) {
   const float s = float(attention_scale(D));
   tile::pack(Kc, D, true, D, n, nullptr, b.Ktp);
   tile::pack(Vc, D, true, D, n, nullptr, b.Vtp);
@@ -325,9 +326,11 @@ Operand chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, c
   scores.alpha = s;
   scores.c = b.P;
   scores.s1 = seg(Range::full, D, Qc, D, 1, b.Ktp);
+  prefetch_into(scores, next.k, next.floats);
   tile::run(scores);
   scores.c = b.dA;
   scores.s1 = seg(Range::full, D, dOc, D, 1, b.Vtp);
+  prefetch_into(scores, next.v, next.floats);
   tile::run(scores);
 
   Product dq;
@@ -338,6 +341,7 @@ Operand chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, c
   dq.s1 = seg(Range::full, D, dOc, D, 1, STp);
   dq.rs = b.slam;
   dq.s2 = seg(Range::lower, n, b.dA, score_ld(C), 1, Kb, krs);
+  prefetch_into(dq, next.q, next.floats);
   tile::run(dq);
 
   Product dk = dq;
@@ -345,9 +349,11 @@ Operand chunk_grads(const BackwardBuffers& b, int D, int C, int n, bool decay, c
   dk.s1 = seg(Range::full, D, Vc, D, 1, b.dSTp);
   dk.rs = decay ? b.gam : nullptr;
   dk.s2 = seg(Range::upper, n, b.dA, 1, score_ld(C), Qb, qrs);
+  prefetch_into(dk, next.dO, next.floats);
   tile::run(dk);
 
   Product dv = dk;
+  prefetch_into(dv, nullptr, 0);
   dv.c = dVc;
   dv.s1 = seg(Range::full, D, Kc, D, 1, dSp);
   dv.s2 = seg(Range::upper, n, b.P, 1, score_ld(C), dOb, drs);
@@ -387,7 +393,7 @@ void forward_heads(const Problem& p, const ForwardArgs<float>& a, float* scratch
         NextRows next;
         if (c + 1 < p.chunks()) {
           const auto [n1, r1] = chunk_rows(p, c + 1);
-          next = {a.q + tok + r1, a.k + tok + r1, a.v + tok + r1, std::size_t(n1) * D};
+          next = {a.q + tok + r1, a.k + tok + r1, a.v + tok + r1, nullptr, std::size_t(n1) * D};
         }
         chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
         if (keep) tile::transpose_packed(b.Sp, D, keep + (bh * p.chunks() + c) * SF);
@@ -483,8 +489,13 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
       for (int c = chunks - 1; c >= 0; --c) {
         const auto [n, r] = chunk_rows(p, c);
         chunk_weights(b.pw, n, s, b.slam, b.gam);
+        NextRows next;  // the chunk before, which this reverse walk reads next
+        if (c > 0) {
+          const std::size_t r0 = chunk_rows(p, c - 1).r;
+          next = {q + r0, k + r0, v + r0, dO + r0, std::size_t(chunk_rows(p, c - 1).n) * D};
+        }
         const Operand dOc = chunk_grads(b, D, C, n, decay, q + r, k + r, v + r, dO + r, a.dq + tok + r,
-                                        a.dk + tok + r, a.dv + tok + r, states + c * SF, b.dSp);
+                                        a.dk + tok + r, a.dv + tok + r, states + c * SF, b.dSp, next);
         chunk_dstate(b, D, n, decay, q + r, dO + r, b.dSp, b.pw[n], &dOc);
       }
       tile::unpack(b.dSp, D, D, a.dh0 + st, D);
