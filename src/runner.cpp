@@ -409,14 +409,13 @@ int run_benchmarks(const RunRequest& request) {
   }
   Journal journal(journal_path, header, !request.resume_path.empty());
 
+  const double peak_gflops = device.value("peak_gflops", 0.0);
+  const double sgemm_median_gflops = device.value("sgemm_median_gflops", 0.0);
   std::vector<std::string> warnings = environment_warnings(device.value("build_type", ""));
-  if (std::string w = peak_spread_warning(device.value("peak_gflops", 0.0), device.value("sgemm_median_gflops", 0.0));
-      !w.empty())
-    warnings.push_back(std::move(w));
+  if (std::string w = peak_spread_warning(peak_gflops, sgemm_median_gflops); !w.empty()) warnings.push_back(std::move(w));
   for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
 
   RunContext ctx{request, *backend, {}, measure_steady_clock()};
-  const double peak_gflops = device.value("peak_gflops", 0.0);
   const double stream_gbytes_per_s = device.value("stream_gbytes_per_s", 0.0);
   double total_cost = 0, done_cost = 0;
   for (const auto& c : plan) total_cost += case_cost_estimate(c);
@@ -502,8 +501,7 @@ int run_benchmarks(const RunRequest& request) {
     }
   }
 
-  if (const std::string w = above_peak_warning(results, peak_gflops, device.value("sgemm_median_gflops", 0.0));
-      !w.empty()) {
+  if (const std::string w = above_peak_warning(results, peak_gflops, sgemm_median_gflops); !w.empty()) {
     warnings.push_back(w);
     fmt::print(stderr, "lattnbench: warning: {}\n", w);
   }

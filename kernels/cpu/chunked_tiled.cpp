@@ -491,8 +491,8 @@ void backward_heads(const Problem& p, const BackwardArgs<float>& a, float* scrat
         chunk_weights(b.pw, n, s, b.slam, b.gam);
         NextRows next;  // the chunk before, which this reverse walk reads next
         if (c > 0) {
-          const std::size_t r0 = chunk_rows(p, c - 1).r;
-          next = {q + r0, k + r0, v + r0, dO + r0, std::size_t(chunk_rows(p, c - 1).n) * D};
+          const auto [n0, r0] = chunk_rows(p, c - 1);
+          next = {q + r0, k + r0, v + r0, dO + r0, std::size_t(n0) * D};
         }
         const Operand dOc = chunk_grads(b, D, C, n, decay, q + r, k + r, v + r, dO + r, a.dq + tok + r,
                                         a.dk + tok + r, a.dv + tok + r, states + c * SF, b.dSp, next);

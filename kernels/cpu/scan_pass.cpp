@@ -73,7 +73,7 @@ Group<U> group_at(const ScanPass& p, int step) {
 struct Avx512 {
   using V = __m512;
   using M = __mmask16;
-    static constexpr int L = 16, NV = 2, U = 6, R = 2;
+  static constexpr int L = 16, NV = 2, U = 6, R = 2;
   static M mask(int n) { return n >= L ? M(0xFFFF) : M((1u << std::max(n, 0)) - 1); }
   static V load(M m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
   static void store(float* p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
@@ -190,9 +190,6 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
       }
     }
   };
-  // Rows go R at a time: within a row each readout waits on the state after the previous
-  // token's update (a chain of U dependent FMAs), and the rows' chains are independent, so
-  // interleaving them hands the FMA ports work the out-of-order window did not find on its own.
   // The next group's column operands and outputs, this block's share of their rows: every block
   // reads its own columns of the tile's c rows from memory (no other block brings them in) and
   // writes its own columns of y. Once per group, in every block.
@@ -203,6 +200,9 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
       _mm_prefetch(reinterpret_cast<const char*>(g.c[u] + ahead + c0 + n * I::L), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(g.y[u] + ahead + c0 + n * I::L), _MM_HINT_ET0);
     }
+  // Rows go R at a time: within a row each readout waits on the state after the previous
+  // token's update (a chain of U dependent FMAs), and the rows' chains are independent, so
+  // interleaving them hands the FMA ports work the out-of-order window did not find on its own.
   int i = 0;
   for (; i + R <= D; i += R, row += R * ld) {
     if ((i & 15) < R) prefetch_rows(i - (i & 15));
