@@ -133,9 +133,11 @@ class CpuCase final : public PreparedCase {
     const BackwardArgs<float> bwd{t_.q.data(),  t_.k.data(),  t_.v.data(),  t_.h0.data(),
                                   t_.dO.data(), t_.dhT.data(), t_.dq.data(), t_.dk.data(),
                                   t_.dv.data(), t_.dh0.data()};
+    // A training step: the whole forward, then the backward from what it saved. dO and dhT stand
+    // for gradients that arrive after the forward (SPEC section 1), so no forward reads them.
     if (kase_.impl == Impl::scan) {
-      if (backward) scan_forward_backward(p, fwd, bwd, allocator_);
-      else scan_forward(p, fwd, allocator_);
+      scan_forward(p, fwd, allocator_);
+      if (backward) scan_backward(p, bwd, allocator_);
       return;
     }
     // The backward takes the chunk states the forward kept, as a training step would, unless the
@@ -284,7 +286,7 @@ class CpuBackend final : public Backend {
     const std::size_t outputs = (backward ? 4 : 1) * p.token_elems() + (backward ? 2 : 1) * p.state_elems();
     std::size_t scratch = kase.impl == Impl::scan ? scan_forward_workspace_bytes(p) : chunked_forward_workspace_bytes(p);
     if (backward)
-      scratch = kase.impl == Impl::scan      ? scan_forward_backward_workspace_bytes(p)
+      scratch = kase.impl == Impl::scan      ? std::max(scratch, scan_backward_workspace_bytes(p))
                 : keep_chunk_states_ ? chunked_forward_backward_workspace_bytes(p)
                                      : std::max(scratch, chunked_backward_workspace_bytes(p));
     return (tensors + outputs) * sizeof(float) + scratch;

@@ -1,5 +1,7 @@
 // CPU float32 kernels of SPEC section 1. Each runs on the OpenMP threads the caller has set
 // (omp_set_num_threads) and takes every temporary from `allocator`, so temp_mb is counted.
+// A fwd_bwd step is a forward, then a backward: ForwardArgs carry no dO or dhT, so no forward can
+// read the gradients, which in a model arrive only after the whole forward.
 // The *_workspace_bytes functions give each kernel's peak scratch in closed form; tests hold
 // the kernels to them.
 #pragma once
@@ -22,11 +24,6 @@ void scan_forward(const Problem& problem, const ForwardArgs<float>& args, Alloca
 void scan_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator);
 std::size_t scan_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_backward_workspace_bytes(const Problem& problem);
-// A forward then a backward of the same inputs (fwd's q, k, v, h0 those of bwd) in fewer walks
-// over the tokens: the results are bit for bit those of scan_forward then scan_backward.
-void scan_forward_backward(const Problem& problem, const ForwardArgs<float>& fwd, const BackwardArgs<float>& bwd,
-                           Allocator& allocator);
-std::size_t scan_forward_backward_workspace_bytes(const Problem& problem);
 
 // The chunked backward needs the state entering each chunk of every head. A forward given `keep`
 // (chunked_kept_states_bytes of it, allocated by the caller) leaves them there for a backward of

@@ -162,9 +162,6 @@ std::size_t scan_backward_workspace_bytes(const Problem& p) {
   return (p.heads_total() + std::size_t(scan_threads(p))) * p.head_state_elems() * sizeof(float);
 }
 
-// The forward's state takes the per-thread buffer the reverse passes use later.
-std::size_t scan_forward_backward_workspace_bytes(const Problem& p) { return scan_backward_workspace_bytes(p); }
-
 namespace {
 
 // The passes of one head, bh, of the kernels below (the mathematics in this file's header).
@@ -233,14 +230,7 @@ void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allo
   }
 }
 
-namespace {
-
-// The backward's walks, and with `f` the forward's too: the forward and the dq pass both walk the
-// tokens forward and both read k and v, so one walk over each tile runs the two (as the reverse
-// walk runs dv and dk) and k and v come from memory once for both. Where the scan is bound by
-// memory (D = 32: 8 flops per byte) that is 2 of the 14 token tensors a separate forward and
-// backward move.
-void backward_walks(const Problem& p, const ForwardArgs<float>* f, const BackwardArgs<float>& a, Allocator& allocator) {
+void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
   const int D = p.dim;
   const Split split = scan_split(p);
   const Vec vec = active_vec();
@@ -255,27 +245,10 @@ void backward_walks(const Problem& p, const ForwardArgs<float>* f, const Backwar
     for_each_share(split, [&](long bh, int c0, int c1) {
       float* P = starts.data() + bh * DD;
       pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
-      if (f) {  // the forward's state takes G until the reverse walk needs it
-        pack(f->h0 + bh * DD, false, G, D, split.width, c0, c1);
-        run_packed({{passes.forward(bh, *f), G}, {passes.dq(bh, a), P}}, c0, c1, split.width, vec);
-        unpack(G, f->hT + bh * DD, 1.0f, D, split.width, c0, c1);
-      } else {
-        run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec);
-      }
+      run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec);
       passes.reverse(bh, a, G, P, c0, c1, split.width, vec);
     });
   }
-}
-
-}  // namespace
-
-void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
-  backward_walks(p, nullptr, a, allocator);
-}
-
-void scan_forward_backward(const Problem& p, const ForwardArgs<float>& f, const BackwardArgs<float>& a,
-                           Allocator& allocator) {
-  backward_walks(p, &f, a, allocator);
 }
 
 }  // namespace lattn::cpu
