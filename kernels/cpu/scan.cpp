@@ -179,6 +179,7 @@ struct HeadPasses {
     pass.read_row = read_row + tok;
     pass.out = out + tok;
     pass.gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
+    pass.stream_out = true;
     return pass;
   }
   ScanPass forward(long bh, const ForwardArgs<float>& a) const {

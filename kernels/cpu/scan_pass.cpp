@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 namespace lattn::cpu {
@@ -79,6 +80,7 @@ struct Avx512 {
   static void store(float* p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
   static V loadu(const float* p) { return _mm512_loadu_ps(p); }
   static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void stream(float* p, V v) { _mm512_stream_ps(p, v); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V zero() { return _mm512_setzero_ps(); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
@@ -100,6 +102,7 @@ struct Avx2 {
   static void store(float* p, M m, V v) { _mm256_maskstore_ps(p, m, v); }
   static V loadu(const float* p) { return _mm256_loadu_ps(p); }
   static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void stream(float* p, V v) { _mm256_stream_ps(p, v); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V zero() { return _mm256_setzero_ps(); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -192,13 +195,13 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
   };
   // The next group's column operands and outputs, this block's share of their rows: every block
   // reads its own columns of the tile's c rows from memory (no other block brings them in) and
-  // writes its own columns of y. Once per group, in every block.
+  // writes its own columns of y (no prefetch when they are streamed). Once per group, per block.
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
     for (int n = 0; n < NB; ++n) {
       _mm_prefetch(reinterpret_cast<const char*>(g.c[u] + ahead + c0 + n * I::L), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(g.y[u] + ahead + c0 + n * I::L), _MM_HINT_ET0);
+      if (!p.stream_out) _mm_prefetch(reinterpret_cast<const char*>(g.y[u] + ahead + c0 + n * I::L), _MM_HINT_ET0);
     }
   // Rows go R at a time: within a row each readout waits on the state after the previous
   // token's update (a chain of U dependent FMAs), and the rows' chains are independent, so
@@ -213,6 +216,13 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
     row_group<I, K, 1>(g, row, ld, i, m, c, y, gam);
   }
   const V os = I::set1(p.out_scale);
+  if (K::FULL && p.stream_out) {
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+      for (int n = 0; n < NB; ++n) I::stream(g.y[u] + c0 + n * I::L, I::mul(y[u][n], os));
+    return;
+  }
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
@@ -336,15 +346,21 @@ int scan_column_block(Vec vec) {
 
 void run_scan_pass(const ScanPass& p, int col_begin, int col_end, Vec vec) {
   if (col_begin >= col_end || p.T <= 0) return;
+  // Non-temporal stores only in whole cache lines: every output row and block must start on one.
+  ScanPass pass = p;
+  pass.stream_out = p.stream_out && vec != Vec::generic && reinterpret_cast<std::uintptr_t>(p.out) % 64 == 0 &&
+                    p.D % 16 == 0 && col_begin % 16 == 0;
   switch (vec) {
 #if defined(__AVX512F__)
-    case Vec::avx512: run_vectorised<Avx512>(p, col_begin, col_end); return;
+    case Vec::avx512: run_vectorised<Avx512>(pass, col_begin, col_end); break;
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: run_vectorised<Avx2>(p, col_begin, col_end); return;
+    case Vec::avx2: run_vectorised<Avx2>(pass, col_begin, col_end); break;
 #endif
-    default: run_generic(p, col_begin, col_end); return;
+    default: run_generic(pass, col_begin, col_end); break;
   }
+  // Streamed lines are weakly ordered: visible to other threads only after a fence.
+  if (pass.stream_out) _mm_sfence();
 }
 
 }  // namespace lattn::cpu

@@ -42,6 +42,11 @@ struct ScanPass {
   // Whether the row operands come from memory (the first column block a thread walks over these
   // tokens): the walk then prefetches each next group's rows; from cache, prefetching only costs.
   bool prefetch_next_rows = true;
+  // Write full-width output blocks with non-temporal stores where rows start on cache lines: for
+  // outputs no step reads back while they could still be cached (a head's T x D rows pass through
+  // L2 once). That spares the read of each output line before its write, a fifth of the
+  // forward's memory traffic, which is what bounds the scan at D = 32 and 64 on two cores.
+  bool stream_out = false;
 };
 
 // Tokens one walk over a column block applies (the last walk of a pass may apply fewer, at a
