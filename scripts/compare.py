@@ -239,7 +239,7 @@ def crossovers(winners, ignore):
 
 
 def compare(base, new, metric, threshold, alpha, ignore_backend, ignore_device):
-    if base.fingerprint != new.fingerprint and not ignore_device:
+    if not base.same_device(new) and not ignore_device:
         raise lr.ResultFileError(f"devices differ: BASE is {base.fingerprint}, NEW is {new.fingerprint} "
                                  "(pass --ignore-device to compare anyway)")
     reason = None
@@ -255,7 +255,7 @@ def compare(base, new, metric, threshold, alpha, ignore_backend, ignore_device):
     rows = [judge(k, base_index.get(k), new_index.get(k), metric, threshold, alpha, ignore) for k in keys]
     winners = fastest_impls(new, metric, ignore)
     # True only under --ignore-device: differing devices were refused above otherwise.
-    devices_differ = base.fingerprint != new.fingerprint
+    devices_differ = not base.same_device(new)
     return Comparison(base, new, metric, threshold, alpha, reason, devices_differ, rows, winners,
                       crossovers(winners, ignore))
 

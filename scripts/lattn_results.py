@@ -53,12 +53,29 @@ class ResultFile:
 
     @property
     def fingerprint(self):
-        """What must be equal for two files to count as the same device."""
+        """What must be equal for two files to count as the same device (see same_device)."""
+        signature = self._cpu_signature
+        return self._named_device + (f" ({signature})" if signature else "")
+
+    @property
+    def _cpu_signature(self):
+        # A CPU run's speed is the CPU's; a CUDA run's is the GPU's, named in full already.
+        return self.device.get("cpu_signature") if self.device.get("backend") == "cpu" else None
+
+    @property
+    def _named_device(self):
         if self.is_reference:
             return f"{reference_backend(self.device)}/{self.device.get('device_kind', '?')}"
         backend = self.device.get("backend", "unknown")
         name = self.device.get("gpu") if backend == "cuda" else self.device.get("cpu_model")
         return f"{backend}/{name or '?'}"
+
+    def same_device(self, other):
+        """Equal fingerprints; where one file has no cpu_signature (written before lattnbench
+        recorded it), equal backends and device names."""
+        if self._cpu_signature and other._cpu_signature:
+            return self.fingerprint == other.fingerprint
+        return self._named_device == other._named_device
 
     @property
     def device_label(self):

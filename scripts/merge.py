@@ -31,7 +31,7 @@ def check_compatible(files):
                                      f"{first.format_name}")
         if config_without_shard(f) != config_without_shard(first):
             raise lr.ResultFileError(f"{f.path}: config differs from {first.path}'s: not shards of one run")
-        if f.fingerprint != first.fingerprint:
+        if not f.same_device(first):
             raise lr.ResultFileError(f"{f.path}: device {f.fingerprint} differs from {first.path}'s "
                                      f"{first.fingerprint}")
 

@@ -3,6 +3,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -10,16 +11,51 @@ namespace lattn {
 
 const char* const kVersion = LATTN_VERSION;
 
-std::string cpu_model() {
+namespace {
+
+// The value of the first "key<spaces>: value" line of /proc/cpuinfo for `key`, or "".
+std::string cpuinfo_field(const std::string& key) {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
+    const auto colon = line.find(':');
+    if (colon == std::string::npos || line.compare(0, key.size(), key) != 0) continue;
+    if (line.find_first_not_of(" \t", key.size()) != colon) continue;  // "model" is not "model name"
+    const auto value = line.find_first_not_of(' ', colon + 1);
+    return value == std::string::npos ? "" : line.substr(value);
   }
-  return "unknown";
+  return "";
+}
+
+// KiB per cache level of cpu0 ("L1d", "L1i", "L2", "L3"), from sysfs; empty where it is not there.
+nlohmann::json cache_kib() {
+  nlohmann::json caches = nlohmann::json::object();
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_file >> level) || !(type_file >> type) || !(size_file >> size) || size.empty()) continue;
+    long kib = std::atol(size.c_str());
+    if (size.back() == 'M') kib *= 1024;
+    const std::string suffix = type == "Data" ? "d" : type == "Instruction" ? "i" : "";
+    caches["L" + std::to_string(level) + suffix] = kib;
+  }
+  return caches;
+}
+
+}  // namespace
+
+std::string cpu_model() {
+  const std::string name = cpuinfo_field("model name");
+  return name.empty() ? "unknown" : name;
+}
+
+std::string cpu_signature() {
+  const std::string vendor = cpuinfo_field("vendor_id"), family = cpuinfo_field("cpu family"),
+                    model = cpuinfo_field("model"), stepping = cpuinfo_field("stepping");
+  if (vendor.empty() || family.empty() || model.empty()) return "";
+  return vendor + " family " + family + " model " + model + (stepping.empty() ? "" : " stepping " + stepping);
 }
 
 nlohmann::json host_info(int threads) {
@@ -27,7 +63,7 @@ nlohmann::json host_info(int threads) {
   gethostname(host, sizeof host - 1);
   utsname uts{};
   uname(&uts);
-  return {
+  nlohmann::json info = {
       {"cpu_model", cpu_model()},
       {"cpu_cores", std::thread::hardware_concurrency()},
       {"threads", threads},
@@ -40,6 +76,12 @@ nlohmann::json host_info(int threads) {
       {"git_revision", kGitRevision},
       {"git_dirty", kGitDirty},
   };
+  // A hypervisor may report one model name for several CPU generations ("AMD EPYC"): the
+  // signature and the caches tell them apart, so files from different machines are not compared.
+  if (const std::string signature = cpu_signature(); !signature.empty()) info["cpu_signature"] = signature;
+  if (const std::string mhz = cpuinfo_field("cpu MHz"); !mhz.empty()) info["cpu_mhz"] = std::atof(mhz.c_str());
+  if (nlohmann::json caches = cache_kib(); !caches.empty()) info["cache_kib"] = std::move(caches);
+  return info;
 }
 
 }  // namespace lattn

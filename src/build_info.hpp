@@ -12,6 +12,8 @@ extern const char* const kGitRevision;  // at build time, "unknown" outside a ch
 extern const bool kGitDirty;
 
 std::string cpu_model();
+// "<vendor> family F model M stepping S" from /proc/cpuinfo (x86), or "" where it has none.
+std::string cpu_signature();
 nlohmann::json host_info(int threads);
 
 }  // namespace lattn

@@ -10,9 +10,13 @@
 // its best settles (sgemm_peak_settled).
 // The bandwidth is a STREAM-style triad a = b + s c over arrays far larger than the last-level
 // cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
+// The FMA rate (registers only) is the compute ceiling beside them: sgemm at ~0.9 of it is
+// OpenBLAS at its best, and two runs whose FMA rates differ ran on different CPUs, whatever
+// their model names say.
 #include "roofline.hpp"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -99,6 +103,68 @@ double measure_triad(int threads, std::size_t elems, int reps) {
   return 3.0 * sizeof(float) * elems / best * 1e-9;
 }
 
+// The FMA units' rate with nothing but registers in play: 12 independent accumulators (more than
+// latency x throughput on current x86 cores) of the widest vector this build compiles for.
+#if defined(__AVX512F__)
+using FmaVec = __m512;
+inline FmaVec fma_set1(float x) { return _mm512_set1_ps(x); }
+inline FmaVec fma_madd(FmaVec a, FmaVec b, FmaVec c) { return _mm512_fmadd_ps(a, b, c); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using FmaVec = __m256;
+inline FmaVec fma_set1(float x) { return _mm256_set1_ps(x); }
+inline FmaVec fma_madd(FmaVec a, FmaVec b, FmaVec c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr int kFmaLanes = int(sizeof(FmaVec) / sizeof(float));
+
+// Seconds one thread takes for `iters` rounds of 12 vector FMAs.
+double fma_loop_seconds(long iters) {
+#define LATTN_ACCUMULATORS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define LATTN_DECLARE(i) FmaVec acc##i = fma_set1(float(i) * 1e-3f);
+#define LATTN_FMA(i) acc##i = fma_madd(acc##i, b, c);
+#define LATTN_SUM(i) +acc##i
+  LATTN_ACCUMULATORS(LATTN_DECLARE)
+  const FmaVec b = fma_set1(0.9999f), c = fma_set1(1e-7f);
+  const auto start = std::chrono::steady_clock::now();
+  for (long k = 0; k < iters; ++k) {
+    LATTN_ACCUMULATORS(LATTN_FMA)
+    // Keeps the loop from being folded away; the accumulators stay in registers.
+    asm volatile("" : "+v"(acc0), "+v"(acc1), "+v"(acc2), "+v"(acc3), "+v"(acc4), "+v"(acc5));
+    asm volatile("" : "+v"(acc6), "+v"(acc7), "+v"(acc8), "+v"(acc9), "+v"(acc10), "+v"(acc11));
+  }
+  const double seconds = seconds_since(start);
+  volatile float sink = 0;
+  const FmaVec total = fma_set1(0.0f) LATTN_ACCUMULATORS(LATTN_SUM);
+  sink = sink + reinterpret_cast<const float*>(&total)[0];
+#undef LATTN_ACCUMULATORS
+#undef LATTN_DECLARE
+#undef LATTN_FMA
+#undef LATTN_SUM
+  return seconds;
+}
+
+// All threads together, best of `reps` rounds of ~2 ms each.
+double measure_fma(int threads, int reps) {
+  constexpr long kIters = 50000;  // 600k FMAs per thread and round
+  double best = 1e30;
+#pragma omp parallel num_threads(threads)
+  for (int r = -1; r < reps; ++r) {  // r = -1: warm-up (the vector units may start slow)
+    std::chrono::steady_clock::time_point start;
+#pragma omp barrier
+#pragma omp master
+    start = std::chrono::steady_clock::now();
+    fma_loop_seconds(kIters);
+#pragma omp barrier
+#pragma omp master
+    if (r >= 0) best = std::min(best, seconds_since(start));
+  }
+  return 2.0 * kFmaLanes * 12 * kIters * threads / best * 1e-9;
+}
+#else
+double measure_fma(int, int) { return 0.0; }
+#endif
+
 }  // namespace
 
 bool sgemm_peak_settled(const std::vector<double>& product_seconds, double elapsed_seconds, const PeakRule& rule) {
@@ -132,6 +198,7 @@ const Roofline& cpu_roofline(int threads) {
     roofline.sgemm_median_gflops = sgemm_rate(threads, kSgemmN, times[times.size() / 2]);
     roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
     roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
+    roofline.fma_gflops = measure_fma(threads, 20);
   });
   return roofline;
 }

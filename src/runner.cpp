@@ -71,7 +71,7 @@ nlohmann::json identity(const Case& c) {
 // What must match for a journal to be resumed on this machine: the device, not its measurements.
 nlohmann::json device_fingerprint(const nlohmann::json& device) {
   nlohmann::json fp = nlohmann::json::object();
-  for (const char* key : {"backend", "cpu_model", "cpu_cores", "threads", "hostname", "gpu", "compute_capability",
+  for (const char* key : {"backend", "cpu_model", "cpu_signature", "cpu_cores", "threads", "hostname", "gpu", "compute_capability",
                           "lattnbench_version", "git_revision"})
     if (device.contains(key)) fp[key] = device[key];
   return fp;

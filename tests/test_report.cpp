@@ -32,6 +32,15 @@ TEST_CASE("a smoke run writes a complete result file", "[report]") {
   for (const char* key : {"backend", "cpu_model", "threads", "blas", "blas_version", "compiler", "build_type",
                           "lattnbench_version", "git_revision", "git_dirty", "hostname"})
     CHECK(doc["device"].contains(key));
+#if defined(__x86_64__) && defined(__linux__)
+  // "AuthenticAMD family 25 model 17 stepping 1": what tells CPUs of one model name apart.
+  CHECK_THAT(doc["device"]["cpu_signature"].get<std::string>(), Catch::Matches(R"(\S+ family \d+ model \d+( stepping \d+)?)"));
+#endif
+  if (doc["device"].contains("cache_kib"))
+    for (const auto& [level, kib] : doc["device"]["cache_kib"].items()) {
+      INFO(level);
+      CHECK(kib.get<long>() > 0);
+    }
   const auto& results = doc["results"];
   REQUIRE(results.size() == expand_plan(request.config).size());
   for (const auto& r : results) {

@@ -264,6 +264,7 @@ class CpuBackend final : public Backend {
     info["sgemm_seconds"] = roof.sgemm_seconds;
     info["stream_gbytes_per_s"] = roof.stream_gbytes_per_s;
     info["stream_bytes"] = roof.stream_bytes;
+    if (roof.fma_gflops > 0) info["fma_gflops"] = roof.fma_gflops;
     info["peak_gflops"] = roof.sgemm_gflops;
     return info;
   }

@@ -1,5 +1,6 @@
 """scripts/compare.py, run as a subprocess on fixture files: verdicts, exit statuses, outputs."""
 
+import copy
 import json
 import os
 import tempfile
@@ -230,6 +231,21 @@ class BadInputTest(unittest.TestCase):
         proc = fx.run_script("compare.py", fx.BASE_PATH, path, "--ignore-device")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("devices differ (--ignore-device)", proc.stdout)
+
+    def test_cpu_signatures_tell_one_model_name_apart(self):
+        # A hypervisor can name two CPU generations alike ("AMD EPYC"): the signatures decide.
+        zen4, zen5 = copy.deepcopy(self.base_doc), copy.deepcopy(self.base_doc)
+        zen4["device"]["cpu_signature"] = "AuthenticAMD family 25 model 17 stepping 1"
+        zen5["device"]["cpu_signature"] = "AuthenticAMD family 26 model 2 stepping 1"
+        zen4_path = fx.write(self.tmp.name, "zen4.json", zen4)
+        zen5_path = fx.write(self.tmp.name, "zen5.json", zen5)
+        self.assert_bad_input(zen4_path, zen5_path, mentions="family 26")
+        proc = fx.run_script("compare.py", zen4_path, zen4_path)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        # A file written before the signature was recorded still compares by model name.
+        proc = fx.run_script("compare.py", fx.BASE_PATH, zen4_path)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("devices differ", proc.stdout)
 
     def test_bad_threshold(self):
         for threshold in ("abc", "-5%", "nan"):
