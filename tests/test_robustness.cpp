@@ -140,6 +140,35 @@ TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") 
   fs::remove_all(dir);
 }
 
+TEST_CASE("resume refuses a journal written on another CPU", "[robustness][resume]") {
+  // A VM can be given another CPU generation under the same model name: the signature tells.
+  const fs::path dir = test::fresh_dir("resume-cpu");
+  const fs::path out = dir / "r.json";
+  const fs::path journal = out.string() + ".journal.jsonl";
+  const auto args = slow_run_args(out);
+  const pid_t pid = spawn(args, dir / "log1");
+  wait_for_journal(journal, 1);
+  REQUIRE(kill(pid, SIGKILL) == 0);
+  wait_exit(pid);
+  JournalContents contents = read_journal(journal.string());
+  REQUIRE(contents.header["device"].contains("cpu_signature"));
+  contents.header["device"]["cpu_signature"] = "GenuineIntel family 6 model 143 stepping 8";
+  {
+    Journal rewritten(journal.string(), contents.header, false);
+    for (const auto& record : contents.records) rewritten.append(record);
+  }
+  auto resume_args = args;
+  resume_args.push_back("--resume");
+  resume_args.push_back(journal.string());
+  std::string command;
+  for (const auto& arg : resume_args) command += arg + " ";
+  const auto result = test::run_process(command);
+  CHECK(result.exit_status == 2);
+  CHECK_THAT(result.output, Catch::Matchers::Contains("written on another device") &&
+                                Catch::Matchers::Contains("GenuineIntel family 6 model 143"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a case too big for memory is skipped with the reason, and the run goes on", "[robustness][memory]") {
   const fs::path dir = test::fresh_dir("memguard");
   const fs::path out = dir / "r.json";
