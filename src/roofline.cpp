@@ -146,21 +146,21 @@ LATTN_OPTIMISED double fma_loop_seconds(long iters) {
   return seconds;
 }
 
-// All threads together, best of `reps` rounds of ~2 ms each.
+// All threads together, best of `reps` rounds of ~2 ms each: per round, all threads' FMAs over the
+// slowest thread's own loop time, as the sgemm peak counts (the barriers' wake-ups left out: on a
+// loaded machine they take milliseconds).
 double measure_fma(int threads, int reps) {
-  constexpr long kIters = 50000;  // 600k FMAs per thread and round
-  double best = 1e30;
+  constexpr long kIters = 600000;  // 7.2M FMAs per thread and round, ~2 ms at one a cycle
+  std::vector<double> slowest(std::size_t(reps + 1), 0.0);
+  std::mutex mutex;
 #pragma omp parallel num_threads(threads)
-  for (int r = -1; r < reps; ++r) {  // r = -1: warm-up (the vector units may start slow)
-    std::chrono::steady_clock::time_point start;
+  for (int r = 0; r <= reps; ++r) {  // round 0: warm-up (the vector units may start slow)
 #pragma omp barrier
-#pragma omp master
-    start = std::chrono::steady_clock::now();
-    fma_loop_seconds(kIters);
-#pragma omp barrier
-#pragma omp master
-    if (r >= 0) best = std::min(best, seconds_since(start));
+    const double seconds = fma_loop_seconds(kIters);
+    const std::lock_guard<std::mutex> lock(mutex);
+    slowest[std::size_t(r)] = std::max(slowest[std::size_t(r)], seconds);
   }
+  const double best = *std::min_element(slowest.begin() + 1, slowest.end());
   return 2.0 * kFmaLanes * 12 * kIters * threads / best * 1e-9;
 }
 #else
