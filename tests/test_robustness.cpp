@@ -69,6 +69,17 @@ int wait_exit(pid_t pid, bool* signalled = nullptr) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Starts slow_run_args(out), SIGKILLs it once its journal holds `records` cases; whether the
+// signal ended it.
+bool killed_after(const fs::path& out, std::size_t records, const fs::path& log) {
+  const pid_t pid = spawn(slow_run_args(out), log);
+  wait_for_journal(out.string() + ".journal.jsonl", records);
+  REQUIRE(kill(pid, SIGKILL) == 0);
+  bool signalled = false;
+  wait_exit(pid, &signalled);
+  return signalled;
+}
+
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
@@ -101,12 +112,7 @@ TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "
   const fs::path out = dir / "r.json";
   const fs::path journal = out.string() + ".journal.jsonl";
   const auto args = slow_run_args(out);
-  const pid_t pid = spawn(args, dir / "log1");
-  wait_for_journal(journal, 3);
-  REQUIRE(kill(pid, SIGKILL) == 0);
-  bool signalled = false;
-  wait_exit(pid, &signalled);
-  CHECK(signalled);
+  CHECK(killed_after(out, 3, dir / "log1"));
   CHECK_FALSE(fs::exists(out));
   const JournalContents before = read_journal(journal.string());
   REQUIRE(before.records.size() >= 3);
@@ -146,10 +152,7 @@ TEST_CASE("resume refuses a journal written on another CPU", "[robustness][resum
   const fs::path out = dir / "r.json";
   const fs::path journal = out.string() + ".journal.jsonl";
   const auto args = slow_run_args(out);
-  const pid_t pid = spawn(args, dir / "log1");
-  wait_for_journal(journal, 1);
-  REQUIRE(kill(pid, SIGKILL) == 0);
-  wait_exit(pid);
+  killed_after(out, 1, dir / "log1");
   JournalContents contents = read_journal(journal.string());
   REQUIRE(contents.header["device"].contains("cpu_signature"));
   contents.header["device"]["cpu_signature"] = "GenuineIntel family 6 model 143 stepping 8";
