@@ -200,7 +200,7 @@ const Roofline& cpu_roofline(int threads) {
     roofline.sgemm_median_gflops = sgemm_rate(threads, kSgemmN, times[times.size() / 2]);
     roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
     roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
-    roofline.fma_gflops = measure_fma(threads, 20);
+    roofline.fma_gflops = measure_fma(threads, 50);
   });
   return roofline;
 }

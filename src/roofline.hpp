@@ -17,7 +17,7 @@ struct Roofline {
   double sgemm_seconds = 0;         // how long it took
   std::size_t stream_bytes = 0;     // bytes one triad pass moves (3 arrays), all threads
   double stream_gbytes_per_s = 0;   // best of the repetitions
-  double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 20; 0 without AVX2
+  double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 50; 0 without AVX2
 };
 
 // Measures on the first call (one to three seconds), returns the cached figures after. `threads`
