@@ -18,12 +18,11 @@ std::vector<Problem> path_shapes() {
   for (Decay decay : {Decay::none, Decay::retnet}) {
     shapes.push_back({1, 1, 1, 3, 4, decay});         // one token
     shapes.push_back({1, 2, 7, 17, 4, decay});        // D = 16 + 1 (a ragged block of two registers), T < 8
-    shapes.push_back({1, 1, 70, 80, 32, decay});      // AVX-512: a wide block and 16 columns, T past two token tiles
-    shapes.push_back({1, 2, 52, 64, 16, decay});      // D = 64: one wide block, 52 tokens = 17 walks of 3 + 1
+    shapes.push_back({1, 1, 70, 80, 32, decay});      // three column blocks (32, 32, 16), T past two token tiles
     shapes.push_back({2, 1, 45, 33, 16, decay});      // D = 32 + 1, ragged chunk
     shapes.push_back({1, 1, 131, 48, 128, decay});    // ragged last chunk of 3 rows, D = 1.5 panels
     shapes.push_back({1, 1, 97, 64, 40, decay});      // chunk not a multiple of the 8-row tile
-    shapes.push_back({1, 2, 66, 128, 64, decay});     // D = 128: two wide column blocks (AVX-512), four panels
+    shapes.push_back({1, 2, 66, 128, 64, decay});     // D = 128: four column blocks, four panels
     shapes.push_back({2, 1, 50, 32, 16, decay});      // D = 32: one full-width column block, 50 tokens = 8 groups of 6 + 2
   }
   return shapes;
@@ -53,11 +52,8 @@ TEST_CASE("thread splits over heads and over one head's columns give the referen
   for (const cpu::Vec vec : cpu::available_vecs()) {
     test::VecOverride force(vec);
     // B*H = 1 and 3 with up to 4 threads: fewer heads than threads, so the scan splits one
-    // head's state columns (D = 100: two wide blocks on AVX-512 at 2 threads, four narrow ones at
-    // 3 and 4, seven on AVX2, two generic; D = 64 on AVX-512: one wide block at 1 thread, two
-    // narrow ones at 2 and more).
-    for (const Problem& p : {Problem{1, 1, 50, 100, 16, Decay::retnet}, Problem{3, 1, 41, 40, 16, Decay::none},
-                             Problem{1, 1, 50, 64, 16, Decay::none}}) {
+    // head's state columns (D = 100: four blocks on AVX-512, seven on AVX2, two generic).
+    for (const Problem& p : {Problem{1, 1, 50, 100, 16, Decay::retnet}, Problem{3, 1, 41, 40, 16, Decay::none}}) {
       for (int threads : {1, 2, 3, 4}) {
         for (Impl impl : {Impl::scan, Impl::chunked}) {
           INFO(cpu::to_string(vec) << " threads " << threads << " " << to_string(impl) << " " << test::describe(p));

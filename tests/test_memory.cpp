@@ -44,10 +44,7 @@ TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
       // The formulas written out here, independently of the kernels' own *_workspace_bytes.
       // scan: items are (head, block of state columns); a packed state per thread, and in the
       // backward also h0^T / dhT^T per head.
-      // Wide blocks, or narrow ones where the wide give fewer items than the 2 threads.
-      std::size_t width = cpu::scan_column_block(vec);
-      if (p.heads_total() * ((D + width - 1) / width) < 2) width = cpu::scan_column_block(vec, true);
-      const std::size_t blocks = (D + width - 1) / width;
+      const std::size_t width = cpu::scan_column_block(vec), blocks = (D + width - 1) / width;
       const std::size_t scan_threads = std::min<std::size_t>(2, p.heads_total() * blocks);
       CHECK(cpu::scan_forward_workspace_bytes(p) == scan_threads * D * D * 4);
       CHECK(cpu::scan_backward_workspace_bytes(p) == (p.heads_total() + scan_threads) * D * D * 4);

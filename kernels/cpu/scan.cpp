@@ -53,14 +53,10 @@ struct Split {
 Split scan_split(const Problem& p) {
   Split s;
   s.dim = p.dim;
-  // Wide blocks, unless narrower ones give more threads work (fewer heads than threads).
-  const int threads = omp_get_max_threads();
   s.width = scan_column_block(active_vec());
-  if (long(p.heads_total()) * ((p.dim + s.width - 1) / s.width) < threads)
-    s.width = scan_column_block(active_vec(), true);
   s.blocks = (p.dim + s.width - 1) / s.width;
   s.items = long(p.heads_total()) * s.blocks;
-  s.threads = int(std::max(1L, std::min<long>(threads, s.items)));
+  s.threads = int(std::max(1L, std::min<long>(omp_get_max_threads(), s.items)));
   return s;
 }
 

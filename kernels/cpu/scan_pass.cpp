@@ -11,15 +11,7 @@
 //     ~20% slower at D = 32 and 64, the same at D = 128, on one core);
 //   - the U tokens' column operands c_t and outputs y_t live in registers for the whole row walk
 //     (U * W / 16 each: 12 + 12 zmm, with two rows and their broadcasts 30 of the 32) and y_t is
-//     written once, scaled, at the end;
-//   - where a state has 64 columns to walk, a wide block (W = 64, four registers per row) takes
-//     them with U = 3 tokens and one row at a time, the same 30 registers: per 24 FMAs it loads 4
-//     registers, stores 4 and broadcasts 6 scalars where two 32-column blocks broadcast 12, and
-//     it reads each token's rows once where two blocks read them twice. Timed against two narrow
-//     blocks in one process, call for call (Zen 4, seq 8192, 40-60 pairs): the forward ran
-//     1.02-1.06x faster at D = 64 and 1.03-1.04x at D = 128, on one thread and on two; the same
-//     in cache (seq 1024). At D = 128 the 32 KiB block fills L1, and the rows that fall out come
-//     back from L2 without slowing the walk.
+//     written once, scaled, at the end.
 // Ragged column tails (D not a multiple of the width) use masked loads and stores, full blocks
 // plain ones. Interleaving 3 or 4 rows instead of 2 (with U = 4 or 5 to keep the registers) ran
 // within the noise of 2 rows on one core in L1 (120-140 GFLOP/s for every variant, 2026-12-02).
@@ -83,8 +75,6 @@ struct Avx512 {
   using V = __m512;
   using M = __mmask16;
   static constexpr int L = 16, NV = 2, U = 6, R = 2;
-  // The wide block (see the top of this file); WIDE_U must divide U: token tiles are multiples of U.
-  static constexpr int WIDE_NV = 4, WIDE_U = 3;
   static M mask(int n) { return n >= L ? M(0xFFFF) : M((1u << std::max(n, 0)) - 1); }
   static V load(M m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
   static void store(float* p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
@@ -104,7 +94,6 @@ struct Avx2 {
   using M = __m256i;
   // 16 ymm registers: U = 2 tokens of 2 column registers keeps c, y, the row and broadcasts in 12.
   static constexpr int L = 8, NV = 2, U = 2, R = 2;
-  static constexpr int WIDE_NV = 0, WIDE_U = 0;  // no wide block: 16 registers hold no more
   static M mask(int n) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
@@ -137,9 +126,9 @@ void store_lanes(float* p, typename I::M m, typename I::V v) {
 // What a block walk is compiled for: U steps, NB registers of columns, R rows at a time, whether
 // the steps decay the state, whether the block is full width, whether it prefetches the next
 // group's row operands.
-template <int U_, int NB_, int R_, bool DECAY_, bool FULL_, bool PREFETCH_>
+template <int U_, int NB_, bool DECAY_, bool FULL_, bool PREFETCH_>
 struct Walk {
-  static constexpr int U = U_, NB = NB_, R = R_;
+  static constexpr int U = U_, NB = NB_;
   static constexpr bool DECAY = DECAY_, FULL = FULL_, PREFETCH = PREFETCH_;
 };
 
@@ -177,7 +166,7 @@ inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i
 template <class I, class K>
 void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename I::M* m) {
   using V = typename I::V;
-  constexpr int U = K::U, NB = K::NB, R = K::R;
+  constexpr int U = K::U, NB = K::NB, R = I::R;
   V c[U][NB], y[U][NB];
   const V us = I::set1(p.upd_scale), gam = I::set1(p.gamma);
 #pragma GCC unroll 8
@@ -241,49 +230,39 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
 }
 
 // Calls block_steps compiled for `left` steps (1 <= left <= U), and the pass's decay.
-template <class I, int NB, int R, bool FULL, bool PREFETCH, int U>
+template <class I, int NB, bool FULL, bool PREFETCH, int U = I::U>
 void steps(const ScanPass& p, int step, int left, bool decay, int c0, const typename I::M* m) {
   if constexpr (U > 0) {
     if (left == U) {
-      if (decay) block_steps<I, Walk<U, NB, R, true, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
-      else block_steps<I, Walk<U, NB, R, false, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      if (decay) block_steps<I, Walk<U, NB, true, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      else block_steps<I, Walk<U, NB, false, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
       return;
     }
-    steps<I, NB, R, FULL, PREFETCH, U - 1>(p, step, left, decay, c0, m);
+    steps<I, NB, FULL, PREFETCH, U - 1>(p, step, left, decay, c0, m);
   }
 }
 
-// The whole pass over one column block: NB registers of columns, up to U steps per walk over its
-// rows, R rows at a time.
-template <class I, int NB, int U, int R, bool FULL, bool PREFETCH>
+template <class I, int NB, bool FULL, bool PREFETCH>
 void column_block(const ScanPass& p, int c0, int width) {
   typename I::M m[NB];
   for (int n = 0; n < NB; ++n) m[n] = I::mask(width - n * I::L);
   const bool decay = p.gamma != 1.0f;
   int step = 0;
   if (decay && !p.decay_first && p.T > 0) {
-    steps<I, NB, R, FULL, PREFETCH, U>(p, 0, 1, false, c0, m);
+    steps<I, NB, FULL, PREFETCH>(p, 0, 1, false, c0, m);
     step = 1;
   }
-  for (; step < p.T; step += U) steps<I, NB, R, FULL, PREFETCH, U>(p, step, std::min(U, p.T - step), decay, c0, m);
+  for (; step < p.T; step += I::U) steps<I, NB, FULL, PREFETCH>(p, step, std::min(I::U, p.T - step), decay, c0, m);
 }
 
 template <class I, bool PREFETCH>
 void column_blocks(const ScanPass& p, int col_begin, int col_end) {
-  constexpr int W = I::L * I::NV, WIDE = I::L * I::WIDE_NV;
-  for (int c0 = col_begin; c0 < col_end;) {
-    if constexpr (WIDE > 0) {
-      if (col_end - c0 >= WIDE) {
-        column_block<I, I::WIDE_NV, I::WIDE_U, 1, true, PREFETCH>(p, c0, WIDE);
-        c0 += WIDE;
-        continue;
-      }
-    }
+  constexpr int W = I::L * I::NV;
+  for (int c0 = col_begin; c0 < col_end; c0 += W) {
     const int width = std::min(W, col_end - c0);
-    if (width == W) column_block<I, I::NV, I::U, I::R, true, PREFETCH>(p, c0, width);
-    else if (width > I::L) column_block<I, I::NV, I::U, I::R, false, PREFETCH>(p, c0, width);
-    else column_block<I, 1, I::U, I::R, false, PREFETCH>(p, c0, width);
-    c0 += width;
+    if (width == W) column_block<I, I::NV, true, PREFETCH>(p, c0, width);
+    else if (width > I::L) column_block<I, I::NV, false, PREFETCH>(p, c0, width);
+    else column_block<I, 1, false, PREFETCH>(p, c0, width);
   }
 }
 
@@ -356,9 +335,9 @@ int scan_tokens_per_walk(Vec vec) {
   }
 }
 
-int scan_column_block(Vec vec, bool narrow) {
+int scan_column_block(Vec vec) {
   switch (vec) {
-    case Vec::avx512: return narrow ? 32 : 64;
+    case Vec::avx512: return 32;
     case Vec::avx2: return 16;
     case Vec::generic: return 64;
   }

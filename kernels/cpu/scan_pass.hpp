@@ -50,12 +50,10 @@ struct ScanPass {
 };
 
 // Tokens one walk over a column block applies (the last walk of a pass may apply fewer, at a
-// lower rate; a wide block applies a divisor of it): token tiles should be a multiple of it.
+// lower rate): token tiles should be a multiple of it.
 int scan_tokens_per_walk(Vec vec);
 // Columns are processed in blocks of this many (the last may be ragged): a work item's granularity.
-// `narrow`: the narrowest block the walk runs at its full rate, for splitting one head's columns
-// over more threads than the wide blocks give items (64 and 32 on AVX-512; the same elsewhere).
-int scan_column_block(Vec vec, bool narrow = false);
+int scan_column_block(Vec vec);
 // Runs `pass` on the state's columns [col_begin, col_end).
 void run_scan_pass(const ScanPass& pass, int col_begin, int col_end, Vec vec);
 
