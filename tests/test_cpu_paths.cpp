@@ -19,6 +19,7 @@ std::vector<Problem> path_shapes() {
     shapes.push_back({1, 1, 1, 3, 4, decay});         // one token
     shapes.push_back({1, 2, 7, 17, 4, decay});        // D = 16 + 1 (a ragged block of two registers), T < 8
     shapes.push_back({1, 1, 70, 80, 32, decay});      // three column blocks (32, 32, 16), T past two token tiles
+    shapes.push_back({1, 2, 52, 64, 16, decay});      // D = 64: two full blocks, 52 tokens past one tile of 48
     shapes.push_back({2, 1, 45, 33, 16, decay});      // D = 32 + 1, ragged chunk
     shapes.push_back({1, 1, 131, 48, 128, decay});    // ragged last chunk of 3 rows, D = 1.5 panels
     shapes.push_back({1, 1, 97, 64, 40, decay});      // chunk not a multiple of the 8-row tile
@@ -52,8 +53,10 @@ TEST_CASE("thread splits over heads and over one head's columns give the referen
   for (const cpu::Vec vec : cpu::available_vecs()) {
     test::VecOverride force(vec);
     // B*H = 1 and 3 with up to 4 threads: fewer heads than threads, so the scan splits one
-    // head's state columns (D = 100: four blocks on AVX-512, seven on AVX2, two generic).
-    for (const Problem& p : {Problem{1, 1, 50, 100, 16, Decay::retnet}, Problem{3, 1, 41, 40, 16, Decay::none}}) {
+    // head's state columns (D = 100: four blocks on AVX-512, seven on AVX2, two generic; D = 64:
+    // as many blocks as threads on AVX-512 at 2, fewer at 3 and 4).
+    for (const Problem& p : {Problem{1, 1, 50, 100, 16, Decay::retnet}, Problem{3, 1, 41, 40, 16, Decay::none},
+                             Problem{1, 1, 50, 64, 16, Decay::none}}) {
       for (int threads : {1, 2, 3, 4}) {
         for (Impl impl : {Impl::scan, Impl::chunked}) {
           INFO(cpu::to_string(vec) << " threads " << threads << " " << to_string(impl) << " " << test::describe(p));
