@@ -4,6 +4,9 @@ case each binary's median over the rounds of its median_ms and its speed-up over
 
     ab.py [--rounds 5] [--md FILE] [--json FILE] BASE_BIN NEW_BIN [MORE_BIN...] -- LATTNBENCH_ARGS...
 
+A BIN may carry arguments of its own in the same word, split as a shell would:
+'build/lattnbench --threads 1' 'build/lattnbench --threads 2' measures how one build scales.
+
 Two result files taken one after the other on a shared machine differ by more than most changes:
 its rate moves over tens of seconds (docs/performance.md). Alternating the binaries puts each
 round's runs seconds apart, so a drift meets every binary alike, and the median over rounds drops
@@ -15,6 +18,7 @@ binary that does not start or exits non-zero, a result file that cannot be read,
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -36,6 +40,14 @@ def parse(argv):
     args.lattnbench_args = argv[cut + 1:]
     if len(args.binaries) < 2:
         lr.fail("ab.py", "give at least two binaries to alternate")
+    for binary in args.binaries:
+        try:
+            if not shlex.split(binary):
+                lr.fail("ab.py", "an empty binary argument")
+        except ValueError as e:
+            lr.fail("ab.py", f"cannot split the binary argument {binary!r}: {e}")
+        if "--out" in shlex.split(binary):
+            lr.fail("ab.py", f"--out is ab.py's to set: leave it out of {binary!r}")
     if args.rounds < 1:
         lr.fail("ab.py", f"--rounds must be at least 1, not {args.rounds}")
     if "--out" in args.lattnbench_args:
@@ -45,8 +57,9 @@ def parse(argv):
 
 def run_once(binary, lattnbench_args, out_path):
     """The ok records of one run, {case_key: record}."""
+    command = shlex.split(binary)
     try:
-        proc = subprocess.run([binary, "-q", *lattnbench_args, "--out", out_path], capture_output=True, text=True)
+        proc = subprocess.run([*command, "-q", *lattnbench_args, "--out", out_path], capture_output=True, text=True)
     except OSError as e:
         lr.fail("ab.py", f"{binary}: cannot run: {e.strerror}")
     if proc.returncode != 0:
@@ -62,7 +75,7 @@ def geomean(values):
 
 def main(argv):
     args = parse(argv)
-    names = [os.path.basename(b) for b in args.binaries]
+    names = [shlex.join([os.path.basename(c[0]), *c[1:]]) for c in map(shlex.split, args.binaries)]
     if len(set(names)) < len(names):
         names = list(args.binaries)
     if len(set(names)) < len(names):  # one binary given twice: an A/A run, which says what noise is

@@ -117,6 +117,29 @@ class AbTest(unittest.TestCase):
             self.assertIn(message, proc.stderr, args)
             self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
 
+    def test_a_binary_word_carries_its_own_arguments(self):
+        # One stand-in run with --threads 1 and 2, as a build's scaling is measured: each word is
+        # split as a shell would, its arguments go before the shared ones, and it names its column.
+        a = self.fake("same")
+        args_log = os.path.join(self.tmp.name, "args.log")
+        wrapper = os.path.join(self.tmp.name, "wrapper")
+        with open(wrapper, "w", encoding="utf-8") as f:
+            f.write(f"#!/bin/sh\necho \"$@\" >> {args_log}\nexec {a} \"$@\"\n")
+        os.chmod(wrapper, os.stat(wrapper).st_mode | stat.S_IXUSR)
+        proc, doc = self.run_ab("--rounds", "1", f"{wrapper} --threads 1", f"{wrapper} --threads '2'", "--",
+                                "--suite", "kernel")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(sorted(doc["geomean_speedup"]), ["wrapper --threads 1", "wrapper --threads 2"])
+        with open(args_log, encoding="utf-8") as f:
+            calls = [line.split()[:5] for line in f]
+        self.assertEqual(calls, [["--threads", "1", "-q", "--suite", "kernel"], ["--threads", "2", "-q", "--suite", "kernel"]])
+        for args, message in [((f"{wrapper} --out x.json", a, "--"), "--out is ab.py's to set"),
+                              ((f"{wrapper} 'unclosed", a, "--"), "cannot split"),
+                              (("  ", a, "--"), "an empty binary argument")]:
+            proc, _ = self.run_ab(*args)
+            self.assertEqual(proc.returncode, 2, args)
+            self.assertIn(message, proc.stderr, args)
+
     def test_one_binary_twice_is_an_a_a_run(self):
         a = self.fake("same")
         proc, doc = self.run_ab("--rounds", "2", a, a, "--")
