@@ -40,14 +40,17 @@ def parse(argv):
     args.lattnbench_args = argv[cut + 1:]
     if len(args.binaries) < 2:
         lr.fail("ab.py", "give at least two binaries to alternate")
+    args.commands = []
     for binary in args.binaries:
         try:
-            if not shlex.split(binary):
-                lr.fail("ab.py", "an empty binary argument")
+            command = shlex.split(binary)
         except ValueError as e:
             lr.fail("ab.py", f"cannot split the binary argument {binary!r}: {e}")
-        if "--out" in shlex.split(binary):
+        if not command:
+            lr.fail("ab.py", "an empty binary argument")
+        if "--out" in command:
             lr.fail("ab.py", f"--out is ab.py's to set: leave it out of {binary!r}")
+        args.commands.append(command)
     if args.rounds < 1:
         lr.fail("ab.py", f"--rounds must be at least 1, not {args.rounds}")
     if "--out" in args.lattnbench_args:
@@ -55,9 +58,8 @@ def parse(argv):
     return args
 
 
-def run_once(binary, lattnbench_args, out_path):
-    """The ok records of one run, {case_key: record}."""
-    command = shlex.split(binary)
+def run_once(binary, command, lattnbench_args, out_path):
+    """The ok records of one run of `command` (the split `binary` word), {case_key: record}."""
     try:
         proc = subprocess.run([*command, "-q", *lattnbench_args, "--out", out_path], capture_output=True, text=True)
     except OSError as e:
@@ -75,7 +77,7 @@ def geomean(values):
 
 def main(argv):
     args = parse(argv)
-    names = [shlex.join([os.path.basename(c[0]), *c[1:]]) for c in map(shlex.split, args.binaries)]
+    names = [shlex.join([os.path.basename(c[0]), *c[1:]]) for c in args.commands]
     if len(set(names)) < len(names):
         names = list(args.binaries)
     if len(set(names)) < len(names):  # one binary given twice: an A/A run, which says what noise is
@@ -84,8 +86,8 @@ def main(argv):
     labels = {}
     with tempfile.TemporaryDirectory(prefix="lattn-ab-") as tmp:
         for round_index in range(args.rounds):
-            for index, binary in enumerate(args.binaries):
-                records = run_once(binary, args.lattnbench_args, os.path.join(tmp, f"{round_index}-{index}.json"))
+            for index, (binary, command) in enumerate(zip(args.binaries, args.commands)):
+                records = run_once(binary, command, args.lattnbench_args, os.path.join(tmp, f"{round_index}-{index}.json"))
                 for key, record in records.items():
                     value = lr.number(record.get("median_ms"))
                     if value is None or value <= 0:
