@@ -1,5 +1,5 @@
 # LATTN_CUDA: AUTO builds the CUDA backend when nvcc is found, ON requires it, OFF skips it.
-# The backend itself lives in kernels/cuda/ with its own CMake file.
+# The backend itself lives in backends/cuda/ with its own CMake file.
 set(LATTN_HAVE_CUDA OFF)
 if(NOT LATTN_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
@@ -9,9 +9,9 @@ if(NOT LATTN_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     message(STATUS "lattnbench: CUDA toolkit found (${CMAKE_CUDA_COMPILER})")
-    if(EXISTS ${PROJECT_SOURCE_DIR}/kernels/cuda/CMakeLists.txt)
+    if(EXISTS ${PROJECT_SOURCE_DIR}/backends/cuda/CMakeLists.txt)
       enable_language(CUDA)
-      add_subdirectory(kernels/cuda)
+      add_subdirectory(backends/cuda)
       set(LATTN_HAVE_CUDA ON)
     else()
       message(STATUS "lattnbench: the CUDA backend is not in this tree yet; building the CPU backend only")

@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <string>
 
-#include "config.hpp"
-#include "error.hpp"
+#include "src/config.hpp"
+#include "src/plan.hpp"
+#include "core/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

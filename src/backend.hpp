@@ -1,39 +1,26 @@
-// The one interface every backend (CPU, CUDA) implements. A backend answers whether it is usable
-// here and whether it supports a case before anything runs, so an unsupported case is a skip with
-// a reason, never a failure mid-run.
+// A backend is a small capability table, as ggml's are: its name, whether it is usable here, a
+// typed description of its device, and a list of impl rows, one per (op, form) it runs. The runner
+// asks a row whether it can run a case and has it prepare the case; it never asks what kind of op
+// a case is. A case no row supports is a skip with the reason, never a failure mid-run.
+// Rows are written in backends/<name>/; src/backends.cpp is the one file that knows them.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "config.hpp"
+#include "core/case.hpp"
+#include "core/tensor_set.hpp"
+#include "device_info.hpp"
 
 namespace lattn {
 
 struct Availability {
   bool available = false;
   std::string reason;  // why not, when not
-};
-
-// Host-side float32 tensors of one kernel case (layouts in kernels/problem.hpp). Backward-only
-// tensors are empty for mode fwd.
-struct KernelTensors {
-  std::vector<float> q, k, v, h0, dO, dhT;      // inputs
-  std::vector<float> o, hT, dq, dk, dv, dh0;    // outputs
-};
-
-// Host-side float32 tensors of one layer case (SPEC section 2; M = heads * head_dim, row-major):
-//   x, dOut, out, dx : [batch][seq][M]     wq, wk, wv, wo and their gradients : [M][M] (y = x W)
-//   g, dg : [M]                            beta, dbeta : [heads]
-// dOut and the gradients are empty for mode fwd.
-struct LayerTensors {
-  std::vector<float> x, wq, wk, wv, wo, g, beta, dOut;               // inputs
-  std::vector<float> out, dx, dwq, dwk, dwv, dwo, dg, dbeta;         // outputs
 };
 
 struct MemoryUsage {
@@ -52,44 +39,42 @@ class PreparedCase {
   virtual double time_ms(int calls) = 0;
   // Peak scratch seen over the calls so far, and the input/output sizes.
   virtual MemoryUsage memory() const = 0;
-  // Copies the outputs of the last call to the host (outside any timed region).
-  virtual void read_outputs(KernelTensors& tensors) = 0;
-  // The same for a case made by Backend::prepare_layer.
-  virtual void read_layer_outputs(LayerTensors& tensors);
+  // Copies the outputs of the last call into `outputs` (outside any timed region); `outputs` holds
+  // the case's output tensors (make_case_outputs).
+  virtual void read_outputs(TensorSet& outputs) = 0;
   // How a chunked fwd_bwd's backward got the state entering each chunk: "kept" from the forward,
   // or "recomputed"; empty for other cases.
   virtual std::string bwd_states() const { return {}; }
 };
 
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual std::string name() const = 0;
-  virtual Availability availability() const = 0;
-  // Why this backend cannot run `kase`, or nothing when it can.
-  virtual std::optional<std::string> unsupported_reason(const Case& kase) const = 0;
-  // The `device` block of the result file (docs/results.md).
-  virtual nlohmann::json device_info() const = 0;
-  virtual std::unique_ptr<PreparedCase> prepare(const Case& kase, const KernelTensors& inputs) = 0;
+struct ImplRow {
+  std::string op;    // an op's name (core/op.hpp)
+  std::string impl;  // one of that op's forms
+  // Why this row cannot run the case here (dtype, sizes, the device's limits), or nothing.
+  std::function<std::optional<std::string>(const Case&)> unsupported;
+  std::function<std::unique_ptr<PreparedCase>(const Case&, const TensorSet& inputs)> prepare;
+  // Bytes the backend will hold for the case (its copies of the tensors and the kernel's scratch).
+  std::function<std::size_t(const Case&)> memory_estimate;
+};
 
-  // For the memory guard: bytes this backend will hold for `kase` (its copies of the inputs and
-  // outputs, and the kernel's scratch), and the bytes free where it holds them. The defaults
-  // make the guard a no-op for a backend that cannot tell.
-  virtual std::size_t memory_estimate(const Case& /*kase*/) const { return 0; }
-  virtual std::size_t memory_available() const { return std::size_t(-1); }
-  // True when the backend's memory is host RAM (the CPU backend), so that the run's own host
-  // buffers and the backend's draw on the same pool.
-  virtual bool memory_is_host() const { return false; }
+struct Backend {
+  std::string name;
+  std::function<Availability()> availability;
+  // The `device` block; may measure (the CPU's roofline, once per process).
+  std::function<DeviceInfo()> describe;
+  std::vector<ImplRow> impls;
+  // True when the backend's memory is host RAM (the CPU), so that the run's own host buffers and
+  // the backend's draw on the same pool.
+  bool memory_is_host = false;
+  // Bytes free where the backend holds its tensors; empty when it cannot tell.
+  std::function<std::size_t()> memory_available;
+  // A quick re-measurement of the peak (GFLOP/s), taken just before and after each case, where
+  // the backend has one (docs/results.md, peak_gflops_now).
+  std::function<std::optional<double>()> peak_check;
 
-  // A quick re-measurement of the device block's peak (GFLOP/s), taken by the runner just before
-  // and just after each case, or nothing where the backend has none (docs/results.md,
-  // peak_gflops_now).
-  virtual std::optional<double> peak_check_gflops() { return std::nullopt; }
-
-  // The layer suite (kase.suite == "layer"). A backend without it keeps these defaults: the runner
-  // then skips its layer cases with a reason instead of failing them.
-  virtual bool runs_layer_suite() const { return false; }
-  virtual std::unique_ptr<PreparedCase> prepare_layer(const Case& kase, const LayerTensors& inputs);
+  const ImplRow* find(const std::string& op, const std::string& impl) const;
+  // Why the case cannot run here: no row for it, or its row's reason; nothing when it can.
+  std::optional<std::string> unsupported(const Case& kase) const;
 };
 
 struct BackendOptions {
@@ -100,6 +85,11 @@ struct BackendOptions {
   // (CPU tiled path), else the backward recomputes them. Records say which (`bwd_states`).
   bool keep_chunk_states = true;
 };
+
+// What the backends need the process environment to say before any library reads it (the CPU
+// backend's OpenMP spin count and OpenBLAS core). The first thing main does; it may re-execute the
+// program with them set, and then does not return.
+void prepare_process_environment(char** argv);
 
 // Every backend this build knows, available here or not ("cpu" always; "cuda" when built).
 std::vector<std::string> backend_names();

@@ -28,8 +28,8 @@ std::string cpuinfo_field(const std::string& key) {
 }
 
 // KiB per cache level of cpu0 ("L1d", "L1i", "L2", "L3"), from sysfs; empty where it is not there.
-nlohmann::json cache_kib() {
-  nlohmann::json caches = nlohmann::json::object();
+std::map<std::string, long> cache_kib() {
+  std::map<std::string, long> caches;
   for (int index = 0; index < 8; ++index) {
     const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
     std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
@@ -58,29 +58,26 @@ std::string cpu_signature() {
   return vendor + " family " + family + " model " + model + (stepping.empty() ? "" : " stepping " + stepping);
 }
 
-nlohmann::json host_info(int threads) {
+HostInfo host_info(int threads) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   utsname uts{};
   uname(&uts);
-  nlohmann::json info = {
-      {"cpu_model", cpu_model()},
-      {"cpu_cores", std::thread::hardware_concurrency()},
-      {"threads", threads},
-      {"hostname", host},
-      {"os", std::string(uts.sysname) + " " + uts.release + " " + uts.machine},
-      {"compiler", LATTN_COMPILER},
-      {"build_type", LATTN_BUILD_TYPE},
-      {"cxx_flags", LATTN_CXX_FLAGS},
-      {"lattnbench_version", kVersion},
-      {"git_revision", kGitRevision},
-      {"git_dirty", kGitDirty},
-  };
-  // A hypervisor may report one model name for several CPU generations ("AMD EPYC"): the
-  // signature and the caches tell them apart, so files from different machines are not compared.
-  if (const std::string signature = cpu_signature(); !signature.empty()) info["cpu_signature"] = signature;
-  if (const std::string mhz = cpuinfo_field("cpu MHz"); !mhz.empty()) info["cpu_mhz"] = std::atof(mhz.c_str());
-  if (nlohmann::json caches = cache_kib(); !caches.empty()) info["cache_kib"] = std::move(caches);
+  HostInfo info;
+  info.cpu_model = cpu_model();
+  info.cpu_cores = std::thread::hardware_concurrency();
+  info.threads = threads;
+  info.hostname = host;
+  info.os = std::string(uts.sysname) + " " + uts.release + " " + uts.machine;
+  info.compiler = LATTN_COMPILER;
+  info.build_type = LATTN_BUILD_TYPE;
+  info.cxx_flags = LATTN_CXX_FLAGS;
+  info.version = kVersion;
+  info.git_revision = kGitRevision;
+  info.git_dirty = kGitDirty;
+  info.cpu_signature = cpu_signature();
+  if (const std::string mhz = cpuinfo_field("cpu MHz"); !mhz.empty()) info.cpu_mhz = std::atof(mhz.c_str());
+  info.cache_kib = cache_kib();
   return info;
 }
 

@@ -1,9 +1,9 @@
 // What built and runs lattnbench: the part of the `device` block every backend shares.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <string>
+
+#include "device_info.hpp"
 
 namespace lattn {
 
@@ -14,6 +14,6 @@ extern const bool kGitDirty;
 std::string cpu_model();
 // "<vendor> family F model M stepping S" from /proc/cpuinfo (x86), or "" where it has none.
 std::string cpu_signature();
-nlohmann::json host_info(int threads);
+HostInfo host_info(int threads);
 
 }  // namespace lattn

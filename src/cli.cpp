@@ -7,7 +7,8 @@
 
 #include "backend.hpp"
 #include "build_info.hpp"
-#include "error.hpp"
+#include "ops.hpp"
+#include "core/error.hpp"
 
 namespace lattn {
 namespace {
@@ -18,54 +19,35 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
-// Flags that override one config key each: (flag name, config key, help).
-struct OverrideFlag {
-  const char* flag;
-  const char* key;
-  const char* help;
-};
-
-const std::vector<OverrideFlag>& override_flags() {
-  static const std::vector<OverrideFlag> flags = {
-      {"--suite", "suites", "suites to run, comma list (kernel, layer)"},
-      {"--impl", "impl", "impls, comma list (scan, chunked)"},
-      {"--mode", "mode", "modes, comma list (fwd, fwd_bwd)"},
-      {"--seq", "seq", "sequence lengths, comma list"},
-      {"--dim", "dim", "head dims of the kernel suite, comma list"},
-      {"--head-dim", "head_dim", "head dims of the layer suite, comma list"},
-      {"--window", "window", "sliding windows of the layer suite, comma list"},
-      {"--chunk", "chunk", "chunk sizes of the chunked form, comma list"},
-      {"--batch", "batch", "batch sizes, comma list"},
-      {"--heads", "heads", "head counts, comma list"},
-      {"--decay", "decay", "decay modes, comma list (none, retnet)"},
-      {"--backend", "backend", "cpu or cuda"},
-      {"--dtype", "dtype", "float32 or bf16 (bf16 inputs, float32 accumulation; backends that lack it skip)"},
-      {"--threads", "threads", "CPU threads of the whole run (0: every core)"},
-      {"--warmup", "warmup", "warm-up calls after the cold one"},
-      {"--reps", "reps", "timed samples per case"},
-      {"--min-sample-ms", "min_sample_ms", "a sample lasts at least this long (ms)"},
-      {"--seed", "seed", "seed of the inputs"},
-      {"--device", "device", "GPU index of the CUDA backend (default 0)"},
-      {"--bwd-states", "bwd_states", "chunked fwd_bwd: kept (the forward keeps the chunk states) or recomputed"},
-  };
-  return flags;
-}
-
 }  // namespace
 
 std::string list_capabilities() {
+  std::vector<std::string> impls;
+  for (const Op* op : all_ops())
+    if (!op->suite.empty())
+      for (const Form& f : op->forms)
+        if (std::find(impls.begin(), impls.end(), f.name) == impls.end()) impls.push_back(f.name);
   std::string out;
   out += "suites:   " + join(known_suites()) + "\n";
-  out += "impls:    " + join(known_impls()) + "\n";
-  out += "modes:    " + join(known_modes()) + "\n";
-  out += "decays:   " + join(known_decays()) + "\n";
+  out += "impls:    " + join(impls) + "\n";
+  out += "modes:    " + join(mode_names()) + "\n";
+  out += "decays:   " + join(decay_names()) + "\n";
   out += "dtypes:   " + join(known_dtypes()) + "\n";
   out += "backends:\n";
   for (const auto& name : backend_names()) {
     try {
       auto backend = make_backend(name, BackendOptions{});
       const Availability a = backend->availability();
-      out += fmt::format("  {:<5} {}\n", name, a.available ? "available" : "unavailable: " + a.reason);
+      // What the backend's table has, by suite: "kernel scan, chunked; layer scan, chunked".
+      std::string rows;
+      for (const Op* op : all_ops()) {
+        if (op->suite.empty()) continue;
+        std::vector<std::string> forms;
+        for (const ImplRow& row : backend->impls)
+          if (row.op == op->name) forms.push_back(row.impl);
+        if (!forms.empty()) rows += (rows.empty() ? "" : "; ") + op->suite + " " + join(forms);
+      }
+      out += fmt::format("  {:<5} {} ({})\n", name, a.available ? "available" : "unavailable: " + a.reason, rows);
     } catch (const UsageError& e) {
       std::string why = e.what();
       const auto colon = why.find(": ");
@@ -92,9 +74,9 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   app.add_flag("-q,--quiet", quiet, "no progress lines on stderr");
   app.add_flag("--cold", cold, "flush the GPU's L2 cache before each timed call (CUDA; nvbench's cold measurement)");
 
-  std::vector<std::string> override_values(override_flags().size());
-  for (std::size_t i = 0; i < override_flags().size(); ++i)
-    app.add_option(override_flags()[i].flag, override_values[i], override_flags()[i].help);
+  const std::vector<ConfigKey> keys = config_keys();
+  std::vector<std::string> override_values(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) app.add_option(keys[i].flag, override_values[i], keys[i].help);
 
   std::vector<const char*> args;
   args.reserve(argv.size());
@@ -120,9 +102,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   RunRequest request;
   request.config = config_path.empty() ? embedded_default_config() : load_config_file(config_path);
   Overrides overrides;
-  for (std::size_t i = 0; i < override_flags().size(); ++i)
-    if (app.get_option(override_flags()[i].flag)->count() > 0)
-      overrides.values[override_flags()[i].key] = override_values[i];
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (app.get_option(keys[i].flag)->count() > 0) overrides.values[keys[i].key] = override_values[i];
   if (cold) overrides.values["cold"] = "true";
   apply_overrides(request.config, overrides);
   request.argv = argv;

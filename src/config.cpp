@@ -13,7 +13,9 @@
 #include <set>
 #include <sstream>
 
-#include "error.hpp"
+#include "core/error.hpp"
+#include "ops.hpp"
+#include "plan.hpp"
 
 namespace lattn {
 
@@ -21,16 +23,9 @@ extern const char* const kEmbeddedDefaultConfig;  // generated from configs/defa
 
 namespace {
 
-// Sizes beyond these are refused at validation, before anything is allocated.
-constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim = 1024, kMaxChunk = 8192;
+// Run settings beyond these are refused; each op's axes carry their own ranges (kernels/<op>/op.cpp).
 constexpr long kMaxDevice = 1023;
-// The layer's model width heads * head_dim: a weight is width^2 floats (256 MiB at the limit).
-constexpr long kMaxModelDim = 8192;
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
-// One tensor of a case may not exceed this many elements (8 GiB of float32).
-constexpr std::size_t kMaxTensorElems = std::size_t(1) << 31;
-// A plan is held in memory whole; sweeps beyond this belong in several runs or shards.
-constexpr long kMaxPlanCases = 100000;
 
 struct Raw {
   std::string text;
@@ -102,94 +97,103 @@ std::vector<T> parse_list(const std::vector<Raw>& raws, Parse parse) {
   return out;
 }
 
-Impl impl_from(const std::string& s) { return s == "scan" ? Impl::scan : Impl::chunked; }
-Mode mode_from(const std::string& s) { return s == "fwd" ? Mode::fwd : Mode::fwd_bwd; }
-Decay decay_from(const std::string& s) { return s == "none" ? Decay::none : Decay::retnet; }
-
 struct Field {
   std::string key;
   bool is_list;
   std::function<void(Config&, const std::vector<Raw>&)> set;
+  std::string help;  // the flag's help line
 };
 
-template <class Suite>
-auto int_list(long lo, long hi, Suite Config::*suite, std::vector<int> Suite::*member) {
-  return [=](Config& c, const std::vector<Raw>& raws) {
-    c.*suite.*member = parse_list<int>(raws, [&](const Raw& r) { return int(parse_int(r, lo, hi)); });
-  };
+// The values an axis accepts when they are names: the op's forms, the modes, the decays.
+std::vector<std::string> axis_choices(const Op& op, const Axis& axis) {
+  switch (axis.param) {
+    case Param::impl: {
+      std::vector<std::string> names;
+      for (const Form& f : op.forms) names.push_back(f.name);
+      return names;
+    }
+    case Param::mode: return mode_names();
+    case Param::decay: return decay_names();
+    default: return {};
+  }
 }
 
-template <class E, class Suite>
-auto enum_list(const std::vector<std::string>& choices, const char* what, E (*convert)(const std::string&),
-               Suite Config::*suite, std::vector<E> Suite::*member) {
-  return [=, &choices](Config& c, const std::vector<Raw>& raws) {
-    c.*suite.*member = parse_list<E>(raws, [&](const Raw& r) { return convert(parse_choice(r, choices, what)); });
-  };
+bool is_named(Param param) { return param == Param::impl || param == Param::mode || param == Param::decay; }
+
+const char* noun(Param param) {
+  switch (param) {
+    case Param::impl: return "impl";
+    case Param::mode: return "mode";
+    default: return "decay";
+  }
 }
 
-const std::vector<Field>& kernel_fields() {
-  using S = KernelSuite;
-  constexpr auto k = &Config::kernel;
-  static const std::vector<Field> fields = {
-      {"batch", true, int_list(1, kMaxBatch, k, &S::batch)},
-      {"heads", true, int_list(1, kMaxHeads, k, &S::heads)},
-      {"seq", true, int_list(1, kMaxSeq, k, &S::seq)},
-      {"dim", true, int_list(1, kMaxDim, k, &S::dim)},
-      {"chunk", true, int_list(1, kMaxChunk, k, &S::chunk)},
-      {"impl", true, enum_list<Impl>(known_impls(), "impl", impl_from, k, &S::impl)},
-      {"mode", true, enum_list<Mode>(known_modes(), "mode", mode_from, k, &S::mode)},
-      {"decay", true, enum_list<Decay>(known_decays(), "decay", decay_from, k, &S::decay)},
-  };
+AxisValues parse_axis(const Op& op, const Axis& axis, const std::vector<Raw>& raws) {
+  AxisValues values;
+  if (is_named(axis.param)) {
+    const std::vector<std::string> choices = axis_choices(op, axis);
+    values.names =
+        parse_list<std::string>(raws, [&](const Raw& r) { return parse_choice(r, choices, noun(axis.param)); });
+  } else {
+    values.numbers = parse_list<long>(raws, [&](const Raw& r) { return parse_int(r, axis.lo, axis.hi); });
+  }
+  return values;
+}
+
+// A suite's keys: its op's axes.
+std::vector<Field> suite_fields(const std::string& suite) {
+  std::vector<Field> fields;
+  const Op* op = op_for_suite(suite);
+  if (!op) return fields;
+  for (const Axis& axis : op->axes)
+    fields.push_back({axis.key, true,
+                      [op, axis, suite](Config& c, const std::vector<Raw>& raws) {
+                        c.suite(suite).values[axis.key] = parse_axis(*op, axis, raws);
+                      },
+                      axis.help});
   return fields;
-}
-
-const std::vector<Field>& layer_fields() {
-  using S = LayerSuite;
-  constexpr auto l = &Config::layer;
-  static const std::vector<Field> fields = {
-      {"batch", true, int_list(1, kMaxBatch, l, &S::batch)},
-      {"heads", true, int_list(1, kMaxHeads, l, &S::heads)},
-      {"head_dim", true, int_list(1, kMaxDim, l, &S::head_dim)},
-      {"window", true, int_list(1, kMaxSeq, l, &S::window)},
-      {"seq", true, int_list(1, kMaxSeq, l, &S::seq)},
-      {"chunk", true, int_list(1, kMaxChunk, l, &S::chunk)},
-      {"impl", true, enum_list<Impl>(known_impls(), "impl", impl_from, l, &S::impl)},
-      {"mode", true, enum_list<Mode>(known_modes(), "mode", mode_from, l, &S::mode)},
-      {"decay", true, enum_list<Decay>(known_decays(), "decay", decay_from, l, &S::decay)},
-  };
-  return fields;
-}
-
-// The suites' own key sets, by suite name (the order of known_suites()).
-const std::vector<Field>& suite_fields(const std::string& suite) {
-  return suite == "layer" ? layer_fields() : kernel_fields();
 }
 
 const std::vector<Field>& top_fields() {
   static const std::vector<Field> fields = {
       {"suites", true,
        [](Config& c, const std::vector<Raw>& raws) {
-         c.suites = parse_list<std::string>(raws, [](const Raw& r) { return parse_choice(r, known_suites(), "suite"); });
-       }},
+         const std::vector<std::string> suites = known_suites();
+         c.suites = parse_list<std::string>(raws, [&](const Raw& r) { return parse_choice(r, suites, "suite"); });
+       },
+       "suites to run"},
       {"backend", false,
        [](Config& c, const std::vector<Raw>& raws) {
          static const std::vector<std::string> backends = {"cpu", "cuda"};
          c.run.backend = parse_choice(raws[0], backends, "backend");
-       }},
+       },
+       "cpu or cuda"},
       {"dtype", false,
-       [](Config& c, const std::vector<Raw>& raws) { c.run.dtype = parse_choice(raws[0], known_dtypes(), "dtype"); }},
-      {"threads", false, [](Config& c, const std::vector<Raw>& raws) { c.run.threads = int(parse_int(raws[0], 0, kMaxThreads)); }},
-      {"warmup", false, [](Config& c, const std::vector<Raw>& raws) { c.run.warmup = int(parse_int(raws[0], 0, kMaxWarmup)); }},
-      {"reps", false, [](Config& c, const std::vector<Raw>& raws) { c.run.reps = int(parse_int(raws[0], 1, kMaxReps)); }},
+       [](Config& c, const std::vector<Raw>& raws) { c.run.dtype = parse_choice(raws[0], known_dtypes(), "dtype"); },
+       "float32 or bf16 (bf16 inputs, float32 accumulation; backends that lack it skip)"},
+      {"threads", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.threads = int(parse_int(raws[0], 0, kMaxThreads)); },
+       "CPU threads of the whole run (0: every core)"},
+      {"warmup", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.warmup = int(parse_int(raws[0], 0, kMaxWarmup)); },
+       "warm-up calls after the cold one"},
+      {"reps", false, [](Config& c, const std::vector<Raw>& raws) { c.run.reps = int(parse_int(raws[0], 1, kMaxReps)); },
+       "timed samples per case"},
       {"min_sample_ms", false,
-       [](Config& c, const std::vector<Raw>& raws) { c.run.min_sample_ms = parse_positive_number(raws[0], 60000); }},
-      {"seed", false, [](Config& c, const std::vector<Raw>& raws) { c.run.seed = parse_seed(raws[0]); }},
-      {"device", false, [](Config& c, const std::vector<Raw>& raws) { c.run.device = int(parse_int(raws[0], 0, kMaxDevice)); }},
-      {"cold", false, [](Config& c, const std::vector<Raw>& raws) { c.run.cold = parse_bool(raws[0]); }},
+       [](Config& c, const std::vector<Raw>& raws) { c.run.min_sample_ms = parse_positive_number(raws[0], 60000); },
+       "a sample lasts at least this long (ms)"},
+      {"seed", false, [](Config& c, const std::vector<Raw>& raws) { c.run.seed = parse_seed(raws[0]); },
+       "seed of the inputs"},
+      {"device", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.device = int(parse_int(raws[0], 0, kMaxDevice)); },
+       "GPU index of the CUDA backend (default 0)"},
+      {"cold", false, [](Config& c, const std::vector<Raw>& raws) { c.run.cold = parse_bool(raws[0]); },
+       ""},  // set by the flag --cold (src/cli.cpp), which takes no value
       {"bwd_states", false,
        [](Config& c, const std::vector<Raw>& raws) {
          c.run.bwd_states = parse_choice(raws[0], known_bwd_states(), "bwd_states");
-       }},
+       },
+       "chunked fwd_bwd: kept (the forward keeps the chunk states) or recomputed"},
   };
   return fields;
 }
@@ -242,7 +246,10 @@ void apply_mapping(Config& config, const YAML::Node& map, const std::string& sou
     const Field* field = find_field(fields, key);
     if (!field) {
       auto keys = field_keys(fields);
-      if (section) keys.insert(keys.end(), known_suites().begin(), known_suites().end());
+      if (section) {
+        const std::vector<std::string> suites = known_suites();
+        keys.insert(keys.end(), suites.begin(), suites.end());
+      }
       throw UsageError(at(source, key_node), "unknown key '" + prefix + key + "' (expected one of: " + join(keys) + ")");
     }
     field->set(config, node_raws(entry.second, source, prefix + key, field->is_list));
@@ -256,26 +263,36 @@ int line_of_byte(const std::string& text, std::size_t byte) {
 
 }  // namespace
 
-std::string to_string(Impl impl) { return impl == Impl::scan ? "scan" : "chunked"; }
-std::string to_string(Mode mode) { return mode == Mode::fwd ? "fwd" : "fwd_bwd"; }
-std::string to_string(Decay decay) { return decay == Decay::none ? "none" : "retnet"; }
+Config::Config() {
+  for (const Op* op : all_ops()) {
+    if (op->suite.empty()) continue;
+    SuiteConfig suite{op, {}};
+    for (const Axis& axis : op->axes) {
+      std::vector<Raw> raws;
+      for (const std::string& value : axis.defaults) raws.push_back(Raw{value, op->suite + "." + axis.key, false});
+      suite.values[axis.key] = parse_axis(*op, axis, raws);
+    }
+    suite_configs.push_back(std::move(suite));
+  }
+}
 
-const std::vector<std::string>& known_suites() {
-  static const std::vector<std::string> v = {"kernel", "layer"};
-  return v;
+const SuiteConfig& Config::suite(const std::string& name) const {
+  for (const SuiteConfig& s : suite_configs)
+    if (s.op->suite == name) return s;
+  throw RuntimeFailure("no suite '" + name + "'");
 }
-const std::vector<std::string>& known_impls() {
-  static const std::vector<std::string> v = {"scan", "chunked"};
-  return v;
+
+SuiteConfig& Config::suite(const std::string& name) {
+  return const_cast<SuiteConfig&>(static_cast<const Config&>(*this).suite(name));
 }
-const std::vector<std::string>& known_modes() {
-  static const std::vector<std::string> v = {"fwd", "fwd_bwd"};
-  return v;
+
+std::vector<std::string> known_suites() {
+  std::vector<std::string> names;
+  for (const Op* op : all_ops())
+    if (!op->suite.empty()) names.push_back(op->suite);
+  return names;
 }
-const std::vector<std::string>& known_decays() {
-  static const std::vector<std::string> v = {"none", "retnet"};
-  return v;
-}
+
 const std::vector<std::string>& known_bwd_states() {
   static const std::vector<std::string> v = {"kept", "recomputed"};
   return v;
@@ -326,7 +343,7 @@ Config parse_config(const std::string& original_text, const std::string& source)
   config.source = source;
   apply_mapping(config, root, source, top_fields(), "",
                 [&](const std::string& key, const YAML::Node& value) {
-                  const auto& suites = known_suites();
+                  const std::vector<std::string> suites = known_suites();
                   if (std::find(suites.begin(), suites.end(), key) == suites.end()) return false;
                   if (!value.IsMap())
                     throw UsageError(at(source, value) + ": " + key, "expected a mapping of the " + key + " suite's keys");
@@ -381,7 +398,8 @@ void apply_overrides(Config& config, const Overrides& overrides) {
     std::vector<std::string> owners;
     bool applied = false;
     for (const auto& suite : known_suites()) {
-      const Field* field = find_field(suite_fields(suite), key);
+      const std::vector<Field> fields = suite_fields(suite);
+      const Field* field = find_field(fields, key);
       if (!field) continue;
       owners.push_back(suite);
       if (std::find(config.suites.begin(), config.suites.end(), suite) == config.suites.end()) continue;
@@ -396,124 +414,24 @@ void apply_overrides(Config& config, const Overrides& overrides) {
   validate_config(config);
 }
 
-void validate_config(const Config& c) {
-  const auto& k = c.kernel;
-  const double cases = double(k.batch.size()) * double(k.heads.size()) * double(k.seq.size()) * double(k.dim.size()) *
-                       double(k.chunk.size()) * double(k.impl.size()) * double(k.mode.size()) * double(k.decay.size());
-  const auto& l = c.layer;
-  const double layer_cases = double(l.batch.size()) * double(l.heads.size()) * double(l.head_dim.size()) *
-                             double(l.window.size()) * double(l.seq.size()) * double(l.chunk.size()) *
-                             double(l.impl.size()) * double(l.mode.size()) * double(l.decay.size());
-  // Checked before the size loops below, which walk these products.
-  if (cases + layer_cases > double(kMaxPlanCases))
-    throw UsageError(c.source, "the suites expand to " + std::to_string(long(cases + layer_cases)) + " cases; at most " +
-                                   std::to_string(kMaxPlanCases) + " fit in one run (use --shard or fewer values)");
-  for (int batch : k.batch)
-    for (int heads : k.heads)
-      for (int seq : k.seq)
-        for (int dim : k.dim) {
-          const std::size_t tokens = std::size_t(batch) * heads * seq * dim;
-          const std::size_t state = std::size_t(batch) * heads * dim * dim;
-          if (tokens > kMaxTensorElems || state > kMaxTensorElems)
-            throw UsageError(c.source, "kernel case batch " + std::to_string(batch) + " heads " + std::to_string(heads) +
-                                           " seq " + std::to_string(seq) + " dim " + std::to_string(dim) +
-                                           " needs tensors of over 2^31 elements (8 GiB each); no machine here holds that");
-        }
-  for (int heads : l.heads)
-    for (int head_dim : l.head_dim) {
-      const long width = long(heads) * head_dim;
-      if (width > kMaxModelDim)
-        throw UsageError(c.source, "layer heads " + std::to_string(heads) + " x head_dim " + std::to_string(head_dim) +
-                                       " is a model width of " + std::to_string(width) + ", over the limit " +
-                                       std::to_string(kMaxModelDim) + " (each weight is width^2 floats)");
-      for (int batch : l.batch)
-        for (int seq : l.seq)
-          if (std::size_t(batch) * seq * std::size_t(width) > kMaxTensorElems)
-            throw UsageError(c.source, "layer case batch " + std::to_string(batch) + " seq " + std::to_string(seq) +
-                                           " model width " + std::to_string(width) +
-                                           " needs tensors of over 2^31 elements (8 GiB each); no machine here holds that");
-    }
-}
-
-namespace {
-
-void expand_kernel(const Config& c, std::vector<Case>& plan) {
-  const auto& k = c.kernel;
-  // dim outside seq, mode outside impl: the order of the reference results file, which also keeps
-  // the cases that share inputs and a reference next to each other.
-  for (int batch : k.batch)
-    for (int heads : k.heads)
-      for (int chunk : k.chunk)
-        for (Decay decay : k.decay)
-          for (int dim : k.dim)
-            for (int seq : k.seq)
-              for (Mode mode : k.mode)
-                for (Impl impl : k.impl) {
-                  Case kase;
-                  kase.suite = "kernel";
-                  kase.impl = impl;
-                  kase.mode = mode;
-                  kase.problem = Problem{batch, heads, seq, dim, chunk, decay};
-                  kase.backend = c.run.backend;
-                  kase.dtype = c.run.dtype;
-                  kase.plan_index = plan.size();
-                  plan.push_back(kase);
-                }
-}
-
-void expand_layer(const Config& c, std::vector<Case>& plan) {
-  const auto& l = c.layer;
-  // seq outside impl outside mode, as the reference results file orders its layer records.
-  for (int batch : l.batch)
-    for (int heads : l.heads)
-      for (int head_dim : l.head_dim)
-        for (int window : l.window)
-          for (int chunk : l.chunk)
-            for (Decay decay : l.decay)
-              for (int seq : l.seq)
-                for (Impl impl : l.impl)
-                  for (Mode mode : l.mode) {
-                    Case kase;
-                    kase.suite = "layer";
-                    kase.impl = impl;
-                    kase.mode = mode;
-                    kase.problem = Problem{batch, heads, seq, head_dim, chunk, decay};
-                    kase.window = window;
-                    kase.backend = c.run.backend;
-                    kase.dtype = c.run.dtype;
-                    kase.plan_index = plan.size();
-                    plan.push_back(kase);
-                  }
-}
-
-}  // namespace
-
-std::vector<Case> expand_plan(const Config& c) {
-  std::vector<Case> plan;
-  for (const auto& suite : c.suites) {
-    if (suite == "kernel") expand_kernel(c, plan);
-    if (suite == "layer") expand_layer(c, plan);
-  }
-  return plan;
+std::vector<ConfigKey> config_keys() {
+  std::vector<ConfigKey> keys;
+  auto add = [&](const std::string& key, const std::string& help, bool is_list) {
+    for (const ConfigKey& k : keys)
+      if (k.key == key) return;
+    keys.push_back({key, flag_of(key), help + (is_list ? ", comma list" : "")});
+  };
+  const auto& top = top_fields();
+  add(top.front().key, top.front().help + " (" + join(known_suites()) + ")", true);
+  for (const SuiteConfig& suite : Config().suite_configs)
+    for (const Axis& axis : suite.op->axes) add(axis.key, axis.help, true);
+  for (const Field& f : top)
+    if (!f.help.empty()) add(f.key, f.help, f.is_list);
+  return keys;
 }
 
 nlohmann::json to_json(const Config& c) {
-  auto names = [](const auto& values) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& v : values) out.push_back(to_string(v));
-    return out;
-  };
-  nlohmann::json kernel = {
-      {"batch", c.kernel.batch}, {"heads", c.kernel.heads}, {"seq", c.kernel.seq}, {"dim", c.kernel.dim},
-      {"chunk", c.kernel.chunk}, {"impl", names(c.kernel.impl)}, {"mode", names(c.kernel.mode)},
-      {"decay", names(c.kernel.decay)},
-  };
-  nlohmann::json layer = {
-      {"batch", c.layer.batch}, {"heads", c.layer.heads}, {"head_dim", c.layer.head_dim},
-      {"window", c.layer.window}, {"seq", c.layer.seq}, {"chunk", c.layer.chunk},
-      {"impl", names(c.layer.impl)}, {"mode", names(c.layer.mode)}, {"decay", names(c.layer.decay)},
-  };
-  return {
+  nlohmann::json out = {
       {"source", c.source},
       {"suites", c.suites},
       {"backend", c.run.backend},
@@ -526,9 +444,14 @@ nlohmann::json to_json(const Config& c) {
       {"device", c.run.device},
       {"cold", c.run.cold},
       {"bwd_states", c.run.bwd_states},
-      {"kernel", kernel},
-      {"layer", layer},
   };
+  for (const SuiteConfig& suite : c.suite_configs) {
+    nlohmann::json keys = nlohmann::json::object();
+    for (const auto& [key, values] : suite.values)
+      keys[key] = values.names.empty() ? nlohmann::json(values.numbers) : nlohmann::json(values.names);
+    out[suite.op->suite] = keys;
+  }
+  return out;
 }
 
 }  // namespace lattn

@@ -1,50 +1,19 @@
 // The suite config: one schema for YAML and JSON files, one validator, and the CLI overrides that
-// go through the same value checks. The schema is documented in docs/config.md.
+// go through the same value checks. The run settings are fixed keys; each suite's keys are its
+// op's axes (core/op.hpp), so a new axis or suite needs no code here. docs/config.md lists them.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "problem.hpp"
+#include "core/case.hpp"
+#include "core/op.hpp"
 
 namespace lattn {
-
-enum class Impl { scan, chunked };
-enum class Mode { fwd, fwd_bwd };
-
-std::string to_string(Impl impl);
-std::string to_string(Mode mode);
-std::string to_string(Decay decay);
-
-struct KernelSuite {
-  std::vector<int> batch{2};
-  std::vector<int> heads{4};
-  std::vector<int> seq{512, 2048, 8192};
-  std::vector<int> dim{32, 64, 128};
-  std::vector<int> chunk{128};
-  std::vector<Impl> impl{Impl::scan, Impl::chunked};
-  std::vector<Mode> mode{Mode::fwd, Mode::fwd_bwd};
-  std::vector<Decay> decay{Decay::none};
-};
-
-// The hybrid block of SPEC section 2: model width heads * head_dim, a linear branch (impl, chunk,
-// decay) and a sliding-window branch of `window` keys.
-struct LayerSuite {
-  std::vector<int> batch{2};
-  std::vector<int> heads{8};
-  std::vector<int> head_dim{64};
-  std::vector<int> window{128};
-  std::vector<int> seq{512, 2048};
-  std::vector<int> chunk{128};
-  std::vector<Impl> impl{Impl::scan, Impl::chunked};
-  std::vector<Mode> mode{Mode::fwd, Mode::fwd_bwd};
-  std::vector<Decay> decay{Decay::none};
-};
 
 struct RunSettings {
   std::string backend = "cpu";
@@ -59,37 +28,44 @@ struct RunSettings {
   std::string bwd_states = "kept";  // chunked fwd_bwd: "kept" from the forward or "recomputed" (BackendOptions)
 };
 
-struct Config {
-  std::vector<std::string> suites{"kernel", "layer"};
-  RunSettings run;
-  KernelSuite kernel;
-  LayerSuite layer;
-  std::string source = "<built-in>";  // where the config came from, for messages and the JSON
+// The values of one config key of a suite: numbers for integer axes, names for the others.
+struct AxisValues {
+  std::vector<long> numbers;
+  std::vector<std::string> names;
 };
 
-// One entry of the plan: everything a backend needs to run a case. For a layer case, `problem` is
-// the linear branch's (dim = head_dim) and `window` the sliding window; kernel cases have window 0.
-struct Case {
-  std::string suite;
-  Impl impl;
-  Mode mode;
-  Problem problem;
-  std::string backend;
-  std::string dtype;
-  std::size_t plan_index = 0;
-  int window = 0;
+// One suite's settings: its op and a list of values per axis key (every key has one).
+struct SuiteConfig {
+  const Op* op = nullptr;
+  std::map<std::string, AxisValues> values;
 
-  bool is_layer() const { return suite == "layer"; }
-  int model_dim() const { return problem.heads * problem.dim; }
+  const std::vector<long>& numbers(const std::string& key) const { return values.at(key).numbers; }
+  const std::vector<std::string>& names(const std::string& key) const { return values.at(key).names; }
+};
+
+struct Config {
+  Config();  // the defaults: every suite with its axes' default values
+
+  std::vector<std::string> suites{"kernel", "layer"};  // the suites to run
+  RunSettings run;
+  std::vector<SuiteConfig> suite_configs;  // every suite's settings, selected or not
+  std::string source = "<built-in>";       // where the config came from, for messages and the JSON
+
+  const SuiteConfig& suite(const std::string& name) const;
+  SuiteConfig& suite(const std::string& name);
 };
 
 // The names the config accepts, for --list and for messages.
-const std::vector<std::string>& known_suites();
-const std::vector<std::string>& known_impls();
-const std::vector<std::string>& known_modes();
-const std::vector<std::string>& known_decays();
+std::vector<std::string> known_suites();
 const std::vector<std::string>& known_dtypes();
 const std::vector<std::string>& known_bwd_states();
+
+// A key the command line can set (a flag per key: "seq" -> --seq), with its help line.
+struct ConfigKey {
+  std::string key, flag, help;
+};
+// The run settings' keys and every suite's, each once.
+std::vector<ConfigKey> config_keys();
 
 // Parses `text` as YAML or JSON (by the extension of `source_name`: .json is JSON, else YAML).
 Config parse_config(const std::string& text, const std::string& source_name);
@@ -102,11 +78,6 @@ struct Overrides {
   std::map<std::string, std::string> values;  // config key (e.g. "seq") -> raw CLI text
 };
 void apply_overrides(Config& config, const Overrides& overrides);
-
-// Checks what only the whole config can tell (sizes that no machine could hold, etc.).
-void validate_config(const Config& config);
-
-std::vector<Case> expand_plan(const Config& config);
 
 nlohmann::json to_json(const Config& config);
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <mutex>
 
-#include "workspace.hpp"
+#include "core/workspace.hpp"
 
 namespace lattn {
 

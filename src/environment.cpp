@@ -28,10 +28,6 @@ TimerInfo measure_steady_clock() {
   return info;
 }
 
-nlohmann::json to_json(const TimerInfo& timer) {
-  return {{"clock", "std::chrono::steady_clock"}, {"resolution_ns", timer.resolution_ns}, {"overhead_ns", timer.overhead_ns}};
-}
-
 std::vector<std::string> environment_warnings(const std::string& build_type) {
   std::vector<std::string> warnings;
   if (build_type != "Release")

@@ -3,20 +3,15 @@
 // machine).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
+#include <cstddef>
 #include <string>
 #include <vector>
 
+#include "device_info.hpp"
+
 namespace lattn {
 
-struct TimerInfo {
-  double resolution_ns = 0;  // smallest non-zero step seen between two readings
-  double overhead_ns = 0;    // mean cost of one reading
-};
-
 TimerInfo measure_steady_clock();
-nlohmann::json to_json(const TimerInfo& timer);
 
 // Warnings for this run: build type not Release, CPU frequency scaling not pinned, load average
 // over half the cores.

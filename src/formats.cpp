@@ -4,28 +4,83 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <optional>
 
-#include "error.hpp"
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "record_json.hpp"
 #include "report.hpp"
 #include "summary.hpp"
 
 namespace lattn {
 namespace {
 
-const std::vector<std::string>& column_keys() {
-  static const std::vector<std::string> keys = {
-      "suite",  "impl",    "mode",    "backend", "dtype",   "decay",  "batch",   "heads",      "seq",
-      "dim",    "chunk",   "window",  "head_dim", "status", "median_ms", "q1_ms", "q3_ms",    "inner",
-      "gflops", "peak_fraction", "peak_fraction_now", "roofline_fraction", "gbytes_per_s", "temp_mb", "arg_mb", "out_mb", "rel_err", "compile_s"};
-  return keys;
+// A column of the CSV and markdown views: its key (as in the JSON record) and its cell, empty
+// where the record has no such value.
+struct Column {
+  const char* key;
+  std::function<std::string(const CaseRecord&)> cell;
+};
+
+std::string number(double v) { return fmt::format("{:.6g}", v); }
+std::string number(std::optional<double> v) { return v ? number(*v) : ""; }
+
+// The cell of a figure the record has only when it was measured.
+template <class Get>
+Column measured(const char* key, Get get) {
+  return {key, [get](const CaseRecord& r) { return r.measured ? std::string(get(*r.measured)) : std::string(); }};
 }
 
-std::string cell(const nlohmann::json& r, const std::string& key) {
-  if (!r.contains(key)) return "";
-  const auto& v = r[key];
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
-  return v.dump();
+// The cell of a shape parameter the case's op may not have.
+Column param(const char* key, Param p, int Case::*member) {
+  return {key, [p, member](const CaseRecord& r) { return r.kase.op->has(p) ? std::to_string(r.kase.*member) : ""; }};
+}
+
+const std::vector<Column>& columns() {
+  static const std::vector<Column> all = {
+      {"suite", [](const CaseRecord& r) { return r.kase.op->suite; }},
+      {"impl", [](const CaseRecord& r) { return r.kase.impl; }},
+      {"mode", [](const CaseRecord& r) { return to_string(r.kase.mode); }},
+      {"backend", [](const CaseRecord& r) { return r.kase.backend; }},
+      {"dtype", [](const CaseRecord& r) { return r.kase.dtype; }},
+      {"decay", [](const CaseRecord& r) { return r.kase.op->has(Param::decay) ? to_string(r.kase.decay) : ""; }},
+      {"batch", [](const CaseRecord& r) { return std::to_string(r.kase.batch); }},
+      {"heads", [](const CaseRecord& r) { return std::to_string(r.kase.heads); }},
+      {"seq", [](const CaseRecord& r) { return std::to_string(r.kase.seq); }},
+      {"dim", [](const CaseRecord& r) { return std::to_string(r.kase.dim); }},
+      param("chunk", Param::chunk, &Case::chunk),
+      param("window", Param::window, &Case::window),
+      {"head_dim",
+       [](const CaseRecord& r) {
+         if (!r.kase.op->extra_identity) return std::string();
+         for (const auto& [key, value] : r.kase.op->extra_identity(r.kase))
+           if (key == "head_dim") return std::to_string(value);
+         return std::string();
+       }},
+      {"status", [](const CaseRecord& r) { return to_string(r.status); }},
+      measured("median_ms", [](const Measurement& m) { return number(m.median_ms); }),
+      measured("q1_ms", [](const Measurement& m) { return number(m.q1_ms); }),
+      measured("q3_ms", [](const Measurement& m) { return number(m.q3_ms); }),
+      measured("inner", [](const Measurement& m) { return std::to_string(m.inner); }),
+      measured("gflops", [](const Measurement& m) { return number(m.gflops); }),
+      measured("peak_fraction", [](const Measurement& m) { return number(m.peak_fraction); }),
+      measured("peak_fraction_now", [](const Measurement& m) { return number(m.peak_fraction_now); }),
+      measured("roofline_fraction", [](const Measurement& m) { return number(m.roofline_fraction); }),
+      measured("gbytes_per_s", [](const Measurement& m) { return number(m.gbytes_per_s); }),
+      measured("temp_mb", [](const Measurement& m) { return number(m.temp_mb); }),
+      measured("arg_mb", [](const Measurement& m) { return number(m.arg_mb); }),
+      measured("out_mb", [](const Measurement& m) { return number(m.out_mb); }),
+      measured("rel_err", [](const Measurement& m) { return std::isfinite(m.rel_err) ? number(m.rel_err) : "null"; }),
+      measured("compile_s", [](const Measurement& m) { return number(m.compile_s); }),
+  };
+  return all;
+}
+
+const Column& column(const std::string& key) {
+  for (const Column& c : columns())
+    if (key == c.key) return c;
+  throw RuntimeFailure("no column " + key);
 }
 
 std::string csv_escape(const std::string& s) {
@@ -35,12 +90,15 @@ std::string csv_escape(const std::string& s) {
   return out + "\"";
 }
 
-std::string gbench_name(const nlohmann::json& r) {
-  std::string name = fmt::format("{}/{}/{}", r.value("suite", ""), r.value("impl", ""), r.value("mode", ""));
-  for (const char* key : {"batch", "heads", "seq", "dim", "chunk", "window"})
-    if (r.contains(key)) name += fmt::format("/{}:{}", key, r[key].dump());
-  name += "/decay:" + r.value("decay", std::string("none"));
-  return name + "/" + r.value("dtype", std::string("float32"));
+// google/benchmark's names: the case's identity as path components.
+std::string gbench_name(const Case& c) {
+  const Op& op = *c.op;
+  std::string name = fmt::format("{}/{}/{}/batch:{}/heads:{}/seq:{}/dim:{}", op.suite, c.impl, to_string(c.mode),
+                                 c.batch, c.heads, c.seq, c.dim);
+  if (op.has(Param::chunk)) name += fmt::format("/chunk:{}", c.chunk);
+  if (op.has(Param::window)) name += fmt::format("/window:{}", c.window);
+  name += "/decay:" + (op.has(Param::decay) ? to_string(c.decay) : std::string("none"));
+  return name + "/" + c.dtype;
 }
 
 }  // namespace
@@ -61,84 +119,86 @@ OutputFormat format_for_path(const std::string& path, const std::string& flag) {
   throw UsageError(flag, "cannot tell the format of '" + path + "' (expected a .json, .csv or .md file)");
 }
 
-std::string to_csv(const nlohmann::json& results) {
+std::string to_csv(const std::vector<CaseRecord>& records) {
   std::string out;
-  for (const auto& key : column_keys()) out += (out.empty() ? "" : ",") + key;
+  for (const Column& c : columns()) out += (out.empty() ? "" : ",") + std::string(c.key);
   out += "\n";
-  for (const auto& r : results) {
+  for (const CaseRecord& r : records) {
     std::string row;
-    for (std::size_t i = 0; i < column_keys().size(); ++i) row += (i ? "," : "") + csv_escape(cell(r, column_keys()[i]));
+    for (std::size_t i = 0; i < columns().size(); ++i) row += (i ? "," : "") + csv_escape(columns()[i].cell(r));
     out += row + "\n";
   }
   return out;
 }
 
-std::string to_markdown(const nlohmann::json& results) {
-  const std::vector<std::string> keys = {"suite", "impl", "mode", "batch", "heads", "seq", "dim", "chunk", "decay",
-                                         "median_ms", "q1_ms", "q3_ms", "gflops", "peak_fraction", "peak_fraction_now", "temp_mb",
-                                         "rel_err", "status"};
+std::string to_markdown(const std::vector<CaseRecord>& records) {
+  static const std::vector<std::string> keys = {"suite",     "impl",  "mode",  "batch",  "heads",         "seq",
+                                                "dim",       "chunk", "decay", "median_ms", "q1_ms",     "q3_ms",
+                                                "gflops",    "peak_fraction", "peak_fraction_now", "temp_mb",
+                                                "rel_err",   "status"};
   std::string out = "|";
   for (const auto& k : keys) out += " " + k + " |";
   out += "\n|";
   for (std::size_t i = 0; i < keys.size(); ++i) out += i < 9 ? "---|" : "---:|";
   out += "\n";
-  for (const auto& r : results) {
+  for (const CaseRecord& r : records) {
     out += "|";
-    for (const auto& k : keys) out += " " + cell(r, k) + " |";
+    for (const auto& k : keys) out += " " + column(k).cell(r) + " |";
     out += "\n";
   }
   return out;
 }
 
-nlohmann::json to_gbench(const nlohmann::json& doc) {
-  const auto& device = doc["device"];
+nlohmann::json to_gbench(const RunDocument& doc) {
+  const HostInfo& host = doc.device.host;
   nlohmann::json context = {
-      {"date", doc.value("created_utc", "")},
-      {"host_name", device.value("hostname", "")},
-      {"executable", doc["argv"].empty() ? "lattnbench" : doc["argv"][0].get<std::string>()},
-      {"num_cpus", device.value("cpu_cores", 0)},
+      {"date", doc.created_utc},
+      {"host_name", host.hostname},
+      {"executable", doc.argv.empty() ? "lattnbench" : doc.argv[0]},
+      {"num_cpus", host.cpu_cores},
       {"mhz_per_cpu", 0},
       {"cpu_scaling_enabled", false},
       {"caches", nlohmann::json::array()},
       {"load_avg", nlohmann::json::array()},
-      {"library_build_type", device.value("build_type", "") == "Release" ? "release" : "debug"},
-      {"lattnbench_version", doc.value("version", "")},
-      {"lattnbench_backend", device.value("backend", "")},
-      {"lattnbench_device", device.value("gpu", device.value("cpu_model", ""))},
+      {"library_build_type", host.build_type == "Release" ? "release" : "debug"},
+      {"lattnbench_version", doc.version},
+      {"lattnbench_backend", doc.device.backend},
+      {"lattnbench_device",
+       doc.device.cuda && doc.device.cuda->gpu ? doc.device.cuda->gpu->name : host.cpu_model},
   };
   // One entry per case, its median as real_time: github-action-benchmark keys data points by name,
   // so per-sample entries would read as duplicates. The quartiles travel as counters.
   nlohmann::json benchmarks = nlohmann::json::array();
   long family = 0;
-  for (const auto& r : doc["results"]) {
-    if (!r.contains("median_ms")) continue;
-    const double median = r["median_ms"].get<double>();
-    nlohmann::json e = {{"name", gbench_name(r)}, {"family_index", family++}, {"per_family_instance_index", 0},
-                        {"run_name", gbench_name(r)}, {"run_type", "iteration"}, {"repetitions", 1},
-                        {"repetition_index", 0}, {"threads", device.value("threads", 1)},
-                        {"iterations", r.value("inner", 1)}, {"real_time", median}, {"cpu_time", median},
-                        {"time_unit", "ms"}, {"q1_ms", r.value("q1_ms", median)}, {"q3_ms", r.value("q3_ms", median)},
-                        {"samples", r.contains("samples_ms") ? r["samples_ms"].size() : 0},
-                        {"gflops", r.value("gflops", 0.0)}, {"gbytes_per_s", r.value("gbytes_per_s", 0.0)},
-                        {"temp_mb", r.value("temp_mb", 0.0)}, {"rel_err", r.value("rel_err", 0.0)}};
-    if (r.contains("peak_fraction")) e["peak_fraction"] = r["peak_fraction"];
+  for (const CaseRecord& r : doc.results) {
+    if (!r.measured) continue;
+    const Measurement& m = *r.measured;
+    const std::string name = gbench_name(r.kase);
+    nlohmann::json e = {{"name", name}, {"family_index", family++}, {"per_family_instance_index", 0},
+                        {"run_name", name}, {"run_type", "iteration"}, {"repetitions", 1},
+                        {"repetition_index", 0}, {"threads", host.threads},
+                        {"iterations", m.inner}, {"real_time", m.median_ms}, {"cpu_time", m.median_ms},
+                        {"time_unit", "ms"}, {"q1_ms", m.q1_ms}, {"q3_ms", m.q3_ms},
+                        {"samples", m.samples_ms.size()}, {"gflops", m.gflops}, {"gbytes_per_s", m.gbytes_per_s},
+                        {"temp_mb", m.temp_mb}, {"rel_err", std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr)}};
+    if (m.peak_fraction) e["peak_fraction"] = *m.peak_fraction;
     benchmarks.push_back(e);
   }
   return {{"context", context}, {"benchmarks", benchmarks}};
 }
 
-std::string render(const nlohmann::json& doc, OutputFormat format) {
+std::string render(const RunDocument& doc, OutputFormat format) {
   switch (format) {
     case OutputFormat::json:
-      return doc.dump(2) + "\n";
+      return to_json(doc).dump(2) + "\n";
     case OutputFormat::csv:
-      return to_csv(doc["results"]);
+      return to_csv(doc.results);
     case OutputFormat::md:
-      return to_markdown(doc["results"]);
+      return to_markdown(doc.results);
     case OutputFormat::table:
       break;
   }
-  return format_table(doc["results"]) + format_summary(doc.value("summary", nlohmann::json::object({{"comparisons", nlohmann::json::array()}, {"crossovers", nlohmann::json::array()}})));
+  return format_table(doc.results) + format_summary(build_summary(doc.results));
 }
 
 }  // namespace lattn

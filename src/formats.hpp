@@ -1,11 +1,14 @@
-// Other renderings of a result document: CSV and markdown rows, and a Google Benchmark JSON
-// export that existing tooling (github-action-benchmark's googlecpp mode, google/benchmark's
-// tools/compare.py) reads as it is.
+// Other renderings of a run: CSV and markdown rows, and a Google Benchmark JSON export that
+// existing tooling (github-action-benchmark's googlecpp mode, google/benchmark's tools/compare.py)
+// reads as it is.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
+
+#include "record.hpp"
 
 namespace lattn {
 
@@ -16,12 +19,12 @@ OutputFormat parse_output_format(const std::string& text, const std::string& fla
 // By the file's extension: .json, .csv, .md; throws UsageError naming `flag` for others.
 OutputFormat format_for_path(const std::string& path, const std::string& flag);
 
-std::string to_csv(const nlohmann::json& results);
-std::string to_markdown(const nlohmann::json& results);
+std::string to_csv(const std::vector<CaseRecord>& records);
+std::string to_markdown(const std::vector<CaseRecord>& records);
 // One entry per measured case: real_time is the median, quartiles and GFLOP/s are counters.
-nlohmann::json to_gbench(const nlohmann::json& document);
+nlohmann::json to_gbench(const RunDocument& document);
 
 // The whole document in `format` (table: the table and the summary).
-std::string render(const nlohmann::json& document, OutputFormat format);
+std::string render(const RunDocument& document, OutputFormat format);
 
 }  // namespace lattn

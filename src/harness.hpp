@@ -28,11 +28,18 @@ struct Timing {
   int inner = 1;                    // calls per sample
   std::vector<double> samples_ms;   // per-call time of each sample
   SampleStats stats;
+  // Samples that lasted less than min_sample_ms although inner was re-calibrated (a machine whose
+  // speed kept changing under the case); 0 when the minimum held for every sample.
+  int short_samples = 0;
 };
 
 // Picks calls per sample so that one sample lasts at least `min_sample_ms`, from a measured
 // per-call time; never below 1, and capped so that calibration cannot run away on a 0 reading.
 int calibrate_inner(double per_call_ms, double min_sample_ms);
+
+// A sample shorter than the minimum means the calibration was made in a slower stretch than the
+// samples ran in: inner grows and the samples start over, at most this many times per case.
+inline constexpr int kMaxRecalibrations = 3;
 
 Timing measure(PreparedCase& kase, const TimingSettings& settings);
 

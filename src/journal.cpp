@@ -6,7 +6,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "error.hpp"
+#include "core/error.hpp"
 
 namespace lattn {
 
@@ -50,7 +50,7 @@ JournalContents read_journal(const std::string& path) {
         throw UsageError(path + ":1", "not a lattnbench journal (no header line)");
       contents.header = parsed;
     } else {
-      contents.records.push_back(parsed);
+      contents.records.push_back({number, parsed});
     }
   }
   if (contents.header.is_null()) throw UsageError(path, "the journal is empty");

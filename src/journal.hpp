@@ -27,9 +27,14 @@ class Journal {
   std::FILE* file_ = nullptr;
 };
 
+struct JournalLine {
+  int number = 0;  // 1-based line of the file
+  nlohmann::json record;
+};
+
 struct JournalContents {
   nlohmann::json header;
-  std::vector<nlohmann::json> records;
+  std::vector<JournalLine> records;
 };
 
 // Reads a journal; a last line cut short by a kill is dropped. Throws UsageError naming the file

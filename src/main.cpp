@@ -5,11 +5,11 @@
 #include <exception>
 
 #include "cli.hpp"
-#include "cpu/cpu_environment.hpp"
-#include "error.hpp"
+#include "backend.hpp"
+#include "core/error.hpp"
 
 int main(int argc, char** argv) {
-  lattn::cpu::prepare_cpu_environment(argv);
+  lattn::prepare_process_environment(argv);
   try {
     const lattn::CliOutcome outcome = lattn::parse_command_line(std::vector<std::string>(argv, argv + argc));
     if (!outcome.request) return outcome.exit_status;

@@ -2,7 +2,7 @@
 
 #include <fstream>
 
-#include "error.hpp"
+#include "core/error.hpp"
 
 namespace lattn {
 

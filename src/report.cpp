@@ -8,7 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "error.hpp"
+#include "core/error.hpp"
+#include "core/op.hpp"
 
 namespace lattn {
 namespace fs = std::filesystem;
@@ -60,25 +61,26 @@ void check_writable(const std::string& path, const std::string& flag) {
     throw UsageError(flag, "cannot write to the folder '" + folder + "'");
 }
 
-std::string format_table(const nlohmann::json& results) {
+std::string format_table(const std::vector<CaseRecord>& records) {
   std::string out = fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}\n",
                                 "suite", "impl", "mode", "B", "H", "seq", "D", "chunk", "W", "decay", "median_ms", "q1_ms",
                                 "q3_ms", "GFLOP/s", "temp_MiB", "rel_err", "status");
-  for (const auto& r : results) {
-    // W: the layer's window ("-" for kernel cases, which have none).
-    const std::string window = r.contains("window") ? std::to_string(r.value("window", 0)) : "-";
-    out += fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", r.value("suite", ""),
-                       r.value("impl", ""), r.value("mode", ""), r.value("batch", 0), r.value("heads", 0),
-                       r.value("seq", 0), r.value("dim", 0), r.value("chunk", 0), window, r.value("decay", ""));
-    const std::string status = r.value("status", "");
-    if (status == "skipped" || !r.contains("median_ms")) {
-      out += fmt::format("{:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", status,
-                         r.value("skip_reason", r.value("error", "")));
+  for (const CaseRecord& r : records) {
+    const Case& c = r.kase;
+    const Op& op = *c.op;
+    // "-" for what the op does not have (the kernel suite has no window).
+    auto param = [&](Param p, long value) { return op.has(p) ? std::to_string(value) : std::string("-"); };
+    out += fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", op.suite, c.impl,
+                       to_string(c.mode), c.batch, c.heads, c.seq, c.dim, param(Param::chunk, c.chunk),
+                       param(Param::window, c.window), op.has(Param::decay) ? to_string(c.decay) : "-");
+    if (r.status == Status::skipped || !r.measured) {
+      out += fmt::format("{:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-",
+                         to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);
       continue;
     }
-    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", r.value("median_ms", 0.0),
-                       r.value("q1_ms", 0.0), r.value("q3_ms", 0.0), r.value("gflops", 0.0), r.value("temp_mb", 0.0),
-                       r.value("rel_err", 0.0), status);
+    const Measurement& m = *r.measured;
+    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms, m.q1_ms, m.q3_ms,
+                       m.gflops, m.temp_mb, m.rel_err, to_string(r.status));
   }
   return out;
 }

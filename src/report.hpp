@@ -1,13 +1,12 @@
-// What a run writes: the summary table on stdout and the result file (docs/results.md).
+// What a run writes: the result file, whole or not at all, and the table on stdout.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <string>
+#include <vector>
+
+#include "record.hpp"
 
 namespace lattn {
-
-inline constexpr const char* kSchemaVersion = "1.0.0";
 
 // Writes `content` to a temporary file beside `path`, flushes it to disk, then renames it over
 // `path`: a reader sees the old file or the whole new one, never part of one. Creates the folder.
@@ -18,6 +17,6 @@ void write_file_atomically(const std::string& path, const std::string& content);
 void check_writable(const std::string& path, const std::string& flag);
 
 // The results as an aligned text table, one row per record.
-std::string format_table(const nlohmann::json& results);
+std::string format_table(const std::vector<CaseRecord>& records);
 
 }  // namespace lattn

@@ -12,17 +12,20 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "backend.hpp"
 #include "check.hpp"
-#include "cost_model.hpp"
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "cost.hpp"
 #include "environment.hpp"
-#include "error.hpp"
 #include "harness.hpp"
-#include "inputs.hpp"
 #include "interrupt.hpp"
 #include "journal.hpp"
 #include "npy.hpp"
+#include "plan.hpp"
+#include "record_json.hpp"
 #include "report.hpp"
 #include "summary.hpp"
 
@@ -41,17 +44,24 @@ std::string utc_now(const char* format) {
 }
 
 std::string describe(const Case& c) {
-  const Problem& p = c.problem;
-  return fmt::format("{} {} {} B{} H{} T{} D{} C{}{} decay={}", c.suite, to_string(c.impl), to_string(c.mode), p.batch,
-                     p.heads, p.seq, p.dim, p.chunk, c.is_layer() ? fmt::format(" W{}", c.window) : "",
-                     to_string(p.decay));
+  const Op& op = *c.op;
+  std::string out = fmt::format("{} {} {} B{} H{} T{} D{}", op.suite, c.impl, to_string(c.mode), c.batch, c.heads,
+                                c.seq, c.dim);
+  if (op.has(Param::chunk)) out += fmt::format(" C{}", c.chunk);
+  if (op.has(Param::window)) out += fmt::format(" W{}", c.window);
+  if (op.has(Param::decay)) out += " decay=" + to_string(c.decay);
+  return out;
 }
 
+// The case's folder name under --dump: its plan index and identity.
 std::string case_slug(const Case& c) {
-  const Problem& p = c.problem;
-  return fmt::format("{:03d}-{}-{}-{}-b{}h{}t{}d{}c{}{}-{}", c.plan_index, c.suite, to_string(c.impl),
-                     to_string(c.mode), p.batch, p.heads, p.seq, p.dim, p.chunk,
-                     c.is_layer() ? fmt::format("w{}", c.window) : "", to_string(p.decay));
+  const Op& op = *c.op;
+  std::string slug = fmt::format("{:03d}-{}-{}-{}-b{}h{}t{}d{}", c.plan_index, op.suite, c.impl, to_string(c.mode),
+                                 c.batch, c.heads, c.seq, c.dim);
+  if (op.has(Param::chunk)) slug += fmt::format("c{}", c.chunk);
+  if (op.has(Param::window)) slug += fmt::format("w{}", c.window);
+  if (op.has(Param::decay)) slug += "-" + to_string(c.decay);
+  return slug;
 }
 
 std::string format_duration(double seconds) {
@@ -60,56 +70,36 @@ std::string format_duration(double seconds) {
                    : fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-nlohmann::json identity(const Case& c) {
-  const Problem& p = c.problem;
-  return {{"suite", c.suite},   {"impl", to_string(c.impl)}, {"mode", to_string(c.mode)},
-          {"backend", c.backend}, {"dtype", c.dtype},         {"decay", to_string(p.decay)},
-          {"chunk", p.chunk},     {"batch", p.batch},         {"heads", p.heads},
-          {"seq", p.seq},         {"dim", p.dim},             {"plan_index", c.plan_index}};
+// What a case's inputs and float64 reference depend on: its op, shape, decay, window, dtype;
+// never its impl, mode or chunk (every form computes the same thing).
+std::string reference_key(const Case& c) {
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.op->name, c.batch, c.heads, c.seq, c.dim, c.window,
+                     to_string(c.decay), c.dtype);
 }
 
-// What must match for a journal to be resumed on this machine: the device, not its measurements.
-nlohmann::json device_fingerprint(const nlohmann::json& device) {
-  nlohmann::json fp = nlohmann::json::object();
-  for (const char* key : {"backend", "cpu_model", "cpu_signature", "cpu_cores", "threads", "hostname", "gpu", "compute_capability",
-                          "lattnbench_version", "git_revision"})
-    if (device.contains(key)) fp[key] = device[key];
-  return fp;
-}
-
-// A layer record's `dim` is the head dim, as in the reference results file; `head_dim` says so
-// explicitly, and `model_dim` is the projections' width heads * head_dim.
-nlohmann::json layer_identity(const Case& c) {
-  nlohmann::json id = identity(c);
-  id["window"] = c.window;
-  id["head_dim"] = c.problem.dim;
-  id["model_dim"] = c.model_dim();
-  return id;
-}
-
-nlohmann::json identity_of(const Case& c) { return c.is_layer() ? layer_identity(c) : identity(c); }
-
-// Inputs and the float64 reference for the shape last seen: scan and chunked, fwd and fwd_bwd of
-// one shape come one after another in the plan and share them.
+// Inputs and the float64 reference for the key last seen: the forms and modes of one shape come
+// one after another in the plan and share them. The first case of a key computes the gradients
+// too when any case of that key needs them, so that the (slow) float64 reference runs once.
 class ReferenceCache {
  public:
   struct Entry {
-    KernelTensors inputs;
-    KernelReference reference;
+    TensorSet inputs;  // every input and cotangent (fwd_bwd's superset)
+    Reference reference;
   };
 
-  const Entry& get(const Problem& p, Mode mode, std::uint64_t seed, const std::string& dtype) {
-    const bool backward = mode == Mode::fwd_bwd;
-    const auto key = std::make_tuple(p.batch, p.heads, p.seq, p.dim, int(p.decay), dtype);
+  explicit ReferenceCache(const std::vector<Case>& plan) {
+    for (const Case& c : plan)
+      if (c.backward()) backward_keys_.insert(reference_key(c));
+  }
+
+  const Entry& get(const Case& c, std::uint64_t seed) {
+    const std::string key = reference_key(c);
+    const bool backward = c.backward() || backward_keys_.count(key);
     if (!entry_ || key != key_ || (backward && !entry_->reference.has_backward)) {
       entry_.reset();  // free the old shape's tensors before making the new ones
       auto entry = std::make_unique<Entry>();
-      entry->inputs = make_kernel_inputs(p, Mode::fwd_bwd, seed);
-      if (dtype == "bf16") {  // the token tensors are bf16; the states h0, dhT stay float32
-        for (auto* tensor : {&entry->inputs.q, &entry->inputs.k, &entry->inputs.v, &entry->inputs.dO})
-          round_to_bf16(*tensor);
-      }
-      entry->reference = compute_kernel_reference(p, entry->inputs, backward);
+      entry->inputs = make_case_inputs(c, seed);
+      entry->reference = c.op->reference(c, entry->inputs, backward);
       entry_ = std::move(entry);
       key_ = key;
     }
@@ -117,249 +107,135 @@ class ReferenceCache {
   }
 
  private:
-  std::tuple<int, int, int, int, int, std::string> key_{};
+  std::set<std::string> backward_keys_;
+  std::string key_;
   std::unique_ptr<Entry> entry_;
 };
 
-// Host bytes the run itself holds for a case beyond the backend: the cached inputs (float32) and
-// the float64 reference with its widened inputs, the case's own input copy, and the outputs read
-// back (all six tensors counted for every mode, as the cache does).
-// A layer case holds x, out, dOut, dx (B x T x M each) and the four weights with their gradients.
+// Host bytes the run itself holds for a case beyond the backend: the cached inputs (float32), their
+// float64 copies and the case's own input copy; the float64 reference outputs and the outputs read
+// back. Counted for fwd_bwd's tensors whatever the mode, as the cache holds them.
 std::size_t host_estimate(const Case& c) {
-  const Problem& p = c.problem;
-  const std::size_t M = std::size_t(c.model_dim());
-  const std::size_t elems =
-      c.is_layer() ? 4 * p.token_elems() + 8 * M * M : 4 * p.token_elems() + 2 * p.state_elems();
-  return elems * (4 /*cache*/ + 8 /*widened*/ + 8 /*reference outputs*/ + 4 /*case inputs*/ + 4 /*read back*/);
+  return case_input_elems(c, true) * (4 + 8 + 4) + case_output_elems(c, true) * (8 + 4);
 }
 
-std::optional<std::string> memory_guard(const Backend& backend, const Case& c) {
-  const double host_need = double(host_estimate(c)) + (backend.memory_is_host() ? double(backend.memory_estimate(c)) : 0);
+std::optional<std::string> memory_guard(const Backend& backend, const ImplRow& row, const Case& c) {
+  const double backend_need = row.memory_estimate ? double(row.memory_estimate(c)) : 0.0;
+  const double host_need = double(host_estimate(c)) + (backend.memory_is_host ? backend_need : 0.0);
   const double host_free = double(available_host_memory());
   if (host_need > host_free)
     return fmt::format("needs about {:.0f} MiB of host memory, {:.0f} MiB available", host_need / kMiB, host_free / kMiB);
-  if (!backend.memory_is_host()) {
-    const double need = double(backend.memory_estimate(c)), free = double(backend.memory_available());
-    if (need > free)
-      return fmt::format("needs about {:.0f} MiB of {} memory, {:.0f} MiB free", need / kMiB, backend.name(), free / kMiB);
+  if (!backend.memory_is_host && backend.memory_available) {
+    const double free = double(backend.memory_available());
+    if (backend_need > free)
+      return fmt::format("needs about {:.0f} MiB of {} memory, {:.0f} MiB free", backend_need / kMiB, backend.name,
+                         free / kMiB);
   }
   return std::nullopt;
 }
 
-LayerProblem layer_problem(const Case& c) { return LayerProblem{c.problem, c.window, c.impl == Impl::chunked}; }
-
-// The same for the layer suite: scan and chunked, fwd and fwd_bwd of one shape share inputs and
-// reference. `backward` is whether any case of the suite needs the gradients; when it does, the
-// first case of a shape computes them, so that the (slow) float64 layer runs once per shape.
-class LayerReferenceCache {
- public:
-  struct Entry {
-    LayerTensors inputs;
-    LayerReference reference;
-  };
-
-  const Entry& get(const Case& c, bool backward, std::uint64_t seed) {
-    const Problem& p = c.problem;
-    const auto key = std::make_tuple(p.batch, p.heads, p.seq, p.dim, c.window, int(p.decay));
-    if (!entry_ || key != key_ || (backward && !entry_->reference.has_backward)) {
-      entry_.reset();
-      auto entry = std::make_unique<Entry>();
-      entry->inputs = make_layer_inputs(p, Mode::fwd_bwd, seed);
-      // The float64 layer does not depend on impl or chunk: its linear branch is the scan reference.
-      entry->reference = compute_layer_reference(layer_problem(c), entry->inputs, backward);
-      entry_ = std::move(entry);
-      key_ = key;
-    }
-    return *entry_;
-  }
-
- private:
-  std::tuple<int, int, int, int, int, int> key_{};
-  std::unique_ptr<Entry> entry_;
-};
-
-struct Caches {
-  ReferenceCache kernel;
-  LayerReferenceCache layer;
-  bool layer_backward = false;
-};
-
-std::string make_case_folder(const std::string& dir, const Case& c) {
-  std::string folder = (std::filesystem::path(dir) / case_slug(c)).string();
+void dump_case(const std::string& dir, const Case& c, const TensorSet& inputs, const TensorSet& outputs) {
+  const std::filesystem::path folder = std::filesystem::path(dir) / case_slug(c);
   std::filesystem::create_directories(folder);
-  return folder;
-}
-
-void dump_layer_case(const std::string& dir, const Case& c, const LayerTensors& in, const LayerTensors& out) {
-  const Problem& p = c.problem;
-  const std::string folder = make_case_folder(dir, c);
-  const std::size_t M = std::size_t(c.model_dim());
-  const std::vector<std::size_t> tok{std::size_t(p.batch), std::size_t(p.seq), M}, w{M, M}, vec{M},
-      heads{std::size_t(p.heads)};
-  auto put = [&](const char* name, const std::vector<float>& v, const std::vector<std::size_t>& shape) {
-    if (!v.empty()) write_npy(folder + "/" + name + ".npy", v.data(), shape);
-  };
-  put("x", in.x, tok);
-  put("wq", in.wq, w);
-  put("wk", in.wk, w);
-  put("wv", in.wv, w);
-  put("wo", in.wo, w);
-  put("g", in.g, vec);
-  put("beta", in.beta, heads);
-  put("out", out.out, tok);
-  if (c.mode == Mode::fwd_bwd) {
-    put("dOut", in.dOut, tok);
-    put("dx", out.dx, tok);
-    put("dwq", out.dwq, w);
-    put("dwk", out.dwk, w);
-    put("dwv", out.dwv, w);
-    put("dwo", out.dwo, w);
-    put("dg", out.dg, vec);
-    put("dbeta", out.dbeta, heads);
-  }
-}
-
-void dump_case(const std::string& dir, const Case& c, const KernelTensors& in, const KernelTensors& out) {
-  const Problem& p = c.problem;
-  const std::string folder = make_case_folder(dir, c);
-  const std::vector<std::size_t> tok{std::size_t(p.batch), std::size_t(p.heads), std::size_t(p.seq), std::size_t(p.dim)};
-  const std::vector<std::size_t> st{std::size_t(p.batch), std::size_t(p.heads), std::size_t(p.dim), std::size_t(p.dim)};
-  auto put = [&](const char* name, const std::vector<float>& v, const std::vector<std::size_t>& shape) {
-    if (!v.empty()) write_npy(folder + "/" + name + ".npy", v.data(), shape);
-  };
-  put("q", in.q, tok);
-  put("k", in.k, tok);
-  put("v", in.v, tok);
-  put("h0", in.h0, st);
-  put("o", out.o, tok);
-  put("hT", out.hT, st);
-  if (c.mode == Mode::fwd_bwd) {
-    put("dO", in.dO, tok);
-    put("dhT", in.dhT, st);
-    put("dq", out.dq, tok);
-    put("dk", out.dk, tok);
-    put("dv", out.dv, tok);
-    put("dh0", out.dh0, st);
-  }
-}
-
-// The inputs a case needs: fwd cases do not carry the cotangents.
-KernelTensors inputs_for(const KernelTensors& all, Mode mode) {
-  KernelTensors in;
-  in.q = all.q;
-  in.k = all.k;
-  in.v = all.v;
-  in.h0 = all.h0;
-  if (mode == Mode::fwd_bwd) {
-    in.dO = all.dO;
-    in.dhT = all.dhT;
-  }
-  return in;
+  for (const TensorSet* set : {&inputs, &outputs})
+    for (const Tensor& t : *set) write_npy((folder / (t.name + ".npy")).string(), t.data.data(), t.shape);
 }
 
 struct RunContext {
   const RunRequest& request;
   Backend& backend;
-  Caches caches;
+  const DeviceInfo& device;
+  ReferenceCache cache;
   TimerInfo timer;
 };
 
-std::optional<std::string> unsupported_reason(const Backend& backend, const Case& c) {
-  if (auto why = backend.unsupported_reason(c)) return why;
-  if (c.is_layer() && !backend.runs_layer_suite()) return "the " + backend.name() + " backend has no layer suite yet";
-  return std::nullopt;
-}
-
-// Times a prepared case, then `check_outputs` reads and checks its outputs; the record of SPEC
-// section 4 that every suite shares.
-template <class CheckOutputs>
-nlohmann::json measure_and_record(const Case& c, RunContext& ctx, PreparedCase& prepared, CheckOutputs&& check_outputs) {
-  nlohmann::json record = identity_of(c);
+// Times, checks and measures one case the row can run: the record of SPEC section 4.
+Measurement run_case(RunContext& ctx, const ImplRow& row, const Case& c) {
   const auto& run = ctx.request.config.run;
-  const Timing timing = measure(prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
-  const CheckResult check = check_outputs();
-  const MemoryUsage memory = prepared.memory();
-  const double flops = case_flops(c), bytes = case_min_bytes(memory);
+  const auto& shared = ctx.cache.get(c, run.seed);
+  throw_if_interrupted();
+  const TensorSet inputs = shared.inputs.inputs_for(c.mode);
+  auto prepared = row.prepare(c, inputs);
+  const Timing timing = measure(*prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
+  TensorSet outputs = make_case_outputs(c);
+  prepared->read_outputs(outputs);
+  const CheckResult check = check_outputs(c, outputs, shared.reference);
+  const MemoryUsage memory = prepared->memory();
+
+  Measurement m;
+  m.check_failure = check.failure();
+  m.compile_s = timing.compile_s;
+  m.warmup = run.warmup;
+  m.inner = timing.inner;
+  m.reps = run.reps;
+  m.samples_ms = timing.samples_ms;
+  m.median_ms = timing.stats.median;
+  m.q1_ms = timing.stats.q1;
+  m.q3_ms = timing.stats.q3;
+  m.min_ms = timing.stats.min;
+  m.max_ms = timing.stats.max;
+  m.mean_ms = timing.stats.mean;
+  m.short_samples = timing.short_samples;
+  m.rel_err = check.rel_err;
+  m.rel_errs = check.per_output;
+  m.tolerance = check.tolerance;
+  m.temp_mb = double(memory.temp_bytes) / kMiB;
+  m.arg_mb = double(memory.arg_bytes) / kMiB;
+  m.out_mb = double(memory.out_bytes) / kMiB;
   const double seconds = timing.stats.median * 1e-3;
-
-  record["status"] = check.passed ? "ok" : "failed";
-  if (!check.non_finite.empty())
-    record["check_failure"] = "non-finite output at " + check.non_finite;
-  else if (!check.passed)
-    record["check_failure"] =
-        fmt::format("{} rel_err {:.3e} over tolerance {:.1e}", check.worst_output, check.rel_err, check.tolerance);
-  record["compile_s"] = timing.compile_s;
-  record["warmup"] = run.warmup;
-  record["inner"] = timing.inner;
-  record["reps"] = run.reps;
-  record["samples_ms"] = timing.samples_ms;
-  record["median_ms"] = timing.stats.median;
-  record["q1_ms"] = timing.stats.q1;
-  record["q3_ms"] = timing.stats.q3;
-  record["min_ms"] = timing.stats.min;
-  record["max_ms"] = timing.stats.max;
-  record["mean_ms"] = timing.stats.mean;
-  record["rel_err"] = check.rel_err;
-  record["rel_errs"] = check.per_output;
-  record["tolerance"] = check.tolerance;
-  record["temp_mb"] = double(memory.temp_bytes) / kMiB;
-  record["arg_mb"] = double(memory.arg_bytes) / kMiB;
-  record["out_mb"] = double(memory.out_bytes) / kMiB;
-  record["flops"] = flops;
-  record["gflops"] = seconds > 0 ? flops / seconds * 1e-9 : 0.0;
-  record["bytes"] = bytes;
-  record["gbytes_per_s"] = seconds > 0 ? bytes / seconds * 1e-9 : 0.0;
-  if (const std::string states = prepared.bwd_states(); !states.empty()) record["bwd_states"] = states;
+  m.flops = c.op->flops(c);
+  m.bytes = case_min_bytes(memory);
+  m.gflops = seconds > 0 ? m.flops / seconds * 1e-9 : 0.0;
+  m.gbytes_per_s = seconds > 0 ? m.bytes / seconds * 1e-9 : 0.0;
+  m.bwd_states = prepared->bwd_states();
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
-    record["timer_warning"] = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
-                                          timing.stats.median * 1e6, ctx.timer.resolution_ns);
-  if (run.cold) record["cold"] = true;
+    m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
+                                  timing.stats.median * 1e6, ctx.timer.resolution_ns);
+  m.cold = run.cold;
 
-  return record;
-}
-
-nlohmann::json run_case(RunContext& ctx, const Case& c) {
-  const auto& run = ctx.request.config.run;
-  const auto& shared = ctx.caches.kernel.get(c.problem, c.mode, run.seed, c.dtype);
-  throw_if_interrupted();
-  const KernelTensors inputs = inputs_for(shared.inputs, c.mode);
-  auto prepared = ctx.backend.prepare(c, inputs);
-  KernelTensors outputs;
-  nlohmann::json record = measure_and_record(c, ctx, *prepared, [&] {
-    prepared->read_outputs(outputs);
-    return check_kernel_outputs(outputs, shared.reference, c.mode, tolerance_for(c.dtype));
-  });
+  // Against the start-up peak, and the roofline: the rate a case of this arithmetic intensity can
+  // reach at the measured bandwidth, if that is below the compute peak (memory-bound: small D,
+  // long sequences).
+  const double peak = ctx.device.peak_gflops(), stream = ctx.device.stream_gbytes_per_s();
+  if (peak > 0) {
+    m.peak_gflops = peak;
+    m.peak_fraction = m.gflops / peak;
+    if (stream > 0 && m.bytes > 0 && m.flops > 0) {
+      const double roof = std::min(peak, m.flops / m.bytes * stream);
+      m.roofline_gflops = roof;
+      m.roofline_fraction = m.gflops / roof;
+    }
+  }
   if (!ctx.request.dump_dir.empty()) dump_case(ctx.request.dump_dir, c, inputs, outputs);
-  return record;
+  return m;
 }
 
-nlohmann::json run_layer_case(RunContext& ctx, const Case& c) {
-  Caches& caches = ctx.caches;
-  const bool backward = caches.layer_backward || c.mode == Mode::fwd_bwd;
-  const auto& shared = caches.layer.get(c, backward, ctx.request.config.run.seed);
-  throw_if_interrupted();
-  LayerTensors inputs = shared.inputs;
-  if (c.mode == Mode::fwd) inputs.dOut.clear();  // fwd cases do not carry the cotangent
-  auto prepared = ctx.backend.prepare_layer(c, inputs);
-  LayerTensors outputs;
-  nlohmann::json record = measure_and_record(c, ctx, *prepared, [&] {
-    prepared->read_layer_outputs(outputs);
-    return check_layer_outputs(outputs, shared.reference, c.mode, layer_tolerance_for(c.dtype));
-  });
-  if (!ctx.request.dump_dir.empty()) dump_layer_case(ctx.request.dump_dir, c, inputs, outputs);
-  return record;
+CaseRecord skipped(const Case& c, std::string why) {
+  CaseRecord r;
+  r.kase = c;
+  r.status = Status::skipped;
+  r.skip_reason = std::move(why);
+  return r;
 }
 
 // Records of a journal being resumed, by plan index, after checking it belongs to this run.
-std::map<std::size_t, nlohmann::json> resumed_records(const std::string& path, const nlohmann::json& header) {
+std::map<std::size_t, CaseRecord> resumed_records(const std::string& path, const nlohmann::json& header,
+                                                  const std::vector<Case>& full_plan) {
   const JournalContents journal = read_journal(path);
   for (const char* key : {"config", "shard", "plan_size"})
     if (journal.header.value(key, nlohmann::json()) != header.value(key, nlohmann::json()))
       throw UsageError(path, std::string("the journal's ") + key + " differs from this run's: resume with the same command line");
   if (journal.header["device"] != header["device"])
     throw UsageError(path, "the journal was written on another device (" + journal.header["device"].dump() + ")");
-  std::map<std::size_t, nlohmann::json> done;
-  for (const auto& record : journal.records) done[record.at("plan_index").get<std::size_t>()] = record;
+  std::map<std::size_t, CaseRecord> done;
+  for (const JournalLine& line : journal.records) {
+    const std::string where = path + ":" + std::to_string(line.number);
+    const nlohmann::json& index = line.record.is_object() ? line.record.value("plan_index", nlohmann::json()) : nlohmann::json();
+    if (!index.is_number_unsigned() || index.get<std::size_t>() >= full_plan.size())
+      throw UsageError(where, "the journal record has no plan_index of this run's plan");
+    const std::size_t i = index.get<std::size_t>();
+    done[i] = record_from_json(line.record, full_plan[i], where);
+  }
   return done;
 }
 
@@ -391,7 +267,9 @@ int run_benchmarks(const RunRequest& request) {
                                                                  config.run.bwd_states == "kept"});
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
-  const nlohmann::json device = backend->device_info();
+  RunDocument document;
+  document.device = backend->describe();
+  const DeviceInfo& device = document.device;
 
   const std::vector<Case> full_plan = expand_plan(config);
   const std::vector<Case> plan = select_shard(full_plan, request.shard);
@@ -401,29 +279,27 @@ int run_benchmarks(const RunRequest& request) {
   nlohmann::json header = {{"journal", "lattnbench"}, {"schema_version", kSchemaVersion}, {"created_utc", started},
                            {"argv", argv},           {"out_path", out_path},            {"config", to_json(config)},
                            {"shard", shard_json},     {"plan_size", full_plan.size()},   {"device", device_fingerprint(device)}};
-  std::map<std::size_t, nlohmann::json> done;
+  std::map<std::size_t, CaseRecord> done;
   if (!request.resume_path.empty()) {
-    done = resumed_records(request.resume_path, header);
+    done = resumed_records(request.resume_path, header, full_plan);
     started = resumed_header.value("created_utc", started);
     argv = resumed_header.value("argv", argv);
   }
   Journal journal(journal_path, header, !request.resume_path.empty());
 
-  const double peak_gflops = device.value("peak_gflops", 0.0);
-  const double sgemm_median_gflops = device.value("sgemm_median_gflops", 0.0);
-  std::vector<std::string> warnings = environment_warnings(device.value("build_type", ""));
+  const double peak_gflops = device.peak_gflops(), sgemm_median_gflops = device.sgemm_median_gflops();
+  std::vector<std::string> warnings = environment_warnings(device.host.build_type);
   if (std::string w = peak_spread_warning(peak_gflops, sgemm_median_gflops); !w.empty()) warnings.push_back(std::move(w));
   for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
 
-  RunContext ctx{request, *backend, {}, measure_steady_clock()};
-  const double stream_gbytes_per_s = device.value("stream_gbytes_per_s", 0.0);
+  RunContext ctx{request, *backend, device, ReferenceCache(plan), measure_steady_clock()};
   double total_cost = 0, done_cost = 0;
   for (const auto& c : plan) total_cost += case_cost_estimate(c);
 
   install_interrupt_handlers();
-  nlohmann::json results = nlohmann::json::array();
-  nlohmann::json totals = {{"cases", plan.size()}, {"ok", 0}, {"failed", 0}, {"skipped", 0}};
-  for (Mode mode : config.layer.mode) ctx.caches.layer_backward = ctx.caches.layer_backward || mode == Mode::fwd_bwd;
+  std::vector<CaseRecord>& results = document.results;
+  results.reserve(plan.size());
+  document.totals.cases = plan.size();
   const auto run_start = std::chrono::steady_clock::now();
   bool any_failed = false;
   std::size_t position = 0;
@@ -431,64 +307,51 @@ int run_benchmarks(const RunRequest& request) {
   for (const Case& c : plan) {
     ++position;
     if (interrupt_signal()) break;
-    nlohmann::json record;
+    CaseRecord record;
     std::string note;
+    const ImplRow* row = backend->find(c.op->name, c.impl);
     if (auto it = done.find(c.plan_index); it != done.end()) {
       record = it->second;
       note = "from the journal";
-    } else if (auto why = unsupported_reason(*backend, c)) {
-      record = identity_of(c);
-      record["status"] = "skipped";
-      record["skip_reason"] = *why;
+    } else if (auto why = backend->unsupported(c)) {
+      record = skipped(c, *why);
       note = "skipped: " + *why;
-    } else if (auto too_big = memory_guard(*backend, c)) {
-      record = identity_of(c);
-      record["status"] = "skipped";
-      record["skip_reason"] = "memory: " + *too_big;
+    } else if (auto too_big = memory_guard(*backend, *row, c)) {
+      record = skipped(c, "memory: " + *too_big);
       note = "skipped: memory: " + *too_big;
     } else {
+      record.kase = c;
       try {
-        const std::optional<double> peak_before = backend->peak_check_gflops();
-        record = c.is_layer() ? run_layer_case(ctx, c) : run_case(ctx, c);
-        const std::optional<double> peak_after = backend->peak_check_gflops();
-        if (peak_gflops > 0 && record.contains("gflops")) {
-          record["peak_gflops"] = peak_gflops;
-          record["peak_fraction"] = record["gflops"].get<double>() / peak_gflops;
-          // The roofline: the rate a case of this arithmetic intensity can reach at the measured
-          // bandwidth, if that is below the compute peak (memory-bound: small D, long sequences).
-          const double bytes = record.value("bytes", 0.0), flops = record.value("flops", 0.0);
-          if (stream_gbytes_per_s > 0 && bytes > 0 && flops > 0) {
-            const double roof = std::min(peak_gflops, flops / bytes * stream_gbytes_per_s);
-            record["roofline_gflops"] = roof;
-            record["roofline_fraction"] = record["gflops"].get<double>() / roof;
-          }
+        const std::optional<double> peak_before = backend->peak_check ? backend->peak_check() : std::nullopt;
+        Measurement m = run_case(ctx, *row, c);
+        const std::optional<double> peak_after = backend->peak_check ? backend->peak_check() : std::nullopt;
+        if (peak_before && peak_after) {
+          m.peak_gflops_now = std::max(*peak_before, *peak_after);
+          m.peak_fraction_now = m.gflops / *m.peak_gflops_now;
         }
-        if (peak_before && peak_after && record.contains("gflops")) {
-          const double now = std::max(*peak_before, *peak_after);
-          record["peak_gflops_now"] = now;
-          record["peak_fraction_now"] = record["gflops"].get<double>() / now;
-        }
-        note = fmt::format("median {:.4f} ms, rel_err {:.2e}", record["median_ms"].get<double>(),
-                           record["rel_err"].get<double>());
-        if (record["status"] == "failed") note += " FAILED: " + record["check_failure"].get<std::string>();
+        record.status = m.check_failure.empty() ? Status::ok : Status::failed;
+        note = fmt::format("median {:.4f} ms, rel_err {:.2e}", m.median_ms, m.rel_err);
+        if (record.status == Status::failed) note += " FAILED: " + m.check_failure;
+        record.measured = std::move(m);
       } catch (const Interrupted&) {
         break;
       } catch (const std::bad_alloc&) {
-        record = identity_of(c);
-        record["status"] = "skipped";
-        record["skip_reason"] = "memory: an allocation failed";
+        record = skipped(c, "memory: an allocation failed");
         note = "skipped: memory: an allocation failed";
       } catch (const std::exception& e) {
-        record = identity_of(c);
-        record["status"] = "failed";
-        record["error"] = e.what();
+        record.status = Status::failed;
+        record.error = e.what();
+        record.measured.reset();
         note = std::string("FAILED: ") + e.what();
       }
     }
-    if (!done.count(c.plan_index)) journal.append(record);
-    const std::string status = record["status"];
-    totals[status] = totals[status].get<int>() + 1;
-    any_failed = any_failed || status == "failed";
+    if (!done.count(c.plan_index)) journal.append(to_json(record));
+    switch (record.status) {
+      case Status::ok: ++document.totals.ok; break;
+      case Status::failed: ++document.totals.failed; break;
+      case Status::skipped: ++document.totals.skipped; break;
+    }
+    any_failed = any_failed || record.status == Status::failed;
     results.push_back(std::move(record));
 
     done_cost += case_cost_estimate(c);
@@ -507,26 +370,14 @@ int run_benchmarks(const RunRequest& request) {
   }
 
   const int signal = interrupt_signal();
-  nlohmann::json full_device = device;
-  full_device["timer"] = to_json(ctx.timer);
-  nlohmann::json document = {
-      {"schema_version", kSchemaVersion},
-      {"tool", "lattnbench"},
-      {"version", device.value("lattnbench_version", "")},
-      {"created_utc", started},
-      {"argv", argv},
-      {"config", to_json(config)},
-      {"device", full_device},
-      {"results", results},
-      {"totals", totals},
-      {"summary", build_summary(results)},
-      {"warnings", warnings},
-  };
-  if (request.shard.active()) document["shard"] = shard_json;
-  if (signal) {
-    document["interrupted"] = true;
-    document["interrupted_by"] = signal == SIGINT ? "SIGINT" : "SIGTERM";
-  }
+  document.device.timer = ctx.timer;
+  document.version = device.host.version;
+  document.created_utc = started;
+  document.argv = argv;
+  document.config = to_json(config);
+  document.warnings = warnings;
+  if (request.shard.active()) document.shard = std::make_pair(request.shard.index, request.shard.count);
+  if (signal) document.interrupted_by = signal == SIGINT ? "SIGINT" : "SIGTERM";
   write_file_atomically(out_path, render(document, out_format));
   if (!request.gbench_path.empty()) write_file_atomically(request.gbench_path, to_gbench(document).dump(2) + "\n");
   // A complete run needs its journal no more; an interrupted one keeps it for --resume.

@@ -4,8 +4,8 @@
 #include <charconv>
 #include <numeric>
 
-#include "cost_model.hpp"
-#include "error.hpp"
+#include "cost.hpp"
+#include "core/error.hpp"
 
 namespace lattn {
 

@@ -5,111 +5,108 @@
 #include <algorithm>
 #include <map>
 
+#include "core/op.hpp"
+
 namespace lattn {
+
+std::string shape_key(const Case& c, bool with_seq) {
+  const Op& op = *c.op;
+  std::string key = fmt::format("{}|{}|{}|{}|b{}|h{}|d{}", op.suite, to_string(c.mode), c.backend, c.dtype, c.batch,
+                                c.heads, c.dim);
+  if (op.has(Param::decay)) key += "|" + to_string(c.decay);
+  if (op.has(Param::chunk)) key += fmt::format("|c{}", c.chunk);
+  if (op.has(Param::window)) key += fmt::format("|w{}", c.window);
+  if (with_seq) key += fmt::format("|t{}", c.seq);
+  return key;
+}
+
+Summary build_summary(const std::vector<CaseRecord>& records) {
+  std::map<std::string, std::vector<const CaseRecord*>> by_shape;
+  std::vector<std::string> shape_order;
+  for (const CaseRecord& r : records) {
+    if (!r.measured || r.status == Status::skipped) continue;
+    const std::string key = shape_key(r.kase, true);
+    if (!by_shape.count(key)) shape_order.push_back(key);
+    by_shape[key].push_back(&r);
+  }
+
+  Summary summary;
+  std::map<std::string, std::vector<std::size_t>> by_series;  // shape without seq -> comparisons
+  std::vector<std::string> series_order;
+  for (const auto& key : shape_order) {
+    auto shape = by_shape[key];
+    if (shape.size() < 2) continue;
+    std::stable_sort(shape.begin(), shape.end(),
+                     [](auto* a, auto* b) { return a->measured->median_ms < b->measured->median_ms; });
+    Comparison c{shape[0], shape[1],
+                 shape[1]->measured->median_ms / std::max(shape[0]->measured->median_ms, 1e-300)};
+    const std::string series = shape_key(c.fastest->kase, false);
+    if (!by_series.count(series)) series_order.push_back(series);
+    by_series[series].push_back(summary.comparisons.size());
+    summary.comparisons.push_back(c);
+  }
+
+  for (const auto& series : series_order) {
+    std::vector<const Comparison*> points;
+    for (std::size_t i : by_series[series]) points.push_back(&summary.comparisons[i]);
+    if (points.size() < 2) continue;
+    std::stable_sort(points.begin(), points.end(),
+                     [](auto* a, auto* b) { return a->fastest->kase.seq < b->fastest->kase.seq; });
+    Crossover x;
+    x.series = points.front()->fastest;
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      x.winners.emplace_back(points[i]->fastest->kase.seq, points[i]->fastest->kase.impl);
+      if (i > 0 && points[i]->fastest->kase.impl != points[i - 1]->fastest->kase.impl)
+        x.changes.push_back({points[i - 1]->fastest->kase.seq, points[i]->fastest->kase.seq,
+                             points[i - 1]->fastest->kase.impl, points[i]->fastest->kase.impl});
+    }
+    summary.crossovers.push_back(std::move(x));
+  }
+  return summary;
+}
+
 namespace {
 
-// Keys that make two records the same shape, apart from impl (and, for crossovers, seq).
-const std::vector<std::string>& shape_keys() {
-  static const std::vector<std::string> keys = {"suite", "mode", "backend", "dtype", "decay", "batch",
-                                                "heads", "dim", "chunk", "window", "head_dim", "seq"};
-  return keys;
-}
-
-nlohmann::json shape_of(const nlohmann::json& record, bool with_seq) {
-  nlohmann::json shape = nlohmann::json::object();
-  for (const auto& key : shape_keys())
-    if (record.contains(key) && (with_seq || key != "seq")) shape[key] = record[key];
-  return shape;
-}
-
-std::string label(const nlohmann::json& shape) {
-  std::string out = fmt::format("{} {}", shape.value("suite", ""), shape.value("mode", ""));
-  for (const char* key : {"batch", "heads", "seq", "dim", "chunk", "window"})
-    if (shape.contains(key)) out += fmt::format(" {}={}", key, shape[key].dump());
-  if (shape.value("decay", "none") != "none") out += " decay=" + shape["decay"].get<std::string>();
-  if (shape.value("dtype", "float32") != "float32") out += " " + shape["dtype"].get<std::string>();
+std::string label(const Case& c, bool with_seq) {
+  const Op& op = *c.op;
+  std::string out = fmt::format("{} {} batch={} heads={}", op.suite, to_string(c.mode), c.batch, c.heads);
+  if (with_seq) out += fmt::format(" seq={}", c.seq);
+  out += fmt::format(" dim={}", c.dim);
+  if (op.has(Param::chunk)) out += fmt::format(" chunk={}", c.chunk);
+  if (op.has(Param::window)) out += fmt::format(" window={}", c.window);
+  if (op.has(Param::decay) && c.decay != Decay::none) out += " decay=" + to_string(c.decay);
+  if (c.dtype != "float32") out += " " + c.dtype;
   return out;
 }
 
 }  // namespace
 
-nlohmann::json build_summary(const nlohmann::json& results) {
-  std::map<std::string, std::vector<const nlohmann::json*>> by_shape;
-  std::vector<std::string> shape_order;
-  for (const auto& r : results) {
-    if (!r.contains("median_ms") || r.value("status", "") == "skipped") continue;
-    const std::string key = shape_of(r, true).dump();
-    if (!by_shape.count(key)) shape_order.push_back(key);
-    by_shape[key].push_back(&r);
-  }
-
-  nlohmann::json comparisons = nlohmann::json::array();
-  std::map<std::string, std::vector<nlohmann::json>> by_series;  // shape without seq -> comparisons
-  std::vector<std::string> series_order;
-  for (const auto& key : shape_order) {
-    auto records = by_shape[key];
-    if (records.size() < 2) continue;
-    std::sort(records.begin(), records.end(), [](auto* a, auto* b) { return (*a)["median_ms"] < (*b)["median_ms"]; });
-    const auto& best = *records.front();
-    const auto& other = *records[1];
-    nlohmann::json c = shape_of(best, true);
-    c["fastest"] = best["impl"];
-    c["other"] = other["impl"];
-    c["fastest_median_ms"] = best["median_ms"];
-    c["other_median_ms"] = other["median_ms"];
-    c["speedup"] = other["median_ms"].get<double>() / std::max(best["median_ms"].get<double>(), 1e-300);
-    c["fastest_temp_mb"] = best.value("temp_mb", 0.0);
-    c["other_temp_mb"] = other.value("temp_mb", 0.0);
-    comparisons.push_back(c);
-    const std::string series = shape_of(best, false).dump();
-    if (!by_series.count(series)) series_order.push_back(series);
-    by_series[series].push_back(c);
-  }
-
-  nlohmann::json crossovers = nlohmann::json::array();
-  for (const auto& series : series_order) {
-    auto points = by_series[series];
-    if (points.size() < 2) continue;
-    std::sort(points.begin(), points.end(), [](const auto& a, const auto& b) { return a["seq"] < b["seq"]; });
-    nlohmann::json entry = nlohmann::json::parse(series);
-    entry["winners"] = nlohmann::json::array();
-    entry["changes"] = nlohmann::json::array();
-    for (std::size_t i = 0; i < points.size(); ++i) {
-      entry["winners"].push_back({{"seq", points[i]["seq"]}, {"fastest", points[i]["fastest"]}});
-      if (i > 0 && points[i]["fastest"] != points[i - 1]["fastest"])
-        entry["changes"].push_back({{"after_seq", points[i - 1]["seq"]}, {"by_seq", points[i]["seq"]},
-                                    {"from", points[i - 1]["fastest"]}, {"to", points[i]["fastest"]}});
-    }
-    crossovers.push_back(entry);
-  }
-  return {{"comparisons", comparisons}, {"crossovers", crossovers}};
-}
-
-std::string format_summary(const nlohmann::json& summary) {
+std::string format_summary(const Summary& summary) {
   std::string out;
-  if (summary["comparisons"].empty()) return out;
+  if (summary.comparisons.empty()) return out;
   out += "\nFastest impl per shape and mode:\n";
-  for (const auto& c : summary["comparisons"])
-    out += fmt::format("  {}: {} is {:.2f}x faster than {} ({:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n", label(c),
-                       c["fastest"].get<std::string>(), c["speedup"].get<double>(), c["other"].get<std::string>(),
-                       c["fastest_median_ms"].get<double>(), c["other_median_ms"].get<double>(),
-                       c["fastest_temp_mb"].get<double>(), c["other_temp_mb"].get<double>());
-  if (!summary["crossovers"].empty()) out += "Crossover in seq:\n";
-  for (const auto& x : summary["crossovers"]) {
-    if (x["changes"].empty()) {
-      out += fmt::format("  {}: {} wins at every seq measured\n", label(x), x["winners"][0]["fastest"].get<std::string>());
+  for (const Comparison& c : summary.comparisons)
+    out += fmt::format("  {}: {} is {:.2f}x faster than {} ({:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n",
+                       label(c.fastest->kase, true), c.fastest->kase.impl, c.speedup, c.other->kase.impl,
+                       c.fastest->measured->median_ms, c.other->measured->median_ms, c.fastest->measured->temp_mb,
+                       c.other->measured->temp_mb);
+  if (!summary.crossovers.empty()) out += "Crossover in seq:\n";
+  for (const Crossover& x : summary.crossovers) {
+    if (x.changes.empty()) {
+      out += fmt::format("  {}: {} wins at every seq measured\n", label(x.series->kase, false), x.winners[0].second);
       continue;
     }
-    for (const auto& ch : x["changes"])
-      out += fmt::format("  {}: {} wins up to seq {}, {} from seq {}\n", label(x), ch["from"].get<std::string>(),
-                         ch["after_seq"].get<int>(), ch["to"].get<std::string>(), ch["by_seq"].get<int>());
+    for (const WinnerChange& ch : x.changes)
+      out += fmt::format("  {}: {} wins up to seq {}, {} from seq {}\n", label(x.series->kase, false), ch.from,
+                         ch.after_seq, ch.to, ch.by_seq);
   }
   return out;
 }
 
-std::string above_peak_warning(const nlohmann::json& results, double peak_gflops, double median_gflops) {
-  const auto above = std::count_if(results.begin(), results.end(),
-                                   [](const nlohmann::json& r) { return r.value("peak_fraction", 0.0) > 1.0; });
+std::string above_peak_warning(const std::vector<CaseRecord>& records, double peak_gflops, double median_gflops) {
+  const auto above = std::count_if(records.begin(), records.end(), [](const CaseRecord& r) {
+    return r.measured && r.measured->peak_fraction.value_or(0.0) > 1.0;
+  });
   if (above == 0) return {};
   return fmt::format(
       "{} case(s) ran above the start-up sgemm peak ({:.1f} GFLOP/s; median of its products {:.1f}): it was "

@@ -1,20 +1,24 @@
 // The answer users came for: per shape and mode, which impl is fastest, by what factor and at what
-// memory cost against the other, and where along seq the winner changes.
+// memory cost against the other, and where along seq the winner changes; and the warnings about
+// the peak the records are held against.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <string>
+#include <vector>
+
+#include "record.hpp"
 
 namespace lattn {
 
-// From result records (skipped and broken ones are ignored): {"comparisons": [...], "crossovers": [...]}.
-nlohmann::json build_summary(const nlohmann::json& results);
-std::string format_summary(const nlohmann::json& summary);
+// Shape keys of a record without its impl (and, for a series, without seq), as one string: two
+// records of one shape have the same key.
+std::string shape_key(const Case& kase, bool with_seq);
+
+std::string format_summary(const Summary& summary);
 
 // A warning when records ran above the start-up peak (`peak_fraction` > 1): the peak was then
-// measured in a busier stretch than the cases ran in. Empty when none did.
-std::string above_peak_warning(const nlohmann::json& results, double peak_gflops, double median_gflops);
+// measured in a busier stretch than they ran in. Empty when none did.
+std::string above_peak_warning(const std::vector<CaseRecord>& records, double peak_gflops, double median_gflops);
 
 // A warning when the start-up sgemm products spread widely (their median under 0.9 of their
 // best): the machine's own rate moved while the peak was measured, so a case that ran exactly as

@@ -4,8 +4,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "config.hpp"
-#include "error.hpp"
+#include "src/config.hpp"
+#include "src/plan.hpp"
+#include "core/error.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -15,7 +16,7 @@ namespace {
 std::string plan_signature(const Config& c) {
   std::string out;
   for (const Case& k : expand_plan(c))
-    out += to_string(k.impl) + "/" + to_string(k.mode) + "/" + test::describe(k.problem) + "/" + k.backend + ";";
+    out += test::describe(k) + "/" + k.backend + ";";
   return out;
 }
 
@@ -67,19 +68,19 @@ TEST_CASE("the embedded default is configs/default.yaml and the reference result
   CHECK(plan_signature(embedded) == plan_signature(Config{}));
   const auto plan = expand_plan(embedded);
   CHECK(plan.size() == 44);  // kernel: 3 seq x 3 dim x 2 impl x 2 mode; layer: 2 seq x 2 impl x 2 mode
-  CHECK(plan.front().problem.batch == 2);
-  CHECK(plan.front().problem.heads == 4);
-  CHECK(plan.front().problem.chunk == 128);
+  CHECK(plan.front().op->suite == "kernel");
+  CHECK(plan.front().batch == 2);
+  CHECK(plan.front().heads == 4);
+  CHECK(plan.front().chunk == 128);
   CHECK(plan.front().window == 0);
   const Case& layer = plan[36];
-  CHECK(layer.suite == "layer");
-  CHECK(layer.problem.batch == 2);
-  CHECK(layer.problem.heads == 8);
-  CHECK(layer.problem.dim == 64);
-  CHECK(layer.model_dim() == 512);
+  CHECK(layer.op->suite == "layer");
+  CHECK(layer.batch == 2);
+  CHECK(layer.heads == 8);
+  CHECK(layer.dim == 64);
   CHECK(layer.window == 128);
-  CHECK(layer.problem.seq == 512);
-  CHECK(plan.back().problem.seq == 2048);
+  CHECK(layer.seq == 512);
+  CHECK(plan.back().seq == 2048);
 }
 
 TEST_CASE("the layer plan follows the reference file's order: seq, then impl, then mode", "[config]") {
@@ -87,13 +88,13 @@ TEST_CASE("the layer plan follows the reference file's order: seq, then impl, th
   const auto plan = expand_plan(c);
   REQUIRE(plan.size() == 2 * 2 * 2 * 2);
   CHECK(plan[0].window == 8);
-  CHECK(plan[0].impl == Impl::scan);
+  CHECK(plan[0].impl == "scan");
   CHECK(plan[0].mode == Mode::fwd);
   CHECK(plan[1].mode == Mode::fwd_bwd);
-  CHECK(plan[2].impl == Impl::chunked);
-  CHECK(plan[4].problem.seq == 128);
+  CHECK(plan[2].impl == "chunked");
+  CHECK(plan[4].seq == 128);
   CHECK(plan[8].window == 16);
-  for (const Case& k : plan) CHECK(k.suite == "layer");
+  for (const Case& k : plan) CHECK(k.op->suite == "layer");
 }
 
 TEST_CASE("bwd_states is a config key with a flag: kept or recomputed, one value", "[config]") {
@@ -123,19 +124,19 @@ TEST_CASE("the command line beats the file, which beats the defaults", "[config]
   o.values["reps"] = "3";
   o.values["impl"] = "chunked";
   apply_overrides(c, o);
-  CHECK(c.kernel.seq == std::vector<int>{32, 48});
+  CHECK(c.suite("kernel").numbers("seq") == std::vector<long>{32, 48});
   CHECK(c.run.reps == 3);
-  CHECK(c.kernel.impl == std::vector<Impl>{Impl::chunked});
-  CHECK(c.kernel.dim == std::vector<int>{16});
+  CHECK(c.suite("kernel").names("impl") == std::vector<std::string>{"chunked"});
+  CHECK(c.suite("kernel").numbers("dim") == std::vector<long>{16});
   // --seq reaches every selected suite that has the key, --window only the layer
-  CHECK(c.layer.seq == std::vector<int>{32, 48});
+  CHECK(c.suite("layer").numbers("seq") == std::vector<long>{32, 48});
   Overrides w;
   w.values["window"] = "4,8";
   w.values["head_dim"] = "32";
   apply_overrides(c, w);
-  CHECK(c.layer.window == std::vector<int>{4, 8});
-  CHECK(c.layer.head_dim == std::vector<int>{32});
-  CHECK(c.kernel.dim == std::vector<int>{16});
+  CHECK(c.suite("layer").numbers("window") == std::vector<long>{4, 8});
+  CHECK(c.suite("layer").numbers("head_dim") == std::vector<long>{32});
+  CHECK(c.suite("kernel").numbers("dim") == std::vector<long>{16});
 }
 
 TEST_CASE("each class of malformed config has its own message naming where", "[config][errors]") {

@@ -5,8 +5,8 @@
 // of the tokens per pass, of the token tile or of the chunk).
 #include <catch2/catch.hpp>
 
-#include "cpu/chunked_tiled.hpp"
-#include "cpu/scan_pass.hpp"
+#include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_scan_pass.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -35,10 +35,10 @@ TEST_CASE("every vector width of scan and chunked matches the float64 reference"
   for (const cpu::Vec vec : cpu::available_vecs()) {
     test::VecOverride force(vec);
     for (const Problem& p : path_shapes()) {
-      for (Impl impl : {Impl::scan, Impl::chunked}) {
+      for (const std::string impl : {"scan", "chunked"}) {
         for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
-          INFO(cpu::to_string(vec) << " " << to_string(impl) << " " << to_string(mode) << " " << test::describe(p)
-                                   << (impl == Impl::chunked ? (cpu::chunked_uses_tiles() ? " tiled" : " blas") : ""));
+          INFO(cpu::to_string(vec) << " " << impl << " " << to_string(mode) << " " << test::describe(p)
+                                   << (impl == "chunked" ? (cpu::chunked_uses_tiles() ? " tiled" : " blas") : ""));
           const CheckResult check = test::run_cpu_case(p, impl, mode, 2);
           for (const auto& [name, err] : check.per_output) INFO(name << " rel_err " << err);
           CHECK(check.passed);
@@ -58,11 +58,19 @@ TEST_CASE("thread splits over heads and over one head's columns give the referen
     for (const Problem& p : {Problem{1, 1, 50, 100, 16, Decay::retnet}, Problem{3, 1, 41, 40, 16, Decay::none},
                              Problem{1, 1, 50, 64, 16, Decay::none}}) {
       for (int threads : {1, 2, 3, 4}) {
-        for (Impl impl : {Impl::scan, Impl::chunked}) {
-          INFO(cpu::to_string(vec) << " threads " << threads << " " << to_string(impl) << " " << test::describe(p));
+        for (const std::string impl : {"scan", "chunked"}) {
+          INFO(cpu::to_string(vec) << " threads " << threads << " " << impl << " " << test::describe(p));
           CHECK(test::run_cpu_case(p, impl, Mode::fwd_bwd, threads).rel_err < 1e-5);
         }
       }
     }
+  }
+}
+
+TEST_CASE("scan gives the same answer on one thread and on several", "[scan][threads]") {
+  const Problem p{1, 3, 50, 16, 16, Decay::retnet};
+  for (int threads : {1, 2, 3}) {
+    INFO("threads " << threads);
+    CHECK(test::run_cpu_case(p, "scan", Mode::fwd_bwd, threads).rel_err < 1e-5);
   }
 }

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config.hpp"
-#include "inputs.hpp"
+#include "src/config.hpp"
+#include "core/random.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -68,7 +68,10 @@ TEST_CASE("the CPU backend skips bf16 cases with a reason and the run exits 0", 
 
 TEST_CASE("without a usable GPU, --backend cuda exits 2 and --list says why", "[cli][cuda]") {
   if (test::cuda_usable()) {
-    SUCCEED("a GPU is usable here; the CUDA tests (lattn_cuda_tests) cover the backend");
+    // A GPU is usable here: --list says so (the CUDA tests, lattn_cuda_tests, cover the backend).
+    const auto list = test::run_process(test::binary() + " --list");
+    CHECK(list.exit_status == 0);
+    CHECK_THAT(list.output, Contains("cuda  available"));
     return;
   }
   const auto run = test::run_process(test::binary() + " --backend cuda --seq 16 --dim 4 --quiet --out " +

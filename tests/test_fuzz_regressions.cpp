@@ -6,8 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "config.hpp"
-#include "error.hpp"
+#include "src/config.hpp"
+#include "src/plan.hpp"
+#include "core/error.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

@@ -1,7 +1,9 @@
 // Harness statistics and calibration on synthetic samples and a synthetic clock.
 #include <catch2/catch.hpp>
 
-#include "harness.hpp"
+#include "src/harness.hpp"
+
+#include <cmath>
 
 using namespace lattn;
 
@@ -43,7 +45,7 @@ class SyntheticCase final : public PreparedCase {
     return n * ms_;
   }
   MemoryUsage memory() const override { return {}; }
-  void read_outputs(KernelTensors&) override {}
+  void read_outputs(TensorSet&) override {}
   long calls = 0;
   int timed_batches = 0;
 
@@ -62,4 +64,55 @@ TEST_CASE("measure runs cold, warm-up, calibrated samples, and reports per-call 
   CHECK(t.compile_s >= 0);
   // cold call + 3 warm-up + one calibration trial of 20 + 7 samples of 20
   CHECK(kase.calls == 1 + 3 + 20 + 7 * 20);
+}
+
+namespace {
+// A case whose first `slow_batches` timed batches take `slow_ms` per call and every later one
+// `fast_ms`: the first calls of a real case fault pages in, fill caches, or meet a busy machine.
+class SlowStartCase final : public PreparedCase {
+ public:
+  SlowStartCase(double slow_ms, double fast_ms, int slow_batches)
+      : slow_ms_(slow_ms), fast_ms_(fast_ms), slow_batches_(slow_batches) {}
+  void run() override {}
+  double time_ms(int n) override { return n * (batches_++ < slow_batches_ ? slow_ms_ : fast_ms_); }
+  MemoryUsage memory() const override { return {}; }
+  void read_outputs(TensorSet&) override {}
+
+ private:
+  double slow_ms_, fast_ms_;
+  int slow_batches_, batches_ = 0;
+};
+
+// A case that runs faster at every batch, so that no calibration holds for long.
+class ShrinkingCase final : public PreparedCase {
+ public:
+  void run() override {}
+  double time_ms(int n) override { return n * 8.0 * std::pow(0.5, batches_++); }
+  MemoryUsage memory() const override { return {}; }
+  void read_outputs(TensorSet&) override {}
+
+ private:
+  int batches_ = 0;
+};
+}  // namespace
+
+TEST_CASE("a slow warm-up does not leave samples shorter than the minimum", "[harness]") {
+  // The warm-up reads 30 ms per call, so inner starts at 1; the steady calls take 2 ms, and a
+  // 2 ms sample of a 10 ms minimum must not be kept: inner grows and the samples start over.
+  SlowStartCase kase(30.0, 2.0, 1);
+  const Timing t = measure(kase, TimingSettings{2, 5, 10.0});
+  CHECK(t.inner == 6);  // ceil(11 / 2): the minimum with a tenth to spare
+  REQUIRE(t.samples_ms.size() == 5);
+  for (double s : t.samples_ms) CHECK(s * t.inner >= 10.0);
+  CHECK(t.short_samples == 0);
+}
+
+TEST_CASE("samples that stay short after the re-calibrations are counted", "[harness]") {
+  ShrinkingCase kase;
+  const Timing t = measure(kase, TimingSettings{1, 4, 10.0});
+  REQUIRE(t.samples_ms.size() == 4);
+  int short_by_hand = 0;
+  for (double s : t.samples_ms) short_by_hand += s * t.inner < 10.0;
+  CHECK(short_by_hand == 4);
+  CHECK(t.short_samples == short_by_hand);
 }

@@ -1,12 +1,12 @@
 // The layer suite: the float64 reference's gradients against central finite differences, and the
-// CPU float32 layer (both linear-branch forms) against the reference.
+// CPU layer's thread split (its correctness on every shape is the test table's, test_ops.cpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include "reference/layer_ref.hpp"
+#include "kernels/layer/reference.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -87,46 +87,10 @@ TEST_CASE("layer reference gradients match central finite differences", "[layer]
   }
 }
 
-namespace {
-
-CheckResult run_cpu_layer(const LayerProblem& p, Mode mode, int threads = 0, std::uint64_t seed = 5) {
-  auto backend = make_backend("cpu", BackendOptions{threads, 0, false, p.keep_chunk_states});
-  Case kase{"layer", p.chunked ? Impl::chunked : Impl::scan, mode, p.linear, "cpu", "float32", 0, p.window};
-  const LayerTensors inputs = make_layer_inputs(p.linear, mode, seed);
-  auto prepared = backend->prepare_layer(kase, inputs);
-  prepared->run();
-  LayerTensors outputs;
-  prepared->read_layer_outputs(outputs);
-  const LayerReference reference = compute_layer_reference(p, inputs, mode == Mode::fwd_bwd);
-  return check_layer_outputs(outputs, reference, mode, layer_tolerance_for("float32"));
-}
-
-}  // namespace
-
-TEST_CASE("the CPU layer matches the float64 reference, forward and backward, scan and chunked", "[layer]") {
-  for (LayerProblem p : test::layer_test_shapes())
-    for (bool chunked : {false, true})
-      for (bool keep : {true, false})  // the chunked branch's states kept from the forward or recomputed
-        for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
-          if (!keep && !(chunked && mode == Mode::fwd_bwd)) continue;
-          p.chunked = chunked;
-          p.keep_chunk_states = keep;
-          INFO(test::describe(p.linear) << " W" << p.window << (chunked ? " chunked " : " scan ") << to_string(mode)
-                                        << (keep ? "" : " recomputed"));
-          const CheckResult check = run_cpu_layer(p, mode);
-          std::string errors;
-          for (const auto& [name, err] : check.per_output) errors += name + " " + std::to_string(err) + " ";
-          INFO(errors);
-          CHECK(check.passed);
-          CHECK(check.per_output.size() == (mode == Mode::fwd ? 1u : 8u));
-          CHECK(check.rel_err < 1e-4);
-        }
-}
-
 TEST_CASE("the CPU layer gives the same answer on one thread and on several", "[layer][threads]") {
   const LayerProblem p{{1, 1, 200, 8, 32, Decay::none}, 20, true};  // one head: the window's segments split it
   for (int threads : {1, 2, 3}) {
     INFO("threads " << threads);
-    CHECK(run_cpu_layer(p, Mode::fwd_bwd, threads).rel_err < 1e-5);
+    CHECK(test::run_cpu_case(test::layer_case(p, Mode::fwd_bwd), threads, 5).rel_err < 1e-5);
   }
 }

@@ -4,11 +4,11 @@
 
 #include <omp.h>
 
-#include "counting_allocator.hpp"
-#include "cpu/kernels.hpp"
-#include "cpu/chunked_tiled.hpp"
-#include "cpu/layer_kernels.hpp"
-#include "cpu/scan_pass.hpp"
+#include "src/counting_allocator.hpp"
+#include "kernels/linear_attention/cpu.hpp"
+#include "kernels/layer/cpu.hpp"
+#include "kernels/sliding_window/cpu.hpp"
+#include "kernels/linear_attention/cpu_scan_pass.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -79,12 +79,12 @@ TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
         CHECK(cpu::chunked_kept_states_bytes(p) == 0);  // the OpenBLAS path recomputes
       }
 
-      KernelTensors t = make_kernel_inputs(p, Mode::fwd_bwd, 0);
+      const TensorSet t = make_case_inputs(test::kernel_case(p, "scan", Mode::fwd_bwd), 0);
       std::vector<float> o(p.token_elems()), hT(p.state_elems()), dq(p.token_elems()), dk(p.token_elems()),
           dv(p.token_elems()), dh0(p.state_elems());
-      const ForwardArgs<float> fwd{t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data()};
-      const BackwardArgs<float> bwd{t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(),
-                                    t.dhT.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
+      const ForwardArgs<float> fwd{t.data("q"), t.data("k"), t.data("v"), t.data("h0"), o.data(), hT.data()};
+      const BackwardArgs<float> bwd{t.data("q"), t.data("k"), t.data("v"), t.data("h0"), t.data("dO"),
+                                    t.data("dhT"), dq.data(), dk.data(), dv.data(), dh0.data()};
       auto peak_of = [](auto&& call) {
         CountingAllocator allocator;
         call(allocator);
@@ -110,24 +110,23 @@ TEST_CASE("each CPU kernel's scratch equals its closed form", "[memory]") {
 TEST_CASE("the backend reports the kernel's scratch as temp and the tensors as arg and out", "[memory]") {
   const Problem p{2, 2, 200, 16, 64, Decay::none};
   auto backend = make_backend("cpu", BackendOptions{2});
-  Case kase{"kernel", Impl::chunked, Mode::fwd_bwd, p, "cpu", "float32", 0};
-  auto prepared = backend->prepare(kase, make_kernel_inputs(p, Mode::fwd_bwd, 0));
-  prepared->run();
-  const MemoryUsage m = prepared->memory();
+  const Case kase = test::kernel_case(p, "chunked", Mode::fwd_bwd);
+  const test::Outcome run = test::run_on(*backend, kase, 0);
+  const MemoryUsage m = run.memory;
   // A fwd_bwd call holds the chunk states its forward keeps for its backward, where it can keep them.
   const std::size_t kept = cpu::chunked_kept_states_bytes(p);
   CHECK(m.temp_bytes == kept + std::max(cpu::chunked_forward_workspace_bytes(p, kept > 0),
                                         cpu::chunked_backward_workspace_bytes(p, kept > 0)));
-  CHECK(prepared->bwd_states() == (kept > 0 ? "kept" : "recomputed"));
+  CHECK(run.bwd_states == (kept > 0 ? "kept" : "recomputed"));
 
   // Asked to recompute them, the call holds the larger of the two passes' own scratch.
   auto recomputing = make_backend("cpu", BackendOptions{2, 0, false, false});
-  auto lighter = recomputing->prepare(kase, make_kernel_inputs(p, Mode::fwd_bwd, 0));
-  lighter->run();
-  CHECK(lighter->memory().temp_bytes ==
+  const test::Outcome lighter = test::run_on(*recomputing, kase, 0);
+  CHECK(lighter.memory.temp_bytes ==
         std::max(cpu::chunked_forward_workspace_bytes(p), cpu::chunked_backward_workspace_bytes(p)));
-  CHECK(lighter->bwd_states() == "recomputed");
-  CHECK(recomputing->memory_estimate(kase) < backend->memory_estimate(kase) + (kept > 0 ? 0 : 1));
+  CHECK(lighter.bwd_states == "recomputed");
+  CHECK(recomputing->find("linear_attention", "chunked")->memory_estimate(kase) <
+        backend->find("linear_attention", "chunked")->memory_estimate(kase) + (kept > 0 ? 0 : 1));
   CHECK(m.arg_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // q k v dO, h0 dhT
   CHECK(m.out_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // o dq dk dv, hT dh0
 }
@@ -161,13 +160,13 @@ TEST_CASE("the sliding-window kernel's scratch equals its closed form and is O(T
       CHECK(cpu::sliding_window_backward_workspace_bytes(p, window) ==
             (bwd_threads * (2 * Bq * L + bwd_panels) + spill) * 4);
 
-      KernelTensors t = make_kernel_inputs(p, Mode::fwd_bwd, 0);
+      const TensorSet t = make_case_inputs(test::window_case(p, window, Mode::fwd_bwd), 0);
       std::vector<float> o(p.token_elems()), lse(p.heads_total() * p.seq), dq(p.token_elems()), dk(p.token_elems()),
           dv(p.token_elems());
       CountingAllocator fwd, bwd;
-      cpu::sliding_window_forward(p, window, {t.q.data(), t.k.data(), t.v.data(), o.data(), lse.data()}, fwd);
+      cpu::sliding_window_forward(p, window, {t.data("q"), t.data("k"), t.data("v"), o.data(), lse.data()}, fwd);
       cpu::sliding_window_backward(p, window,
-                                   {t.q.data(), t.k.data(), t.v.data(), o.data(), lse.data(), t.dO.data(), dq.data(),
+                                   {t.data("q"), t.data("k"), t.data("v"), o.data(), lse.data(), t.data("dO"), dq.data(),
                                     dk.data(), dv.data(), false},
                                    bwd);
       CHECK(fwd.peak_bytes() == cpu::sliding_window_forward_workspace_bytes(p, window));
@@ -191,10 +190,7 @@ TEST_CASE("the layer's scratch equals its closed form and grows linearly in T", 
     INFO(test::describe(p.linear) << (chunked ? " chunked" : " scan"));
     auto backend = make_backend("cpu", BackendOptions{2});
     for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
-      Case kase{"layer", chunked ? Impl::chunked : Impl::scan, mode, p.linear, "cpu", "float32", 0, p.window};
-      auto prepared = backend->prepare_layer(kase, make_layer_inputs(p.linear, mode, 0));
-      prepared->run();
-      const MemoryUsage m = prepared->memory();
+      const MemoryUsage m = test::run_on(*backend, test::layer_case(p, mode), 0).memory;
       CHECK(m.temp_bytes == (mode == Mode::fwd ? cpu::layer_forward_workspace_bytes(p)
                                                : cpu::layer_forward_backward_workspace_bytes(p)));
       const std::size_t M = p.model_dim(), N = p.token_elems(), H = std::size_t(p.linear.heads);

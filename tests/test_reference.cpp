@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "reference/linear_attention_ref.hpp"
+#include "kernels/linear_attention/reference.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "report.hpp"
-#include "runner.hpp"
+#include "src/record_json.hpp"
+#include "src/report.hpp"
+#include "src/plan.hpp"
+#include "src/runner.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -93,12 +95,19 @@ TEST_CASE("atomic writes replace a file whole", "[report]") {
 }
 
 TEST_CASE("the table has a row per result, skipped ones with their reason", "[report]") {
-  nlohmann::json results = nlohmann::json::array();
-  results.push_back({{"suite", "kernel"}, {"impl", "scan"}, {"mode", "fwd"}, {"status", "ok"}, {"median_ms", 1.5},
-                     {"q1_ms", 1.4}, {"q3_ms", 1.6}, {"gflops", 3.0}, {"temp_mb", 0.0}, {"rel_err", 1e-7}});
-  results.push_back({{"suite", "kernel"}, {"impl", "chunked"}, {"mode", "fwd"}, {"status", "skipped"},
-                     {"skip_reason", "bf16 is not supported"}});
-  const std::string table = format_table(results);
+  std::vector<CaseRecord> records(2);
+  records[0].kase = test::kernel_case({2, 4, 512, 64, 128, Decay::none}, "scan", Mode::fwd);
+  records[0].status = Status::ok;
+  records[0].measured = Measurement{};
+  records[0].measured->median_ms = 1.5;
+  records[0].measured->q1_ms = 1.4;
+  records[0].measured->q3_ms = 1.6;
+  records[0].measured->gflops = 3.0;
+  records[0].measured->rel_err = 1e-7;
+  records[1].kase = test::kernel_case({2, 4, 512, 64, 128, Decay::none}, "chunked", Mode::fwd);
+  records[1].status = Status::skipped;
+  records[1].skip_reason = "bf16 is not supported";
+  const std::string table = format_table(records);
   CHECK(std::count(table.begin(), table.end(), '\n') == 3);
   CHECK(table.find("1.5000") != std::string::npos);
   CHECK(table.find("skipped: bf16 is not supported") != std::string::npos);

@@ -15,7 +15,7 @@
 #include <fstream>
 #include <thread>
 
-#include "journal.hpp"
+#include "src/journal.hpp"
 #include "test_util.hpp"
 
 extern char** environ;
@@ -127,7 +127,7 @@ TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "
   REQUIRE(doc["results"].size() == 12);
   CHECK_FALSE(doc.contains("interrupted"));
   for (std::size_t i = 0; i < doc["results"].size(); ++i) CHECK(doc["results"][i]["plan_index"] == i);
-  for (const auto& kept : before.records) CHECK(doc["results"][kept["plan_index"].get<std::size_t>()] == kept);
+  for (const auto& kept : before.records) CHECK(doc["results"][kept.record["plan_index"].get<std::size_t>()] == kept.record);
   CHECK(doc["argv"] == before.header["argv"]);
   CHECK_FALSE(fs::exists(journal));  // complete: the journal is no longer needed
   fs::remove_all(dir);
@@ -158,7 +158,7 @@ TEST_CASE("resume refuses a journal written on another CPU", "[robustness][resum
   contents.header["device"]["cpu_signature"] = "GenuineIntel family 6 model 143 stepping 8";
   {
     Journal rewritten(journal.string(), contents.header, false);
-    for (const auto& record : contents.records) rewritten.append(record);
+    for (const auto& record : contents.records) rewritten.append(record.record);
   }
   auto resume_args = args;
   resume_args.push_back("--resume");

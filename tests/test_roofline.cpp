@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "roofline.hpp"
-#include "summary.hpp"
+#include "backends/cpu/roofline.hpp"
+#include "src/summary.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -62,11 +62,18 @@ TEST_CASE("the start-up sgemm stops once its best has settled, not after a fixed
 }
 
 TEST_CASE("records above the start-up peak make a warning that names how many", "[roofline]") {
-  const nlohmann::json below = nlohmann::json::array({{{"peak_fraction", 0.7}}, {{"status", "skipped"}}});
+  auto measured = [](double fraction) {
+    CaseRecord r;
+    r.status = Status::ok;
+    r.measured = Measurement{};
+    r.measured->peak_fraction = fraction;
+    return r;
+  };
+  std::vector<CaseRecord> below = {measured(0.7), CaseRecord{}};  // the second: skipped, unmeasured
   CHECK(above_peak_warning(below, 200.0, 150.0).empty());
-  nlohmann::json above = below;
-  above.push_back({{"peak_fraction", 1.3}});
-  above.push_back({{"peak_fraction", 1.01}});
+  std::vector<CaseRecord> above = below;
+  above.push_back(measured(1.3));
+  above.push_back(measured(1.01));
   const std::string w = above_peak_warning(above, 157.0, 120.0);
   CHECK(w.rfind("2 case(s) ran above the start-up sgemm peak (157.0 GFLOP/s", 0) == 0);
   CHECK(w.find("peak_fraction_now") != std::string::npos);

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/row_major_gemm.hpp"
+#include "backends/cuda/row_major_gemm.hpp"
 
 TEST_CASE("the row-major products of the CUDA layer map onto column-major calls", "[cuda_mapping]") {
   std::mt19937 rng(3);

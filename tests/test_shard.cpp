@@ -3,9 +3,11 @@
 
 #include <set>
 
-#include "cost_model.hpp"
-#include "error.hpp"
-#include "shard.hpp"
+#include "src/cost.hpp"
+#include "core/error.hpp"
+#include "src/config.hpp"
+#include "src/plan.hpp"
+#include "src/shard.hpp"
 
 using namespace lattn;
 
@@ -38,7 +40,20 @@ TEST_CASE("shards are balanced by estimated cost, not by count", "[shard]") {
     // Greedy LPT: no shard exceeds the even share by more than the largest single case.
     CHECK(load <= total / count + biggest);
   }
-  CHECK(select_shard(plan, Shard{2, 3}).size() == select_shard(plan, Shard{2, 3}).size());
+}
+
+TEST_CASE("the costliest case goes first, to the least-loaded shard", "[shard]") {
+  // Three cases of increasing cost: seq 8192 fills shard 1 alone, 2048 and 512 go to shard 2.
+  Config c = parse_config("suites: [kernel]\nkernel:\n  seq: [512, 2048, 8192]\n  dim: 64\n  impl: scan\n  mode: fwd\n",
+                          "s.yaml");
+  const std::vector<Case> plan = expand_plan(c);
+  REQUIRE(plan.size() == 3);
+  const auto first = select_shard(plan, Shard{1, 2}), second = select_shard(plan, Shard{2, 2});
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].seq == 8192);
+  REQUIRE(second.size() == 2);
+  CHECK(second[0].seq == 512);
+  CHECK(second[1].seq == 2048);
 }
 
 TEST_CASE("bad --shard values are refused", "[shard][errors]") {

@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "counting_allocator.hpp"
-#include "cpu/layer_kernels.hpp"
-#include "reference/layer_ref.hpp"
+#include "src/counting_allocator.hpp"
+#include "kernels/sliding_window/cpu.hpp"
+#include "kernels/sliding_window/reference.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -93,31 +93,10 @@ double rel_err(const std::vector<double>& x, const std::vector<double>& ref) {
 
 std::vector<float> narrowed(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
-struct Shape {
-  Problem p;
-  int window;
-};
-
-std::vector<Shape> window_shapes() {
-  return {
-      {{1, 1, 1, 1, 1, Decay::none}, 1},        // T = 1
-      {{1, 2, 37, 8, 1, Decay::none}, 1},       // window 1: each query sees itself only
-      {{2, 1, 100, 16, 1, Decay::none}, 7},     // T not a multiple of the query block
-      {{1, 2, 150, 8, 1, Decay::none}, 32},     // window = query block (32), ragged last block
-      {{1, 1, 130, 5, 1, Decay::none}, 33},     // odd D, window just over a block
-      {{1, 1, 100, 4, 1, Decay::none}, 64},     // window two blocks
-      {{1, 2, 90, 16, 1, Decay::none}, 90},     // window = T
-      {{1, 1, 70, 8, 1, Decay::none}, 1000},    // window > T: plain causal softmax
-      {{1, 1, 200, 64, 1, Decay::none}, 128},   // the layer's head dim and window
-      {{1, 1, 600, 16, 1, Decay::none}, 100},   // three groups of 8 query blocks, the last ragged
-      {{2, 1, 530, 32, 1, Decay::none}, 128},   // two groups, V read in place
-  };
-}
-
 }  // namespace
 
 TEST_CASE("the float64 sliding-window reference equals a naive masked softmax", "[window][reference]") {
-  for (const Shape& shape : window_shapes()) {
+  for (const test::WindowShape& shape : test::window_test_shapes()) {
     const Problem& p = shape.p;
     INFO(test::describe(p) << " W" << shape.window);
     std::mt19937_64 rng(7);
@@ -141,7 +120,7 @@ TEST_CASE("the CPU sliding-window kernel matches a naive masked softmax, forward
   for (int threads : {1, 2, 3}) {
     test::VecOverride force(vec);
     omp_set_num_threads(threads);
-    for (const Shape& shape : window_shapes()) {
+    for (const test::WindowShape& shape : test::window_test_shapes()) {
       const Problem& p = shape.p;
       INFO(test::describe(p) << " W" << shape.window << " threads " << threads << " " << cpu::to_string(vec));
       std::mt19937_64 rng(11);

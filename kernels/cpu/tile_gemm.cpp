@@ -1,6 +1,6 @@
 // See tile_gemm.hpp. Built only where AVX-512 is compiled in; chunked.cpp falls back to the
 // OpenBLAS form elsewhere.
-#include "cpu/tile_gemm.hpp"
+#include "kernels/cpu/tile_gemm.hpp"
 
 #include <algorithm>
 

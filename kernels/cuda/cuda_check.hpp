@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "error.hpp"
+#include "core/error.hpp"
 
 namespace lattn::cuda {
 

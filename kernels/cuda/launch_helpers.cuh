@@ -10,8 +10,8 @@
 #include <map>
 #include <utility>
 
-#include "cuda/cuda_check.hpp"
-#include "cuda/kernels.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/dtype.hpp"
 
 namespace lattn::cuda {
 namespace {

@@ -1,6 +1,6 @@
 // The CUDA layer (cuBLAS projections, the scan / chunked and sliding-window kernels, the norm and
-// gate of kernels/cuda/layer.cu) against the float64 layer reference, forward and every gradient,
-// and its scratch against a closed form written out here. Runs only with a GPU
+// gate of kernels/layer/cuda.cu): its scratch against a closed form written out here, a second
+// call over the same scratch, the suite's model width, and a whole CLI run. Runs only with a GPU
 // (test_cuda_main.cpp skips otherwise).
 #include <catch2/catch.hpp>
 
@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "check.hpp"
+#include "src/check.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -20,23 +20,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct LayerOutcome {
-  CheckResult check;
-  MemoryUsage memory;
-};
-
-LayerOutcome run_cuda_layer(const LayerProblem& p, Mode mode, std::uint64_t seed = 5) {
+// Two calls of the layer case (the second reuses the scratch and must overwrite every output),
+// checked against the float64 reference.
+test::Outcome run_cuda_layer(const LayerProblem& p, Mode mode, std::uint64_t seed = 5) {
   auto backend = make_backend("cuda", BackendOptions{});
-  Case kase{"layer", p.chunked ? Impl::chunked : Impl::scan, mode, p.linear, "cuda", "float32", 0, p.window};
-  if (auto why = backend->unsupported_reason(kase)) FAIL("unsupported: " << *why);
-  const LayerTensors inputs = make_layer_inputs(p.linear, mode, seed);
-  auto prepared = backend->prepare_layer(kase, inputs);
+  const Case kase = test::layer_case(p, mode, "cuda");
+  if (auto why = backend->unsupported(kase)) FAIL("unsupported: " << *why);
+  const TensorSet all = make_case_inputs(kase, seed);
+  const Reference reference = kase.op->reference(kase, all, kase.backward());
+  auto prepared = backend->find(kase.op->name, kase.impl)->prepare(kase, all.inputs_for(mode));
   prepared->run();
-  prepared->run();  // a second call reuses the scratch and overwrites every output
-  LayerTensors outputs;
-  prepared->read_layer_outputs(outputs);
-  const LayerReference reference = compute_layer_reference(p, inputs, mode == Mode::fwd_bwd);
-  return {check_layer_outputs(outputs, reference, mode, layer_tolerance_for("float32")), prepared->memory()};
+  prepared->run();
+  TensorSet outputs = make_case_outputs(kase);
+  prepared->read_outputs(outputs);
+  return {check_outputs(kase, outputs, reference), prepared->memory(), prepared->bwd_states()};
 }
 
 // The scratch one call takes, each block rounded up to 256 bytes: q k v Lin Swa Y and a projection
@@ -52,7 +49,7 @@ std::size_t expected_scratch(const LayerProblem& p, bool backward) {
 
 }  // namespace
 
-TEST_CASE("the CUDA layer matches the float64 reference, forward and backward, scan and chunked", "[cuda][layer]") {
+TEST_CASE("the CUDA layer's scratch equals its closed form and a second call gives the same answer", "[cuda][layer]") {
   std::vector<LayerProblem> shapes = test::layer_test_shapes();
   shapes.push_back({{2, 8, 513, 64, 128, Decay::none}, 128, false});  // the suite's model width 512, ragged last chunk
   for (LayerProblem p : shapes)
@@ -60,7 +57,7 @@ TEST_CASE("the CUDA layer matches the float64 reference, forward and backward, s
       for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
         p.chunked = chunked;
         INFO(test::describe(p.linear) << " W" << p.window << (chunked ? " chunked " : " scan ") << to_string(mode));
-        const LayerOutcome r = run_cuda_layer(p, mode);
+        const test::Outcome r = run_cuda_layer(p, mode);
         std::string errors;
         for (const auto& [name, err] : r.check.per_output) errors += fmt::format("{}={:.2e} ", name, err);
         INFO(errors);

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "backend.hpp"
+#include "src/backend.hpp"
 
 int main(int argc, char** argv) {
   bool listing = false;

@@ -1,4 +1,4 @@
-// The CUDA sliding-window attention kernels (kernels/cuda/sliding_window.cu) against a naive
+// The CUDA sliding-window attention kernels (kernels/sliding_window/cuda.cu) against a naive
 // float64 masked softmax on the host: O and the saved log-sum-exp L, and the gradients of <O, dO>
 // (dQ, dK, dV) against their float64 analytic form; float32 and bf16 (bf16-rounded inputs for the
 // reference too); window 1, window >= T, ragged T, Dh = 1..256; and the scratch against its closed
@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_check.hpp"
-#include "cuda/device_allocator.hpp"
-#include "cuda/kernels.hpp"
-#include "inputs.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "backends/cuda/device_allocator.hpp"
+#include "kernels/sliding_window/cuda.hpp"
+#include "core/random.hpp"
 
 using namespace lattn;
 using cuda::SwaProblem;
@@ -47,15 +47,15 @@ struct Inputs {
   std::vector<float> q, k, v, dO;
 };
 
-struct Reference {
+struct SwaReference {
   std::vector<double> o, lse, dq, dk, dv;
 };
 
 // The naive masked softmax, O(T W) per head, and its analytic backward, all in float64.
-Reference reference(const SwaProblem& p, const Inputs& in) {
+SwaReference reference(const SwaProblem& p, const Inputs& in) {
   const int T = p.seq, D = p.dim;
   const double s = 1.0 / std::sqrt(double(D));
-  Reference r;
+  SwaReference r;
   r.o.assign(p.token_elems(), 0.0);
   r.dq.assign(p.token_elems(), 0.0);
   r.dk.assign(p.token_elems(), 0.0);
@@ -168,7 +168,7 @@ Errors run_case(const SwaProblem& p, cuda::Dtype dtype, std::uint64_t seed = 7) 
   const bool bf16 = dtype == cuda::Dtype::bf16;
   Inputs in{random_values(p.token_elems(), seed, bf16), random_values(p.token_elems(), seed + 1, bf16),
             random_values(p.token_elems(), seed + 2, bf16), random_values(p.token_elems(), seed + 3, bf16)};
-  const Reference ref = reference(p, in);
+  const SwaReference ref = reference(p, in);
   DeviceBuffer q = upload(in.q, dtype), k = upload(in.k, dtype), v = upload(in.v, dtype), dO = upload(in.dO, dtype);
   DeviceBuffer o = output(p.token_elems()), lse = output(p.row_elems());
   DeviceBuffer dq = output(p.token_elems()), dk = output(p.token_elems()), dv = output(p.token_elems());

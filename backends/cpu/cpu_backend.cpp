@@ -1,0 +1,235 @@
+// The CPU backend's table: one row per (op, form) it runs, each binding the case's buffers to the
+// kernels of kernels/<op>/cpu*.cpp once, and the device block with the roofline measured at
+// start-up. OpenMP runs the kernels' outer loops on the run's threads; BLAS stays single-threaded
+// inside them.
+#include "backends/cpu/cpu_backend.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "backends/cpu/host_case.hpp"
+#include "backends/cpu/roofline.hpp"
+#include "core/op.hpp"
+#include "kernels/cpu/vec.hpp"
+#include "kernels/layer/cpu.hpp"
+#include "kernels/layer/op.hpp"
+#include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/op.hpp"
+#include "kernels/sliding_window/cpu.hpp"
+#include "src/build_info.hpp"
+#include "src/environment.hpp"
+
+namespace lattn::cpu {
+namespace {
+
+struct Settings {
+  int threads = 1;
+  bool keep_chunk_states = true;
+};
+
+std::optional<std::string> float32_only(const Case& c) {
+  if (c.dtype != "float32") return "the CPU backend runs float32 only, not " + c.dtype;
+  return std::nullopt;
+}
+
+// The backend's copies of the case's tensors, plus the kernels' scratch.
+std::size_t tensor_bytes(const Case& c) { return (case_input_elems(c) + case_output_elems(c)) * sizeof(float); }
+
+// ---- linear attention (kernels/linear_attention) ----
+
+ForwardArgs<float> forward_args(HostCase& h) {
+  return {h.data("q"), h.data("k"), h.data("v"), h.data("h0"), h.data("o"), h.data("hT")};
+}
+
+BackwardArgs<float> backward_args(HostCase& h) {
+  return {h.data("q"),  h.data("k"),  h.data("v"),  h.data("h0"), h.data("dO"),
+          h.data("dhT"), h.data("dq"), h.data("dk"), h.data("dv"), h.data("dh0")};
+}
+
+// A training step: the whole forward, then the backward from what it saved. dO and dhT stand for
+// gradients that arrive after the forward (SPEC section 1), so no forward reads them.
+ImplRow scan_row() {
+  ImplRow row{"linear_attention", "scan", float32_only, nullptr, nullptr};
+  row.prepare = [](const Case& c, const TensorSet& inputs) {
+    auto h = std::make_unique<HostCase>(c, inputs);
+    const Problem p = linear_problem(c);
+    const ForwardArgs<float> fwd = forward_args(*h);
+    if (!c.backward()) {
+      h->bind([p, fwd](Allocator& a) { scan_forward(p, fwd, a); });
+      return std::unique_ptr<PreparedCase>(std::move(h));
+    }
+    const BackwardArgs<float> bwd = backward_args(*h);
+    h->bind([p, fwd, bwd](Allocator& a) {
+      scan_forward(p, fwd, a);
+      scan_backward(p, bwd, a);
+    });
+    return std::unique_ptr<PreparedCase>(std::move(h));
+  };
+  row.memory_estimate = [](const Case& c) {
+    const Problem p = linear_problem(c);
+    const std::size_t scratch = c.backward() ? std::max(scan_forward_workspace_bytes(p), scan_backward_workspace_bytes(p))
+                                             : scan_forward_workspace_bytes(p);
+    return tensor_bytes(c) + scratch;
+  };
+  return row;
+}
+
+// The backward takes the chunk states the forward kept, as a training step would, unless the run
+// asked for them recomputed (less memory) or the path cannot keep them.
+ImplRow chunked_row(const Settings& s) {
+  ImplRow row{"linear_attention", "chunked", float32_only, nullptr, nullptr};
+  row.prepare = [s](const Case& c, const TensorSet& inputs) {
+    auto h = std::make_unique<HostCase>(c, inputs);
+    const Problem p = linear_problem(c);
+    const ForwardArgs<float> fwd = forward_args(*h);
+    if (!c.backward()) {
+      h->bind([p, fwd](Allocator& a) { chunked_forward(p, fwd, a); });
+      return std::unique_ptr<PreparedCase>(std::move(h));
+    }
+    const BackwardArgs<float> bwd = backward_args(*h);
+    const std::size_t kept_bytes = s.keep_chunk_states ? chunked_kept_states_bytes(p) : 0;
+    h->bind(
+        [p, fwd, bwd, kept_bytes](Allocator& a) {
+          Workspace<float> kept(a, kept_bytes / sizeof(float));
+          chunked_forward(p, fwd, a, kept.data());
+          chunked_backward(p, bwd, a, kept.data());
+        },
+        kept_bytes > 0 ? "kept" : "recomputed");
+    return std::unique_ptr<PreparedCase>(std::move(h));
+  };
+  row.memory_estimate = [s](const Case& c) {
+    const Problem p = linear_problem(c);
+    std::size_t scratch = chunked_forward_workspace_bytes(p);
+    if (c.backward())
+      scratch = s.keep_chunk_states ? chunked_forward_backward_workspace_bytes(p)
+                                    : std::max(scratch, chunked_backward_workspace_bytes(p));
+    return tensor_bytes(c) + scratch;
+  };
+  return row;
+}
+
+// ---- sliding-window attention (kernels/sliding_window) ----
+
+ImplRow window_row() {
+  ImplRow row{"sliding_window", "blocked", float32_only, nullptr, nullptr};
+  row.prepare = [](const Case& c, const TensorSet& inputs) {
+    auto h = std::make_unique<HostCase>(c, inputs);
+    const Problem p{c.batch, c.heads, c.seq, c.dim, 1, Decay::none};
+    const int window = c.window;
+    const SlidingWindowForwardArgs fwd{h->data("q"), h->data("k"), h->data("v"), h->data("o"), nullptr};
+    if (!c.backward()) {
+      h->bind([p, window, fwd](Allocator& a) { sliding_window_forward(p, window, fwd, a); });
+      return std::unique_ptr<PreparedCase>(std::move(h));
+    }
+    const SlidingWindowBackwardArgs bwd{h->data("q"),  h->data("k"),  h->data("v"),  h->data("o"), nullptr,
+                                        h->data("dO"), h->data("dq"), h->data("dk"), h->data("dv"), false};
+    // The forward's per-row log-sum-exp is what the backward reads instead of a saved P: scratch.
+    h->bind([p, window, fwd, bwd](Allocator& a) {
+      Workspace<float> lse(a, p.heads_total() * std::size_t(p.seq));
+      SlidingWindowForwardArgs f = fwd;
+      SlidingWindowBackwardArgs b = bwd;
+      f.lse = lse.data();
+      b.lse = lse.data();
+      sliding_window_forward(p, window, f, a);
+      sliding_window_backward(p, window, b, a);
+    });
+    return std::unique_ptr<PreparedCase>(std::move(h));
+  };
+  row.memory_estimate = [](const Case& c) {
+    const Problem p{c.batch, c.heads, c.seq, c.dim, 1, Decay::none};
+    const std::size_t fwd = sliding_window_forward_workspace_bytes(p, c.window);
+    const std::size_t scratch =
+        c.backward() ? p.heads_total() * std::size_t(p.seq) * sizeof(float) +
+                           std::max(fwd, sliding_window_backward_workspace_bytes(p, c.window))
+                     : fwd;
+    return tensor_bytes(c) + scratch;
+  };
+  return row;
+}
+
+// ---- the layer (kernels/layer): one row per form of its linear branch ----
+
+ImplRow layer_row(const std::string& form, const Settings& s) {
+  ImplRow row{"layer", form, float32_only, nullptr, nullptr};
+  row.prepare = [s](const Case& c, const TensorSet& inputs) {
+    auto h = std::make_unique<HostCase>(c, inputs);
+    const LayerProblem p = layer_problem(c, s.keep_chunk_states);
+    if (!c.backward()) {
+      const LayerForwardArgs<float> fwd{h->data("x"),  h->data("wq"), h->data("wk"),   h->data("wv"),
+                                        h->data("wo"), h->data("g"),  h->data("beta"), h->data("out")};
+      h->bind([p, fwd](Allocator& a) { layer_forward(p, fwd, a); });
+      return std::unique_ptr<PreparedCase>(std::move(h));
+    }
+    const LayerBackwardArgs<float> bwd{h->data("x"),   h->data("wq"),  h->data("wk"),  h->data("wv"),
+                                       h->data("wo"),  h->data("g"),   h->data("beta"), h->data("dOut"),
+                                       h->data("out"), h->data("dx"),  h->data("dwq"), h->data("dwk"),
+                                       h->data("dwv"), h->data("dwo"), h->data("dg"),  h->data("dbeta")};
+    std::string states;
+    if (p.chunked) states = layer_kept_chunk_states_bytes(p) > 0 ? "kept" : "recomputed";
+    h->bind([p, bwd](Allocator& a) { layer_forward_backward(p, bwd, a); }, states);
+    return std::unique_ptr<PreparedCase>(std::move(h));
+  };
+  row.memory_estimate = [s](const Case& c) {
+    const LayerProblem p = layer_problem(c, s.keep_chunk_states);
+    return tensor_bytes(c) +
+           (c.backward() ? layer_forward_backward_workspace_bytes(p) : layer_forward_workspace_bytes(p));
+  };
+  return row;
+}
+
+CpuDeviceInfo describe_cpu(int threads) {
+  CpuDeviceInfo info;
+  info.blas = openblas_get_config();
+  info.blas_version = OPENBLAS_VERSION;
+  info.blas_threads_inside_kernels = 1;
+  info.blas_core = openblas_get_corename();
+  if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info.blas_coretype_env = env;
+  if (const char* detected = std::getenv("LATTN_OPENBLAS_DETECTED")) info.blas_core_detected = detected;
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  info.omp_wait_policy = wait_policy ? wait_policy : "";
+  if (const char* spin = std::getenv("GOMP_SPINCOUNT")) info.gomp_spincount = spin;
+  if (const char* set = std::getenv("LATTN_ENV_SET")) info.env_set_by_lattnbench = set;
+  info.scan_vector_width = to_string(active_vec());
+  // The roofline every record's peak_fraction is taken against, measured once per process.
+  const Roofline& roof = cpu_roofline(threads);
+  info.sgemm_gflops = roof.sgemm_gflops;
+  info.sgemm_n = roof.sgemm_n;
+  info.sgemm_threads = roof.threads;
+  info.sgemm_products = roof.sgemm_products;
+  info.sgemm_median_gflops = roof.sgemm_median_gflops;
+  info.sgemm_seconds = roof.sgemm_seconds;
+  info.stream_gbytes_per_s = roof.stream_gbytes_per_s;
+  info.stream_bytes = roof.stream_bytes;
+  if (roof.fma_gflops > 0) info.fma_gflops = roof.fma_gflops;
+  return info;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+  const Settings s{options.threads > 0 ? options.threads : omp_get_num_procs(), options.keep_chunk_states};
+  omp_set_num_threads(s.threads);
+  openblas_set_num_threads(1);
+
+  auto backend = std::make_unique<Backend>();
+  backend->name = "cpu";
+  backend->availability = [] { return Availability{true, ""}; };
+  backend->describe = [threads = s.threads] {
+    DeviceInfo info;
+    info.backend = "cpu";
+    info.host = host_info(threads);
+    info.cpu = describe_cpu(threads);
+    return info;
+  };
+  backend->impls = {scan_row(), chunked_row(s), window_row(), layer_row("scan", s), layer_row("chunked", s)};
+  backend->memory_is_host = true;
+  backend->memory_available = [] { return available_host_memory(); };
+  // Best of ten products: ~25 ms with the warm-up, twice per case.
+  backend->peak_check = [threads = s.threads]() -> std::optional<double> { return cpu_sgemm_check(threads, 10); };
+  return backend;
+}
+
+}  // namespace lattn::cpu

@@ -1,0 +1,70 @@
+// A case on the CPU: its own 64-byte aligned copies of the input tensors, zeroed outputs, and one
+// call (the impl's kernels, bound to those buffers once) that run() and time_ms() repeat with its
+// scratch counted. Every CPU impl row prepares one of these (cpu_backend.cpp).
+#pragma once
+
+#include <cstdlib>
+#include <functional>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "src/backend.hpp"
+#include "src/counting_allocator.hpp"
+
+namespace lattn::cpu {
+
+class HostCase final : public PreparedCase {
+ public:
+  // One call of the case's kernels, taking every temporary from the allocator.
+  using Call = std::function<void(Allocator&)>;
+
+  HostCase(const Case& kase, const TensorSet& inputs);
+
+  // A tensor's buffer, input or output (the output names are the op's).
+  float* data(const std::string& name);
+
+  // Set once after construction: the call, and what it says of the chunk states (bwd_states).
+  void bind(Call call, std::string bwd_states = {}) {
+    call_ = std::move(call);
+    bwd_states_ = std::move(bwd_states);
+  }
+
+  void run() override;
+  double time_ms(int calls) override;
+  MemoryUsage memory() const override;
+  void read_outputs(TensorSet& outputs) override;
+  std::string bwd_states() const override { return bwd_states_; }
+
+ private:
+  // A case's buffers start on 64-byte lines, as a framework's tensors do (a std::vector's large
+  // buffer starts 16 bytes into its mapping): a kernel may then stream whole output lines past the
+  // cache, and timings do not hinge on where malloc put the data.
+  template <class T>
+  struct LineAligned {
+    using value_type = T;
+    LineAligned() = default;
+    template <class U>
+    LineAligned(const LineAligned<U>&) {}
+    T* allocate(std::size_t n) {
+      const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+      if (void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes)) return static_cast<T*>(p);
+      throw std::bad_alloc();
+    }
+    void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+    friend bool operator==(const LineAligned&, const LineAligned&) { return true; }
+  };
+  struct Buffer {
+    std::string name;
+    bool output = false;
+    std::vector<float, LineAligned<float>> values;
+  };
+
+  std::vector<Buffer> buffers_;
+  Call call_;
+  std::string bwd_states_;
+  CountingAllocator allocator_;
+  std::size_t temp_peak_ = 0;
+};
+
+}  // namespace lattn::cpu

@@ -1,0 +1,213 @@
+// Why this shape of measurement: the kernels call single-threaded OpenBLAS from inside an OpenMP
+// loop (one level of threading), so the peak they can reach is what `threads` OpenMP threads each
+// running their own sgemm reach together, not what OpenBLAS's own thread pool reaches (whose
+// spinning workers would also linger into the first cases). n = 512 per thread is past the size
+// where OpenBLAS's packing overhead matters (n = 256 and 1024 ran at the same rate on one core
+// here) and its three matrices (3 MiB) do not fit in L2; one product takes ~2 ms, and the best of
+// many finds windows where no other job held either core: a best of 4 over 1024^3 products came
+// out 30% low under load, a best of 30 still read 210 instead of ~300 GFLOP/s once on an idle
+// two-core VM, and a best of 100 (0.2 s) read 157 once; the start-up measurement now runs until
+// its best settles (sgemm_peak_settled).
+// The bandwidth is a STREAM-style triad a = b + s c over arrays far larger than the last-level
+// cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
+// The FMA rate (registers only) is the compute ceiling beside them: sgemm at ~0.9 of it is
+// OpenBLAS at its best, and two runs whose FMA rates differ ran on different CPUs, whatever
+// their model names say.
+#include "backends/cpu/roofline.hpp"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+namespace lattn {
+namespace {
+
+constexpr int kSgemmN = 512;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Per product of all threads together: wall seconds, in product order, until
+// done(times, seconds since the first product) says so.
+template <class Done>
+std::vector<double> sgemm_times(int threads, int n, Done&& done) {
+  std::vector<double> times;
+  bool stop = false;
+  std::chrono::steady_clock::time_point first;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      a[i] = float(i % 7) * 0.25f;
+      b[i] = float(i % 5) * 0.5f;
+    }
+    for (int r = -1; !stop; ++r) {  // r = -1: warm-up
+      std::chrono::steady_clock::time_point start;
+#pragma omp barrier
+#pragma omp master
+      {
+        start = std::chrono::steady_clock::now();
+        if (r == 0) first = start;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                  c.data(), n);
+#pragma omp barrier
+#pragma omp master
+      if (r >= 0) {
+        times.push_back(seconds_since(start));
+        stop = done(times, seconds_since(first));
+      }
+#pragma omp barrier
+    }
+  }
+  return times;
+}
+
+double sgemm_rate(int threads, int n, double seconds) { return 2.0 * n * n * n * threads / seconds * 1e-9; }
+
+double measure_sgemm(int threads, int n, int reps) {
+  const std::vector<double> times =
+      sgemm_times(threads, n, [reps](const std::vector<double>& t, double) { return int(t.size()) >= reps; });
+  return sgemm_rate(threads, n, *std::min_element(times.begin(), times.end()));
+}
+
+double measure_triad(int threads, std::size_t elems, int reps) {
+  std::vector<float> a(elems), b(elems), c(elems);
+  double best = 1e30;
+  const long n = long(elems);
+#pragma omp parallel num_threads(threads)
+  {
+    // First touch by the thread that streams the same range later.
+#pragma omp for schedule(static)
+    for (long i = 0; i < n; ++i) {
+      a[i] = 0.0f;
+      b[i] = 1.0f;
+      c[i] = 2.0f;
+    }
+    for (int r = -1; r < reps; ++r) {
+      std::chrono::steady_clock::time_point start;
+#pragma omp master
+      start = std::chrono::steady_clock::now();
+#pragma omp for schedule(static)
+      for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+#pragma omp master
+      if (r >= 0) best = std::min(best, seconds_since(start));
+    }
+  }
+  return 3.0 * sizeof(float) * elems / best * 1e-9;
+}
+
+// The FMA units' rate with nothing but registers in play: 12 independent accumulators (more than
+// latency x throughput on current x86 cores) of the widest vector this build compiles for.
+#if defined(__AVX512F__)
+using FmaVec = __m512;
+inline FmaVec fma_set1(float x) { return _mm512_set1_ps(x); }
+inline FmaVec fma_madd(FmaVec a, FmaVec b, FmaVec c) { return _mm512_fmadd_ps(a, b, c); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using FmaVec = __m256;
+inline FmaVec fma_set1(float x) { return _mm256_set1_ps(x); }
+inline FmaVec fma_madd(FmaVec a, FmaVec b, FmaVec c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr int kFmaLanes = int(sizeof(FmaVec) / sizeof(float));
+
+// Seconds one thread takes for `iters` rounds of 12 vector FMAs. Optimised whatever the build's
+// level: at -O1 (the sanitizer build) GCC stores the accumulators to the stack every round.
+#if defined(__GNUC__) && !defined(__clang__)
+#define LATTN_OPTIMISED [[gnu::optimize("O2")]]
+#else
+#define LATTN_OPTIMISED
+#endif
+LATTN_OPTIMISED double fma_loop_seconds(long iters) {
+#define LATTN_ACCUMULATORS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define LATTN_DECLARE(i) FmaVec acc##i = fma_set1(float(i) * 1e-3f);
+#define LATTN_FMA(i) acc##i = fma_madd(acc##i, b, c);
+  LATTN_ACCUMULATORS(LATTN_DECLARE)
+  const FmaVec b = fma_set1(0.9999f), c = fma_set1(1e-7f);
+  const auto start = std::chrono::steady_clock::now();
+  for (long k = 0; k < iters; ++k) {
+    LATTN_ACCUMULATORS(LATTN_FMA)
+    // Volatile uses of every accumulator: the loop cannot be folded away, and they stay in registers.
+    asm volatile("" : "+v"(acc0), "+v"(acc1), "+v"(acc2), "+v"(acc3), "+v"(acc4), "+v"(acc5));
+    asm volatile("" : "+v"(acc6), "+v"(acc7), "+v"(acc8), "+v"(acc9), "+v"(acc10), "+v"(acc11));
+  }
+  const double seconds = seconds_since(start);
+#undef LATTN_ACCUMULATORS
+#undef LATTN_DECLARE
+#undef LATTN_FMA
+#undef LATTN_OPTIMISED
+  return seconds;
+}
+
+// All threads together, best of `reps` rounds of ~2 ms each: per round, all threads' FMAs over the
+// slowest thread's own loop time, as the sgemm peak counts (the barriers' wake-ups left out: on a
+// loaded machine they take milliseconds).
+double measure_fma(int threads, int reps) {
+  constexpr long kIters = 600000;  // 7.2M FMAs per thread and round, ~2 ms at one a cycle
+  std::vector<double> slowest(std::size_t(reps + 1), 0.0);
+  std::mutex mutex;
+#pragma omp parallel num_threads(threads)
+  for (int r = 0; r <= reps; ++r) {  // round 0: warm-up (the vector units may start slow)
+#pragma omp barrier
+    const double seconds = fma_loop_seconds(kIters);
+    const std::lock_guard<std::mutex> lock(mutex);
+    slowest[std::size_t(r)] = std::max(slowest[std::size_t(r)], seconds);
+  }
+  const double best = *std::min_element(slowest.begin() + 1, slowest.end());
+  return 2.0 * kFmaLanes * 12 * kIters * threads / best * 1e-9;
+}
+#else
+double measure_fma(int, int) { return 0.0; }
+#endif
+
+}  // namespace
+
+bool sgemm_peak_settled(const std::vector<double>& product_seconds, double elapsed_seconds, const PeakRule& rule) {
+  if (elapsed_seconds >= rule.max_seconds) return true;
+  const std::size_t count = product_seconds.size();
+  if (int(count) < rule.min_products || elapsed_seconds < rule.min_seconds) return false;
+  const std::size_t recent = std::max<std::size_t>(25, count / 4);
+  if (recent >= count) return false;
+  const auto split = product_seconds.end() - long(recent);
+  const double before = *std::min_element(product_seconds.begin(), split);
+  const double lately = *std::min_element(split, product_seconds.end());
+  return lately > before / 1.01;  // the recent best is not 1% faster than the earlier best
+}
+
+const Roofline& cpu_roofline(int threads) {
+  static std::once_flag once;
+  static Roofline roofline;
+  std::call_once(once, [&] {
+    constexpr std::size_t kTriadElems = std::size_t(1) << 25;  // 128 MiB per array
+    openblas_set_num_threads(1);
+    roofline.threads = threads;
+    roofline.sgemm_n = kSgemmN;
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<double> times = sgemm_times(threads, kSgemmN, [](const std::vector<double>& t, double elapsed) {
+      return sgemm_peak_settled(t, elapsed, PeakRule{});
+    });
+    roofline.sgemm_seconds = seconds_since(start);
+    roofline.sgemm_products = int(times.size());
+    std::sort(times.begin(), times.end());
+    roofline.sgemm_gflops = sgemm_rate(threads, kSgemmN, times.front());
+    roofline.sgemm_median_gflops = sgemm_rate(threads, kSgemmN, times[times.size() / 2]);
+    roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
+    roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
+    roofline.fma_gflops = measure_fma(threads, 50);
+  });
+  return roofline;
+}
+
+double cpu_sgemm_check(int threads, int products) {
+  openblas_set_num_threads(1);
+  return measure_sgemm(threads, kSgemmN, products);
+}
+
+}  // namespace lattn

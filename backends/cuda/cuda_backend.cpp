@@ -1,0 +1,327 @@
+// The CUDA backend's table: one row per (op, form) it runs, each binding the case's device buffers
+// to the kernels of kernels/<op>/cuda*.cu once (device_case.hpp), and the device block. Host code
+// only, built by the host compiler.
+#include "backends/cuda/cuda_backend.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cublas.hpp"
+#include "backends/cuda/device_case.hpp"
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/layer/cuda.hpp"
+#include "kernels/layer/op.hpp"
+#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/op.hpp"
+#include "kernels/sliding_window/cuda.hpp"
+#include "src/build_info.hpp"
+
+namespace lattn::cuda {
+namespace {
+
+struct Settings {
+  int threads = 0;
+  int device = 0;
+  bool cold = false;
+};
+
+std::string version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+Dtype dtype_of(const std::string& name) { return name == "bf16" ? Dtype::bf16 : Dtype::f32; }
+
+std::string first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// The dtype check every row shares, then the device's opt-in shared memory for the row's own
+// limits; nothing when the row can run the case.
+std::optional<std::string> dtype_unsupported(const Case& c, bool float32_only) {
+  if (c.dtype != "float32" && c.dtype != "bf16") return "the CUDA backend runs float32 and bf16, not " + c.dtype;
+  if (float32_only && c.dtype != "float32") return "the CUDA " + c.op->name + " runs float32 only";
+  return std::nullopt;
+}
+
+std::optional<std::size_t> shared_memory(int device) {
+  int shared = 0;
+  if (cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  return std::size_t(shared);
+}
+
+std::string no_shared_memory(int device) {
+  return "no CUDA device: cannot read device " + std::to_string(device) + "'s shared memory size";
+}
+
+// The backend's copies of the tensors (bf16 inputs counted at 4 bytes: the estimate errs high),
+// the scratch, and --cold's flush buffer.
+std::size_t tensor_bytes(const Case& c) { return (case_input_elems(c) + case_output_elems(c)) * sizeof(float); }
+
+SwaProblem window_problem(const Case& c) { return {c.batch, c.heads, c.seq, c.dim, c.window}; }
+
+// ---- linear attention (kernels/linear_attention/cuda_*.cu): no scratch (cuda.hpp) ----
+
+ImplRow linear_row(const std::string& form, const Settings& s) {
+  const bool chunked = form == "chunked";
+  ImplRow row{"linear_attention", form, nullptr, nullptr, nullptr};
+  row.unsupported = [s, chunked](const Case& c) -> std::optional<std::string> {
+    if (auto why = dtype_unsupported(c, false)) return why;
+    const auto shared = shared_memory(s.device);
+    if (!shared) return no_shared_memory(s.device);
+    const Problem p = linear_problem(c);
+    return chunked ? chunked_unsupported(p, dtype_of(c.dtype), *shared) : scan_unsupported(p);
+  };
+  row.prepare = [s, chunked](const Case& c, const TensorSet& inputs) {
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    const Problem p = linear_problem(c);
+    const Dtype dtype = dtype_of(c.dtype);
+    const DeviceForward fwd{d->data("q"), d->data("k"), d->data("v"), d->floats("h0"), d->floats("o"), d->floats("hT")};
+    DeviceBackward bwd{};
+    if (c.backward())
+      bwd = {d->data("q"),    d->data("k"),     d->data("v"),      d->floats("h0"),   d->data("dO"),
+             d->floats("dhT"), d->floats("dq"), d->floats("dk"),   d->floats("dv"),   d->floats("dh0")};
+    DeviceCase* self = d.get();
+    const bool backward = c.backward();
+    // The chunked backward recomputes the chunk states per column slice (docs/cuda.md).
+    d->bind(
+        [self, p, dtype, fwd, bwd, chunked, backward] {
+          Allocator& a = self->allocator();
+          if (chunked) chunked_forward(p, dtype, fwd, a, self->stream());
+          else scan_forward(p, dtype, fwd, a, self->stream());
+          if (!backward) return;
+          if (chunked) chunked_backward(p, dtype, bwd, a, self->stream());
+          else scan_backward(p, dtype, bwd, a, self->stream());
+        },
+        chunked && backward ? "recomputed" : "");
+    return std::unique_ptr<PreparedCase>(std::move(d));
+  };
+  row.memory_estimate = [s](const Case& c) { return tensor_bytes(c) + flush_bytes(s.device, s.cold); };
+  return row;
+}
+
+// ---- sliding-window attention (kernels/sliding_window/cuda.cu) ----
+
+ImplRow window_row(const Settings& s) {
+  ImplRow row{"sliding_window", "blocked", nullptr, nullptr, nullptr};
+  row.unsupported = [s](const Case& c) -> std::optional<std::string> {
+    if (auto why = dtype_unsupported(c, false)) return why;
+    const auto shared = shared_memory(s.device);
+    if (!shared) return no_shared_memory(s.device);
+    return swa_unsupported(window_problem(c), dtype_of(c.dtype), *shared);
+  };
+  row.prepare = [s](const Case& c, const TensorSet& inputs) {
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    const SwaProblem w = window_problem(c);
+    const Dtype dtype = dtype_of(c.dtype);
+    const bool backward = c.backward();
+    // The forward's per-row log-sum-exp, which the backward reads: scratch of the call.
+    DeviceCase* self = d.get();
+    void* q = d->data("q");
+    void* k = d->data("k");
+    void* v = d->data("v");
+    float* o = d->floats("o");
+    void* dO = backward ? d->data("dO") : nullptr;
+    float* dq = backward ? d->floats("dq") : nullptr;
+    float* dk = backward ? d->floats("dk") : nullptr;
+    float* dv = backward ? d->floats("dv") : nullptr;
+    d->bind([self, w, dtype, backward, q, k, v, o, dO, dq, dk, dv] {
+      Allocator& a = self->allocator();
+      Workspace<float> lse(a, backward ? w.row_elems() : 0);
+      swa_forward(w, dtype, {q, k, v, o, lse.data()}, a, self->stream());
+      if (backward) swa_backward(w, dtype, {q, k, v, dO, o, lse.data(), dq, dk, dv}, a, self->stream());
+    });
+    return std::unique_ptr<PreparedCase>(std::move(d));
+  };
+  row.memory_estimate = [s](const Case& c) {
+    const SwaProblem w = window_problem(c);
+    const std::size_t scratch =
+        c.backward() ? w.row_elems() * sizeof(float) + swa_backward_workspace_bytes(w) : swa_forward_workspace_bytes(w);
+    return tensor_bytes(c) + scratch + flush_bytes(s.device, s.cold);
+  };
+  return row;
+}
+
+// ---- the layer (kernels/layer/cuda_layer.cpp) ----
+
+std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+std::size_t layer_scratch_bytes(const LayerProblem& p, bool backward) {
+  std::size_t total = 0;
+  for (std::size_t bytes : layer_scratch_slices(p, backward)) total += round_up_256(bytes);
+  return total;
+}
+
+// Scratch handed out from one device block allocated when the case is prepared: a call then never
+// calls cudaMalloc or cudaFree (cudaFree waits for the whole device) inside a timed region. Blocks
+// come back last-in first-out, as Workspace scopes return them.
+class Arena final : public Allocator {
+ public:
+  explicit Arena(std::size_t capacity) : capacity_(capacity) {
+    if (capacity_) LATTN_CUDA_CHECK(cudaMalloc(&base_, capacity_));
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() override {
+    if (base_) cudaFree(base_);
+  }
+  void* allocate(std::size_t bytes) override {
+    const std::size_t need = round_up_256(bytes);
+    if (top_ + need > capacity_)
+      throw RuntimeFailure("CUDA layer scratch: a call asked for more than the " + std::to_string(capacity_) +
+                           " bytes of its closed form (layer_scratch_slices is out of step with the call)");
+    starts_.push_back(top_);
+    void* ptr = static_cast<char*>(base_) + top_;
+    top_ += need;
+    peak_ = std::max(peak_, top_);
+    return ptr;
+  }
+  void deallocate(void* ptr, std::size_t) noexcept override {
+    if (!starts_.empty() && ptr == static_cast<char*>(base_) + starts_.back()) {
+      top_ = starts_.back();
+      starts_.pop_back();
+    }
+  }
+  std::size_t peak() const { return peak_; }
+
+ private:
+  void* base_ = nullptr;
+  std::size_t capacity_ = 0, top_ = 0, peak_ = 0;
+  std::vector<std::size_t> starts_;
+};
+
+// What a layer call needs beside its buffers: the arena and the cuBLAS handle on the case's stream.
+struct LayerContext {
+  Arena arena;
+  CublasHandle blas;
+  LayerContext(std::size_t scratch, cudaStream_t stream) : arena(scratch), blas(stream) {}
+};
+
+ImplRow layer_row(const std::string& form, const Settings& s) {
+  ImplRow row{"layer", form, nullptr, nullptr, nullptr};
+  row.unsupported = [s](const Case& c) -> std::optional<std::string> {
+    if (auto why = dtype_unsupported(c, true)) return why;
+    const auto shared = shared_memory(s.device);
+    if (!shared) return no_shared_memory(s.device);
+    if (auto why = swa_unsupported(window_problem(c), Dtype::f32, *shared)) return why;
+    const Problem p = linear_problem(c);
+    return c.impl == "chunked" ? chunked_unsupported(p, Dtype::f32, *shared) : scan_unsupported(p);
+  };
+  row.prepare = [s](const Case& c, const TensorSet& inputs) {
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    const LayerProblem p = layer_problem(c);
+    const bool backward = c.backward();
+    auto context = std::make_shared<LayerContext>(layer_scratch_bytes(p, backward), d->stream());
+    // A fwd case has no gradients to write.
+    auto f = [&](const char* name) { return backward ? d->floats(name) : nullptr; };
+    const LayerBackwardArgs<float> args{d->floats("x"), d->floats("wq"), d->floats("wk"), d->floats("wv"),
+                                        d->floats("wo"), d->floats("g"),  d->floats("beta"),
+                                        backward ? d->floats("dOut") : nullptr, d->floats("out"),
+                                        f("dx"), f("dwq"), f("dwk"), f("dwv"), f("dwo"), f("dg"), f("dbeta")};
+    const DeviceGemm gemm = context->blas.gemm();
+    LayerContext* ctx = context.get();
+    cudaStream_t stream = d->stream();
+    d->bind([p, backward, args, ctx, gemm, stream] { layer_enqueue(p, backward, args, ctx->arena, gemm, stream); },
+            p.chunked && backward ? "recomputed" : "", context, [ctx] { return ctx->arena.peak(); });
+    return std::unique_ptr<PreparedCase>(std::move(d));
+  };
+  row.memory_estimate = [s](const Case& c) {
+    return tensor_bytes(c) + layer_scratch_bytes(layer_problem(c), c.backward()) + flush_bytes(s.device, s.cold);
+  };
+  return row;
+}
+
+Availability availability(int device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it
+    int driver = 0;
+    const bool no_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+    return {false, std::string("no CUDA device: ") + (no_driver ? "no NVIDIA driver is loaded here (" : "") +
+                       cudaGetErrorString(status) + (no_driver ? ")" : "")};
+  }
+  if (count == 0) return {false, "no CUDA device: no device"};
+  if (device >= count)
+    return {false, "no CUDA device: --device " + std::to_string(device) + " asked for, but this machine has " +
+                       std::to_string(count) + " (0.." + std::to_string(count - 1) + ")"};
+  return {true, ""};
+}
+
+CudaDeviceInfo describe_cuda(const Settings& s) {
+  CudaDeviceInfo info;
+  info.cuda_targets = LATTN_CUDA_TARGETS;
+  info.nvcc = LATTN_NVCC_VERSION;
+  info.cold_l2_flush = s.cold;
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) info.cuda_runtime = version_string(runtime);
+  if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) info.driver_cuda_version = version_string(driver);
+  if (const std::string release = first_line("/proc/driver/nvidia/version"); !release.empty()) info.driver = release;
+  const Availability a = availability(s.device);
+  if (!a.available) {
+    info.unavailable = a.reason;
+    return info;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, s.device) != cudaSuccess) {
+    cudaGetLastError();
+    return info;
+  }
+  GpuInfo gpu;
+  gpu.device_index = s.device;
+  gpu.name = prop.name;
+  gpu.compute_capability = std::to_string(prop.major) + "." + std::to_string(prop.minor);
+  gpu.sm_count = prop.multiProcessorCount;
+  gpu.memory_gb = double(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+  gpu.l2_cache_mb = double(prop.l2CacheSize) / (1024.0 * 1024.0);
+  gpu.shared_memory_per_block_optin_kb = double(prop.sharedMemPerBlockOptin) / 1024.0;
+  gpu.memory_bus_width_bits = prop.memoryBusWidth;
+  auto attribute_mhz = [&](cudaDeviceAttr attr) -> std::optional<double> {
+    int khz = 0;
+    if (cudaDeviceGetAttribute(&khz, attr, s.device) == cudaSuccess && khz > 0) return double(khz) / 1000.0;
+    cudaGetLastError();
+    return std::nullopt;
+  };
+  gpu.sm_clock_mhz = attribute_mhz(cudaDevAttrClockRate);
+  gpu.memory_clock_mhz = attribute_mhz(cudaDevAttrMemoryClockRate);
+  info.gpu = gpu;
+  return info;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  const Settings s{options.threads, options.device, options.cold};
+  auto backend = std::make_unique<Backend>();
+  backend->name = "cuda";
+  backend->availability = [device = s.device] { return availability(device); };
+  backend->describe = [s] {
+    DeviceInfo info;
+    info.backend = "cuda";
+    info.host = host_info(s.threads);
+    info.cuda = describe_cuda(s);
+    return info;
+  };
+  backend->impls = {linear_row("scan", s), linear_row("chunked", s), window_row(s), layer_row("scan", s),
+                    layer_row("chunked", s)};
+  backend->memory_available = [device = s.device]() -> std::size_t {
+    std::size_t free = 0, total = 0;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return std::size_t(-1);  // cannot tell: let the allocation itself decide
+    }
+    return free;
+  };
+  return backend;
+}
+
+}  // namespace lattn::cuda

@@ -1,0 +1,43 @@
+// One planned case: which op, which of its forms (the impl), which mode, dtype and backend, and the
+// shape parameters. Every op reads the parameters it has (the sliding window has no chunk or decay;
+// the layer's `dim` is its head dim) and ignores the rest, so that one flat struct serves them all.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace lattn {
+
+struct Op;
+
+enum class Mode { fwd, fwd_bwd };
+
+// How the state decays between tokens (SPEC section 1): `none` (gamma 1) or `retnet` (gamma_h =
+// 1 - 2^(-5-h) for head h).
+enum class Decay { none, retnet };
+
+std::string to_string(Mode mode);
+std::string to_string(Decay decay);
+const std::vector<std::string>& mode_names();   // in enum order
+const std::vector<std::string>& decay_names();  // in enum order
+
+struct Case {
+  const Op* op = nullptr;
+  std::string impl;  // the name of one of the op's forms ("scan", "chunked")
+  Mode mode = Mode::fwd;
+  std::string backend = "cpu";
+  std::string dtype = "float32";
+  int batch = 1;
+  int heads = 1;
+  int seq = 1;
+  int dim = 1;     // the head dim
+  int chunk = 0;   // the chunked form's chunk size
+  int window = 0;  // the sliding window's keys per query
+  Decay decay = Decay::none;
+  std::size_t plan_index = 0;
+
+  bool backward() const { return mode == Mode::fwd_bwd; }
+};
+
+}  // namespace lattn

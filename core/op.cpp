@@ -1,0 +1,54 @@
+#include "core/op.hpp"
+
+#include "core/error.hpp"
+#include "core/random.hpp"
+
+namespace lattn {
+
+const Form* Op::form(const std::string& impl) const {
+  for (const Form& f : forms)
+    if (f.name == impl) return &f;
+  return nullptr;
+}
+
+bool Op::has(Param param) const {
+  for (const Axis& a : axes)
+    if (a.param == param) return true;
+  return false;
+}
+
+double Op::flops(const Case& kase) const {
+  const Form* f = form(kase.impl);
+  return f ? f->flops(kase) : 0.0;
+}
+
+TensorSet make_case_inputs(const Case& kase, std::uint64_t seed) {
+  TensorSet inputs = kase.op->make_inputs(kase, seed);
+  if (kase.dtype == "bf16")
+    for (const TensorSpec& spec : kase.op->tensors)
+      if (spec.in_case_dtype && is_input(spec.role))
+        if (Tensor* t = inputs.find(spec.name)) round_to_bf16(t->data);
+  return inputs;
+}
+
+TensorSet make_case_outputs(const Case& kase) {
+  TensorSet outputs;
+  for (const TensorSpec& spec : kase.op->tensors)
+    if (!is_input(spec.role) && present_in(spec.role, kase.mode)) outputs.add(spec.name, spec.role, spec.shape(kase));
+  return outputs;
+}
+
+namespace {
+std::size_t elems_where(const Case& kase, bool inputs, bool superset) {
+  std::size_t n = 0;
+  for (const TensorSpec& spec : kase.op->tensors)
+    if (is_input(spec.role) == inputs && (superset || present_in(spec.role, kase.mode)))
+      n += elems_of(spec.shape(kase));
+  return n;
+}
+}  // namespace
+
+std::size_t case_input_elems(const Case& kase, bool superset) { return elems_where(kase, true, superset); }
+std::size_t case_output_elems(const Case& kase, bool superset) { return elems_where(kase, false, superset); }
+
+}  // namespace lattn

@@ -1,0 +1,81 @@
+// An op is a table row: everything the harness needs to plan, feed, check and count one kind of
+// computation, whatever backend runs it. Each op's row is in kernels/<op>/op.cpp, beside its float64
+// reference and its kernels; src/ops.cpp lists the rows. Backends refer to an op's forms by name
+// in their own impl tables (src/backend.hpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/tensor_set.hpp"
+
+namespace lattn {
+
+// One named tensor of the op: its role and its shape as a function of the case.
+struct TensorSpec {
+  std::string name;
+  Role role = Role::input;
+  std::vector<std::size_t> (*shape)(const Case&) = nullptr;
+  // Stored in the case's dtype (bf16 cases round it to bf16 before any backend or the reference
+  // sees it); every other tensor is float32 whatever the dtype.
+  bool in_case_dtype = false;
+};
+
+// A form of the op (an impl name configs and records use: "scan", "chunked") and its flop model:
+// the work that algorithm does (docs/performance.md), which every record's GFLOP/s is taken from.
+struct Form {
+  std::string name;
+  double (*flops)(const Case&) = nullptr;
+};
+
+// The case fields a config key can set.
+enum class Param { batch, heads, seq, dim, chunk, window, decay, impl, mode };
+
+// One config key of the op's suite: the field it sets, its default values (written as in a config
+// file), the range of an integer, and the help line of its flag.
+struct Axis {
+  std::string key;
+  Param param;
+  std::vector<std::string> defaults;
+  std::string help;
+  long lo = 1, hi = 0;
+};
+
+struct Op {
+  std::string name;   // "linear_attention"
+  std::string suite;  // its config section and the records' "suite" ("kernel")
+  std::vector<Axis> axes;  // the suite's keys; the plan varies the first slowest
+  std::vector<Form> forms;
+  std::vector<TensorSpec> tensors;  // in the order dumps and checks list them
+  // Every input and cotangent of a fwd_bwd case (SPEC section 3), deterministic from the seed.
+  TensorSet (*make_inputs)(const Case&, std::uint64_t seed) = nullptr;
+  // The float64 outputs (and with `backward` the gradients) on these inputs.
+  Reference (*reference)(const Case&, const TensorSet& inputs, bool backward) = nullptr;
+  // The largest rel_err a correct float32 / bf16 result may show (docs/harness.md).
+  double (*tolerance)(const std::string& dtype) = nullptr;
+  // Why a case is too large to plan beyond its tensors' sizes (the layer's width), or nothing.
+  std::optional<std::string> (*limit)(const Case&) = nullptr;
+  // Record keys beyond the case's own fields (the layer's head_dim and model_dim).
+  std::vector<std::pair<std::string, long>> (*extra_identity)(const Case&) = nullptr;
+
+  const Form* form(const std::string& impl) const;
+  bool has(Param param) const;
+  // The form's flop model; 0 for an impl the op has no form of.
+  double flops(const Case& kase) const;
+};
+
+// The op's inputs for `kase`, rounded to bf16 where the case's dtype says so.
+TensorSet make_case_inputs(const Case& kase, std::uint64_t seed);
+
+// Output and gradient tensors of `kase`, zero-filled, shaped by the op.
+TensorSet make_case_outputs(const Case& kase);
+
+// Elements of every tensor the case holds (inputs and outputs of its mode).
+std::size_t case_input_elems(const Case& kase, bool fwd_bwd_superset = false);
+std::size_t case_output_elems(const Case& kase, bool fwd_bwd_superset = false);
+
+}  // namespace lattn

@@ -1,0 +1,347 @@
+// The hybrid linear + sliding-window attention block on the CPU, float32 (SPEC section 2):
+//   Q, K, V = x Wq, x Wk, x Wv                         (B*T x M sgemms, scattered to [B][H][T][Dh])
+//   Lin     = causal linear attention (cpu::scan_* or cpu::chunked_*, h0 = 0)
+//   Swa     = sliding-window softmax attention (sliding_window.cpp)
+//   Y_h     = sig(beta_h) RMSNorm(Lin_h) g_h + (1 - sig(beta_h)) Swa_h      (written to [B][T][M])
+//   out     = Y Wo
+// Backward of <out, dOut>, with r = (mean(Lin^2) + eps)^-1/2 per row and u = g . sig . dY_h:
+//   dWo = Y^T dOut, dY = dOut Wo^T
+//   dbeta_h = sig (1 - sig) sum dY_h . (Linn_h - Swa_h),   dg = sum sig dY_h . Lin r
+//   dLin = r u - (r^3 / Dh) (u . Lin) Lin,                  dSwa = (1 - sig) dY_h
+//   dq, dk, dv = linear backward (dO = dLin, dhT = 0) + sliding-window backward (dO = dSwa)
+//   dx = dQ Wq^T + dK Wk^T + dV Wv^T,   dW* = x^T d*       (d* gathered back to [B][T][M])
+//
+// The four projections carry most of the flops, so they run as large single-threaded sgemms on
+// blocks of rows that the OpenMP threads take in turn (one level of threading, like the kernels).
+// Their outputs are scattered to the per-head layout from an L2-sized tile, so the layout change
+// costs one write.
+// Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
+// (Q, K, V, Lin, Swa, Y, per-row lse and r, and the chunked branch's chunk states) instead of
+// recomputing the forward.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/linear_attention/cpu.hpp"
+#include "kernels/layer/cpu.hpp"
+#include "kernels/sliding_window/cpu.hpp"
+
+namespace lattn::cpu {
+namespace {
+
+constexpr int kRowTile = 256;  // 256 x 3M floats of projection output per thread: 1.5 MiB at M = 512
+
+int threads_for(std::size_t tasks) {
+  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), std::max<std::size_t>(tasks, 1)));
+}
+
+std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + kRowTile - 1) / kRowTile; }
+
+// The input projections' scratch: [Wq Wk Wv] side by side (M x 3M), and a row tile of all three
+// outputs per thread.
+std::size_t projection_bytes(const LayerProblem& p) {
+  const std::size_t M = p.model_dim();
+  return (3 * M * M + std::size_t(threads_for(row_tiles(p))) * std::min<std::size_t>(kRowTile, p.rows()) * 3 * M) *
+         sizeof(float);
+}
+
+// C = A op(B) + beta C (m x n, row-major), in blocks of C's rows taken by whichever thread is
+// free: on a machine shared with other work a thread that loses its core for a while then costs
+// its blocks, not the whole product (an even split would leave the other thread waiting). About
+// four blocks per thread, of 64 to 256 rows: large enough for BLAS, though each call repacks B.
+void parallel_sgemm(bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
+                    float beta, float* C, int ldc) {
+  const int wanted = (m + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads());
+  const int block = std::clamp(wanted, 64, kRowTile), blocks = (m + block - 1) / block;
+#pragma omp parallel for schedule(dynamic) num_threads(threads_for(std::size_t(blocks)))
+  for (int index = 0; index < blocks; ++index) {
+    const int r0 = index * block, rows = std::min(block, m - r0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
+                A + std::size_t(r0) * lda, lda, B, ldb, beta, C + std::size_t(r0) * ldc, ldc);
+  }
+}
+
+// The weight gradients: products C = A^T B (m x n) of A (k x m) and B (k x n), k the
+// batch's tokens and so much larger than m and n: split over k into blocks that whichever thread
+// is free takes, each product into its own partial, then the partials summed in block order (the
+// sum's order does not depend on which thread ran what). Split over C's rows instead, as
+// parallel_sgemm does, every call repacks all of B: x^T [dQ dK dV] (512 x 1536, k 4096) ran in
+// 44 ms that way against 33.5 ms split over k (2 threads, median of 9, 3 of 4 rounds).
+// C's columns go to `outs` in groups of `out_cols` (row-major, row stride out_cols): dWq, dWk,
+// dWv from one product.
+int k_blocks(int k) { return std::max(1, std::min(k, 2 * omp_get_max_threads())); }
+
+std::size_t k_split_bytes(int m, int n, int k) { return std::size_t(k_blocks(k)) * m * n * sizeof(float); }
+
+void k_split_product(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* const* outs,
+                     int out_cols, Allocator& allocator) {
+  const int blocks = k_blocks(k);
+  const std::size_t mn = std::size_t(m) * n;
+  Workspace<float> partials(allocator, blocks * mn);
+#pragma omp parallel num_threads(threads_for(std::size_t(blocks)))
+  {
+#pragma omp for schedule(dynamic)
+    for (int t = 0; t < blocks; ++t) {
+      const int k0 = int(long(k) * t / blocks), k1 = int(long(k) * (t + 1) / blocks);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k1 - k0, 1.0f, A + std::size_t(k0) * lda, lda,
+                  B + std::size_t(k0) * ldb, ldb, 0.0f, partials.data() + t * mn, n);
+    }
+#pragma omp for schedule(static)
+    for (int i = 0; i < m; ++i)
+      for (int j0 = 0; j0 < n; j0 += out_cols) {
+        float* __restrict out = outs[j0 / out_cols] + std::size_t(i) * out_cols;
+        const float* first = partials.data() + std::size_t(i) * n + j0;
+#pragma omp simd
+        for (int j = 0; j < out_cols; ++j) out[j] = first[j];
+        for (int t = 1; t < blocks; ++t) {
+          const float* __restrict part = first + t * mn;
+#pragma omp simd
+          for (int j = 0; j < out_cols; ++j) out[j] += part[j];
+        }
+      }
+  }
+}
+
+// dst[b][h][t][:] = (x W)[b*T + t][h*Dh : (h+1)*Dh] for W = wq, wk, wv into q, k, v.
+// One product per row tile against [Wq Wk Wv]: OpenBLAS packs the tile of x once instead of three
+// times (2 threads, 4096 x 512 rows: ~11% faster than three products of 512 columns).
+void project_to_heads(const LayerProblem& p, const float* x, const float* const w[3], float* const out[3],
+                      Allocator& allocator) {
+  const int M = int(p.model_dim()), T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
+  const long tiles = long(row_tiles(p));
+  Workspace<float> wqkv(allocator, 3 * std::size_t(M) * M);
+  for (int i = 0; i < M; ++i)
+    for (int which = 0; which < 3; ++which)
+      std::copy_n(w[which] + std::size_t(i) * M, M, wqkv.data() + (std::size_t(i) * 3 + which) * M);
+#pragma omp parallel num_threads(threads_for(std::size_t(tiles)))
+  {
+    Workspace<float> tile(allocator, std::min<std::size_t>(kRowTile, p.rows()) * 3 * M);
+#pragma omp for schedule(dynamic)  // as in parallel_sgemm
+    for (long index = 0; index < tiles; ++index) {
+      const std::size_t r0 = std::size_t(index) * kRowTile, n = std::min<std::size_t>(kRowTile, p.rows() - r0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), 3 * M, M, 1.0f, x + r0 * M, M, wqkv.data(),
+                  3 * M, 0.0f, tile.data(), 3 * M);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t b = (r0 + i) / T, t = (r0 + i) % T;
+        for (int which = 0; which < 3; ++which)
+          for (int h = 0; h < H; ++h)
+            std::copy_n(tile.data() + (i * 3 + which) * M + std::size_t(h) * Dh, Dh,
+                        out[which] + ((b * H + h) * T + t) * Dh);
+      }
+    }
+  }
+}
+
+// dst[(b*T + t) * ldd + h*Dh + j] = src[b][h][t][j]
+void heads_to_rows(const LayerProblem& p, const float* src, float* dst, std::size_t ldd) {
+  const int T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
+  const long rows = long(p.rows());
+#pragma omp parallel for schedule(static) num_threads(threads_for(p.rows() / 64))
+  for (long r = 0; r < rows; ++r) {
+    const std::size_t b = std::size_t(r) / T, t = std::size_t(r) % T;
+    for (int h = 0; h < H; ++h)
+      std::copy_n(src + ((b * H + h) * T + t) * Dh, Dh, dst + std::size_t(r) * ldd + std::size_t(h) * Dh);
+  }
+}
+
+float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+// Y = sig RMSNorm(Lin) g + (1 - sig) Swa, into [B][T][M]; keeps each row's r when `rinv` is given.
+void norm_and_gate(const LayerProblem& p, const float* g, const float* beta, const float* lin, const float* swa,
+                   float* y, float* rinv) {
+  const int T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
+  const std::size_t M = p.model_dim();
+  const long heads_total = long(p.linear.heads_total());
+#pragma omp parallel for schedule(static) num_threads(threads_for(p.linear.heads_total()))
+  for (long bh = 0; bh < heads_total; ++bh) {
+    const int b = int(bh / H), h = int(bh % H);
+    const float sig = sigmoid(beta[h]);
+    const float* gh = g + std::size_t(h) * Dh;
+    for (int t = 0; t < T; ++t) {
+      const std::size_t row = std::size_t(bh) * T + t;
+      const float* __restrict l = lin + row * Dh;
+      const float* __restrict sw = swa + row * Dh;
+      float* __restrict out = y + (std::size_t(b) * T + t) * M + std::size_t(h) * Dh;
+      float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+      for (int j = 0; j < Dh; ++j) squares += l[j] * l[j];
+      const float r = 1.0f / std::sqrt(squares / float(Dh) + float(kRmsNormEps));
+      if (rinv) rinv[row] = r;
+      const float a = sig * r, c = 1.0f - sig;
+#pragma omp simd
+      for (int j = 0; j < Dh; ++j) out[j] = a * gh[j] * l[j] + c * sw[j];
+    }
+  }
+}
+
+// Everything the forward leaves for the backward, and the forward itself.
+struct ForwardBuffers {
+  float *q, *k, *v, *lin, *swa, *y;
+  float *h0, *hT;     // h0 is all zeros
+  float *lse, *rinv;  // null in a forward-only call
+  float* chunk_states;  // the chunked branch's states for its backward, or null
+};
+
+void forward_pass(const LayerProblem& p, const LayerForwardArgs<float>& a, const ForwardBuffers& f,
+                  Allocator& allocator) {
+  const float* const w[3] = {a.wq, a.wk, a.wv};
+  float* const qkv[3] = {f.q, f.k, f.v};
+  project_to_heads(p, a.x, w, qkv, allocator);
+
+  std::fill_n(f.h0, p.linear.state_elems(), 0.0f);
+  const ForwardArgs<float> linear{f.q, f.k, f.v, f.h0, f.lin, f.hT};
+  if (p.chunked)
+    chunked_forward(p.linear, linear, allocator, f.chunk_states);
+  else
+    scan_forward(p.linear, linear, allocator);
+  sliding_window_forward(p.linear, p.window, {f.q, f.k, f.v, f.swa, f.lse}, allocator);
+
+  norm_and_gate(p, a.g, a.beta, f.lin, f.swa, f.y, f.rinv);
+  const int M = int(p.model_dim());
+  parallel_sgemm(false, int(p.rows()), M, M, f.y, M, a.wo, M, 0.0f, a.out, M);
+}
+
+std::size_t max_of(std::initializer_list<std::size_t> values) { return std::max(values); }
+
+}  // namespace
+
+std::size_t layer_forward_workspace_bytes(const LayerProblem& p) {
+  const Problem& lp = p.linear;
+  const std::size_t kept = (5 * p.token_elems() + 2 * lp.state_elems()) * sizeof(float);
+  const std::size_t linear = p.chunked ? chunked_forward_workspace_bytes(lp) : scan_forward_workspace_bytes(lp);
+  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window)});
+}
+
+std::size_t layer_kept_chunk_states_bytes(const LayerProblem& p) {
+  return p.chunked && p.keep_chunk_states ? chunked_kept_states_bytes(p.linear) : 0;
+}
+
+std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) {
+  const Problem& lp = p.linear;
+  const std::size_t rows_per_head = lp.heads_total() * lp.seq;
+  const std::size_t kept_states = layer_kept_chunk_states_bytes(p);
+  const std::size_t kept = (12 * p.token_elems() + 3 * lp.state_elems() + 2 * rows_per_head) * sizeof(float) +
+                           lp.heads_total() * (1 + lp.dim) * sizeof(double) + kept_states;
+  const std::size_t linear =
+      p.chunked ? max_of({chunked_forward_workspace_bytes(lp, kept_states > 0), chunked_backward_workspace_bytes(lp, kept_states > 0)})
+                : max_of({scan_forward_workspace_bytes(lp), scan_backward_workspace_bytes(lp)});
+  const int M = int(p.model_dim()), rows = int(p.rows());
+  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
+                        k_split_bytes(M, 3 * M, rows),
+                        sliding_window_backward_workspace_bytes(lp, p.window)});
+}
+
+void layer_forward(const LayerProblem& p, const LayerForwardArgs<float>& a, Allocator& allocator) {
+  const std::size_t N = p.token_elems(), S = p.linear.state_elems();
+  Workspace<float> q(allocator, N), k(allocator, N), v(allocator, N), lin(allocator, N), swa(allocator, N);
+  Workspace<float> h0(allocator, S), hT(allocator, S);
+  // Q is dead once both branches have run, so Y takes its place.
+  forward_pass(p, a,
+               {q.data(), k.data(), v.data(), lin.data(), swa.data(), q.data(), h0.data(), hT.data(), nullptr, nullptr,
+                nullptr},
+               allocator);
+}
+
+void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float>& a, Allocator& allocator) {
+  const Problem& lp = p.linear;
+  const std::size_t N = p.token_elems(), S = lp.state_elems(), R = lp.heads_total() * lp.seq;
+  const int M = int(p.model_dim()), T = lp.seq, H = lp.heads, Dh = lp.dim, rows = int(p.rows());
+  Workspace<float> q(allocator, N), k(allocator, N), v(allocator, N), swa(allocator, N);
+  // Y, dY and Lin side by side: once the backward no longer reads them they hold [dQ dK dV] as one
+  // rows x 3M matrix for the weight gradients' single product.
+  Workspace<float> y_dy_lin(allocator, 3 * N);
+  float *const y = y_dy_lin.data(), *const dy = y + N, *const lin = dy + N;
+  Workspace<float> dlin(allocator, N), dswa(allocator, N), dq(allocator, N), dk(allocator, N), dv(allocator, N);
+  Workspace<float> h0(allocator, S), hT(allocator, S), dh0(allocator, S), lse(allocator, R), rinv(allocator, R);
+  Workspace<double> dbeta_part(allocator, lp.heads_total()), dg_part(allocator, lp.heads_total() * Dh);
+  Workspace<float> chunk_states(allocator, layer_kept_chunk_states_bytes(p) / sizeof(float));
+
+  forward_pass(p, {a.x, a.wq, a.wk, a.wv, a.wo, a.g, a.beta, a.out},
+               {q.data(), k.data(), v.data(), lin, swa.data(), y, h0.data(), hT.data(), lse.data(), rinv.data(),
+                chunk_states.data()},
+               allocator);
+
+  // Output projection.
+  float* const dwo[1] = {a.dwo};
+  k_split_product(M, M, rows, y, M, a.dOut, M, dwo, M, allocator);
+  parallel_sgemm(true, rows, M, M, a.dOut, M, a.wo, M, 0.0f, dy, M);
+
+  // Gate and norm, per head; beta's and g's sums are kept per (batch, head) in double and added up
+  // after, so that no thread waits on another and long sums do not lose the small terms.
+  const long heads_total = long(lp.heads_total());
+#pragma omp parallel for schedule(static) num_threads(threads_for(lp.heads_total()))
+  for (long bh = 0; bh < heads_total; ++bh) {
+    const int b = int(bh / H), h = int(bh % H);
+    const float sig = sigmoid(a.beta[h]);
+    const float* gh = a.g + std::size_t(h) * Dh;
+    double dbeta = 0;
+    double* dg = dg_part.data() + std::size_t(bh) * Dh;
+    std::fill_n(dg, Dh, 0.0);
+    for (int t = 0; t < T; ++t) {
+      const std::size_t row = std::size_t(bh) * T + t;
+      const float* __restrict l = lin + row * Dh;
+      const float* __restrict sw = swa.data() + row * Dh;
+      const float* __restrict d = dy + (std::size_t(b) * T + t) * M + std::size_t(h) * Dh;
+      float* __restrict dl = dlin.data() + row * Dh;
+      float* __restrict ds = dswa.data() + row * Dh;
+      const float r = rinv[row];
+      float gate = 0.0f, ul = 0.0f;
+#pragma omp simd reduction(+ : gate, ul)
+      for (int j = 0; j < Dh; ++j) {
+        gate += d[j] * (r * gh[j] * l[j] - sw[j]);
+        ul += gh[j] * d[j] * l[j];
+      }
+      dbeta += gate;
+      ul *= sig;
+      const float c = r * r * r / float(Dh) * ul;
+      const float sr = sig * r;
+#pragma omp simd
+      for (int j = 0; j < Dh; ++j) {
+        dl[j] = sr * gh[j] * d[j] - c * l[j];
+        ds[j] = (1.0f - sig) * d[j];
+      }
+#pragma omp simd
+      for (int j = 0; j < Dh; ++j) dg[j] += double(sr * d[j] * l[j]);
+    }
+    dbeta_part[std::size_t(bh)] = dbeta;
+  }
+  for (int h = 0; h < H; ++h) {
+    const double sig = 1.0 / (1.0 + std::exp(-double(a.beta[h])));
+    double dbeta = 0;
+    for (int b = 0; b < lp.batch; ++b) dbeta += dbeta_part[std::size_t(b) * H + h];
+    a.dbeta[h] = float(dbeta * sig * (1.0 - sig));
+    for (int j = 0; j < Dh; ++j) {
+      double dg = 0;
+      for (int b = 0; b < lp.batch; ++b) dg += dg_part[(std::size_t(b) * H + h) * Dh + j];
+      a.dg[std::size_t(h) * Dh + j] = float(dg);
+    }
+  }
+
+  // Both branches' gradients of q, k, v, the window's added onto the linear branch's.
+  // h0 = 0 serves as dhT = 0 too: nothing reads the final state.
+  const BackwardArgs<float> linear{q.data(),  k.data(),  v.data(),  h0.data(), dlin.data(),
+                                   h0.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
+  if (p.chunked)
+    chunked_backward(lp, linear, allocator, chunk_states.data());
+  else
+    scan_backward(lp, linear, allocator);
+  SlidingWindowBackwardArgs window{q.data(), k.data(), v.data(), swa.data(), lse.data(), dswa.data(),
+                                   dq.data(), dk.data(), dv.data(), true};
+  sliding_window_backward(lp, p.window, window, allocator);
+
+  // Back to rows, as G = [dQ dK dV] (B*T x 3M) in the buffers the backward no longer reads (Y, dY,
+  // Lin), then the input projections' gradients: dx = sum_i G_i W_i^T, [dWq dWk dWv] = x^T G.
+  float* const g3 = y_dy_lin.data();
+  heads_to_rows(p, dq.data(), g3, 3 * std::size_t(M));
+  heads_to_rows(p, dk.data(), g3 + M, 3 * std::size_t(M));
+  heads_to_rows(p, dv.data(), g3 + 2 * std::ptrdiff_t(M), 3 * std::size_t(M));
+  const float* const w[3] = {a.wq, a.wk, a.wv};
+  for (int i = 0; i < 3; ++i)
+    parallel_sgemm(true, rows, M, M, g3 + std::ptrdiff_t(i) * M, 3 * M, w[i], M, i == 0 ? 0.0f : 1.0f, a.dx, M);
+  float* const dw[3] = {a.dwq, a.dwk, a.dwv};
+  k_split_product(M, 3 * M, rows, a.x, M, g3, 3 * M, dw, M, allocator);
+}
+
+}  // namespace lattn::cpu

@@ -1,0 +1,45 @@
+// The shape of one layer case (SPEC section 2) and the pointers of its calls, shared by every
+// backend and the float64 reference.
+//
+// Layouts (row-major, contiguous; M = heads * head_dim):
+//   x, dOut, out, dx           : [batch][seq][M]
+//   wq, wk, wv, wo and grads   : [M][M]            (Q = x Wq: column h*head_dim + j is head h's channel j)
+//   g, dg : [M]                beta, dbeta : [heads]
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/linear_attention/problem.hpp"
+
+namespace lattn {
+
+struct LayerProblem {
+  Problem linear;        // batch, heads, seq, dim = head_dim, chunk and decay of the linear branch
+  int window = 1;        // query t attends keys max(0, t - window + 1) .. t
+  bool chunked = false;  // the linear branch's form: chunked, else scan
+  // fwd_bwd on the CPU: the chunked branch's forward keeps its chunk states for the backward
+  // (kernels/cpu/kernels.hpp), else the backward recomputes them.
+  bool keep_chunk_states = true;
+
+  std::size_t model_dim() const { return std::size_t(linear.heads) * linear.dim; }
+  std::size_t rows() const { return std::size_t(linear.batch) * linear.seq; }  // tokens of the batch
+  std::size_t token_elems() const { return rows() * model_dim(); }            // one of x, out, Q, ...
+  std::size_t weight_elems() const { return model_dim() * model_dim(); }
+};
+
+inline constexpr double kRmsNormEps = 1e-6;
+
+template <class T>
+struct LayerForwardArgs {
+  const T *x, *wq, *wk, *wv, *wo, *g, *beta;
+  T* out;
+};
+
+// The forward's inputs and output, the cotangent dOut, and the gradients of <out, dOut>.
+template <class T>
+struct LayerBackwardArgs {
+  const T *x, *wq, *wk, *wv, *wo, *g, *beta, *dOut;
+  T *out, *dx, *dwq, *dwk, *dwv, *dwo, *dg, *dbeta;
+};
+
+}  // namespace lattn

@@ -1,0 +1,255 @@
+// Scan (recurrent) form on the CPU, float32, forward and backward (SPEC section 1).
+//
+// Every pass is a run_scan_pass (scan_pass.hpp) over one head's D x D state. Columns of a state
+// are independent, so the work items are (head, block of W state columns): with at least as many
+// heads as threads, whole heads are handed out dynamically; with fewer, each thread takes a
+// contiguous range of items, so one head's columns are split. One level of threading, no BLAS.
+//
+// Forward:  S_t = gamma S_{t-1} + k_t v_t^T, o_t = s S_t^T q_t.
+// Backward, O(B*H*D^2) scratch and no per-token state, three passes that each read out along the
+// state's columns (a read-out along rows would need a horizontal sum per row and token):
+//   dq: P = S^T from h0^T forward,      P_t = gamma P_{t-1} + v_t k_t^T,        dq_t = s P_t^T do_t
+//   dv: G from dhT in reverse,          G_t = gamma G_{t+1} + s q_t do_t^T,     dv_t = G_t^T k_t
+//   dk: G^T from dhT^T in reverse,      G^T_t = gamma G^T_{t+1} + s do_t q_t^T, dk_t = G_t v_t
+// and dh0 = gamma G_1. That is 16 D^2 flops per token and head where a fused reverse recurrence
+// needs 14 D^2 plus a horizontal sum per row and token.
+//
+// A pass holds its state packed by column blocks: block [c, c + w) as a D x w matrix at offset
+// c * D. In the D x D layout a block's rows are D * 4 bytes apart; at D = 128 that is 512 bytes,
+// so the block's 256 cache lines fall into 16 of L1's 64 sets and evict each other (measured:
+// 51 GFLOP/s on one core at D = 128 against 83 at D = 32, then ~80 packed). Packed, the 16 KiB
+// block stays in L1.
+// Scratch: forward, one packed D x D per thread; backward, one per head (h0^T, then dhT^T) and
+// one per thread (G).
+#include <omp.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <utility>
+
+#include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_scan_pass.hpp"
+
+namespace lattn::cpu {
+namespace {
+
+// Tokens per tile when one thread walks several column blocks of a head (or two passes): the
+// tile's row operands (2 to 4 * tile * D floats) are then read from L2 by every block after the
+// first. A multiple of the tokens per walk (6 on AVX-512): with 32, every tile ended in a walk of
+// 2 tokens, which does a third of the work for the same loads and stores.
+int tile_tokens(Vec vec) {
+  const int u = scan_tokens_per_walk(vec);
+  return (32 + u - 1) / u * u + (u > 2 ? 2 * u : 0);
+}
+
+struct Split {
+  int dim;
+  int width;   // columns per item
+  int blocks;  // items per head
+  long items;
+  int threads;
+};
+
+Split scan_split(const Problem& p) {
+  Split s;
+  s.dim = p.dim;
+  s.width = scan_column_block(active_vec());
+  s.blocks = (p.dim + s.width - 1) / s.width;
+  s.items = long(p.heads_total()) * s.blocks;
+  s.threads = int(std::max(1L, std::min<long>(omp_get_max_threads(), s.items)));
+  return s;
+}
+
+// This thread's contiguous share of [0, n).
+std::pair<long, long> share(long n) {
+  const long nt = omp_get_num_threads(), id = omp_get_thread_num();
+  return {n * id / nt, n * (id + 1) / nt};
+}
+
+// Calls f(head, c0, c1) for each run of consecutive items in [first, last) that share a head.
+template <class F>
+void for_each_head_range(const Split& split, long first, long last, F&& f) {
+  for (long item = first; item < last;) {
+    const long bh = item / split.blocks;
+    const long end = std::min(last, (bh + 1) * split.blocks);
+    const int c0 = int(item % split.blocks) * split.width;
+    const int c1 = std::min(int(end - bh * split.blocks) * split.width, split.dim);
+    f(bh, c0, c1);
+    item = end;
+  }
+}
+
+// Runs f(head, c0, c1) over this thread's work inside a parallel region. With at least as many
+// heads as threads, whole heads are handed out one at a time (dynamic: on a machine shared with
+// other jobs, a thread that is descheduled for a time slice does not hold the others at the
+// end); otherwise each thread takes a contiguous share of the (head, column block) items.
+template <class F>
+void for_each_share(const Split& split, F&& f) {
+  const long heads = split.items / split.blocks;
+  if (heads >= split.threads) {
+#pragma omp for schedule(dynamic, 1) nowait
+    for (long bh = 0; bh < heads; ++bh) for_each_head_range(split, bh * split.blocks, (bh + 1) * split.blocks, f);
+  } else {
+    const auto [first, last] = share(split.items);
+    for_each_head_range(split, first, last, f);
+  }
+}
+
+// Packs columns [c0, c1) of src (D x D, or its transpose) into the block layout above.
+void pack(const float* src, bool transposed, float* buf, int D, int W, int c0, int c1) {
+  for (int c = c0; c < c1; c += W) {
+    const int w = std::min(W, D - c);
+    float* blk = buf + std::size_t(c) * D;
+    for (int i = 0; i < D; ++i)
+      for (int j = 0; j < w; ++j)
+        blk[std::size_t(i) * w + j] = transposed ? src[std::size_t(c + j) * D + i] : src[std::size_t(i) * D + c + j];
+  }
+}
+
+void unpack(const float* buf, float* dst, float scale, int D, int W, int c0, int c1) {
+  for (int c = c0; c < c1; c += W) {
+    const int w = std::min(W, D - c);
+    const float* blk = buf + std::size_t(c) * D;
+    for (int i = 0; i < D; ++i)
+      for (int j = 0; j < w; ++j) dst[std::size_t(i) * D + c + j] = scale * blk[std::size_t(i) * w + j];
+  }
+}
+
+// Runs each pass (its S unset) on columns [c0, c1) of its own packed state, a tile of tokens at a
+// time: within a tile, every block of the first pass, then every block of the second. Passes that
+// walk the same tokens in the same direction (dv and dk) then read each tile's token rows from
+// memory once between them, and several column blocks of one head read them from L2.
+void run_packed(std::initializer_list<std::pair<ScanPass, float*>> passes, int c0, int c1, int W, Vec vec) {
+  const ScanPass& first = passes.begin()->first;
+  const int D = first.D, T = first.T;
+  const int tile = (c1 - c0 > W || passes.size() > 1) ? tile_tokens(vec) : T;
+  for (int done = 0; done < T; done += tile) {
+    const int n = std::min(tile, T - done);
+    for (const auto& [pass, buf] : passes) {
+      const int t0 = pass.reverse ? T - done - n : done;  // first token of the tile
+      const std::size_t off = std::size_t(t0) * D;
+      ScanPass sub = pass;
+      sub.T = n;
+      sub.upd_row += off;
+      sub.upd_col += off;
+      sub.read_row += off;
+      sub.out += off;
+      sub.decay_first = pass.decay_first || done > 0;
+      for (int c = c0; c < c1; c += W) {
+        sub.S = buf + std::size_t(c) * D;
+        sub.ld = std::min(W, D - c);
+        sub.s_col0 = c;
+        sub.prefetch_next_rows = c == c0;
+        run_scan_pass(sub, c, std::min(c1, c + W), vec);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int head_parallel_threads(const Problem& p) {
+  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), p.heads_total()));
+}
+
+int scan_threads(const Problem& p) { return scan_split(p).threads; }
+
+std::size_t scan_forward_workspace_bytes(const Problem& p) {
+  return std::size_t(scan_threads(p)) * p.head_state_elems() * sizeof(float);
+}
+
+std::size_t scan_backward_workspace_bytes(const Problem& p) {
+  return (p.heads_total() + std::size_t(scan_threads(p))) * p.head_state_elems() * sizeof(float);
+}
+
+namespace {
+
+// The passes of one head, bh, of the kernels below (the mathematics in this file's header).
+struct HeadPasses {
+  const Problem& p;
+  float s;  // the attention scale
+
+  ScanPass pass(long bh, const float* upd_row, const float* upd_col, const float* read_row, float* out) const {
+    const std::size_t tok = bh * p.head_token_elems();
+    ScanPass pass;
+    pass.T = p.seq;
+    pass.D = p.dim;
+    pass.upd_row = upd_row + tok;
+    pass.upd_col = upd_col + tok;
+    pass.read_row = read_row + tok;
+    pass.out = out + tok;
+    pass.gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
+    pass.stream_out = true;
+    return pass;
+  }
+  ScanPass forward(long bh, const ForwardArgs<float>& a) const {
+    ScanPass o = pass(bh, a.k, a.v, a.q, a.o);
+    o.out_scale = s;
+    return o;
+  }
+  ScanPass dq(long bh, const BackwardArgs<float>& a) const {
+    ScanPass dq = pass(bh, a.v, a.k, a.dO, a.dq);
+    dq.out_scale = s;
+    return dq;
+  }
+  // dv on G and dk on G^T, from dhT, in reverse; G and P are scratch packed states; dh0 out.
+  void reverse(long bh, const BackwardArgs<float>& a, float* G, float* P, int c0, int c1, int W, Vec vec) const {
+    const int D = p.dim;
+    const std::size_t st = bh * p.head_state_elems();
+    pack(a.dhT + st, false, G, D, W, c0, c1);
+    pack(a.dhT + st, true, P, D, W, c0, c1);
+    ScanPass dv = pass(bh, a.q, a.dO, a.k, a.dv);
+    dv.upd_scale = s;
+    dv.decay_first = false;
+    dv.reverse = true;
+    ScanPass dk = pass(bh, a.dO, a.q, a.v, a.dk);
+    dk.upd_scale = s;
+    dk.decay_first = false;
+    dk.reverse = true;
+    run_packed({{dv, G}, {dk, P}}, c0, c1, W, vec);
+    unpack(G, a.dh0 + st, dv.gamma, D, W, c0, c1);
+  }
+};
+
+}  // namespace
+
+void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
+  const int D = p.dim;
+  const Split split = scan_split(p);
+  const Vec vec = active_vec();
+  const HeadPasses passes{p, float(attention_scale(D))};
+  Workspace<float> state(allocator, std::size_t(split.threads) * p.head_state_elems());
+#pragma omp parallel num_threads(split.threads)
+  {
+    float* buf = state.data() + omp_get_thread_num() * p.head_state_elems();
+    for_each_share(split, [&](long bh, int c0, int c1) {
+      const std::size_t st = bh * p.head_state_elems();
+      pack(a.h0 + st, false, buf, D, split.width, c0, c1);
+      run_packed({{passes.forward(bh, a), buf}}, c0, c1, split.width, vec);
+      unpack(buf, a.hT + st, 1.0f, D, split.width, c0, c1);
+    });
+  }
+}
+
+void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
+  const int D = p.dim;
+  const Split split = scan_split(p);
+  const Vec vec = active_vec();
+  const HeadPasses passes{p, float(attention_scale(D))};
+  const std::size_t DD = p.head_state_elems();
+  Workspace<float> starts(allocator, p.heads_total() * DD);
+  Workspace<float> carried(allocator, std::size_t(split.threads) * DD);
+#pragma omp parallel num_threads(split.threads)
+  {
+    float* G = carried.data() + omp_get_thread_num() * DD;
+    // Each thread packs the starting columns its own items read, so no barrier is needed.
+    for_each_share(split, [&](long bh, int c0, int c1) {
+      float* P = starts.data() + bh * DD;
+      pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
+      run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec);
+      passes.reverse(bh, a, G, P, c0, c1, split.width, vec);
+    });
+  }
+}
+
+}  // namespace lattn::cpu

@@ -1,0 +1,319 @@
+// The scan pass of scan_pass.hpp, vectorised for AVX-512 and AVX2 with a portable fallback.
+//
+// Why it is shaped this way: a per-token pass over the whole state does 2 FMAs per state element
+// per token but also a load and a store of that element; from L2 (D = 128: 64 KiB of state) the
+// loads and stores, not the FMAs, set the pace. So
+//   - a block of W columns of S (W = 32 floats on AVX-512: two registers per row) is walked row by
+//     row; at D = 128 the block is 16 KiB and stays in L1 for the whole pass;
+//   - U tokens are applied to each row while it is in registers (U = 6 on AVX-512), so one load
+//     and one store of the row serve 6 updates and 6 readouts: 24 FMAs per row against 2 loads,
+//     2 stores and 12 scalar broadcasts, which leaves the FMA ports the bottleneck (U = 4 ran
+//     ~20% slower at D = 32 and 64, the same at D = 128, on one core);
+//   - the U tokens' column operands c_t and outputs y_t live in registers for the whole row walk
+//     (U * W / 16 each: 12 + 12 zmm, with two rows and their broadcasts 30 of the 32) and y_t is
+//     written once, scaled, at the end.
+// Ragged column tails (D not a multiple of the width) use masked loads and stores, full blocks
+// plain ones. Interleaving 3 or 4 rows instead of 2 (with U = 4 or 5 to keep the registers) ran
+// within the noise of 2 rows on one core in L1 (120-140 GFLOP/s for every variant, 2026-12-02).
+#include "kernels/linear_attention/cpu_scan_pass.hpp"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+
+namespace lattn::cpu {
+namespace {
+
+
+// Token pointers of a group of U consecutive steps of the pass (in pass order).
+template <int U>
+struct Group {
+  const float* b[U];
+  const float* c[U];
+  const float* r[U];
+  float* y[U];
+};
+
+template <int U>
+Group<U> group_at(const ScanPass& p, int step) {
+  Group<U> g;
+  for (int u = 0; u < U; ++u) {
+    const int t = p.reverse ? p.T - 1 - (step + u) : step + u;
+    const std::size_t off = std::size_t(t) * p.D;
+    g.b[u] = p.upd_row + off;
+    g.c[u] = p.upd_col + off;
+    g.r[u] = p.read_row + off;
+    g.y[u] = p.out + off;
+  }
+  return g;
+}
+
+#if defined(__AVX512F__)
+struct Avx512 {
+  using V = __m512;
+  using M = __mmask16;
+  static constexpr int L = 16, NV = 2, U = 6, R = 2;
+  static M mask(int n) { return n >= L ? M(0xFFFF) : M((1u << std::max(n, 0)) - 1); }
+  static V load(M m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store(float* p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void stream(float* p, V v) { _mm512_stream_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+struct Avx2 {
+  using V = __m256;
+  using M = __m256i;
+  // 16 ymm registers: U = 2 tokens of 2 column registers keeps c, y, the row and broadcasts in 12.
+  static constexpr int L = 8, NV = 2, U = 2, R = 2;
+  static M mask(int n) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
+  }
+  static V load(M m, const float* p) { return _mm256_maskload_ps(p, m); }
+  static void store(float* p, M m, V v) { _mm256_maskstore_ps(p, m, v); }
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void stream(float* p, V v) { _mm256_stream_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+#endif
+
+// A block's loads and stores: masked only where the block is ragged (masked loads and stores
+// cost ~8% of the walk's rate in L1 even with every lane set).
+template <class I, bool FULL>
+typename I::V load_lanes(typename I::M m, const float* p) {
+  if constexpr (FULL) return I::loadu(p);
+  else return I::load(m, p);
+}
+template <class I, bool FULL>
+void store_lanes(float* p, typename I::M m, typename I::V v) {
+  if constexpr (FULL) I::storeu(p, v);
+  else I::store(p, m, v);
+}
+
+// What a block walk is compiled for: U steps, NB registers of columns, R rows at a time, whether
+// the steps decay the state, whether the block is full width, whether it prefetches the next
+// group's row operands.
+template <int U_, int NB_, bool DECAY_, bool FULL_, bool PREFETCH_>
+struct Walk {
+  static constexpr int U = U_, NB = NB_;
+  static constexpr bool DECAY = DECAY_, FULL = FULL_, PREFETCH = PREFETCH_;
+};
+
+// R consecutive rows of the block (row points at the first): U steps applied to them while they
+// are in registers.
+template <class I, class K, int R>
+inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i, const typename I::M* m,
+                      const typename I::V (&c)[K::U][K::NB], typename I::V (&y)[K::U][K::NB], typename I::V gam) {
+  using V = typename I::V;
+  constexpr int U = K::U, NB = K::NB;
+  V s[R][NB];
+#pragma GCC unroll 4
+  for (int h = 0; h < R; ++h)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) s[h][n] = load_lanes<I, K::FULL>(m[n], row + h * ld + n * I::L);
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int h = 0; h < R; ++h) {
+      const V b = I::set1(g.b[u][i + h]), r = I::set1(g.r[u][i + h]);
+#pragma GCC unroll 4
+      for (int n = 0; n < NB; ++n) {
+        if constexpr (K::DECAY) s[h][n] = I::mul(s[h][n], gam);
+        s[h][n] = I::fma(b, c[u][n], s[h][n]);
+        y[u][n] = I::fma(r, s[h][n], y[u][n]);
+      }
+    }
+#pragma GCC unroll 4
+  for (int h = 0; h < R; ++h)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(row + h * ld + n * I::L, m[n], s[h][n]);
+}
+
+// K::U steps of the pass on one column block [c0, c0 + NB * L) (masked by m) of S.
+template <class I, class K>
+void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename I::M* m) {
+  using V = typename I::V;
+  constexpr int U = K::U, NB = K::NB, R = I::R;
+  V c[U][NB], y[U][NB];
+  const V us = I::set1(p.upd_scale), gam = I::set1(p.gamma);
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) {
+      c[u][n] = I::mul(load_lanes<I, K::FULL>(m[n], g.c[u] + c0 + n * I::L), us);
+      y[u][n] = I::zero();
+    }
+  // Locals: the vector stores below may alias anything, so fields of p would be reloaded.
+  float* row = p.S + (c0 - p.s_col0);
+  const int D = p.D;
+  const std::ptrdiff_t ld = p.ld;
+  const std::ptrdiff_t ahead = (p.reverse ? -1L : 1L) * U * D;
+  // The next group's row operands, one cache line per 16 rows: the first column block of a tile
+  // reads them from memory, and the row walk is too regular for the prefetchers to run ahead.
+  // The later blocks find them in cache, and there the prefetches cost ~12% of the rate.
+  auto prefetch_rows = [&](int i) {
+    if constexpr (K::PREFETCH) {
+#pragma GCC unroll 8
+      for (int u = 0; u < U; ++u) {
+        _mm_prefetch(reinterpret_cast<const char*>(g.b[u] + ahead + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(g.r[u] + ahead + i), _MM_HINT_T0);
+      }
+    }
+  };
+  // The next group's column operands and outputs, this block's share of their rows: every block
+  // reads its own columns of the tile's c rows from memory (no other block brings them in) and
+  // writes its own columns of y (no prefetch when they are streamed). Once per group, per block.
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) {
+      _mm_prefetch(reinterpret_cast<const char*>(g.c[u] + ahead + c0 + n * I::L), _MM_HINT_T0);
+      if (!p.stream_out) _mm_prefetch(reinterpret_cast<const char*>(g.y[u] + ahead + c0 + n * I::L), _MM_HINT_ET0);
+    }
+  // Rows go R at a time: within a row each readout waits on the state after the previous
+  // token's update (a chain of U dependent FMAs), and the rows' chains are independent, so
+  // interleaving them hands the FMA ports work the out-of-order window did not find on its own.
+  int i = 0;
+  for (; i + R <= D; i += R, row += R * ld) {
+    if ((i & 15) < R) prefetch_rows(i - (i & 15));
+    row_group<I, K, R>(g, row, ld, i, m, c, y, gam);
+  }
+  for (; i < D; ++i, row += ld) {  // the rows left when R does not divide D
+    if ((i & 15) == 0) prefetch_rows(i);
+    row_group<I, K, 1>(g, row, ld, i, m, c, y, gam);
+  }
+  const V os = I::set1(p.out_scale);
+  if (K::FULL && p.stream_out) {
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+      for (int n = 0; n < NB; ++n) I::stream(g.y[u] + c0 + n * I::L, I::mul(y[u][n], os));
+    return;
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(g.y[u] + c0 + n * I::L, m[n], I::mul(y[u][n], os));
+}
+
+// Calls block_steps compiled for `left` steps (1 <= left <= U), and the pass's decay.
+template <class I, int NB, bool FULL, bool PREFETCH, int U = I::U>
+void steps(const ScanPass& p, int step, int left, bool decay, int c0, const typename I::M* m) {
+  if constexpr (U > 0) {
+    if (left == U) {
+      if (decay) block_steps<I, Walk<U, NB, true, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      else block_steps<I, Walk<U, NB, false, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      return;
+    }
+    steps<I, NB, FULL, PREFETCH, U - 1>(p, step, left, decay, c0, m);
+  }
+}
+
+template <class I, int NB, bool FULL, bool PREFETCH>
+void column_block(const ScanPass& p, int c0, int width) {
+  typename I::M m[NB];
+  for (int n = 0; n < NB; ++n) m[n] = I::mask(width - n * I::L);
+  const bool decay = p.gamma != 1.0f;
+  int step = 0;
+  if (decay && !p.decay_first && p.T > 0) {
+    steps<I, NB, FULL, PREFETCH>(p, 0, 1, false, c0, m);
+    step = 1;
+  }
+  for (; step < p.T; step += I::U) steps<I, NB, FULL, PREFETCH>(p, step, std::min(I::U, p.T - step), decay, c0, m);
+}
+
+template <class I, bool PREFETCH>
+void column_blocks(const ScanPass& p, int col_begin, int col_end) {
+  constexpr int W = I::L * I::NV;
+  for (int c0 = col_begin; c0 < col_end; c0 += W) {
+    const int width = std::min(W, col_end - c0);
+    if (width == W) column_block<I, I::NV, true, PREFETCH>(p, c0, width);
+    else if (width > I::L) column_block<I, I::NV, false, PREFETCH>(p, c0, width);
+    else column_block<I, 1, false, PREFETCH>(p, c0, width);
+  }
+}
+
+template <class I>
+void run_vectorised(const ScanPass& p, int col_begin, int col_end) {
+  if (p.prefetch_next_rows) column_blocks<I, true>(p, col_begin, col_end);
+  else column_blocks<I, false>(p, col_begin, col_end);
+}
+
+// The portable form: one token at a time, the column loop left to the compiler's vectoriser.
+void run_generic(const ScanPass& p, int col_begin, int col_end) {
+  const int D = p.D;
+  for (int step = 0; step < p.T; ++step) {
+    const Group<1> g = group_at<1>(p, step);
+    const float gamma = (step == 0 && !p.decay_first) ? 1.0f : p.gamma;
+    float* __restrict y = g.y[0];
+    for (int j = col_begin; j < col_end; ++j) y[j] = 0.0f;
+    for (int i = 0; i < D; ++i) {
+      float* __restrict row = p.S + std::size_t(i) * p.ld - p.s_col0;
+      const float b = p.upd_scale * g.b[0][i], r = g.r[0][i];
+      const float* __restrict c = g.c[0];
+#pragma omp simd
+      for (int j = col_begin; j < col_end; ++j) {
+        row[j] = gamma * row[j] + b * c[j];
+        y[j] += r * row[j];
+      }
+    }
+    for (int j = col_begin; j < col_end; ++j) y[j] *= p.out_scale;
+  }
+}
+
+}  // namespace
+
+int scan_tokens_per_walk(Vec vec) {
+  switch (vec) {
+#if defined(__AVX512F__)
+    case Vec::avx512: return Avx512::U;
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    case Vec::avx2: return Avx2::U;
+#endif
+    default: return 1;
+  }
+}
+
+int scan_column_block(Vec vec) {
+  switch (vec) {
+    case Vec::avx512: return 32;
+    case Vec::avx2: return 16;
+    case Vec::generic: return 64;
+  }
+  return 64;
+}
+
+void run_scan_pass(const ScanPass& p, int col_begin, int col_end, Vec vec) {
+  if (col_begin >= col_end || p.T <= 0) return;
+  // Non-temporal stores only in whole cache lines: every output row and block must start on one.
+  ScanPass pass = p;
+  pass.stream_out = p.stream_out && vec != Vec::generic && reinterpret_cast<std::uintptr_t>(p.out) % 64 == 0 &&
+                    p.D % 16 == 0 && col_begin % 16 == 0;
+  switch (vec) {
+#if defined(__AVX512F__)
+    case Vec::avx512: run_vectorised<Avx512>(pass, col_begin, col_end); break;
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    case Vec::avx2: run_vectorised<Avx2>(pass, col_begin, col_end); break;
+#endif
+    default: run_generic(pass, col_begin, col_end); break;
+  }
+  // Streamed lines are weakly ordered: visible to other threads only after a fence.
+  if (pass.stream_out) _mm_sfence();
+}
+
+}  // namespace lattn::cpu

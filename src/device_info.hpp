@@ -1,0 +1,79 @@
+// The `device` block of a result file as typed data: what ran the cases (host, build, backend,
+// device) and the rates every record is held against. Backends fill it; src/record_json.cpp makes
+// it JSON (docs/results.md lists the keys).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace lattn {
+
+// What every backend shares: the host and the build.
+struct HostInfo {
+  std::string cpu_model;
+  unsigned cpu_cores = 0;
+  int threads = 0;
+  std::string hostname, os, compiler, build_type, cxx_flags, version, git_revision;
+  bool git_dirty = false;
+  // "<vendor> family F model M stepping S": a hypervisor may report one model name for several
+  // CPU generations, and the signature tells them apart. Empty where the CPU has none.
+  std::string cpu_signature;
+  std::optional<double> cpu_mhz;
+  std::map<std::string, long> cache_kib;  // "L1d", "L2", ... of cpu0
+};
+
+// The CPU backend: its BLAS, threading environment, vector width, and the roofline it measured at
+// start-up (backends/cpu/roofline.hpp).
+struct CpuDeviceInfo {
+  std::string blas, blas_version, blas_core;
+  int blas_threads_inside_kernels = 1;
+  std::optional<std::string> blas_coretype_env, blas_core_detected;
+  std::string omp_wait_policy;
+  std::optional<std::string> gomp_spincount, env_set_by_lattnbench;
+  std::string scan_vector_width;
+  double sgemm_gflops = 0;  // the peak every record's peak_fraction is taken against
+  int sgemm_n = 0, sgemm_threads = 0, sgemm_products = 0;
+  double sgemm_median_gflops = 0, sgemm_seconds = 0;
+  double stream_gbytes_per_s = 0;
+  std::size_t stream_bytes = 0;
+  std::optional<double> fma_gflops;
+};
+
+struct GpuInfo {
+  int device_index = 0;
+  std::string name, compute_capability;
+  int sm_count = 0, memory_bus_width_bits = 0;
+  double memory_gb = 0, l2_cache_mb = 0, shared_memory_per_block_optin_kb = 0;
+  std::optional<double> sm_clock_mhz, memory_clock_mhz;
+};
+
+// The CUDA backend: the build's targets and toolchain, the driver, and the GPU when there is one.
+struct CudaDeviceInfo {
+  std::string cuda_targets, nvcc;
+  bool cold_l2_flush = false;
+  std::optional<std::string> cuda_runtime, driver_cuda_version, driver;
+  std::optional<std::string> unavailable;  // why no GPU is usable
+  std::optional<GpuInfo> gpu;
+};
+
+struct TimerInfo {
+  double resolution_ns = 0;  // smallest non-zero step seen between two readings
+  double overhead_ns = 0;    // mean cost of one reading
+};
+
+struct DeviceInfo {
+  std::string backend;
+  HostInfo host;
+  std::optional<CpuDeviceInfo> cpu;
+  std::optional<CudaDeviceInfo> cuda;
+  std::optional<TimerInfo> timer;  // the runner's clock
+
+  // The rates records are held against; 0 where the backend measured none.
+  double peak_gflops() const { return cpu ? cpu->sgemm_gflops : 0.0; }
+  double sgemm_median_gflops() const { return cpu ? cpu->sgemm_median_gflops : 0.0; }
+  double stream_gbytes_per_s() const { return cpu ? cpu->stream_gbytes_per_s : 0.0; }
+};
+
+}  // namespace lattn

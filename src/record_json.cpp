@@ -1,0 +1,319 @@
+#include "record_json.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "summary.hpp"
+
+namespace lattn {
+
+std::string to_string(Status status) {
+  switch (status) {
+    case Status::ok: return "ok";
+    case Status::failed: return "failed";
+    case Status::skipped: return "skipped";
+  }
+  return "?";
+}
+
+nlohmann::json identity_json(const Case& c) {
+  const Op& op = *c.op;
+  nlohmann::json id = {{"suite", op.suite}, {"impl", c.impl},   {"mode", to_string(c.mode)},
+                       {"backend", c.backend}, {"dtype", c.dtype}, {"batch", c.batch},
+                       {"heads", c.heads},     {"seq", c.seq},     {"dim", c.dim},
+                       {"plan_index", c.plan_index}};
+  if (op.has(Param::decay)) id["decay"] = to_string(c.decay);
+  if (op.has(Param::chunk)) id["chunk"] = c.chunk;
+  if (op.has(Param::window)) id["window"] = c.window;
+  if (op.extra_identity)
+    for (const auto& [key, value] : op.extra_identity(c)) id[key] = value;
+  return id;
+}
+
+namespace {
+
+template <class T>
+void put(nlohmann::json& j, const char* key, const std::optional<T>& value) {
+  if (value) j[key] = *value;
+}
+
+// JSON has no infinity: a non-finite rel_err is written as null and read back as +inf.
+nlohmann::json error_value(double e) { return std::isfinite(e) ? nlohmann::json(e) : nlohmann::json(nullptr); }
+double error_from(const nlohmann::json& j) {
+  return j.is_null() ? std::numeric_limits<double>::infinity() : j.get<double>();
+}
+
+void put_measurement(nlohmann::json& r, const Measurement& m) {
+  if (!m.check_failure.empty()) r["check_failure"] = m.check_failure;
+  r["compile_s"] = m.compile_s;
+  r["warmup"] = m.warmup;
+  r["inner"] = m.inner;
+  r["reps"] = m.reps;
+  r["samples_ms"] = m.samples_ms;
+  r["median_ms"] = m.median_ms;
+  r["q1_ms"] = m.q1_ms;
+  r["q3_ms"] = m.q3_ms;
+  r["min_ms"] = m.min_ms;
+  r["max_ms"] = m.max_ms;
+  r["mean_ms"] = m.mean_ms;
+  r["short_samples"] = m.short_samples;
+  r["rel_err"] = error_value(m.rel_err);
+  nlohmann::json errors = nlohmann::json::object();
+  for (const auto& [name, e] : m.rel_errs) errors[name] = error_value(e);
+  r["rel_errs"] = errors;
+  r["tolerance"] = m.tolerance;
+  r["temp_mb"] = m.temp_mb;
+  r["arg_mb"] = m.arg_mb;
+  r["out_mb"] = m.out_mb;
+  r["flops"] = m.flops;
+  r["gflops"] = m.gflops;
+  r["bytes"] = m.bytes;
+  r["gbytes_per_s"] = m.gbytes_per_s;
+  if (!m.bwd_states.empty()) r["bwd_states"] = m.bwd_states;
+  if (!m.timer_warning.empty()) r["timer_warning"] = m.timer_warning;
+  if (m.cold) r["cold"] = true;
+  put(r, "peak_gflops", m.peak_gflops);
+  put(r, "peak_fraction", m.peak_fraction);
+  put(r, "roofline_gflops", m.roofline_gflops);
+  put(r, "roofline_fraction", m.roofline_fraction);
+  put(r, "peak_gflops_now", m.peak_gflops_now);
+  put(r, "peak_fraction_now", m.peak_fraction_now);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const CaseRecord& record) {
+  nlohmann::json r = identity_json(record.kase);
+  r["status"] = to_string(record.status);
+  if (!record.skip_reason.empty()) r["skip_reason"] = record.skip_reason;
+  if (!record.error.empty()) r["error"] = record.error;
+  if (record.measured) put_measurement(r, *record.measured);
+  return r;
+}
+
+nlohmann::json to_json(const DeviceInfo& d) {
+  const HostInfo& h = d.host;
+  nlohmann::json j = {
+      {"backend", d.backend},     {"cpu_model", h.cpu_model},   {"cpu_cores", h.cpu_cores},
+      {"threads", h.threads},     {"hostname", h.hostname},     {"os", h.os},
+      {"compiler", h.compiler},   {"build_type", h.build_type}, {"cxx_flags", h.cxx_flags},
+      {"lattnbench_version", h.version}, {"git_revision", h.git_revision}, {"git_dirty", h.git_dirty},
+  };
+  if (!h.cpu_signature.empty()) j["cpu_signature"] = h.cpu_signature;
+  put(j, "cpu_mhz", h.cpu_mhz);
+  if (!h.cache_kib.empty()) j["cache_kib"] = h.cache_kib;
+  if (const auto& c = d.cpu) {
+    j["blas"] = c->blas;
+    j["blas_version"] = c->blas_version;
+    j["blas_threads_inside_kernels"] = c->blas_threads_inside_kernels;
+    j["blas_core"] = c->blas_core;
+    put(j, "blas_coretype_env", c->blas_coretype_env);
+    put(j, "blas_core_detected", c->blas_core_detected);
+    j["omp_wait_policy"] = c->omp_wait_policy;
+    put(j, "gomp_spincount", c->gomp_spincount);
+    put(j, "env_set_by_lattnbench", c->env_set_by_lattnbench);
+    j["scan_vector_width"] = c->scan_vector_width;
+    j["sgemm_gflops"] = c->sgemm_gflops;
+    j["sgemm_n"] = c->sgemm_n;
+    j["sgemm_threads"] = c->sgemm_threads;
+    j["sgemm_products"] = c->sgemm_products;
+    j["sgemm_median_gflops"] = c->sgemm_median_gflops;
+    j["sgemm_seconds"] = c->sgemm_seconds;
+    j["stream_gbytes_per_s"] = c->stream_gbytes_per_s;
+    j["stream_bytes"] = c->stream_bytes;
+    put(j, "fma_gflops", c->fma_gflops);
+    j["peak_gflops"] = c->sgemm_gflops;
+  }
+  if (const auto& c = d.cuda) {
+    j["cuda_targets"] = c->cuda_targets;
+    j["nvcc"] = c->nvcc;
+    j["cold_l2_flush"] = c->cold_l2_flush;
+    put(j, "cuda_runtime", c->cuda_runtime);
+    put(j, "driver_cuda_version", c->driver_cuda_version);
+    put(j, "driver", c->driver);
+    put(j, "unavailable", c->unavailable);
+    if (const auto& g = c->gpu) {
+      j["device_index"] = g->device_index;
+      j["gpu"] = g->name;
+      j["compute_capability"] = g->compute_capability;
+      j["sm_count"] = g->sm_count;
+      j["gpu_memory_gb"] = g->memory_gb;
+      j["l2_cache_mb"] = g->l2_cache_mb;
+      j["shared_memory_per_block_optin_kb"] = g->shared_memory_per_block_optin_kb;
+      j["memory_bus_width_bits"] = g->memory_bus_width_bits;
+      put(j, "sm_clock_mhz", g->sm_clock_mhz);
+      put(j, "memory_clock_mhz", g->memory_clock_mhz);
+    } else {
+      j["gpu"] = nullptr;
+    }
+  }
+  if (const auto& t = d.timer)
+    j["timer"] = {{"clock", "std::chrono::steady_clock"}, {"resolution_ns", t->resolution_ns}, {"overhead_ns", t->overhead_ns}};
+  return j;
+}
+
+nlohmann::json device_fingerprint(const DeviceInfo& device) {
+  const nlohmann::json full = to_json(device);
+  nlohmann::json fp = nlohmann::json::object();
+  for (const char* key : {"backend", "cpu_model", "cpu_signature", "cpu_cores", "threads", "hostname", "gpu",
+                          "compute_capability", "lattnbench_version", "git_revision"})
+    if (full.contains(key)) fp[key] = full[key];
+  return fp;
+}
+
+namespace {
+
+// The identity keys that make two records the same shape (the summary's groups).
+nlohmann::json shape_json(const Case& c, bool with_seq) {
+  nlohmann::json id = identity_json(c), shape = nlohmann::json::object();
+  for (const char* key : {"suite", "mode", "backend", "dtype", "decay", "batch", "heads", "dim", "chunk", "window",
+                          "head_dim", "seq"})
+    if (id.contains(key) && (with_seq || std::string(key) != "seq")) shape[key] = id[key];
+  return shape;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const Summary& summary) {
+  nlohmann::json comparisons = nlohmann::json::array(), crossovers = nlohmann::json::array();
+  for (const Comparison& c : summary.comparisons) {
+    nlohmann::json j = shape_json(c.fastest->kase, true);
+    j["fastest"] = c.fastest->kase.impl;
+    j["other"] = c.other->kase.impl;
+    j["fastest_median_ms"] = c.fastest->measured->median_ms;
+    j["other_median_ms"] = c.other->measured->median_ms;
+    j["speedup"] = c.speedup;
+    j["fastest_temp_mb"] = c.fastest->measured->temp_mb;
+    j["other_temp_mb"] = c.other->measured->temp_mb;
+    comparisons.push_back(j);
+  }
+  for (const Crossover& x : summary.crossovers) {
+    nlohmann::json j = shape_json(x.series->kase, false);
+    j["winners"] = nlohmann::json::array();
+    j["changes"] = nlohmann::json::array();
+    for (const auto& [seq, impl] : x.winners) j["winners"].push_back({{"seq", seq}, {"fastest", impl}});
+    for (const WinnerChange& ch : x.changes)
+      j["changes"].push_back({{"after_seq", ch.after_seq}, {"by_seq", ch.by_seq}, {"from", ch.from}, {"to", ch.to}});
+    crossovers.push_back(j);
+  }
+  return {{"comparisons", comparisons}, {"crossovers", crossovers}};
+}
+
+nlohmann::json to_json(const RunDocument& doc) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const CaseRecord& r : doc.results) results.push_back(to_json(r));
+  nlohmann::json j = {
+      {"schema_version", kSchemaVersion},
+      {"tool", "lattnbench"},
+      {"version", doc.version},
+      {"created_utc", doc.created_utc},
+      {"argv", doc.argv},
+      {"config", doc.config},
+      {"device", to_json(doc.device)},
+      {"results", results},
+      {"totals", {{"cases", doc.totals.cases}, {"ok", doc.totals.ok}, {"failed", doc.totals.failed},
+                  {"skipped", doc.totals.skipped}}},
+      {"summary", to_json(build_summary(doc.results))},
+      {"warnings", doc.warnings},
+  };
+  if (doc.shard) j["shard"] = {{"index", doc.shard->first}, {"count", doc.shard->second}};
+  if (!doc.interrupted_by.empty()) {
+    j["interrupted"] = true;
+    j["interrupted_by"] = doc.interrupted_by;
+  }
+  return j;
+}
+
+namespace {
+
+// Reads `key` of a journal line as T, or throws naming the line and the key.
+template <class T>
+T field(const nlohmann::json& line, const char* key, const std::string& where) {
+  if (!line.contains(key)) throw UsageError(where, std::string("the journal record has no '") + key + "'");
+  try {
+    return line.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw UsageError(where, std::string("the journal record's '") + key + "' is not a " +
+                                (std::is_same_v<T, std::string> ? "string" : "value of its kind"));
+  }
+}
+
+template <class T>
+std::optional<T> optional_field(const nlohmann::json& line, const char* key, const std::string& where) {
+  if (!line.contains(key)) return std::nullopt;
+  return field<T>(line, key, where);
+}
+
+}  // namespace
+
+CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, const std::string& where) {
+  if (!line.is_object()) throw UsageError(where, "the journal record is not a JSON object");
+  const nlohmann::json identity = identity_json(planned);
+  for (const auto& [key, value] : identity.items())
+    if (!line.contains(key) || line[key] != value)
+      throw UsageError(where, "the journal record's '" + key + "' does not match case " +
+                                  std::to_string(planned.plan_index) + " of this run's plan");
+  CaseRecord r;
+  r.kase = planned;
+  const std::string status = field<std::string>(line, "status", where);
+  if (status == "ok") r.status = Status::ok;
+  else if (status == "failed") r.status = Status::failed;
+  else if (status == "skipped") r.status = Status::skipped;
+  else throw UsageError(where, "the journal record's status '" + status + "' is not ok, failed or skipped");
+  r.skip_reason = optional_field<std::string>(line, "skip_reason", where).value_or("");
+  r.error = optional_field<std::string>(line, "error", where).value_or("");
+  if (r.status == Status::skipped && r.skip_reason.empty())
+    throw UsageError(where, "the journal record is skipped without a skip_reason");
+  if (!line.contains("median_ms")) {
+    if (r.status == Status::ok) throw UsageError(where, "the journal record is ok but has no measurement");
+    if (r.status == Status::failed && r.error.empty())
+      throw UsageError(where, "the journal record failed without an error or a measurement");
+    return r;
+  }
+  Measurement m;
+  m.check_failure = optional_field<std::string>(line, "check_failure", where).value_or("");
+  m.compile_s = field<double>(line, "compile_s", where);
+  m.warmup = field<int>(line, "warmup", where);
+  m.inner = field<int>(line, "inner", where);
+  m.reps = field<int>(line, "reps", where);
+  m.samples_ms = field<std::vector<double>>(line, "samples_ms", where);
+  m.median_ms = field<double>(line, "median_ms", where);
+  m.q1_ms = field<double>(line, "q1_ms", where);
+  m.q3_ms = field<double>(line, "q3_ms", where);
+  m.min_ms = field<double>(line, "min_ms", where);
+  m.max_ms = field<double>(line, "max_ms", where);
+  m.mean_ms = field<double>(line, "mean_ms", where);
+  m.short_samples = field<int>(line, "short_samples", where);
+  if (!line.contains("rel_err") || !line.contains("rel_errs") || !line["rel_errs"].is_object())
+    throw UsageError(where, "the journal record has no rel_err and rel_errs");
+  m.rel_err = error_from(line["rel_err"]);
+  for (const auto& [name, e] : line["rel_errs"].items()) m.rel_errs[name] = error_from(e);
+  m.tolerance = field<double>(line, "tolerance", where);
+  m.temp_mb = field<double>(line, "temp_mb", where);
+  m.arg_mb = field<double>(line, "arg_mb", where);
+  m.out_mb = field<double>(line, "out_mb", where);
+  m.flops = field<double>(line, "flops", where);
+  m.gflops = field<double>(line, "gflops", where);
+  m.bytes = field<double>(line, "bytes", where);
+  m.gbytes_per_s = field<double>(line, "gbytes_per_s", where);
+  m.bwd_states = optional_field<std::string>(line, "bwd_states", where).value_or("");
+  m.timer_warning = optional_field<std::string>(line, "timer_warning", where).value_or("");
+  m.cold = optional_field<bool>(line, "cold", where).value_or(false);
+  m.peak_gflops = optional_field<double>(line, "peak_gflops", where);
+  m.peak_fraction = optional_field<double>(line, "peak_fraction", where);
+  m.roofline_gflops = optional_field<double>(line, "roofline_gflops", where);
+  m.roofline_fraction = optional_field<double>(line, "roofline_fraction", where);
+  m.peak_gflops_now = optional_field<double>(line, "peak_gflops_now", where);
+  m.peak_fraction_now = optional_field<double>(line, "peak_fraction_now", where);
+  if (int(m.samples_ms.size()) != m.reps)
+    throw UsageError(where, "the journal record has " + std::to_string(m.samples_ms.size()) + " samples for reps " +
+                                std::to_string(m.reps));
+  if (r.status == Status::failed && m.check_failure.empty() && r.error.empty())
+    throw UsageError(where, "the journal record failed without a check_failure or an error");
+  r.measured = std::move(m);
+  return r;
+}
+
+}  // namespace lattn

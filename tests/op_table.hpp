@@ -1,0 +1,73 @@
+// The correctness table every backend is held to, as ggml's test-backend-ops holds its backends:
+// each row is an op and the shapes it runs at; every impl row a backend has for that op runs every
+// shape in both modes and both dtypes against the op's float64 reference. A case the backend
+// declines is counted under its reason and printed as "not supported: <reason>", never passed
+// silently. tests/test_ops.cpp runs it on the CPU, tests/cuda/test_cuda_ops.cpp on the GPU.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace lattn::test {
+
+struct OpTestRow {
+  std::vector<Case> shapes;  // op and shape set; impl, mode, dtype and backend filled in per case
+  double float32_bound;      // a float32 result's rel_err must also be under this (its tolerance is looser)
+};
+
+// One row per op. Adding an op, a decay or a shape to the suite's coverage is a line here.
+inline std::vector<OpTestRow> op_test_table() {
+  OpTestRow linear{{}, 1e-5}, layer{{}, 1e-4}, window{{}, 1e-5};
+  for (const Problem& p : kernel_test_shapes()) linear.shapes.push_back(kernel_case(p, "", Mode::fwd));
+  for (const LayerProblem& p : layer_test_shapes()) layer.shapes.push_back(layer_case(p, Mode::fwd));
+  for (const WindowShape& w : window_test_shapes()) window.shapes.push_back(window_case(w.p, w.window, Mode::fwd));
+  return {linear, layer, window};
+}
+
+struct TableRun {
+  int checked = 0;
+  std::map<std::string, int> checked_by_op;
+  std::map<std::string, int> not_supported;  // "op impl: reason" -> cases
+};
+
+// Runs the table on `backend_name`: every row's shapes x the backend's impls of that op x modes x
+// dtypes; chunked fwd_bwd cases once more with the chunk states recomputed instead of kept.
+inline TableRun run_op_table(const std::string& backend_name) {
+  TableRun run;
+  for (const bool keep : {true, false}) {
+    auto backend = make_backend(backend_name, BackendOptions{0, 0, false, keep});
+    for (const OpTestRow& row : op_test_table())
+      for (const ImplRow& impl : backend->impls) {
+        if (impl.op != row.shapes.front().op->name) continue;
+        for (Case kase : row.shapes)
+          for (Mode mode : {Mode::fwd, Mode::fwd_bwd})
+            for (const std::string dtype : {"float32", "bf16"}) {
+              kase.impl = impl.impl;
+              kase.mode = mode;
+              kase.dtype = dtype;
+              kase.backend = backend_name;
+              if (!keep && (kase.impl != "chunked" || mode != Mode::fwd_bwd)) continue;
+              if (auto why = backend->unsupported(kase)) {
+                ++run.not_supported[kase.op->name + " " + kase.impl + ": " + *why];
+                continue;
+              }
+              INFO(describe(kase) << (keep ? "" : " (chunk states recomputed)"));
+              const Outcome r = run_on(*backend, kase, 5);
+              INFO(errors(r.check));
+              CHECK(r.check.non_finite.empty());
+              CHECK(r.check.passed);
+              if (dtype == "float32") CHECK(r.check.rel_err < row.float32_bound);
+              ++run.checked;
+              ++run.checked_by_op[kase.op->name];
+            }
+      }
+  }
+  return run;
+}
+
+}  // namespace lattn::test

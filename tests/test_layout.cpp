@@ -1,0 +1,87 @@
+// The house's rules, held against the sources: includes run one way (core <- kernels <- src, and
+// backends on top of all three, with src/backends.cpp the one file of src/ that names a backend),
+// and no source file grows past 500 lines without saying why in its opening comment.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Source {
+  std::string path;  // relative to the project root
+  std::vector<std::string> includes;  // the quoted ones, as written
+  std::size_t lines = 0;
+  std::string opening_comment;
+};
+
+std::vector<Source> sources(const std::string& folder) {
+  std::vector<Source> out;
+  const fs::path root = lattn::test::source_dir();
+  static const std::regex include(R"re(^\s*#\s*include\s*"([^"]+)")re");
+  for (const auto& entry : fs::recursive_directory_iterator(root / folder)) {
+    const std::string ext = entry.path().extension().string();
+    if (!entry.is_regular_file() || (ext != ".cpp" && ext != ".hpp" && ext != ".cu" && ext != ".cuh")) continue;
+    Source s;
+    s.path = fs::relative(entry.path(), root).string();
+    std::ifstream in(entry.path());
+    std::string line;
+    bool opening = true;
+    while (std::getline(in, line)) {
+      ++s.lines;
+      std::smatch m;
+      if (std::regex_search(line, m, include)) s.includes.push_back(m[1]);
+      if (opening && line.rfind("//", 0) == 0) s.opening_comment += line + "\n";
+      else opening = false;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// An include written from the project root names its folder; a bare name is the including file's
+// own folder.
+std::string top_folder(const Source& from, const std::string& include) {
+  if (include.find('/') == std::string::npos) return from.path.substr(0, from.path.find('/'));
+  return include.substr(0, include.find('/'));
+}
+
+}  // namespace
+
+TEST_CASE("includes run one way: core < kernels < src < backends", "[layout]") {
+  std::size_t checked = 0;
+  for (const char* folder : {"core", "kernels", "src", "backends"})
+    for (const Source& s : sources(folder))
+      for (const std::string& include : s.includes) {
+        INFO(s.path << " includes \"" << include << "\"");
+        const std::string to = top_folder(s, include);
+        ++checked;
+        if (starts_with(s.path, "core/")) CHECK(to == "core");
+        if (starts_with(s.path, "kernels/")) CHECK((to == "core" || to == "kernels"));
+        if (starts_with(s.path, "src/")) {
+          CHECK(to != "tests");
+          if (s.path != "src/backends.cpp") CHECK(to != "backends");
+        }
+        if (starts_with(s.path, "backends/cpu/")) CHECK_FALSE(starts_with(include, "backends/cuda/"));
+        if (starts_with(s.path, "backends/cuda/")) CHECK_FALSE(starts_with(include, "backends/cpu/"));
+      }
+  CHECK(checked > 100);
+}
+
+TEST_CASE("a source file over 500 lines says why in its opening comment", "[layout]") {
+  for (const char* folder : {"core", "kernels", "src", "backends"})
+    for (const Source& s : sources(folder)) {
+      if (s.lines <= 500) continue;
+      INFO(s.path << ": " << s.lines << " lines");
+      CHECK(s.opening_comment.find("500 lines") != std::string::npos);
+    }
+}
