@@ -7,12 +7,6 @@ const std::vector<std::string>& mode_names() {
   return names;
 }
 
-const std::vector<std::string>& decay_names() {
-  static const std::vector<std::string> names = {"none", "retnet"};
-  return names;
-}
-
 std::string to_string(Mode mode) { return mode_names()[std::size_t(mode)]; }
-std::string to_string(Decay decay) { return decay_names()[std::size_t(decay)]; }
 
 }  // namespace lattn

@@ -13,14 +13,8 @@ struct Op;
 
 enum class Mode { fwd, fwd_bwd };
 
-// How the state decays between tokens (SPEC section 1): `none` (gamma 1) or `retnet` (gamma_h =
-// 1 - 2^(-5-h) for head h).
-enum class Decay { none, retnet };
-
 std::string to_string(Mode mode);
-std::string to_string(Decay decay);
 const std::vector<std::string>& mode_names();   // in enum order
-const std::vector<std::string>& decay_names();  // in enum order
 
 struct Case {
   const Op* op = nullptr;
@@ -34,7 +28,7 @@ struct Case {
   int dim = 1;     // the head dim
   int chunk = 0;   // the chunked form's chunk size
   int window = 0;  // the sliding window's keys per query
-  Decay decay = Decay::none;
+  std::string decay = "none";  // one of the op's decay kinds (kernels/linear_attention/problem.hpp)
   std::size_t plan_index = 0;
 
   bool backward() const { return mode == Mode::fwd_bwd; }

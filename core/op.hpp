@@ -36,13 +36,15 @@ struct Form {
 enum class Param { batch, heads, seq, dim, chunk, window, decay, impl, mode };
 
 // One config key of the op's suite: the field it sets, its default values (written as in a config
-// file), the range of an integer, and the help line of its flag.
+// file), the range of an integer or the names a named key accepts (impl: the op's forms, mode:
+// fwd and fwd_bwd, whatever `choices` says), and the help line of its flag.
 struct Axis {
   std::string key;
   Param param;
   std::vector<std::string> defaults;
   std::string help;
   long lo = 1, hi = 0;
+  std::vector<std::string> choices = {};
 };
 
 struct Op {

@@ -22,16 +22,23 @@ std::string join(const std::vector<std::string>& items) {
 }  // namespace
 
 std::string list_capabilities() {
-  std::vector<std::string> impls;
-  for (const Op* op : all_ops())
-    if (!op->suite.empty())
-      for (const Form& f : op->forms)
-        if (std::find(impls.begin(), impls.end(), f.name) == impls.end()) impls.push_back(f.name);
+  // Every plannable op's forms and decay kinds, each once.
+  std::vector<std::string> impls, decays;
+  auto add = [](std::vector<std::string>& names, const std::string& name) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  };
+  for (const Op* op : all_ops()) {
+    if (op->suite.empty()) continue;
+    for (const Form& f : op->forms) add(impls, f.name);
+    for (const Axis& a : op->axes)
+      if (a.param == Param::decay)
+        for (const std::string& d : a.choices) add(decays, d);
+  }
   std::string out;
   out += "suites:   " + join(known_suites()) + "\n";
   out += "impls:    " + join(impls) + "\n";
   out += "modes:    " + join(mode_names()) + "\n";
-  out += "decays:   " + join(decay_names()) + "\n";
+  out += "decays:   " + join(decays) + "\n";
   out += "dtypes:   " + join(known_dtypes()) + "\n";
   out += "backends:\n";
   for (const auto& name : backend_names()) {

@@ -113,8 +113,7 @@ std::vector<std::string> axis_choices(const Op& op, const Axis& axis) {
       return names;
     }
     case Param::mode: return mode_names();
-    case Param::decay: return decay_names();
-    default: return {};
+    default: return axis.choices;
   }
 }
 

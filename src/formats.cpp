@@ -44,7 +44,7 @@ const std::vector<Column>& columns() {
       {"mode", [](const CaseRecord& r) { return to_string(r.kase.mode); }},
       {"backend", [](const CaseRecord& r) { return r.kase.backend; }},
       {"dtype", [](const CaseRecord& r) { return r.kase.dtype; }},
-      {"decay", [](const CaseRecord& r) { return r.kase.op->has(Param::decay) ? to_string(r.kase.decay) : ""; }},
+      {"decay", [](const CaseRecord& r) { return r.kase.op->has(Param::decay) ? r.kase.decay : ""; }},
       {"batch", [](const CaseRecord& r) { return std::to_string(r.kase.batch); }},
       {"heads", [](const CaseRecord& r) { return std::to_string(r.kase.heads); }},
       {"seq", [](const CaseRecord& r) { return std::to_string(r.kase.seq); }},
@@ -97,7 +97,7 @@ std::string gbench_name(const Case& c) {
                                  c.batch, c.heads, c.seq, c.dim);
   if (op.has(Param::chunk)) name += fmt::format("/chunk:{}", c.chunk);
   if (op.has(Param::window)) name += fmt::format("/window:{}", c.window);
-  name += "/decay:" + (op.has(Param::decay) ? to_string(c.decay) : std::string("none"));
+  name += "/decay:" + (op.has(Param::decay) ? c.decay : std::string("none"));
   return name + "/" + c.dtype;
 }
 

@@ -43,7 +43,7 @@ std::vector<Case> expand_suite(const SuiteConfig& suite, const RunSettings& run,
         case Param::window: kase.window = int(values.numbers[i]); break;
         case Param::impl: kase.impl = values.names[i]; break;
         case Param::mode: kase.mode = Mode(std::find(mode_names().begin(), mode_names().end(), values.names[i]) - mode_names().begin()); break;
-        case Param::decay: kase.decay = Decay(std::find(decay_names().begin(), decay_names().end(), values.names[i]) - decay_names().begin()); break;
+        case Param::decay: kase.decay = values.names[i]; break;
       }
       walk(axis_index + 1);
     }

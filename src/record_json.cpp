@@ -24,7 +24,7 @@ nlohmann::json identity_json(const Case& c) {
                        {"backend", c.backend}, {"dtype", c.dtype}, {"batch", c.batch},
                        {"heads", c.heads},     {"seq", c.seq},     {"dim", c.dim},
                        {"plan_index", c.plan_index}};
-  if (op.has(Param::decay)) id["decay"] = to_string(c.decay);
+  if (op.has(Param::decay)) id["decay"] = c.decay;
   if (op.has(Param::chunk)) id["chunk"] = c.chunk;
   if (op.has(Param::window)) id["window"] = c.window;
   if (op.extra_identity)

@@ -72,7 +72,7 @@ std::string format_table(const std::vector<CaseRecord>& records) {
     auto param = [&](Param p, long value) { return op.has(p) ? std::to_string(value) : std::string("-"); };
     out += fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", op.suite, c.impl,
                        to_string(c.mode), c.batch, c.heads, c.seq, c.dim, param(Param::chunk, c.chunk),
-                       param(Param::window, c.window), op.has(Param::decay) ? to_string(c.decay) : "-");
+                       param(Param::window, c.window), op.has(Param::decay) ? c.decay : "-");
     if (r.status == Status::skipped || !r.measured) {
       out += fmt::format("{:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-",
                          to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);

@@ -49,7 +49,7 @@ std::string describe(const Case& c) {
                                 c.seq, c.dim);
   if (op.has(Param::chunk)) out += fmt::format(" C{}", c.chunk);
   if (op.has(Param::window)) out += fmt::format(" W{}", c.window);
-  if (op.has(Param::decay)) out += " decay=" + to_string(c.decay);
+  if (op.has(Param::decay)) out += " decay=" + c.decay;
   return out;
 }
 
@@ -60,7 +60,7 @@ std::string case_slug(const Case& c) {
                                  c.batch, c.heads, c.seq, c.dim);
   if (op.has(Param::chunk)) slug += fmt::format("c{}", c.chunk);
   if (op.has(Param::window)) slug += fmt::format("w{}", c.window);
-  if (op.has(Param::decay)) slug += "-" + to_string(c.decay);
+  if (op.has(Param::decay)) slug += "-" + c.decay;
   return slug;
 }
 
@@ -74,7 +74,7 @@ std::string format_duration(double seconds) {
 // never its impl, mode or chunk (every form computes the same thing).
 std::string reference_key(const Case& c) {
   return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.op->name, c.batch, c.heads, c.seq, c.dim, c.window,
-                     to_string(c.decay), c.dtype);
+                     c.decay, c.dtype);
 }
 
 // Inputs and the float64 reference for the key last seen: the forms and modes of one shape come

@@ -13,7 +13,7 @@ std::string shape_key(const Case& c, bool with_seq) {
   const Op& op = *c.op;
   std::string key = fmt::format("{}|{}|{}|{}|b{}|h{}|d{}", op.suite, to_string(c.mode), c.backend, c.dtype, c.batch,
                                 c.heads, c.dim);
-  if (op.has(Param::decay)) key += "|" + to_string(c.decay);
+  if (op.has(Param::decay)) key += "|" + c.decay;
   if (op.has(Param::chunk)) key += fmt::format("|c{}", c.chunk);
   if (op.has(Param::window)) key += fmt::format("|w{}", c.window);
   if (with_seq) key += fmt::format("|t{}", c.seq);
@@ -74,7 +74,7 @@ std::string label(const Case& c, bool with_seq) {
   out += fmt::format(" dim={}", c.dim);
   if (op.has(Param::chunk)) out += fmt::format(" chunk={}", c.chunk);
   if (op.has(Param::window)) out += fmt::format(" window={}", c.window);
-  if (op.has(Param::decay) && c.decay != Decay::none) out += " decay=" + to_string(c.decay);
+  if (op.has(Param::decay) && c.decay != "none") out += " decay=" + c.decay;
   if (c.dtype != "float32") out += " " + c.dtype;
   return out;
 }

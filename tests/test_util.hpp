@@ -39,7 +39,7 @@ inline std::string describe(const Problem& p) {
 inline std::string describe(const Case& c) {
   return c.op->name + " " + c.impl + " " + to_string(c.mode) + " " + c.dtype + " B" + std::to_string(c.batch) + " H" +
          std::to_string(c.heads) + " T" + std::to_string(c.seq) + " D" + std::to_string(c.dim) + " C" +
-         std::to_string(c.chunk) + " W" + std::to_string(c.window) + " " + to_string(c.decay);
+         std::to_string(c.chunk) + " W" + std::to_string(c.window) + " " + c.decay;
 }
 
 // A linear-attention case of `p`.
@@ -56,7 +56,7 @@ inline Case kernel_case(const Problem& p, const std::string& impl, Mode mode, co
   c.seq = p.seq;
   c.dim = p.dim;
   c.chunk = p.chunk;
-  c.decay = p.decay;
+  c.decay = to_string(p.decay);
   return c;
 }
 
@@ -74,7 +74,7 @@ inline Case window_case(const Problem& p, int window, Mode mode, const std::stri
   Case c = kernel_case(p, "blocked", mode, backend, dtype);
   c.op = &sliding_window_op();
   c.chunk = 0;
-  c.decay = Decay::none;
+  c.decay = "none";
   c.window = window;
   return c;
 }

@@ -86,7 +86,22 @@ double tolerance(const std::string& dtype) {
 
 }  // namespace
 
-Problem linear_problem(const Case& c) { return Problem{c.batch, c.heads, c.seq, c.dim, c.chunk, c.decay}; }
+const std::vector<std::string>& decay_names() {
+  static const std::vector<std::string> names = {"none", "retnet"};
+  return names;
+}
+
+std::string to_string(Decay decay) { return decay_names()[std::size_t(decay)]; }
+
+Decay decay_from(const std::string& name) {
+  for (std::size_t i = 0; i < decay_names().size(); ++i)
+    if (decay_names()[i] == name) return Decay(i);
+  throw RuntimeFailure("no decay '" + name + "'");
+}
+
+Problem linear_problem(const Case& c) {
+  return Problem{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay)};
+}
 
 const Op& linear_attention_op() {
   static const Op op = [] {
@@ -99,7 +114,7 @@ const Op& linear_attention_op() {
         {"batch", Param::batch, {"2"}, "batch sizes", 1, kMaxBatch},
         {"heads", Param::heads, {"4"}, "head counts", 1, kMaxHeads},
         {"chunk", Param::chunk, {"128"}, "chunk sizes of the chunked form", 1, kMaxChunk},
-        {"decay", Param::decay, {"none"}, "decay modes (none, retnet)"},
+        {"decay", Param::decay, {"none"}, "decay modes (none, retnet)", 1, 0, decay_names()},
         {"dim", Param::dim, {"32", "64", "128"}, "head dims of the kernel suite", 1, kMaxDim},
         {"seq", Param::seq, {"512", "2048", "8192"}, "sequence lengths", 1, kMaxSeq},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},

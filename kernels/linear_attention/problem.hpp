@@ -10,10 +10,20 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-
-#include "core/case.hpp"
+#include <string>
+#include <vector>
 
 namespace lattn {
+
+// How the state decays between tokens (SPEC section 1): `none` (gamma 1) or `retnet` (gamma_h =
+// 1 - 2^(-5-h) for head h).
+enum class Decay { none, retnet };
+
+// The decays' names, in enum order: what configs and records write.
+const std::vector<std::string>& decay_names();
+std::string to_string(Decay decay);
+// Throws RuntimeFailure for a name decay_names() does not hold.
+Decay decay_from(const std::string& name);
 
 struct Problem {
   int batch = 1;
