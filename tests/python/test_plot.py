@@ -45,20 +45,6 @@ class PlotTest(unittest.TestCase):
         self.assertTrue(proc.stderr.startswith("plot.py: error: "), proc.stderr)
 
 
-def reference_format(doc):
-    """doc as the JAX reference file writes it: no schema_version, backend, decay or status keys,
-    memory as xla_*_mb, a JAX device block."""
-    out = {"device": {"jax": "0.4.30", "backend": "cpu", "device_kind": "cpu"}, "results": []}
-    for record in doc["results"]:
-        if record.get("status") != "ok":
-            continue
-        r = {k: v for k, v in record.items() if k not in ("backend", "decay", "status", "samples_ms", "plan_index")}
-        for name in ("temp_mb", "arg_mb", "out_mb"):
-            r[f"xla_{name}"] = r.pop(name)
-        out["results"].append(r)
-    return out
-
-
 def scaled(doc, factor, key="median_ms"):
     """doc with every time (or, key='temp_mb', every workspace) times factor."""
     out = copy.deepcopy(doc)
@@ -176,7 +162,7 @@ class FigureContentTest(unittest.TestCase):
     def test_a_figure_of_reference_data_alone_names_no_other_device(self):
         kernel_only = copy.deepcopy(self.base_doc)
         kernel_only["results"] = [r for r in kernel_only["results"] if r["suite"] == "kernel"]
-        figures = self.figures(reference_format(self.base_doc), kernel_only, names=["reference.json", "ours.json"])
+        figures = self.figures(fx.reference_format(self.base_doc), kernel_only, names=["reference.json", "ours.json"])
         layer_title = figures["layer-time"]._suptitle.get_text()
         self.assertIn("JAX 0.4.30", layer_title)
         self.assertNotIn("Fixture CPU", layer_title)
