@@ -222,7 +222,8 @@ class NoiseTest(unittest.TestCase):
     def test_a_a_shifts_that_the_u_test_called_slower_are_unsure(self):
         # Two cases of two back-to-back runs of one binary on a shared 2-core machine (5 samples
         # each): the U test gave p = 0.008 and 0.016, so both were SLOWER and the A/A run failed.
-        # Their intervals reach back under +5%: one run's samples do not show a regression.
+        # Their intervals reach back under +5% (the threshold then): one run's samples do not show
+        # a regression.
         wild = fx.is_case(impl="chunked", mode="fwd", seq=512, dim=64)
         drift = fx.is_case(impl="chunked", mode="fwd_bwd", seq=2048, dim=64)
         base, new = copy.deepcopy(self.base_doc), copy.deepcopy(self.base_doc)
@@ -230,7 +231,7 @@ class NoiseTest(unittest.TestCase):
         fx.set_samples(fx.find(new, wild), [0.7302, 0.76, 0.5697, 0.3535, 0.3507])
         fx.set_samples(fx.find(base, drift), [4.5388, 4.6597, 4.6818, 4.5769, 4.5471])
         fx.set_samples(fx.find(new, drift), [5.1488, 5.0474, 5.0008, 4.8461, 4.6703])
-        proc, doc = self.compare(base, new)
+        proc, doc = self.compare(base, new, "--threshold", "5%")
         self.assertEqual(proc.returncode, 0, proc.stdout)
         for predicate, change in ((wild, 64.3), (drift, 9.3)):
             case = self.case(doc, predicate)
@@ -241,7 +242,7 @@ class NoiseTest(unittest.TestCase):
         self.assertEqual(doc["counts"]["SLOWER"], 0)
         self.assertEqual(doc["counts"]["UNSURE"], 2)
         self.assertIn("UNSURE", proc.stdout)
-        proc, doc = self.compare(base, new, "--strict")
+        proc, doc = self.compare(base, new, "--threshold", "5%", "--strict")
         self.assertEqual(proc.returncode, 1, proc.stdout)
         self.assertEqual(doc["exit_status"], 1)
 
@@ -271,10 +272,10 @@ class NoiseTest(unittest.TestCase):
         self.assertEqual({c["verdict"] for c in doc["cases"]} - {"SLOWER"}, {"SAME", "SKIPPED"})
 
     def test_a_change_past_the_threshold_with_an_interval_across_it_is_unsure(self):
-        # +6% with 1% noise and 7 samples: the interval reaches under +5%.
+        # +6% with 2% noise and 7 samples: the interval reaches under +5%.
         planted = fx.is_case(impl="chunked", mode="fwd", seq=2048, dim=32)
         new = fx.variant(self.base_doc, seed=34, scale=1.06, noise=0.02, only=planted)
-        proc, doc = self.compare(self.base_doc, new)
+        proc, doc = self.compare(self.base_doc, new, "--threshold", "5%")
         case = self.case(doc, planted)
         self.assertGreater(case["change_pct"], 5)
         self.assertLess(case["interval_pct"][0], 5)
@@ -286,7 +287,7 @@ class NoiseTest(unittest.TestCase):
         _, first = self.compare(self.base_doc, new)
         _, second = self.compare(self.base_doc, new)
         self.assertEqual([c["interval_pct"] for c in first["cases"]], [c["interval_pct"] for c in second["cases"]])
-        self.assertEqual(first["bootstrap"], 10000)
+        self.assertEqual((first["bootstrap"], first["threshold_pct"], first["confidence_pct"]), (10000, 10, 95))
         _, fewer = self.compare(self.base_doc, new, "--bootstrap", "500")
         self.assertEqual(fewer["bootstrap"], 500)
         self.assertNotEqual([c["interval_pct"] for c in first["cases"]], [c["interval_pct"] for c in fewer["cases"]])
@@ -331,6 +332,15 @@ class NoiseTest(unittest.TestCase):
         doc["device"]["lattnbench_version"] = "0.0.9"
         proc, _ = self.compare(doc, self.base_doc)
         self.assertIn("[lattnbench 0.0.9, schema 1.0.0; ", proc.stdout.splitlines()[0])
+
+
+    def test_the_files_own_warnings_are_printed_with_the_verdicts(self):
+        base, new = copy.deepcopy(self.base_doc), fx.variant(self.base_doc, seed=39)
+        new["warnings"] = ["the machine is loaded (1-minute load average 12.84 on 2 cores): timings may be noisy"]
+        proc, result = self.compare(base, new)
+        self.assertIn("NEW warning: the machine is loaded (1-minute load average 12.84 on 2 cores)", proc.stdout)
+        self.assertNotIn("BASE warning", proc.stdout)
+        self.assertEqual(result["new"]["warnings"], new["warnings"])
 
 
 def record_label(record):
