@@ -23,7 +23,6 @@ import os
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 
 import lattn_results as lr

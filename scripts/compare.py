@@ -176,10 +176,10 @@ class Options:
 class Interval:
     """What is known about the ratio of two records' metric (second over first).
 
-    kind: "CI" (bootstrap confidence interval over samples_ms), "IQR" (no samples, quartiles
-    recorded: from the first's q3 and the second's q1 to the first's q1 and the second's q3, the
-    ratio of two values each inside its record's middle half), or "none" (too few samples and no
-    quartiles: nothing to say; `why` tells).
+    kind: "CI" (bootstrap confidence interval over samples_ms), "IQR" (a side without samples,
+    quartiles on both: from the first's q3 and the second's q1 to the first's q1 and the second's
+    q3, the ratio of two values each inside its record's middle half), or "none" (too few samples
+    and no quartiles: nothing to say; `why` tells).
     """
     kind: str
     low: float | None = None
@@ -230,7 +230,8 @@ def ratio_interval(first, second, options, seed_text):
         low, high = np.quantile(second_stats / first_stats, [options.alpha / 2, 1 - options.alpha / 2])
         return Interval("CI", float(low), float(high))
     quartiles = [lr.number(r.get(k)) for r in (first, second) for k in ("q1_ms", "q3_ms")]
-    if a is None and b is None and None not in quartiles and min(quartiles) > 0:
+    # A side without samples (the reference file) is read by its quartiles, and so is the other.
+    if (a is None or b is None) and None not in quartiles and min(quartiles) > 0:
         first_q1, first_q3, second_q1, second_q3 = quartiles
         return Interval("IQR", second_q1 / first_q3, second_q3 / first_q1)
     if a is not None or b is not None:

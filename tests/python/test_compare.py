@@ -334,6 +334,18 @@ class NoiseTest(unittest.TestCase):
         self.assertIn("[lattnbench 0.0.9, schema 1.0.0; ", proc.stdout.splitlines()[0])
 
 
+    def test_a_reference_file_is_read_by_its_quartiles(self):
+        # No samples_ms on the reference side: both records' quartile ranges give the interval.
+        planted = fx.is_case(impl="chunked", mode="fwd_bwd", seq=2048, dim=64)
+        new = fx.variant(self.base_doc, seed=42, scale=1.3, only=planted)
+        proc, doc = self.compare(fx.reference_format(self.base_doc), new, "--ignore-device")
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        kinds = {c["interval_kind"] for c in doc["cases"] if c["verdict"] != "SKIPPED" and c["new"] is not None}
+        self.assertEqual(kinds, {"IQR"})
+        slow = next(c for c in doc["cases"] if c["case"].get("impl") == "chunked" and c["case"].get("mode") == "fwd_bwd"
+                    and c["case"].get("seq") == 2048 and c["case"].get("dim") == 64)
+        self.assertEqual(slow["verdict"], "SLOWER")
+
     def test_the_files_own_warnings_are_printed_with_the_verdicts(self):
         base, new = copy.deepcopy(self.base_doc), fx.variant(self.base_doc, seed=39)
         new["warnings"] = ["the machine is loaded (1-minute load average 12.84 on 2 cores): timings may be noisy"]

@@ -2,7 +2,6 @@
 line on stderr and exit status 2, never a traceback."""
 
 import copy
-import json
 import os
 import tempfile
 import unittest
