@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Run two or more lattnbench binaries in turn on the same cases, round after round, and give per
-case each binary's median over the rounds of its median_ms and its speed-up over the first.
+case each binary's median over the rounds of its median_ms, its speed-up over the first, and the
+spread of that speed-up: the interquartile range of the per-round ratios (first binary's time over
+this one's in the same round). Rows are in shape order (suite, mode, dims, seq, impl).
 
     ab.py [--rounds 5] [--md FILE] [--json FILE] BASE_BIN NEW_BIN [MORE_BIN...] -- LATTNBENCH_ARGS...
 
@@ -21,7 +23,6 @@ import os
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 
 import lattn_results as lr
@@ -75,6 +76,30 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+def iqr(values):
+    """[q1, q3] by linear interpolation between closest ranks (as lattnbench's own quartiles), or
+    None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]
+
+
+# The row order: shape first, so scan and chunked of one shape sit together and seq rises down a
+# series; absent keys (no window in a kernel case) sort first.
+SHAPE_ORDER = ("suite", "mode", "backend", "dtype", "decay", "batch", "heads", "dim", "head_dim", "window",
+               "chunk", "seq", "impl")
+
+
+def shape_sort_key(key):
+    values = lr.key_as_dict(key)
+    return tuple((0, "") if values.get(k) is None else (1, values[k]) for k in SHAPE_ORDER)
+
+
+def format_spread(value, spread):
+    return f"{value:.3f}x" + ("" if spread is None else f" ({spread[0]:.3f}-{spread[1]:.3f})")
+
+
 def main(argv):
     args = parse(argv)
     names = [shlex.join([os.path.basename(c[0]), *c[1:]]) for c in args.commands]
@@ -82,7 +107,7 @@ def main(argv):
         names = list(args.binaries)
     if len(set(names)) < len(names):  # one binary given twice: an A/A run, which says what noise is
         names = [f"{i + 1}:{b}" for i, b in enumerate(args.binaries)]
-    times = {}  # case key -> binary index -> [median_ms per round]
+    times = {}  # case key -> binary index -> {round: median_ms}
     labels = {}
     with tempfile.TemporaryDirectory(prefix="lattn-ab-") as tmp:
         for round_index in range(args.rounds):
@@ -93,28 +118,43 @@ def main(argv):
                     if value is None or value <= 0:
                         continue
                     labels.setdefault(key, lr.describe_case(record))
-                    times.setdefault(key, {}).setdefault(index, []).append(value)
+                    times.setdefault(key, {}).setdefault(index, {})[round_index] = value
 
     cases = []
-    for key in sorted(times, key=lambda k: labels[k]):
+    round_ratios = {}  # (binary index, round) -> [that round's ratio for each case]
+    for key in sorted(times, key=shape_sort_key):
         per = times[key]
         if len(per) < len(args.binaries):
             continue  # a case some binary did not run ok: nothing to set it against
-        medians = [statistics.median(per[i]) for i in range(len(args.binaries))]
+        medians = [statistics.median(per[i].values()) for i in range(len(args.binaries))]
+        ratios = {}
+        for i in range(len(args.binaries)):
+            rounds = sorted(set(per[0]) & set(per[i]))
+            ratios[names[i]] = [per[0][r] / per[i][r] for r in rounds]
+            for r in rounds:
+                round_ratios.setdefault((i, r), []).append(per[0][r] / per[i][r])
         cases.append({"case": lr.key_as_dict(key), "label": labels[key],
                       "median_ms": dict(zip(names, medians)),
                       "speedup": dict(zip(names, (medians[0] / m for m in medians))),
-                      "rounds_ms": {names[i]: per[i] for i in range(len(args.binaries))}})
+                      "speedup_iqr": {n: iqr(ratios[n]) for n in names},
+                      "rounds_speedup": ratios,
+                      "rounds_ms": {names[i]: [per[i][r] for r in sorted(per[i])] for i in range(len(args.binaries))}})
     if not cases:
         lr.fail("ab.py", "no case ran ok under every binary")
     overall = {n: geomean([c["speedup"][n] for c in cases]) for n in names}
+    # The geometric mean's spread: its value round by round (over the cases that round ran ok).
+    rounds_overall = {n: [geomean(round_ratios[(i, r)]) for r in range(args.rounds) if (i, r) in round_ratios]
+                      for i, n in enumerate(names)}
+    overall_iqr = {n: iqr(rounds_overall[n]) for n in names}
 
-    header = ["case"] + [f"{n} ms" for n in names] + [f"{n} speed-up" for n in names[1:]]
+    header = ["case"] + [f"{n} ms" for n in names] + [f"{n} speed-up (IQR)" for n in names[1:]]
     rows = [[c["label"]] + [f"{c['median_ms'][n]:.4g}" for n in names] +
-            [f"{c['speedup'][n]:.3f}x" for n in names[1:]] for c in cases]
-    rows.append(["geometric mean"] + [""] * len(names) + [f"{overall[n]:.3f}x" for n in names[1:]])
+            [format_spread(c["speedup"][n], c["speedup_iqr"][n]) for n in names[1:]] for c in cases]
+    rows.append(["geometric mean"] + [""] * len(names) +
+                [format_spread(overall[n], overall_iqr[n]) for n in names[1:]])
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    print(f"{args.rounds} round(s), each binary's median over them; speed-up = {names[0]} ms / binary ms")
+    print(f"{args.rounds} round(s), each binary's median over them; speed-up = {names[0]} ms / binary ms; "
+          "IQR = quartiles of the per-round ratios")
     for r in [header] + rows:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
     if args.md:
@@ -123,7 +163,8 @@ def main(argv):
         lr.write_text_atomic(args.md, "\n".join(md) + "\n")
     if args.json:
         doc = {"rounds": args.rounds, "binaries": dict(zip(names, args.binaries)),
-               "lattnbench_args": args.lattnbench_args, "cases": cases, "geomean_speedup": overall}
+               "lattnbench_args": args.lattnbench_args, "cases": cases, "geomean_speedup": overall,
+               "geomean_speedup_iqr": overall_iqr, "rounds_geomean_speedup": rounds_overall}
         lr.write_text_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     return 0
 

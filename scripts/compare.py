@@ -1,17 +1,21 @@
 #!/usr/bin/python3
 """Compare two lattnbench result files case by case, and say whether NEW regressed against BASE.
 
-    compare.py BASE.json NEW.json [--threshold 5%] [--alpha 0.05] [--metric median_ms]
-               [--ignore-device] [--ignore-backend] [--md FILE] [--json FILE]
+    compare.py BASE.json NEW.json [--threshold 10%] [--alpha 0.05] [--bootstrap 10000] [--strict]
+               [--metric median_ms] [--ignore-device] [--ignore-backend] [--md FILE] [--json FILE]
 
-Exit status: 0 no significant slowdown and no failed check (speed-ups never fail), 1 at least one
-SLOWER or FAILED case, 2 bad input. Verdict rules and examples: docs/compare.md.
+A case is SLOWER or FASTER only when its change is past the threshold and so is the whole
+confidence interval of NEW/BASE (a seeded bootstrap over the two records' samples_ms); SAME only
+when that interval lies inside the threshold; UNSURE otherwise, or when too few samples were
+recorded to tell. Exit status: 0 no SLOWER and no FAILED case (speed-ups never fail; UNSURE fails
+only under --strict), 1 at least one SLOWER or FAILED case, 2 bad input. Rules: docs/compare.md.
 """
 
 import argparse
 import json
 import math
 import sys
+import zlib
 from dataclasses import dataclass
 
 import lattn_results as lr
@@ -21,12 +25,25 @@ EXIT_REGRESSION = 1
 
 TIME_METRICS = ("median_ms", "mean_ms", "min_ms", "max_ms", "q1_ms", "q3_ms")
 
-# The Mann-Whitney U test needs a few samples on each side to say anything.
-MIN_SAMPLES_FOR_U = 3
+DEFAULT_THRESHOLD = "10%"   # two runs on a shared VM drift 5-12% per case: docs/compare.md
+DEFAULT_ALPHA = 0.05         # a 95% confidence interval
+DEFAULT_BOOTSTRAP = 10000    # resamples per interval
 
-VERDICT_ORDER = ("SLOWER", "FAILED", "FASTER", "SAME", "NEW", "GONE", "SKIPPED")
+# Below this many samples on either side the bootstrap's interval is mostly the samples' own
+# extremes (with 3, a resampled median is the smallest sample a quarter of the time): no verdict.
+MIN_SAMPLES = 5
+
+# Every interval is drawn from its own generator, seeded from this and the case's name: the same
+# two files give the same verdicts on every run, whatever other cases they hold.
+BOOTSTRAP_SEED = 20240601
+
+# The statistic each --metric is of, for resampling the samples.
+_STATISTICS = {"median_ms": ("median", None), "mean_ms": ("mean", None), "min_ms": ("min", None),
+               "max_ms": ("max", None), "q1_ms": ("percentile", 25), "q3_ms": ("percentile", 75)}
+
+VERDICT_ORDER = ("SLOWER", "FAILED", "UNSURE", "FASTER", "SAME", "NEW", "GONE", "SKIPPED")
 REGRESSIONS = {"SLOWER", "FAILED"}
-TIMED_VERDICTS = {"SAME", "FASTER", "SLOWER"}
+TIMED_VERDICTS = {"SAME", "FASTER", "SLOWER", "UNSURE"}
 
 
 @dataclass
@@ -37,7 +54,8 @@ class Row:
     base_value: float | None = None
     new_value: float | None = None
     test: str = ""
-    p_value: float | None = None
+    interval: tuple | None = None    # (low, high) bounds of NEW/BASE; see Interval
+    interval_kind: str = ""
     base_temp_mb: float | None = None
     new_temp_mb: float | None = None
     note: str = ""
@@ -56,6 +74,8 @@ class Comparison:
     metric: str
     threshold: float           # a fraction: 0.05 is 5%
     alpha: float
+    bootstrap: int
+    strict: bool
     backend_ignored_because: str | None
     devices_differ: bool
     rows: list
@@ -74,8 +94,12 @@ class Comparison:
         return any(row.verdict in REGRESSIONS for row in self.rows)
 
     @property
+    def unsure(self):
+        return any(row.verdict == "UNSURE" for row in self.rows)
+
+    @property
     def exit_status(self):
-        return EXIT_REGRESSION if self.regressed else EXIT_OK
+        return EXIT_REGRESSION if self.regressed or (self.strict and self.unsure) else EXIT_OK
 
     @property
     def matched_ratios(self):
@@ -94,9 +118,14 @@ class Comparison:
     def summary(self):
         counts = self.counts
         shown = ", ".join(f"{counts[v]} {v}" for v in VERDICT_ORDER if counts[v] or v in REGRESSIONS)
-        head = "REGRESSION" if self.regressed else "no significant regression"
+        if self.regressed:
+            head = "REGRESSION"
+        elif self.unsure:
+            head = "UNSURE (--strict)" if self.strict else "no significant regression, some cases UNSURE"
+        else:
+            head = "no significant regression"
         return (f"{head}: {shown} ({self.metric}, threshold {format_pct(self.threshold)}, "
-                f"alpha {self.alpha:g})")
+                f"{format_pct(1 - self.alpha)} confidence)")
 
 
 def parse_threshold(text):
@@ -121,34 +150,108 @@ def parse_alpha(text):
     return value
 
 
+def parse_bootstrap(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"bad bootstrap count {text!r}: must be an integer >= 100")
+    return value
+
+
 def format_pct(fraction):
     return f"{fraction * 100:g}%"
 
 
-def significance(base, new, alpha):
-    """(significant, test label, p-value or None) for the difference between two records' times."""
-    base_samples, new_samples = base.get("samples_ms"), new.get("samples_ms")
-    if _usable_samples(base_samples) and _usable_samples(new_samples):
-        # Imported here so that reading files and printing errors works without SciPy.
+@dataclass
+class Options:
+    metric: str
+    threshold: float
+    alpha: float
+    bootstrap: int
+
+
+@dataclass
+class Interval:
+    """What is known about the ratio of two records' metric (second over first).
+
+    kind: "CI" (bootstrap confidence interval over samples_ms), "IQR" (a side without samples,
+    quartiles on both: from the first's q3 and the second's q1 to the first's q1 and the second's
+    q3, the ratio of two values each inside its record's middle half), or "none" (too few samples
+    and no quartiles: nothing to say; `why` tells).
+    """
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    why: str = ""
+
+    @property
+    def known(self):
+        return self.low is not None
+
+    def label(self, alpha):
+        if not self.known:
+            return self.why
+        name = f"{format_pct(1 - alpha)} CI" if self.kind == "CI" else "IQR"
+        return f"{name} {(self.low - 1) * 100:+.1f}..{(self.high - 1) * 100:+.1f}%"
+
+
+def _samples(record):
+    samples = record.get("samples_ms")
+    if not isinstance(samples, list):
+        return None
+    values = [lr.number(s) for s in samples]
+    return values if values and all(v is not None and v > 0 for v in values) else None
+
+
+def _statistic(values, metric):
+    import numpy as np
+    name, q = _STATISTICS[metric]
+    if name == "percentile":
+        return np.percentile(values, q, axis=1)
+    return getattr(np, name)(values, axis=1)
+
+
+def ratio_interval(first, second, options, seed_text):
+    """The Interval of second's metric over first's."""
+    a, b = _samples(first), _samples(second)
+    if a is not None and b is not None and min(len(a), len(b)) >= MIN_SAMPLES:
+        # Imported here so that reading files and printing errors works without numpy.
         try:
-            from scipy.stats import mannwhitneyu
+            import numpy as np
         except ImportError:
-            raise lr.ResultFileError("SciPy is needed for the U test over samples_ms "
-                                     "(Debian: apt-get install python3-scipy)") from None
-        p = float(mannwhitneyu(base_samples, new_samples, alternative="two-sided").pvalue)
-        label = f"U p={p:.3f}" if p >= 0.001 else "U p<0.001"
-        return p < alpha, label, p
-    quartiles = [lr.number(r.get(k)) for r in (base, new) for k in ("q1_ms", "q3_ms")]
-    if None not in quartiles:
-        base_q1, base_q3, new_q1, new_q3 = quartiles
-        return new_q1 > base_q3 or new_q3 < base_q1, "IQR", None
-    # Nothing about the spread was recorded: the threshold alone decides.
-    return True, "none", None
+            raise lr.ResultFileError("numpy is needed for the bootstrap over samples_ms "
+                                     "(Debian: apt-get install python3-numpy)") from None
+        rng = np.random.default_rng([BOOTSTRAP_SEED, zlib.crc32(seed_text.encode("utf-8"))])
+        a, b = np.asarray(a), np.asarray(b)
+        first_stats = _statistic(a[rng.integers(0, len(a), (options.bootstrap, len(a)))], options.metric)
+        second_stats = _statistic(b[rng.integers(0, len(b), (options.bootstrap, len(b)))], options.metric)
+        low, high = np.quantile(second_stats / first_stats, [options.alpha / 2, 1 - options.alpha / 2])
+        return Interval("CI", float(low), float(high))
+    quartiles = [lr.number(r.get(k)) for r in (first, second) for k in ("q1_ms", "q3_ms")]
+    # A side without samples (the reference file) is read by its quartiles, and so is the other.
+    if (a is None or b is None) and None not in quartiles and min(quartiles) > 0:
+        first_q1, first_q3, second_q1, second_q3 = quartiles
+        return Interval("IQR", second_q1 / first_q3, second_q3 / first_q1)
+    if a is not None or b is not None:
+        counts = "+".join(str(len(s)) if s else "0" for s in (a, b))
+        return Interval("none", why=f"too few samples ({counts}; {MIN_SAMPLES} a side decide)")
+    return Interval("none", why="no spread recorded")
 
 
-def _usable_samples(samples):
-    return (isinstance(samples, list) and len(samples) >= MIN_SAMPLES_FOR_U
-            and all(lr.number(s) is not None for s in samples))
+def verdict(ratio, interval, threshold):
+    """SLOWER/FASTER: the change and its whole interval past the threshold; SAME: the interval
+    inside it; UNSURE: anything else, including no interval at all."""
+    if not interval.known:
+        return "UNSURE"
+    if ratio > 1 + threshold and interval.low > 1 + threshold:
+        return "SLOWER"
+    if ratio < 1 - threshold and interval.high < 1 - threshold:
+        return "FASTER"
+    if interval.low >= 1 - threshold and interval.high <= 1 + threshold:
+        return "SAME"
+    return "UNSURE"
 
 
 def failed_check(record):
@@ -161,11 +264,12 @@ def failed_check(record):
     return ""
 
 
-def judge(key, base, new, metric, threshold, alpha, ignore):
+def judge(key, base, new, options, ignore):
     record = new if new is not None else base
     row = Row(key, lr.describe_case(record, ignore), verdict="SAME",
               base_temp_mb=lr.number(base.get("temp_mb")) if base else None,
               new_temp_mb=lr.number(new.get("temp_mb")) if new else None)
+    metric = options.metric
     if base is None:
         row.verdict, row.new_value = "NEW", lr.number(new.get(metric))
         return row
@@ -181,21 +285,25 @@ def judge(key, base, new, metric, threshold, alpha, ignore):
         row.verdict = "SKIPPED"
         row.note = new.get("skip_reason") or base.get("skip_reason") or f"no {metric} on one side"
     else:
-        significant, row.test, row.p_value = significance(base, new, alpha)
-        change = row.new_value / row.base_value - 1
-        if abs(change) > threshold and significant:
-            row.verdict = "SLOWER" if change > 0 else "FASTER"
+        interval = ratio_interval(base, new, options, row.label)
+        row.test = interval.label(options.alpha)
+        row.interval = (interval.low, interval.high) if interval.known else None
+        row.interval_kind = interval.kind
+        row.verdict = verdict(row.ratio, interval, options.threshold)
         # Same case, different algorithm for the backward's chunk states: say so beside the verdict.
         if base.get("bwd_states") and new.get("bwd_states") and base["bwd_states"] != new["bwd_states"]:
             row.note = f"bwd_states {base['bwd_states']} -> {new['bwd_states']}"
     return row
 
 
-def fastest_impls(result_file, metric, ignore):
-    """Per shape and mode (the identity without impl): the fastest impl and its margin.
+def fastest_impls(result_file, options, ignore):
+    """Per shape and mode (the identity without impl): the fastest impl, its margin over the
+    runner-up and how sure that is: `clear` when the interval of runner-up / fastest lies above 1,
+    `tie` when it reaches down to 1 (the order is within noise), `unknown` without an interval.
 
     Records whose check failed are left out: a kernel that computes the wrong answer wins nothing.
     """
+    metric = options.metric
     groups = {}
     for record in result_file.records:
         if record.get("status") == "ok" and not failed_check(record) and lr.number(record.get(metric)):
@@ -205,11 +313,16 @@ def fastest_impls(result_file, metric, ignore):
         if len({r.get("impl") for r in records}) < 2:
             continue
         best, runner_up = sorted(records, key=lambda r: r[metric])[:2]
+        shape = lr.describe_case(best, ignore | {"impl"})
+        interval = ratio_interval(best, runner_up, options, f"{shape} {best['impl']} {runner_up['impl']}")
+        confidence = "unknown" if not interval.known else "clear" if interval.low > 1 else "tie"
         winners.append({
-            "shape": lr.describe_case(best, ignore | {"impl"}),
+            "shape": shape,
             "series_key": lr.case_key(best, ignore | {"impl", "seq"}),
             "seq": best.get("seq"), "winner": best["impl"], "runner_up": runner_up["impl"],
             "factor": runner_up[metric] / best[metric],
+            "confidence": confidence, "interval_kind": interval.kind,
+            "factor_low": interval.low, "factor_high": interval.high,
             "winner_temp_mb": lr.number(best.get("temp_mb")),
             "runner_up_temp_mb": lr.number(runner_up.get("temp_mb")),
         })
@@ -217,7 +330,11 @@ def fastest_impls(result_file, metric, ignore):
 
 
 def crossovers(winners, ignore):
-    """Where the fastest impl changes as seq grows, per series (the shape without seq)."""
+    """Where the fastest impl changes as seq grows, per series (the shape without seq).
+
+    Only clear winners count: a tie (or a point without an interval) sits between two winners
+    without making or breaking a crossover, and is listed under `ties`.
+    """
     series = {}
     for w in winners:
         if lr.number(w["seq"]) is not None:
@@ -228,17 +345,21 @@ def crossovers(winners, ignore):
             continue
         points.sort(key=lambda w: w["seq"])
         label = lr.describe_case(lr.key_as_dict(series_key), ignore | {"impl"})
-        changes = [(a, b) for a, b in zip(points, points[1:]) if a["winner"] != b["winner"]]
+        decided = [w for w in points if w["confidence"] == "clear"]
+        changes = [(a, b) for a, b in zip(decided, decided[1:]) if a["winner"] != b["winner"]]
         found.append({
             "series": label, "seqs": [w["seq"] for w in points],
+            "points": [{"seq": w["seq"], "fastest": w["winner"] if w["confidence"] == "clear" else w["confidence"]}
+                       for w in points],
             "changes": [{"from": a["winner"], "to": b["winner"], "last_seq_before": a["seq"],
                          "crossover_seq": b["seq"]} for a, b in changes],
-            "winner": points[0]["winner"] if not changes else None,
+            "winner": decided[0]["winner"] if decided and not changes else None,
+            "ties": [w["seq"] for w in points if w["confidence"] != "clear"],
         })
     return found
 
 
-def compare(base, new, metric, threshold, alpha, ignore_backend, ignore_device):
+def compare(base, new, options, ignore_backend, ignore_device, strict=False):
     if not base.same_device(new) and not ignore_device:
         raise lr.ResultFileError(f"devices differ: BASE is {base.fingerprint}, NEW is {new.fingerprint} "
                                  "(pass --ignore-device to compare anyway)")
@@ -252,12 +373,12 @@ def compare(base, new, metric, threshold, alpha, ignore_backend, ignore_device):
 
     base_index, new_index = lr.index_by_case(base, ignore), lr.index_by_case(new, ignore)
     keys = list(base_index) + [k for k in new_index if k not in base_index]
-    rows = [judge(k, base_index.get(k), new_index.get(k), metric, threshold, alpha, ignore) for k in keys]
-    winners = fastest_impls(new, metric, ignore)
+    rows = [judge(k, base_index.get(k), new_index.get(k), options, ignore) for k in keys]
+    winners = fastest_impls(new, options, ignore)
     # True only under --ignore-device: differing devices were refused above otherwise.
     devices_differ = not base.same_device(new)
-    return Comparison(base, new, metric, threshold, alpha, reason, devices_differ, rows, winners,
-                      crossovers(winners, ignore))
+    return Comparison(base, new, options.metric, options.threshold, options.alpha, options.bootstrap, strict,
+                      reason, devices_differ, rows, winners, crossovers(winners, ignore))
 
 
 # ---- output ------------------------------------------------------------------------------------
@@ -273,7 +394,7 @@ def _change(row):
 def table(comparison):
     """Header and rows of the per-case table; the last row is the geometric mean."""
     unit = comparison.metric
-    header = ["case", f"base {unit}", f"new {unit}", "change", "test", "verdict"]
+    header = ["case", f"base {unit}", f"new {unit}", "change", "interval", "verdict"]
     if comparison.has_memory:
         header += ["base temp_mb", "new temp_mb"]
     header.append("note")
@@ -291,6 +412,17 @@ def table(comparison):
     return header, rows
 
 
+def _factor_interval(w, alpha):
+    if w["factor_low"] is None:
+        return "no interval"
+    name = f"{format_pct(1 - alpha)} CI" if w["interval_kind"] == "CI" else "IQR"
+    return f"{name} {w['factor_low']:.2f}-{w['factor_high']:.2f}x"
+
+
+def _seq_list(seqs):
+    return ", ".join(f"T={s}" for s in seqs)
+
+
 def winner_lines(comparison):
     lines = []
     for w in comparison.winners:
@@ -298,22 +430,48 @@ def winner_lines(comparison):
         if w["winner_temp_mb"] is not None and w["runner_up_temp_mb"] is not None:
             memory = (f"; temp {w['winner_temp_mb']:.4g} MiB vs {w['runner_up_temp_mb']:.4g} MiB "
                       f"({w['winner_temp_mb'] - w['runner_up_temp_mb']:+.4g} MiB)")
-        lines.append(f"{w['shape']}: {w['winner']} is {w['factor']:.2f}x faster than "
-                     f"{w['runner_up']}{memory}")
+        spread = _factor_interval(w, comparison.alpha)
+        if w["confidence"] == "clear":
+            lines.append(f"{w['shape']}: {w['winner']} is {w['factor']:.2f}x faster than "
+                         f"{w['runner_up']} ({spread}){memory}")
+        elif w["confidence"] == "tie":
+            lines.append(f"{w['shape']}: tie: {w['winner']} and {w['runner_up']} within noise "
+                         f"({w['factor']:.2f}x, {spread}){memory}")
+        else:
+            why = ratio_label_without_interval(w)
+            lines.append(f"{w['shape']}: {w['winner']} {w['factor']:.2f}x ahead of {w['runner_up']}, "
+                         f"unsure ({why}){memory}")
     for c in comparison.crossovers:
+        ties = f"; tie or unsure at {_seq_list(c['ties'])}" if c["ties"] else ""
         if c["changes"]:
             steps = ", ".join(f"{ch['from']} -> {ch['to']} at T={ch['crossover_seq']} "
                               f"(after T={ch['last_seq_before']})" for ch in c["changes"])
-            lines.append(f"crossover {c['series']}: {steps}")
-        else:
+            lines.append(f"crossover {c['series']}: {steps}{ties}")
+        elif c["winner"] is not None and not c["ties"]:
             lines.append(f"no crossover {c['series']}: {c['winner']} fastest at every T "
+                         f"from {c['seqs'][0]} to {c['seqs'][-1]}")
+        elif c["winner"] is not None:
+            won = [p["seq"] for p in c["points"] if p["fastest"] == c["winner"]]
+            lines.append(f"no crossover {c['series']}: {c['winner']} fastest at {_seq_list(won)}{ties}")
+        else:
+            lines.append(f"no clear winner {c['series']}: tie or unsure at every T "
                          f"from {c['seqs'][0]} to {c['seqs'][-1]}")
     return lines
 
 
+def ratio_label_without_interval(winner):
+    return "too few samples" if winner["interval_kind"] == "none" else "no spread recorded"
+
+
 def header_lines(comparison):
-    lines = [f"BASE {comparison.base.path} [{comparison.base.format_name}, {comparison.base.fingerprint}]",
-             f"NEW  {comparison.new.path} [{comparison.new.format_name}, {comparison.new.fingerprint}]"]
+    lines = [f"BASE {comparison.base.path} [{comparison.base.format_name}; {comparison.base.fingerprint}]",
+             f"NEW  {comparison.new.path} [{comparison.new.format_name}; {comparison.new.fingerprint}]"]
+    # lattnbench's own warnings (a loaded machine, a spread sgemm peak): the likeliest reason a
+    # whole run moved, printed where the verdicts are read.
+    for name, f in (("BASE", comparison.base), ("NEW", comparison.new)):
+        warnings = f.raw.get("warnings")
+        for warning in warnings if isinstance(warnings, list) else []:
+            lines.append(f"{name} warning: {warning}")
     if comparison.backend_ignored_because:
         lines.append(f"backend ignored when matching cases: {comparison.backend_ignored_because}")
     if comparison.devices_differ:
@@ -342,7 +500,8 @@ def render_text(comparison):
 
 def render_markdown(comparison):
     header, rows = table(comparison)
-    icon = ":x:" if comparison.regressed else ":white_check_mark:"
+    icon = (":x:" if comparison.exit_status != EXIT_OK else
+            ":grey_question:" if comparison.unsure else ":white_check_mark:")
     out = [f"{icon} **{comparison.summary()}**", ""]
     out += [f"`{line}`  " for line in header_lines(comparison)] + [""]
 
@@ -352,6 +511,8 @@ def render_markdown(comparison):
             return f"`{text}`"
         if column == 5 and text in REGRESSIONS:
             return f"**{text}**"
+        if column == 5 and text == "UNSURE":
+            return f"_{text}_"
         return text
 
     out.append("| " + " | ".join(header) + " |")
@@ -368,18 +529,23 @@ def render_markdown(comparison):
 
 def render_json(comparison):
     def file_block(f):
-        return {"path": f.path, "format": f.format_name, "device": f.fingerprint}
+        return {"path": f.path, "format": f.format_name, "version": f.raw.get("version"),
+                "schema_version": f.raw.get("schema_version"), "device": f.fingerprint,
+                "warnings": f.raw.get("warnings") if isinstance(f.raw.get("warnings"), list) else []}
 
     doc = {
         "base": file_block(comparison.base), "new": file_block(comparison.new),
         "metric": comparison.metric, "threshold_pct": comparison.threshold * 100,
-        "alpha": comparison.alpha, "backend_ignored_because": comparison.backend_ignored_because,
+        "alpha": comparison.alpha, "confidence_pct": (1 - comparison.alpha) * 100,
+        "bootstrap": comparison.bootstrap, "bootstrap_seed": BOOTSTRAP_SEED, "min_samples": MIN_SAMPLES,
+        "strict": comparison.strict, "backend_ignored_because": comparison.backend_ignored_because,
         "devices_differ": comparison.devices_differ,
         "cases": [{
             "case": lr.key_as_dict(r.key), "label": r.label, "verdict": r.verdict,
             "base": r.base_value, "new": r.new_value,
             "change_pct": None if r.ratio is None else (r.ratio - 1) * 100,
-            "test": r.test, "p_value": r.p_value,
+            "test": r.test, "interval_kind": r.interval_kind,
+            "interval_pct": None if r.interval is None else [(v - 1) * 100 for v in r.interval],
             "base_temp_mb": r.base_temp_mb, "new_temp_mb": r.new_temp_mb, "note": r.note,
         } for r in comparison.rows],
         "matched": len(comparison.matched_ratios), "geomean_ratio": comparison.geomean_ratio,
@@ -395,10 +561,13 @@ def main(argv):
     parser = lr.ArgumentParser(description="Compare two lattnbench result files (docs/compare.md).")
     parser.add_argument("base", metavar="BASE.json")
     parser.add_argument("new", metavar="NEW.json")
-    parser.add_argument("--threshold", type=parse_threshold, default=parse_threshold("5%"),
-                        help="smallest change that counts, e.g. 5%% (default 5%%)")
-    parser.add_argument("--alpha", type=parse_alpha, default=0.05,
-                        help="significance level of the Mann-Whitney U test (default 0.05)")
+    parser.add_argument("--threshold", type=parse_threshold, default=parse_threshold(DEFAULT_THRESHOLD),
+                        help="smallest change that counts, e.g. 5%% (default " + DEFAULT_THRESHOLD.replace("%", "%%") + ")")
+    parser.add_argument("--alpha", type=parse_alpha, default=DEFAULT_ALPHA,
+                        help=f"1 - the confidence level of the intervals (default {DEFAULT_ALPHA}: 95%%)")
+    parser.add_argument("--bootstrap", type=parse_bootstrap, default=DEFAULT_BOOTSTRAP, metavar="N",
+                        help=f"resamples per bootstrap interval (default {DEFAULT_BOOTSTRAP})")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on an UNSURE case too")
     parser.add_argument("--metric", choices=TIME_METRICS, default="median_ms")
     parser.add_argument("--ignore-device", action="store_true", help="compare files from different devices")
     parser.add_argument("--ignore-backend", action="store_true", help="match cases across backends")
@@ -406,8 +575,9 @@ def main(argv):
     parser.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
     args = parser.parse_args(argv)
 
-    comparison = compare(lr.load(args.base), lr.load(args.new), args.metric, args.threshold,
-                         args.alpha, args.ignore_backend, args.ignore_device)
+    options = Options(args.metric, args.threshold, args.alpha, args.bootstrap)
+    comparison = compare(lr.load(args.base), lr.load(args.new), options, args.ignore_backend,
+                         args.ignore_device, args.strict)
     sys.stdout.write(render_text(comparison))
     if args.md:
         lr.write_text_atomic(args.md, render_markdown(comparison))

@@ -49,7 +49,12 @@ class ResultFile:
 
     @property
     def format_name(self):
-        return "reference (JAX)" if self.is_reference else f"lattnbench {self.raw['schema_version']}"
+        """'lattnbench 0.1.0, schema 1.0.0': the program's version (the file's `version`, else the
+        device block's `lattnbench_version`) and the result file's schema_version, each named."""
+        if self.is_reference:
+            return "reference (JAX)"
+        version = self.raw.get("version") or self.device.get("lattnbench_version") or "version unknown"
+        return f"lattnbench {version}, schema {self.raw['schema_version']}"
 
     @property
     def fingerprint(self):

@@ -6,7 +6,8 @@
 Each input carries a top-level `shard: {"index": K, "count": N}` and the same `config` (apart
 from any `shard` key), schema major version and device. The merge refuses (exit 2) a case that
 appears twice and inputs that disagree on any of those. Records are ordered by `plan_index` when
-every record carries one, else kept in input order. Details: docs/compare.md.
+every record carries one, else kept in input order, and `totals` and `summary` are recomputed over
+them (`summary` as src/summary.cpp's build_summary writes it). Details: docs/compare.md.
 """
 
 import json
@@ -78,6 +79,73 @@ def merged_records(files):
     return merged
 
 
+# src/summary.cpp: the keys that make two records the same shape, apart from impl (and, for the
+# crossovers, seq).
+SUMMARY_SHAPE_KEYS = ("suite", "mode", "backend", "dtype", "decay", "batch", "heads", "dim", "chunk",
+                      "window", "head_dim", "seq")
+
+
+def _sorted_object(pairs):
+    # lattnbench writes JSON objects with their keys in byte order (nlohmann::json's std::map).
+    return dict(sorted(dict(pairs).items()))
+
+
+def _shape_of(record, with_seq):
+    return _sorted_object((k, record[k]) for k in SUMMARY_SHAPE_KEYS if k in record and (with_seq or k != "seq"))
+
+
+def _shape_text(shape):
+    return json.dumps(shape, sort_keys=True, separators=(",", ":"))
+
+
+def build_summary(results):
+    """The `summary` block lattnbench writes over `results` (raw records), ported from
+    src/summary.cpp's build_summary: per shape and mode (every record with a median_ms, skipped ones
+    left out) the fastest impl against the next, then per series (the shape without seq) the
+    winner at each seq and where it changes. Same keys, same order."""
+    by_shape, shape_order = {}, []
+    for r in results:
+        if lr.number(r.get("median_ms")) is None or r.get("status", "") == "skipped":
+            continue
+        key = _shape_text(_shape_of(r, True))
+        if key not in by_shape:
+            shape_order.append(key)
+        by_shape.setdefault(key, []).append(r)
+
+    comparisons, by_series, series_order = [], {}, []
+    for key in shape_order:
+        records = by_shape[key]
+        if len(records) < 2:
+            continue
+        records = sorted(records, key=lambda r: r["median_ms"])
+        best, other = records[0], records[1]
+        c = _sorted_object({
+            **_shape_of(best, True),
+            "fastest": best.get("impl"), "other": other.get("impl"),
+            "fastest_median_ms": best["median_ms"], "other_median_ms": other["median_ms"],
+            "speedup": float(other["median_ms"]) / max(float(best["median_ms"]), 1e-300),
+            "fastest_temp_mb": float(best.get("temp_mb", 0.0)), "other_temp_mb": float(other.get("temp_mb", 0.0)),
+        })
+        comparisons.append(c)
+        series = _shape_text(_shape_of(best, False))
+        if series not in by_series:
+            series_order.append(series)
+        by_series.setdefault(series, []).append(c)
+
+    crossovers = []
+    for series in series_order:
+        points = by_series[series]
+        if len(points) < 2:
+            continue
+        points = sorted(points, key=lambda c: c["seq"])
+        entry = dict(json.loads(series))
+        entry["winners"] = [{"fastest": p["fastest"], "seq": p["seq"]} for p in points]
+        entry["changes"] = [{"after_seq": a["seq"], "by_seq": b["seq"], "from": a["fastest"], "to": b["fastest"]}
+                            for a, b in zip(points, points[1:]) if a["fastest"] != b["fastest"]]
+        crossovers.append(_sorted_object(entry))
+    return {"comparisons": comparisons, "crossovers": crossovers}
+
+
 def merge(files, names):
     check_compatible(files)
     check_shards(files)
@@ -87,6 +155,8 @@ def merge(files, names):
         out["config"] = config_without_shard(files[0])
     out["results"] = [raw for raw, _ in records]
     out["totals"] = lr.totals([record for _, record in records])
+    # Each shard's summary covers its own cases: the merged file's is recomputed over all of them.
+    out["summary"] = build_summary(out["results"])
     out["merged_from"] = names
     return out
 

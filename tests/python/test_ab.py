@@ -140,6 +140,39 @@ class AbTest(unittest.TestCase):
             self.assertEqual(proc.returncode, 2, args)
             self.assertIn(message, proc.stderr, args)
 
+    def test_each_speedup_carries_the_iqr_of_its_per_round_ratios(self):
+        # One binary against itself, the second's rounds at 1, 1.25, 0.8 and 1 times the first's
+        # speed: the medians agree (1.000x) but the per-round ratios spread 0.95-1.0625.
+        a = self.fake("old")
+        b = self.fake("new", round_scales=(1.0, 1.25, 0.8, 1.0))
+        proc, doc = self.run_ab("--rounds", "4", a, b, "--")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for case in doc["cases"]:
+            self.assertAlmostEqual(case["speedup"]["new"], 1.0)
+            self.assertEqual(len(case["rounds_speedup"]["new"]), 4)
+            q1, q3 = case["speedup_iqr"]["new"]
+            self.assertAlmostEqual(q1, 0.95)
+            self.assertAlmostEqual(q3, 1.0625)
+        self.assertEqual(len(doc["rounds_geomean_speedup"]["new"]), 4)
+        q1, q3 = doc["geomean_speedup_iqr"]["new"]
+        self.assertAlmostEqual(q1, 0.95)
+        self.assertAlmostEqual(q3, 1.0625)
+        geomean_row = next(line for line in proc.stdout.splitlines() if line.startswith("geometric mean"))
+        self.assertIn("1.000x (0.950-1.062)", geomean_row)
+        self.assertIn("IQR", proc.stdout.splitlines()[1])
+
+    def test_rows_are_in_shape_order_not_run_order(self):
+        a, b = self.fake("old"), self.fake("new")
+        proc, doc = self.run_ab("--rounds", "1", a, b, "--")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        def shape(r):  # a layer case's identity holds head_dim, not dim
+            return r["suite"], r["mode"], r.get("head_dim") or r["dim"], r["seq"], r["impl"]
+        self.assertEqual([shape(c["case"]) for c in doc["cases"]], sorted(shape(r) for r in self.ok_cases()))
+        # Scan and chunked of one shape sit together, seq rising down a series: the printed rows too.
+        rows = [line.split()[:6] for line in proc.stdout.splitlines()[2:4]]
+        self.assertEqual([r[1] for r in rows], ["chunked", "scan"])
+        self.assertEqual(rows[0][2:], rows[1][2:])
+
     def test_one_binary_twice_is_an_a_a_run(self):
         a = self.fake("same")
         proc, doc = self.run_ab("--rounds", "2", a, a, "--")

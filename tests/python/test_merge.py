@@ -2,10 +2,14 @@
 
 import json
 import os
+import sys
 import tempfile
 import unittest
 
 import fixtures as fx
+
+sys.path.insert(0, fx.SCRIPTS)
+import merge  # noqa: E402  (scripts/merge.py, for its port of src/summary.cpp)
 
 
 class MergeTest(unittest.TestCase):
@@ -87,6 +91,32 @@ class MergeTest(unittest.TestCase):
     def test_shards_of_different_splits_are_refused(self):
         self.shards[1]["shard"]["count"] = 3
         self.assert_refused(self.merge(*self.shards), "shard counts")
+
+    def test_the_summary_is_recomputed_over_the_merged_cases(self):
+        # Shards of a real run, each with the summary lattnbench writes over its own cases: the
+        # merged file's must be the one the unsharded run wrote, not the first shard's.
+        real = fx.load_real()
+        shards = fx.shards(real, 2)
+        for shard in shards:
+            shard["summary"] = merge.build_summary(shard["results"])
+            self.assertNotEqual(shard["summary"], real["summary"])
+        proc = self.merge(*shards)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        merged = self.merged()
+        self.assertEqual(merged["results"], real["results"])
+        self.assertEqual(json.dumps(merged["summary"]), json.dumps(real["summary"]))
+
+    def test_build_summary_matches_the_one_lattnbench_wrote(self):
+        real = fx.load_real()
+        summary = merge.build_summary(real["results"])
+        # Same values and the same key order, down to each comparison and crossover.
+        self.assertEqual(json.dumps(summary), json.dumps(real["summary"]))
+        self.assertEqual(len(summary["comparisons"]), 14)
+        self.assertTrue(any(c["changes"] for c in summary["crossovers"]))
+        # Skipped records and records without a median_ms are left out, as src/summary.cpp does.
+        extra = [dict(real["results"][0], impl="other", status="skipped", median_ms=1e-9),
+                 {k: v for k, v in real["results"][1].items() if k != "median_ms"} | {"impl": "third"}]
+        self.assertEqual(merge.build_summary(real["results"] + extra), summary)
 
     def test_missing_shard_warns_but_merges(self):
         proc = self.merge(self.shards[0])
