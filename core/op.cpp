@@ -34,16 +34,17 @@ TensorSet make_case_inputs(const Case& kase, std::uint64_t seed) {
 TensorSet make_case_outputs(const Case& kase) {
   TensorSet outputs;
   for (const TensorSpec& spec : kase.op->tensors)
-    if (!is_input(spec.role) && present_in(spec.role, kase.mode)) outputs.add(spec.name, spec.role, spec.shape(kase));
+    if (!is_input(spec.role) && spec.in(kase)) outputs.add(spec.name, spec.role, spec.shape(kase));
   return outputs;
 }
 
 namespace {
 std::size_t elems_where(const Case& kase, bool inputs, bool superset) {
+  Case as = kase;
+  if (superset) as.mode = Mode::fwd_bwd;
   std::size_t n = 0;
   for (const TensorSpec& spec : kase.op->tensors)
-    if (is_input(spec.role) == inputs && (superset || present_in(spec.role, kase.mode)))
-      n += elems_of(spec.shape(kase));
+    if (is_input(spec.role) == inputs && spec.in(as)) n += elems_of(spec.shape(as));
   return n;
 }
 }  // namespace

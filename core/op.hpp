@@ -23,6 +23,11 @@ struct TensorSpec {
   // Stored in the case's dtype (bf16 cases round it to bf16 before any backend or the reference
   // sees it); every other tensor is float32 whatever the dtype.
   bool in_case_dtype = false;
+  // Whether a case has this tensor at all beyond its role (a decay's gates exist only for that
+  // decay); null: every case of the role's modes has it.
+  bool (*exists)(const Case&) = nullptr;
+
+  bool in(const Case& kase) const { return present_in(role, kase.mode) && (!exists || exists(kase)); }
 };
 
 // A form of the op (an impl name configs and records use: "scan", "chunked") and its flop model:
@@ -76,7 +81,8 @@ TensorSet make_case_inputs(const Case& kase, std::uint64_t seed);
 // Output and gradient tensors of `kase`, zero-filled, shaped by the op.
 TensorSet make_case_outputs(const Case& kase);
 
-// Elements of every tensor the case holds (inputs and outputs of its mode).
+// Elements of the case's input (and cotangent) tensors, or of its outputs (and gradients): those of
+// its mode, or with `fwd_bwd_superset` those of fwd_bwd whatever its mode.
 std::size_t case_input_elems(const Case& kase, bool fwd_bwd_superset = false);
 std::size_t case_output_elems(const Case& kase, bool fwd_bwd_superset = false);
 

@@ -39,7 +39,7 @@ CheckResult check_outputs(const Case& kase, const TensorSet& outputs, const Refe
   if (kase.backward() && !reference.has_backward)
     throw RuntimeFailure("the reference has no backward for a fwd_bwd case");
   for (const TensorSpec& spec : kase.op->tensors) {
-    if (is_input(spec.role) || !present_in(spec.role, kase.mode)) continue;
+    if (is_input(spec.role) || !spec.in(kase)) continue;
     const Tensor& x = outputs.at(spec.name);
     const auto ref = reference.values.find(spec.name);
     if (ref == reference.values.end() || x.elems() != ref->second.size())
