@@ -98,7 +98,7 @@ TEST_CASE("emulation: scan and chunked match the float64 reference", "[emulation
 }
 
 TEST_CASE("emulation: the chunked launcher's every staging height, under this run's device limit",
-          "[emulation][linear][tiles]") {
+          "[emulation][tiles]") {
   const std::size_t limit = lattn_emu::shared_optin_limit();
   // Small chunks give RB = the padded chunk (16, 32, 48) or 64 with two blocks per multiprocessor;
   // the long chunks at dim 16 make the two-block budget choose a smaller RB than the chunk allows,

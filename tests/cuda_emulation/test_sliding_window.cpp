@@ -89,7 +89,7 @@ TEST_CASE("emulation: the sliding-window kernels match the float64 reference", "
 }
 
 TEST_CASE("emulation: every block height of the sliding-window kernels, under this run's device limit",
-          "[emulation][swa][tiles]") {
+          "[emulation][tiles]") {
   const std::size_t limit = lattn_emu::shared_optin_limit();
   // T 12, 30 and 40 give Bt 16, 32 and 64 by the sequence rule; Dh 256 in float32 needs more
   // shared memory than the limits have at Bt 64 (and, for the dK/dV kernel, at 32 on A100's),
