@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, then: builds everything with the tests (build/), builds and runs the
-# whole suite again under ASan + UBSan (build-asan/), fuzzes the config loader for 60 s
+# whole suite again under ASan + UBSan (build-asan/; the CUDA emulation's tests among them), the
+# CUDA emulation's tests alone under ThreadSanitizer (build-emu-tsan/), fuzzes the config loader for 60 s
 # (build-fuzz/), runs clang-tidy (without the static analyzer: scripts/lint.sh runs it all), and
 # finally runs the main suite through CTest.
 # Skip the slow extras locally with LATTN_QUICK=1. Extra arguments go to the final ctest.
@@ -23,6 +24,14 @@ if [[ $quick != 1 ]]; then
     -DLATTN_SANITIZE=address,undefined "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure --parallel "$(nproc)" --exclude-regex "^python_" | tail -4)
+
+  step "CUDA emulation under ThreadSanitizer (build-emu-tsan)"
+  # Only the emulation's targets: every CUDA thread of an emulated block is a host thread, so a data
+  # race ThreadSanitizer reports there is a race between the threads of a block of a CUDA kernel
+  # (and the missing-barrier test checks that it reports one).
+  LATTN_BUILD_DIR=$root/build-emu-tsan LATTN_BUILD_TARGET=cuda_emulation "$root/scripts/build.sh" -DBUILD_TESTING=ON \
+    -DLATTN_CUDA=OFF -DLATTN_SANITIZE=thread "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
+  (cd "$root/build-emu-tsan" && ctest --output-on-failure --parallel "$(nproc)" --tests-regex "^cuda_emulation_" | tail -4)
 
   # The fuzzer runs for a fixed time on one core; clang-tidy takes the other meanwhile.
   step "config fuzzer (${LATTN_FUZZ_SECONDS:-60} s) and clang-tidy, side by side"

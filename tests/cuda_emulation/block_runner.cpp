@@ -1,0 +1,319 @@
+// The execution model of the emulation: one host thread per CUDA thread of a block, taken from a
+// pool that lives as long as the process (so that a launch does not pay for creating hundreds of
+// threads); the blocks of a grid run one after another, the threads of a block concurrently, so
+// that a missing barrier, or a thread reading what another has not written yet, changes the
+// result (shared memory starts as NaN) or shows as a race under ThreadSanitizer. Here too: the
+// block barrier, the block's shared memory, and what happens when a thread fails or returns.
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "block_state.hpp"
+#include "device_state.hpp"
+#include "lattn_emu/device.hpp"
+
+namespace lattn_emu {
+namespace detail {
+namespace {
+
+thread_local Grid* t_grid = nullptr;
+thread_local unsigned t_thread = 0;
+
+constexpr std::size_t kDynamicAlign = 128;
+constexpr unsigned char kNaNByte = 0xFF;  // 0xFF.. is a NaN as float, double and bf16 alike
+
+// Host threads that run the CUDA threads of each block. Worker i always plays thread i.
+class Pool {
+ public:
+  ~Pool() {
+    for (auto& w : workers_) {
+      {
+        std::lock_guard lock(w->mutex);
+        w->stop = true;
+      }
+      w->cv.notify_one();
+      w->thread.join();
+    }
+  }
+
+  // Runs job(i) for i = 0..n-1 on workers 0..n-1 and returns when all have finished.
+  void run(unsigned n, const std::function<void(unsigned)>& job) {
+    while (workers_.size() < n) {
+      auto w = std::make_unique<Worker>();
+      Worker* raw = w.get();
+      const unsigned index = unsigned(workers_.size());
+      w->thread = std::thread([this, raw, index] { loop(*raw, index); });
+      workers_.push_back(std::move(w));
+    }
+    {
+      std::lock_guard lock(done_mutex_);
+      remaining_ = n;
+    }
+    for (unsigned i = 0; i < n; ++i) {
+      Worker& w = *workers_[i];
+      {
+        std::lock_guard lock(w.mutex);
+        w.job = &job;
+        ++w.posted;
+      }
+      w.cv.notify_one();
+    }
+    std::unique_lock lock(done_mutex_);
+    done_cv_.wait(lock, [&] { return remaining_ == 0; });
+  }
+
+ private:
+  struct Worker {
+    std::thread thread;
+    std::mutex mutex;
+    std::condition_variable cv;
+    const std::function<void(unsigned)>* job = nullptr;
+    std::uint64_t posted = 0;
+    bool stop = false;
+  };
+
+  void loop(Worker& w, unsigned index) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(unsigned)>* job = nullptr;
+      {
+        std::unique_lock lock(w.mutex);
+        w.cv.wait(lock, [&] { return w.stop || w.posted != seen; });
+        if (w.stop) return;
+        seen = w.posted;
+        job = w.job;
+      }
+      (*job)(index);
+      std::lock_guard lock(done_mutex_);
+      if (--remaining_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::mutex done_mutex_;
+  std::condition_variable done_cv_;
+  unsigned remaining_ = 0;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+uint3 index_of(std::size_t linear, dim3 extent) {
+  const unsigned x = unsigned(linear % extent.x);
+  linear /= extent.x;
+  return uint3{x, unsigned(linear % extent.y), unsigned(linear / extent.y)};
+}
+
+void free_sites(Grid& g) {
+  for (auto& [site, s] : g.sites) ::operator delete(s.allocation, std::align_val_t(2 * s.align));
+  g.sites.clear();
+  g.static_shared_bytes = 0;
+}
+
+// Under g.mutex: the state a block starts from. Shared memory is NaN bytes, so that a value read
+// before any thread of this block wrote it shows in the result (nothing survives from the
+// previous block, as nothing does on a GPU).
+void start_block(Grid& g) {
+  g.exited = 0;
+  g.arrived = 0;
+  for (auto& w : g.warps) {
+    w->exited = 0;
+    w->rounds.clear();
+  }
+  free_sites(g);
+  if (g.dynamic_shared) std::memset(g.dynamic_shared, kNaNByte, g.config->shared);
+}
+
+// Under g.mutex: the calling thread has returned from the kernel in this block.
+void leave_block(Grid& g, unsigned thread) {
+  ++g.exited;
+  if (g.arrived > 0)
+    abort_locked(g, "returned from the kernel while " + std::to_string(g.arrived) +
+                        " threads of its block wait at __syncthreads (a barrier not every thread reaches)");
+  Warp& w = *g.warps[thread / 32];
+  const unsigned bit = 1u << (thread % 32);
+  w.exited |= bit;
+  for (auto& [mask, round] : w.rounds)
+    if (round.arrived != 0 && (mask & bit))
+      abort_locked(g, "returned from the kernel while lanes of its warp wait for it at " + std::string(round.what));
+}
+
+void run_thread(Grid& g, unsigned thread) {
+  t_grid = &g;
+  t_thread = thread;
+  const LaunchConfig& c = *g.config;
+  blockDim = c.block;
+  gridDim = c.grid;
+  threadIdx = index_of(thread, c.block);
+  std::unique_lock lock(g.mutex);
+  while (!g.aborted && g.block < g.blocks) {
+    const std::size_t block = g.block;
+    blockIdx = index_of(block, c.grid);
+    lock.unlock();
+    try {
+      (*g.body)();
+      lock.lock();
+    } catch (const Aborted&) {
+      lock.lock();
+    } catch (const std::exception& e) {
+      lock.lock();
+      abort_locked(g, e.what());
+    } catch (...) {
+      lock.lock();
+      abort_locked(g, "an exception that is not a std::exception");
+    }
+    if (g.aborted) break;
+    leave_block(g, thread);
+    if (g.aborted) break;
+    if (g.exited == g.threads) {
+      ++g.block;
+      if (g.block < g.blocks) start_block(g);
+      g.block_cv.notify_all();
+    } else {
+      g.block_cv.wait(lock, [&] { return g.aborted || g.block != block; });
+    }
+  }
+  t_grid = nullptr;
+}
+
+std::mutex& launch_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+Grid* current_grid() { return t_grid; }
+unsigned current_thread() { return t_thread; }
+
+std::string where(const Grid& g, unsigned thread) {
+  const uint3 b = index_of(g.block, g.config->grid), t = index_of(thread, g.config->block);
+  return std::string(g.config->name) + " block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+         std::to_string(b.z) + ") thread (" + std::to_string(t.x) + "," + std::to_string(t.y) + "," +
+         std::to_string(t.z) + ")";
+}
+
+void abort_locked(Grid& g, const std::string& message) {
+  if (!g.aborted) {
+    g.aborted = true;
+    g.error = where(g, t_thread) + ": " + message;
+  }
+  g.block_cv.notify_all();
+  for (auto& w : g.warps) w->cv.notify_all();
+}
+
+void wait_locked(Grid& g, std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                 const std::function<bool()>& released, const char* what) {
+  ++g.blocked;
+  if (g.blocked + g.exited == g.threads)
+    abort_locked(g, std::string("deadlock at ") + what + ": every thread of the block waits (" +
+                        std::to_string(g.arrived) + " at __syncthreads, " + std::to_string(g.exited) +
+                        " returned, the others at warp-synchronous calls)");
+  cv.wait(lock, [&] { return g.aborted || released(); });
+  if (g.aborted) throw Aborted{};
+}
+
+}  // namespace detail
+
+using detail::Grid;
+
+void run_grid(const LaunchConfig& config, const std::function<void()>& thread_body) {
+  detail::check_launch(config);
+  const std::size_t blocks = std::size_t(config.grid.x) * config.grid.y * config.grid.z;
+  const unsigned threads = config.block.x * config.block.y * config.block.z;
+  std::lock_guard one_launch_at_a_time(detail::launch_mutex());
+  Grid g;
+  g.config = &config;
+  g.body = &thread_body;
+  g.threads = threads;
+  g.blocks = blocks;
+  for (unsigned w = 0; w * 32 < threads; ++w) {
+    g.warps.push_back(std::make_unique<detail::Warp>());
+    const unsigned lanes = std::min(32u, threads - w * 32);
+    g.warps.back()->lanes = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+  }
+  // The allocation ends where the launch's bytes end, so AddressSanitizer sees an access past them.
+  if (config.shared) {
+    g.dynamic_allocation = ::operator new(config.shared + detail::kDynamicAlign,
+                                          std::align_val_t(2 * detail::kDynamicAlign));
+    g.dynamic_shared = static_cast<unsigned char*>(g.dynamic_allocation) + detail::kDynamicAlign;
+  }
+  {
+    std::lock_guard lock(g.mutex);
+    detail::start_block(g);
+  }
+  detail::pool().run(threads, [&](unsigned thread) { detail::run_thread(g, thread); });
+  detail::free_sites(g);
+  if (g.dynamic_allocation) ::operator delete(g.dynamic_allocation, std::align_val_t(2 * detail::kDynamicAlign));
+  if (g.aborted) throw Error(g.error);
+}
+
+void device_fail(const std::string& message) { throw Error(message); }
+
+unsigned lane_id() { return detail::current_thread() % 32; }
+
+unsigned warp_lanes() {
+  Grid* g = detail::current_grid();
+  if (!g) throw Error("warp_lanes() outside a kernel");
+  return g->warps[detail::current_thread() / 32]->lanes;
+}
+
+void sync_block() {
+  Grid* g = detail::current_grid();
+  if (!g) throw Error("__syncthreads() outside a kernel");
+  std::unique_lock lock(g->mutex);
+  if (g->aborted) throw detail::Aborted{};
+  if (g->exited > 0) {
+    detail::abort_locked(*g, "__syncthreads after " + std::to_string(g->exited) +
+                                 " threads of the block returned from the kernel (a barrier not every thread reaches)");
+    throw detail::Aborted{};
+  }
+  if (++g->arrived == g->threads) {
+    g->arrived = 0;
+    ++g->barrier_generation;
+    g->blocked -= g->threads - 1;
+    g->block_cv.notify_all();
+    return;
+  }
+  const std::uint64_t generation = g->barrier_generation;
+  detail::wait_locked(*g, lock, g->block_cv, [&] { return g->barrier_generation != generation; }, "__syncthreads");
+}
+
+void* dynamic_shared_memory(std::size_t align) {
+  Grid* g = detail::current_grid();
+  if (!g) throw Error("extern __shared__ memory outside a kernel");
+  if (align > detail::kDynamicAlign)
+    device_fail("extern __shared__ __align__(" + std::to_string(align) + "): the emulation provides 128");
+  return g->dynamic_shared;  // null when the launch asked for none, as reading it is then an error
+}
+
+void* static_shared_site(const void* site, std::size_t bytes, std::size_t align) {
+  Grid* g = detail::current_grid();
+  if (!g) throw Error("__shared__ memory outside a kernel");
+  std::lock_guard lock(g->mutex);
+  auto it = g->sites.find(site);
+  if (it == g->sites.end()) {
+    const std::size_t total = g->static_shared_bytes + bytes;
+    if (total > kDefaultSharedPerBlock || total + g->config->shared > shared_optin_limit()) {
+      detail::abort_locked(*g, "static __shared__ memory of " + std::to_string(total) + " bytes (with " +
+                                   std::to_string(g->config->shared) +
+                                   " dynamic) is over the limits (48 KiB static, " +
+                                   std::to_string(shared_optin_limit()) + " in all)");
+      throw detail::Aborted{};
+    }
+    // Aligned to `align` but not to 2 * align; the allocation ends where the declaration's bytes
+    // end, so AddressSanitizer sees an access past them.
+    void* allocation = ::operator new(bytes + align, std::align_val_t(2 * align));
+    void* storage = static_cast<unsigned char*>(allocation) + align;
+    std::memset(storage, detail::kNaNByte, bytes);
+    it = g->sites.emplace(site, detail::SharedSite{align, allocation, storage}).first;
+    g->static_shared_bytes = total;
+  }
+  return it->second.storage;
+}
+
+}  // namespace lattn_emu

@@ -1,0 +1,119 @@
+// Stand-in for the CUDA toolkit's mma.h (nvcuda::wmma) at the documented level, not the hardware
+// one: every lane's fragment holds the whole tile (the lane-to-element mapping is unspecified in
+// CUDA, so code that is correct on a GPU cannot depend on it), and every *_sync call begins with a
+// barrier of the warp's 32 lanes, which must all call it. load_matrix_sync and store_matrix_sync
+// check what CUDA requires of their arguments: a 256-bit (32-byte) aligned pointer and a leading
+// dimension that is a multiple of 16 bytes; a violation fails the launch. store_matrix_sync has
+// each lane write its own share of the tile (so that no two threads write one address), and
+// mma_sync multiplies in float32 with float32 accumulation: bf16 products are exact in float32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "lattn_emu/device.hpp"
+
+namespace nvcuda::wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+namespace detail {
+template <class Use, int M, int N, int K>
+struct Shape;
+template <int M, int N, int K>
+struct Shape<matrix_a, M, N, K> {
+  static constexpr int rows = M, cols = K;
+};
+template <int M, int N, int K>
+struct Shape<matrix_b, M, N, K> {
+  static constexpr int rows = K, cols = N;
+};
+template <int M, int N, int K>
+struct Shape<accumulator, M, N, K> {
+  static constexpr int rows = M, cols = N;
+};
+
+inline float widen(float x) { return x; }
+inline float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T>
+T narrow(float x) {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return __float2bfloat16_rn(x);
+}
+
+void check_pointer(const char* what, const void* ptr, unsigned ldm, std::size_t element_bytes);
+// The implicit warp barrier every *_sync call begins with.
+inline void warp_barrier(const char* what) { lattn_emu::warp_exchange(what, 0xffffffffu, 0, -1); }
+}  // namespace detail
+
+template <class Use, int M, int N, int K, class T, class Layout = void>
+class fragment {
+ public:
+  using element_type = T;
+  static constexpr int rows = detail::Shape<Use, M, N, K>::rows, cols = detail::Shape<Use, M, N, K>::cols;
+  static constexpr int num_elements = rows * cols;
+  T x[num_elements];
+};
+
+template <class Use, int M, int N, int K, class T, class Layout>
+void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, float value) {
+  for (auto& e : f.x) e = detail::narrow<T>(value);
+}
+
+// matrix_a / matrix_b: the layout is the fragment's.
+template <class Use, int M, int N, int K, class T, class Layout>
+void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* ptr, unsigned ldm) {
+  static_assert(!std::is_same_v<Use, accumulator>, "an accumulator load takes a layout_t");
+  static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
+  detail::warp_barrier("load_matrix_sync");
+  detail::check_pointer("load_matrix_sync", ptr, ldm, sizeof(T));
+  using F = fragment<Use, M, N, K, T, Layout>;
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c)
+      f.x[r * F::cols + c] = std::is_same_v<Layout, row_major> ? ptr[r * ldm + c] : ptr[c * ldm + r];
+}
+
+template <int M, int N, int K, class T>
+void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* ptr, unsigned ldm, layout_t layout) {
+  detail::warp_barrier("load_matrix_sync");
+  detail::check_pointer("load_matrix_sync", ptr, ldm, sizeof(T));
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c) f.x[r * N + c] = layout == mem_row_major ? ptr[r * ldm + c] : ptr[c * ldm + r];
+}
+
+template <int M, int N, int K, class T>
+void store_matrix_sync(T* ptr, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
+  detail::warp_barrier("store_matrix_sync");
+  detail::check_pointer("store_matrix_sync", ptr, ldm, sizeof(T));
+  for (int e = int(lattn_emu::lane_id()); e < M * N; e += 32) {
+    const int r = e / N, c = e % N;
+    (layout == mem_row_major ? ptr[r * ldm + c] : ptr[c * ldm + r]) = f.x[e];
+  }
+}
+
+template <int M, int N, int K, class TA, class TB, class LA, class LB, class TC>
+void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
+              const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, TC>& c) {
+  detail::warp_barrier("mma_sync");
+  TC out[M * N];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float acc = detail::widen(c.x[i * N + j]);
+      for (int k = 0; k < K; ++k) acc = fmaf(detail::widen(a.x[i * K + k]), detail::widen(b.x[k * N + j]), acc);
+      out[i * N + j] = detail::narrow<TC>(acc);
+    }
+  for (int e = 0; e < M * N; ++e) d.x[e] = out[e];
+}
+
+}  // namespace nvcuda::wmma
