@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/kernels.hpp"
-#include "inputs.hpp"
-#include "workspace.hpp"
+#include "core/random.hpp"
+#include "core/workspace.hpp"
+#include "kernels/cuda/dtype.hpp"
 
 namespace lattn::emulation_test {
 
@@ -58,7 +58,7 @@ inline DeviceBuffer upload(const std::vector<float>& x) {
   return b;
 }
 
-// float32, or bf16 bits by the runner's own conversion (src/inputs.cpp).
+// float32, or bf16 bits by the runner's own conversion (core/random.cpp).
 inline DeviceBuffer upload_tokens(const std::vector<float>& x, cuda::Dtype dtype) {
   if (dtype == cuda::Dtype::f32) return upload(x);
   std::vector<std::uint16_t> bits(x.size());

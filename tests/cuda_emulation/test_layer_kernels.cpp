@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "check.hpp"
-#include "cuda/kernels.hpp"
+#include "src/check.hpp"
+#include "kernels/layer/cuda.hpp"
 #include "device_buffers.hpp"
-#include "inputs.hpp"
+#include "core/op.hpp"
+#include "core/random.hpp"
 
 using namespace lattn;
 using namespace lattn::emulation_test;
@@ -39,9 +40,9 @@ std::string describe(const Shape& s) {
   return "B" + std::to_string(s.B) + " T" + std::to_string(s.T) + " H" + std::to_string(s.H) + " Dh" + std::to_string(s.Dh);
 }
 
-std::vector<float> normal(std::size_t n, TensorId id, double stddev = 1.0, std::uint64_t seed = 21) {
+std::vector<float> normal(std::size_t n, std::uint64_t stream, double stddev = 1.0, std::uint64_t seed = 21) {
   std::vector<float> v(n);
-  fill_normal(v, seed, id, stddev);
+  fill_normal(v, seed, stream, stddev);
   return v;
 }
 
@@ -71,11 +72,11 @@ TEST_CASE("emulation: the layer's layout kernels move every element once", "[emu
     const int M = s.H * s.Dh, rows = s.B * s.T;
     const std::size_t N = std::size_t(rows) * M;
     // Rows of a wider tile (ld = 3M) at a column offset of M tell ld from M.
-    const std::vector<float> wide = normal(std::size_t(rows) * 3 * M, TensorId::x);
+    const std::vector<float> wide = normal(std::size_t(rows) * 3 * M, 7);
     const DeviceBuffer wide_d = upload(wide), heads_d = output(N);
     cuda::layer_rows_to_heads(p, wide_d.f() + M, 3 * M, heads_d.f(), nullptr);
     const std::vector<float> heads = heads_d.floats();
-    const std::vector<float> a = normal(N, TensorId::q), c = normal(N, TensorId::k);
+    const std::vector<float> a = normal(N, 1), c = normal(N, 2);
     const DeviceBuffer a_d = upload(a), c_d = upload(c), sum_d = output(N), copy_d = output(N);
     cuda::layer_heads_to_rows(p, a_d.f(), c_d.f(), sum_d.f(), nullptr);
     cuda::layer_heads_to_rows(p, a_d.f(), nullptr, copy_d.f(), nullptr);
@@ -100,8 +101,8 @@ TEST_CASE("emulation: the layer's norm and gate kernels match float64", "[emulat
     const LayerProblem p = layer_of(s);
     const int M = s.H * s.Dh, R = s.B * s.H * s.T;
     const std::size_t N = std::size_t(R) * s.Dh;
-    std::vector<float> lin = normal(N, TensorId::q, 3.0), swa = normal(N, TensorId::k, 3.0),
-                       dy = normal(N, TensorId::dOut), g = normal(M, TensorId::wq, 0.3), beta = normal(s.H, TensorId::beta);
+    std::vector<float> lin = normal(N, 1, 3.0), swa = normal(N, 2, 3.0),
+                       dy = normal(N, 13), g = normal(M, 8, 0.3), beta = normal(s.H, 12);
     for (float& x : g) x += 1.0f;
 
     // float64: per (b, h, t) row of the heads layout; y, dy and dg_terms in the rows layout.

@@ -11,10 +11,12 @@
 #include <set>
 #include <string>
 
-#include "check.hpp"
-#include "cuda/kernels.hpp"
+#include "src/check.hpp"
+#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/op.hpp"
 #include "device_buffers.hpp"
-#include "inputs.hpp"
+#include "core/op.hpp"
+#include "core/random.hpp"
 #include "lattn_emu/control.hpp"
 
 using namespace lattn;
@@ -22,27 +24,44 @@ using namespace lattn::emulation_test;
 
 namespace {
 
-enum class Form { scan, chunked };
+enum class Kernel { scan, chunked };
 
-std::string describe(const Problem& p, Form form, cuda::Dtype dtype) {
-  return std::string(form == Form::scan ? "scan" : "chunked") + (dtype == cuda::Dtype::f32 ? " float32" : " bf16") +
+std::string describe(const Problem& p, Kernel form, cuda::Dtype dtype) {
+  return std::string(form == Kernel::scan ? "scan" : "chunked") + (dtype == cuda::Dtype::f32 ? " float32" : " bf16") +
          " B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " T" + std::to_string(p.seq) + " D" +
          std::to_string(p.dim) + " C" + std::to_string(p.chunk) + (p.decay == Decay::retnet ? " retnet" : " none");
 }
 
 // One fwd_bwd in the emulation, every output held to the reference; returns the check.
-CheckResult run_case(const Problem& p, Form form, cuda::Dtype dtype, std::uint64_t seed = 7) {
-  KernelTensors in = make_kernel_inputs(p, Mode::fwd_bwd, seed);
-  if (dtype == cuda::Dtype::bf16)
-    for (auto* t : {&in.q, &in.k, &in.v, &in.dO}) round_to_bf16(*t);
-  const DeviceBuffer q = upload_tokens(in.q, dtype), k = upload_tokens(in.k, dtype), v = upload_tokens(in.v, dtype),
-                     dO = upload_tokens(in.dO, dtype), h0 = upload(in.h0), dhT = upload(in.dhT);
+// The case of the linear-attention op these kernels compute (its inputs, reference and tolerance).
+Case case_of(const Problem& p, Kernel form, cuda::Dtype dtype, Mode mode) {
+  Case c;
+  c.op = &linear_attention_op();
+  c.impl = form == Kernel::scan ? "scan" : "chunked";
+  c.mode = mode;
+  c.backend = "cuda";
+  c.dtype = dtype == cuda::Dtype::f32 ? "float32" : "bf16";
+  c.batch = p.batch;
+  c.heads = p.heads;
+  c.seq = p.seq;
+  c.dim = p.dim;
+  c.chunk = p.chunk;
+  c.decay = to_string(p.decay);
+  return c;
+}
+
+CheckResult run_case(const Problem& p, Kernel form, cuda::Dtype dtype, std::uint64_t seed = 7) {
+  const Case kase = case_of(p, form, dtype, Mode::fwd_bwd);
+  const TensorSet in = make_case_inputs(kase, seed);  // bf16 cases: the token tensors rounded
+  const DeviceBuffer q = upload_tokens(in.at("q").data, dtype), k = upload_tokens(in.at("k").data, dtype),
+                     v = upload_tokens(in.at("v").data, dtype), dO = upload_tokens(in.at("dO").data, dtype),
+                     h0 = upload(in.at("h0").data), dhT = upload(in.at("dhT").data);
   const DeviceBuffer o = output(p.token_elems()), hT = output(p.state_elems()), dq = output(p.token_elems()),
                      dk = output(p.token_elems()), dv = output(p.token_elems()), dh0 = output(p.state_elems());
   CountingDeviceAllocator allocator;
   const cuda::DeviceForward fwd{q.get(), k.get(), v.get(), h0.f(), o.f(), hT.f()};
   const cuda::DeviceBackward bwd{q.get(), k.get(), v.get(), h0.f(), dO.get(), dhT.f(), dq.f(), dk.f(), dv.f(), dh0.f()};
-  if (form == Form::scan) {
+  if (form == Kernel::scan) {
     cuda::scan_forward(p, dtype, fwd, allocator, nullptr);
     cuda::scan_backward(p, dtype, bwd, allocator, nullptr);
     CHECK(allocator.peak() == std::max(cuda::scan_forward_workspace_bytes(p), cuda::scan_backward_workspace_bytes(p)));
@@ -52,11 +71,10 @@ CheckResult run_case(const Problem& p, Form form, cuda::Dtype dtype, std::uint64
     CHECK(allocator.peak() ==
           std::max(cuda::chunked_forward_workspace_bytes(p), cuda::chunked_backward_workspace_bytes(p)));
   }
-  KernelTensors out;
-  out.o = o.floats(), out.hT = hT.floats(), out.dq = dq.floats(), out.dk = dk.floats(), out.dv = dv.floats();
-  out.dh0 = dh0.floats();
-  const KernelReference ref = compute_kernel_reference(p, in, true);
-  return check_kernel_outputs(out, ref, Mode::fwd_bwd, tolerance_for(dtype == cuda::Dtype::f32 ? "float32" : "bf16"));
+  TensorSet out = make_case_outputs(kase);
+  for (const auto& [name, buffer] : {std::pair{"o", &o}, {"hT", &hT}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dh0", &dh0}})
+    out.at(name).data = buffer->floats();
+  return check_outputs(kase, out, kase.op->reference(kase, in, true));
 }
 
 std::string errors(const CheckResult& c) {
@@ -65,7 +83,7 @@ std::string errors(const CheckResult& c) {
   return s + (c.non_finite.empty() ? "" : "non-finite at " + c.non_finite);
 }
 
-void expect_pass(const Problem& p, Form form, cuda::Dtype dtype) {
+void expect_pass(const Problem& p, Kernel form, cuda::Dtype dtype) {
   INFO(describe(p, form, dtype));
   const CheckResult r = run_case(p, form, dtype);
   INFO(errors(r));
@@ -94,7 +112,7 @@ TEST_CASE("emulation: scan and chunked match the float64 reference", "[emulation
       {1, 1, 70, 32, 64, Decay::none}};
   for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
     for (const Problem& p : shapes)
-      for (Form form : {Form::scan, Form::chunked}) expect_pass(p, form, dtype);
+      for (Kernel form : {Kernel::scan, Kernel::chunked}) expect_pass(p, form, dtype);
 }
 
 TEST_CASE("emulation: the chunked launcher's every staging height, under this run's device limit",
@@ -120,12 +138,12 @@ TEST_CASE("emulation: the chunked launcher's every staging height, under this ru
   for (const Shape& s : shapes) {
     if (cuda::chunked_unsupported(s.p, s.dtype, limit)) continue;
     lattn_emu::clear_launch_log();
-    expect_pass(s.p, Form::chunked, s.dtype);
+    expect_pass(s.p, Kernel::chunked, s.dtype);
     const auto log = lattn_emu::launch_log();
     REQUIRE(log.size() == 4);  // forward; dq, dv, dk
     for (const auto& launch : log) {
       const int rb = staged_rows(s.p, s.dtype, launch.shared);
-      INFO(describe(s.p, Form::chunked, s.dtype) << ": " << launch.kernel << " with " << launch.shared << " bytes");
+      INFO(describe(s.p, Kernel::chunked, s.dtype) << ": " << launch.kernel << " with " << launch.shared << " bytes");
       REQUIRE(rb != 0);
       CHECK(rb == staged_rows(s.p, s.dtype, log.front().shared));  // one height per case
       heights.insert(rb);

@@ -7,25 +7,37 @@
 // for the report there).
 #include <catch2/catch.hpp>
 
-#include "check.hpp"
-#include "cuda/kernels.hpp"
+#include "src/check.hpp"
+#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/op.hpp"
 #include "device_buffers.hpp"
-#include "inputs.hpp"
+#include "core/op.hpp"
+#include "core/random.hpp"
 
 using namespace lattn;
 using namespace lattn::emulation_test;
 
 TEST_CASE("emulation: scan without its staging barrier gives a wrong result", "[emulation][barrier]") {
   const Problem p{1, 2, 40, 32, 16, Decay::retnet};
-  const KernelTensors in = make_kernel_inputs(p, Mode::fwd, 3);
-  const DeviceBuffer q = upload(in.q), k = upload(in.k), v = upload(in.v), h0 = upload(in.h0);
+  Case kase;
+  kase.op = &linear_attention_op();
+  kase.impl = "scan";
+  kase.batch = p.batch;
+  kase.heads = p.heads;
+  kase.seq = p.seq;
+  kase.dim = p.dim;
+  kase.chunk = p.chunk;
+  kase.decay = to_string(p.decay);
+  const TensorSet in = make_case_inputs(kase, 3);
+  const DeviceBuffer q = upload(in.at("q").data), k = upload(in.at("k").data), v = upload(in.at("v").data),
+                     h0 = upload(in.at("h0").data);
   const DeviceBuffer o = output(p.token_elems()), hT = output(p.state_elems());
   CountingDeviceAllocator allocator;
   cuda::scan_forward(p, cuda::Dtype::f32, {q.get(), k.get(), v.get(), h0.f(), o.f(), hT.f()}, allocator, nullptr);
-  KernelTensors out;
-  out.o = o.floats();
-  out.hT = hT.floats();
-  const CheckResult r = check_kernel_outputs(out, compute_kernel_reference(p, in, false), Mode::fwd, tolerance_for("float32"));
+  TensorSet out = make_case_outputs(kase);
+  out.at("o").data = o.floats();
+  out.at("hT").data = hT.floats();
+  const CheckResult r = check_outputs(kase, out, kase.op->reference(kase, in, false));
   INFO("rel_err " << r.rel_err << (r.non_finite.empty() ? "" : ", non-finite at " + r.non_finite));
   CHECK_FALSE(r.passed);
 }

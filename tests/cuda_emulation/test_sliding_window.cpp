@@ -11,12 +11,15 @@
 #include <set>
 #include <string>
 
-#include "check.hpp"
-#include "cuda/kernels.hpp"
+#include "src/check.hpp"
+#include "kernels/linear_attention/problem.hpp"
+#include "kernels/sliding_window/cuda.hpp"
+#include "kernels/sliding_window/op.hpp"
 #include "device_buffers.hpp"
-#include "inputs.hpp"
+#include "core/op.hpp"
+#include "core/random.hpp"
 #include "lattn_emu/control.hpp"
-#include "reference/layer_ref.hpp"
+#include "kernels/sliding_window/reference.hpp"
 
 using namespace lattn;
 using namespace lattn::emulation_test;
@@ -35,11 +38,19 @@ std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.en
 void run_case(const SwaProblem& sp, cuda::Dtype dtype) {
   INFO(describe(sp, dtype));
   const Problem p{sp.batch, sp.heads, sp.seq, sp.dim, 1, Decay::none};
-  KernelTensors in = make_kernel_inputs(p, Mode::fwd_bwd, 11);
-  if (dtype == cuda::Dtype::bf16)
-    for (auto* t : {&in.q, &in.k, &in.v, &in.dO}) round_to_bf16(*t);
-  const DeviceBuffer q = upload_tokens(in.q, dtype), k = upload_tokens(in.k, dtype), v = upload_tokens(in.v, dtype),
-                     dO = upload_tokens(in.dO, dtype);
+  Case kase;
+  kase.op = &sliding_window_op();
+  kase.impl = "blocked";
+  kase.mode = Mode::fwd_bwd;
+  kase.dtype = dtype == cuda::Dtype::f32 ? "float32" : "bf16";
+  kase.batch = sp.batch;
+  kase.heads = sp.heads;
+  kase.seq = sp.seq;
+  kase.dim = sp.dim;
+  kase.window = sp.window;
+  const TensorSet in = make_case_inputs(kase, 11);  // bf16 cases: rounded
+  const DeviceBuffer q = upload_tokens(in.at("q").data, dtype), k = upload_tokens(in.at("k").data, dtype),
+                     v = upload_tokens(in.at("v").data, dtype), dO = upload_tokens(in.at("dO").data, dtype);
   const DeviceBuffer o = output(sp.token_elems()), lse = output(sp.row_elems()), dq = output(sp.token_elems()),
                      dk = output(sp.token_elems()), dv = output(sp.token_elems());
   CountingDeviceAllocator allocator;
@@ -48,13 +59,14 @@ void run_case(const SwaProblem& sp, cuda::Dtype dtype) {
                      allocator, nullptr);
   CHECK(allocator.peak() == cuda::swa_backward_workspace_bytes(sp));
 
-  const auto dq64 = widen(in.q), dk64 = widen(in.k), dv64 = widen(in.v), dO64 = widen(in.dO);
+  const auto dq64 = widen(in.at("q").data), dk64 = widen(in.at("k").data), dv64 = widen(in.at("v").data),
+             dO64 = widen(in.at("dO").data);
   std::vector<double> ro(sp.token_elems()), rl(sp.row_elems()), rdq(sp.token_elems()), rdk(sp.token_elems()),
       rdv(sp.token_elems());
   reference::sliding_window_forward(p, sp.window, dq64.data(), dk64.data(), dv64.data(), ro.data(), rl.data());
   reference::sliding_window_backward(p, sp.window, dq64.data(), dk64.data(), dv64.data(), dO64.data(), rdq.data(),
                                      rdk.data(), rdv.data());
-  const double tolerance = tolerance_for(dtype == cuda::Dtype::f32 ? "float32" : "bf16");
+  const double tolerance = kase.op->tolerance(kase.dtype);
   const std::map<std::string, std::pair<std::vector<float>, const std::vector<double>*>> outputs = {
       {"o", {o.floats(), &ro}}, {"lse", {lse.floats(), &rl}}, {"dq", {dq.floats(), &rdq}},
       {"dk", {dk.floats(), &rdk}}, {"dv", {dv.floats(), &rdv}}};
