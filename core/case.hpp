@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,9 +30,17 @@ struct Case {
   int chunk = 0;   // the chunked form's chunk size
   int window = 0;  // the sliding window's keys per query
   std::string decay = "none";  // one of the op's decay kinds (kernels/linear_attention/problem.hpp)
+  // The op's own keys (Param::option axes) that apply to this case, as a config writes them
+  // ("16", "true", "delta"); the op's kernels read them.
+  std::map<std::string, std::string> options;
   std::size_t plan_index = 0;
 
   bool backward() const { return mode == Mode::fwd_bwd; }
+  // An option's text, or "" when the case has no such option.
+  std::string option(const std::string& key) const {
+    const auto it = options.find(key);
+    return it == options.end() ? std::string() : it->second;
+  }
 };
 
 }  // namespace lattn

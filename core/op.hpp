@@ -37,8 +37,11 @@ struct Form {
   double (*flops)(const Case&) = nullptr;
 };
 
-// The case fields a config key can set.
-enum class Param { batch, heads, seq, dim, chunk, window, decay, impl, mode };
+// The case fields a config key can set; `option` is one of the op's own (Case::options).
+enum class Param { batch, heads, seq, dim, chunk, window, decay, impl, mode, option };
+
+// How an option's values are written and checked.
+enum class Kind { integer, real, boolean, name };
 
 // One config key of the op's suite: the field it sets, its default values (written as in a config
 // file), the range of an integer or the names a named key accepts (impl: the op's forms, mode:
@@ -50,6 +53,12 @@ struct Axis {
   std::string help;
   long lo = 1, hi = 0;
   std::vector<std::string> choices = {};
+  Kind kind = Kind::integer;          // an option's kind; the other params' kinds are fixed
+  double real_lo = 0, real_hi = 0;    // Kind::real: values in (real_lo, real_hi]
+  // Whether the key means anything for a case whose earlier axes are set (a decay's gate strength
+  // only for gated decays); null: always. The plan does not vary a key that does not apply, and
+  // its records leave it out.
+  bool (*applies)(const Case&) = nullptr;
 };
 
 struct Op {

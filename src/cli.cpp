@@ -7,17 +7,13 @@
 
 #include "backend.hpp"
 #include "build_info.hpp"
+#include "config_values.hpp"
 #include "ops.hpp"
 #include "core/error.hpp"
 
 namespace lattn {
 namespace {
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
-}
 
 }  // namespace
 

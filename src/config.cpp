@@ -3,6 +3,7 @@
 // whose YAML 1.2 JSON is a subset, so that both formats reach the same validator with line numbers.
 #include "config.hpp"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "config_values.hpp"
 #include "core/error.hpp"
 #include "ops.hpp"
 #include "plan.hpp"
@@ -26,76 +28,6 @@ namespace {
 // Run settings beyond these are refused; each op's axes carry their own ranges (kernels/<op>/op.cpp).
 constexpr long kMaxDevice = 1023;
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
-
-struct Raw {
-  std::string text;
-  std::string where;
-  bool quoted = false;  // a quoted YAML/JSON string: never a number
-};
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
-}
-
-long parse_int(const Raw& raw, long lo, long hi) {
-  long value = 0;
-  const char* first = raw.text.data();
-  const char* last = first + raw.text.size();
-  auto [ptr, ec] = std::from_chars(first, last, value);
-  if (raw.quoted || raw.text.empty() || ec != std::errc() || ptr != last)
-    throw UsageError(raw.where, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
-                                    ", got " + (raw.quoted ? "the string " : "") + "'" + raw.text + "'");
-  if (value < lo || value > hi)
-    throw UsageError(raw.where, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
-                                    ", got " + raw.text);
-  return value;
-}
-
-double parse_positive_number(const Raw& raw, double hi) {
-  double value = 0;
-  std::istringstream in(raw.text);
-  in >> value;
-  if (raw.quoted || raw.text.empty() || in.fail() || !in.eof())
-    throw UsageError(raw.where, "expected a number, got '" + raw.text + "'");
-  if (!(value > 0 && value <= hi))
-    throw UsageError(raw.where, "expected a number in (0, " + std::to_string(long(hi)) + "], got " + raw.text);
-  return value;
-}
-
-std::uint64_t parse_seed(const Raw& raw) {
-  std::uint64_t value = 0;
-  auto [ptr, ec] = std::from_chars(raw.text.data(), raw.text.data() + raw.text.size(), value);
-  if (raw.quoted || raw.text.empty() || ec != std::errc() || ptr != raw.text.data() + raw.text.size())
-    throw UsageError(raw.where, "expected a non-negative integer seed, got '" + raw.text + "'");
-  return value;
-}
-
-bool parse_bool(const Raw& raw) {
-  if (!raw.quoted && (raw.text == "true" || raw.text == "yes" || raw.text == "on" || raw.text == "1")) return true;
-  if (!raw.quoted && (raw.text == "false" || raw.text == "no" || raw.text == "off" || raw.text == "0")) return false;
-  throw UsageError(raw.where, "expected true or false, got '" + raw.text + "'");
-}
-
-const std::string& parse_choice(const Raw& raw, const std::vector<std::string>& choices, const char* what) {
-  auto it = std::find(choices.begin(), choices.end(), raw.text);
-  if (it == choices.end())
-    throw UsageError(raw.where, std::string("unknown ") + what + " '" + raw.text + "' (expected one of: " +
-                                    join(choices) + ")");
-  return *it;
-}
-
-template <class T, class Parse>
-std::vector<T> parse_list(const std::vector<Raw>& raws, Parse parse) {
-  std::vector<T> out;
-  std::set<std::string> seen;
-  for (const auto& raw : raws) {
-    if (!seen.insert(raw.text).second) throw UsageError(raw.where, "duplicate value '" + raw.text + "'");
-    out.push_back(parse(raw));
-  }
-  return out;
-}
 
 struct Field {
   std::string key;
@@ -117,24 +49,32 @@ std::vector<std::string> axis_choices(const Op& op, const Axis& axis) {
   }
 }
 
-bool is_named(Param param) { return param == Param::impl || param == Param::mode || param == Param::decay; }
-
-const char* noun(Param param) {
-  switch (param) {
-    case Param::impl: return "impl";
-    case Param::mode: return "mode";
-    default: return "decay";
-  }
-}
-
+// Every value is kept: integers as numbers; names, and an option's values whatever its kind, as
+// the text a config would write (a real in its shortest exact form, a boolean as true or false).
 AxisValues parse_axis(const Op& op, const Axis& axis, const std::vector<Raw>& raws) {
   AxisValues values;
-  if (is_named(axis.param)) {
-    const std::vector<std::string> choices = axis_choices(op, axis);
-    values.names =
-        parse_list<std::string>(raws, [&](const Raw& r) { return parse_choice(r, choices, noun(axis.param)); });
-  } else {
-    values.numbers = parse_list<long>(raws, [&](const Raw& r) { return parse_int(r, axis.lo, axis.hi); });
+  const std::string what = axis.param == Param::option ? axis.key : axis.param == Param::impl ? "impl"
+                           : axis.param == Param::mode ? "mode" : "decay";
+  switch (kind_of(axis)) {
+    case Kind::name: {
+      const std::vector<std::string> choices = axis_choices(op, axis);
+      values.names =
+          parse_list<std::string>(raws, [&](const Raw& r) { return parse_choice(r, choices, what.c_str()); });
+      break;
+    }
+    case Kind::integer:
+      if (axis.param == Param::option)
+        values.names = parse_list<std::string>(raws, [&](const Raw& r) { return std::to_string(parse_int(r, axis.lo, axis.hi)); });
+      else
+        values.numbers = parse_list<long>(raws, [&](const Raw& r) { return parse_int(r, axis.lo, axis.hi); });
+      break;
+    case Kind::real:
+      values.names = parse_list<std::string>(
+          raws, [&](const Raw& r) { return fmt::format("{}", parse_real(r, axis.real_lo, axis.real_hi)); });
+      break;
+    case Kind::boolean:
+      values.names = parse_list<std::string>(raws, [&](const Raw& r) { return std::string(parse_bool(r) ? "true" : "false"); });
+      break;
   }
   return values;
 }
@@ -413,6 +353,26 @@ void apply_overrides(Config& config, const Overrides& overrides) {
   validate_config(config);
 }
 
+Kind kind_of(const Axis& axis) {
+  switch (axis.param) {
+    case Param::impl:
+    case Param::mode:
+    case Param::decay: return Kind::name;
+    case Param::option: return axis.kind;
+    default: return Kind::integer;
+  }
+}
+
+nlohmann::json axis_value_json(const Axis& axis, const std::string& text) {
+  switch (kind_of(axis)) {
+    case Kind::integer: return std::stol(text);
+    case Kind::real: return std::stod(text);
+    case Kind::boolean: return text == "true";
+    case Kind::name: break;
+  }
+  return text;
+}
+
 std::vector<ConfigKey> config_keys() {
   std::vector<ConfigKey> keys;
   auto add = [&](const std::string& key, const std::string& help, bool is_list) {
@@ -446,8 +406,13 @@ nlohmann::json to_json(const Config& c) {
   };
   for (const SuiteConfig& suite : c.suite_configs) {
     nlohmann::json keys = nlohmann::json::object();
-    for (const auto& [key, values] : suite.values)
-      keys[key] = values.names.empty() ? nlohmann::json(values.numbers) : nlohmann::json(values.names);
+    for (const Axis& axis : suite.op->axes) {
+      const AxisValues& values = suite.values.at(axis.key);
+      nlohmann::json list = nlohmann::json::array();
+      for (long n : values.numbers) list.push_back(n);
+      for (const std::string& text : values.names) list.push_back(axis_value_json(axis, text));
+      keys[axis.key] = list;
+    }
     out[suite.op->suite] = keys;
   }
   return out;

@@ -81,4 +81,9 @@ void apply_overrides(Config& config, const Overrides& overrides);
 
 nlohmann::json to_json(const Config& config);
 
+// How an axis' values are written: its kind (an option's own; names for impl, mode and decay;
+// integers for the rest), and one value, kept as text, as JSON of that kind.
+Kind kind_of(const Axis& axis);
+nlohmann::json axis_value_json(const Axis& axis, const std::string& text);
+
 }  // namespace lattn

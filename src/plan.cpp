@@ -33,6 +33,12 @@ std::vector<Case> expand_suite(const SuiteConfig& suite, const RunSettings& run,
     const AxisValues& values = suite.values.at(axis.key);
     const bool pinned = std::find(fixed.begin(), fixed.end(), axis.param) != fixed.end();
     const std::size_t count = values.names.size() + values.numbers.size();
+    // A key that means nothing for this case is neither varied nor recorded.
+    if (axis.param == Param::option && axis.applies && !axis.applies(kase)) {
+      kase.options.erase(axis.key);
+      walk(axis_index + 1);
+      return;
+    }
     for (std::size_t i = 0; i < (pinned ? std::min<std::size_t>(count, 1) : count); ++i) {
       switch (axis.param) {
         case Param::batch: kase.batch = int(values.numbers[i]); break;
@@ -44,6 +50,7 @@ std::vector<Case> expand_suite(const SuiteConfig& suite, const RunSettings& run,
         case Param::impl: kase.impl = values.names[i]; break;
         case Param::mode: kase.mode = Mode(std::find(mode_names().begin(), mode_names().end(), values.names[i]) - mode_names().begin()); break;
         case Param::decay: kase.decay = values.names[i]; break;
+        case Param::option: kase.options[axis.key] = values.names[i]; break;
       }
       walk(axis_index + 1);
     }

@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/op.hpp"
+#include "config.hpp"
 #include "summary.hpp"
 
 namespace lattn {
@@ -27,6 +28,8 @@ nlohmann::json identity_json(const Case& c) {
   if (op.has(Param::decay)) id["decay"] = c.decay;
   if (op.has(Param::chunk)) id["chunk"] = c.chunk;
   if (op.has(Param::window)) id["window"] = c.window;
+  for (const Axis& axis : op.axes)
+    if (axis.param == Param::option && c.options.count(axis.key)) id[axis.key] = axis_value_json(axis, c.options.at(axis.key));
   if (op.extra_identity)
     for (const auto& [key, value] : op.extra_identity(c)) id[key] = value;
   return id;
@@ -171,6 +174,7 @@ nlohmann::json shape_json(const Case& c, bool with_seq) {
   for (const char* key : {"suite", "mode", "backend", "dtype", "decay", "batch", "heads", "dim", "chunk", "window",
                           "head_dim", "seq"})
     if (id.contains(key) && (with_seq || std::string(key) != "seq")) shape[key] = id[key];
+  for (const auto& [key, text] : c.options) shape[key] = id[key];
   return shape;
 }
 

@@ -50,6 +50,7 @@ std::string describe(const Case& c) {
   if (op.has(Param::chunk)) out += fmt::format(" C{}", c.chunk);
   if (op.has(Param::window)) out += fmt::format(" W{}", c.window);
   if (op.has(Param::decay)) out += " decay=" + c.decay;
+  for (const auto& [name, value] : c.options) out += " " + name + "=" + value;
   return out;
 }
 
@@ -61,6 +62,7 @@ std::string case_slug(const Case& c) {
   if (op.has(Param::chunk)) slug += fmt::format("c{}", c.chunk);
   if (op.has(Param::window)) slug += fmt::format("w{}", c.window);
   if (op.has(Param::decay)) slug += "-" + c.decay;
+  for (const auto& [name, value] : c.options) slug += "-" + name + value;
   return slug;
 }
 
@@ -70,11 +72,13 @@ std::string format_duration(double seconds) {
                    : fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-// What a case's inputs and float64 reference depend on: its op, shape, decay, window, dtype;
+// What a case's inputs and float64 reference depend on: its op, shape, decay, window, options, dtype;
 // never its impl, mode or chunk (every form computes the same thing).
 std::string reference_key(const Case& c) {
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.op->name, c.batch, c.heads, c.seq, c.dim, c.window,
-                     c.decay, c.dtype);
+  std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.op->name, c.batch, c.heads, c.seq, c.dim, c.window,
+                                c.decay, c.dtype);
+  for (const auto& [name, value] : c.options) key += "|" + name + "=" + value;
+  return key;
 }
 
 // Inputs and the float64 reference for the key last seen: the forms and modes of one shape come

@@ -16,6 +16,7 @@ std::string shape_key(const Case& c, bool with_seq) {
   if (op.has(Param::decay)) key += "|" + c.decay;
   if (op.has(Param::chunk)) key += fmt::format("|c{}", c.chunk);
   if (op.has(Param::window)) key += fmt::format("|w{}", c.window);
+  for (const auto& [name, value] : c.options) key += "|" + name + "=" + value;
   if (with_seq) key += fmt::format("|t{}", c.seq);
   return key;
 }
@@ -75,6 +76,7 @@ std::string label(const Case& c, bool with_seq) {
   if (op.has(Param::chunk)) out += fmt::format(" chunk={}", c.chunk);
   if (op.has(Param::window)) out += fmt::format(" window={}", c.window);
   if (op.has(Param::decay) && c.decay != "none") out += " decay=" + c.decay;
+  for (const auto& [name, value] : c.options) out += " " + name + "=" + value;
   if (c.dtype != "float32") out += " " + c.dtype;
   return out;
 }
