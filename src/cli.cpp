@@ -12,10 +12,6 @@
 #include "core/error.hpp"
 
 namespace lattn {
-namespace {
-
-
-}  // namespace
 
 std::string list_capabilities() {
   // Every plannable op's forms and decay kinds, each once.
