@@ -56,4 +56,9 @@ TensorSet TensorSet::inputs_for(Mode mode) const {
   return out;
 }
 
+std::vector<double> widened(const TensorSet& set, const std::string& name) {
+  const auto& v = set.at(name).data;
+  return std::vector<double>(v.begin(), v.end());
+}
+
 }  // namespace lattn

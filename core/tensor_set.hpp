@@ -56,6 +56,9 @@ class TensorSet {
   std::vector<Tensor> tensors_;  // in the order the op lists them
 };
 
+// A tensor's values in float64, for a reference to compute on.
+std::vector<double> widened(const TensorSet& set, const std::string& name);
+
 // The float64 values a case's outputs are checked against, by tensor name.
 struct Reference {
   std::map<std::string, std::vector<double>> values;

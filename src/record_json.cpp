@@ -48,41 +48,57 @@ double error_from(const nlohmann::json& j) {
   return j.is_null() ? std::numeric_limits<double>::infinity() : j.get<double>();
 }
 
+// The measurement's keys, one table for both directions (written here, read back on --resume):
+// the required numbers, the optional numbers (absent: not measured), and the texts left out when
+// empty.
+struct DoubleKey {
+  const char* key;
+  double Measurement::*member;
+};
+struct IntKey {
+  const char* key;
+  int Measurement::*member;
+};
+struct OptionalKey {
+  const char* key;
+  std::optional<double> Measurement::*member;
+};
+struct TextKey {
+  const char* key;
+  std::string Measurement::*member;
+};
+constexpr DoubleKey kDoubles[] = {
+    {"compile_s", &Measurement::compile_s}, {"median_ms", &Measurement::median_ms}, {"q1_ms", &Measurement::q1_ms},
+    {"q3_ms", &Measurement::q3_ms},         {"min_ms", &Measurement::min_ms},       {"max_ms", &Measurement::max_ms},
+    {"mean_ms", &Measurement::mean_ms},     {"tolerance", &Measurement::tolerance}, {"temp_mb", &Measurement::temp_mb},
+    {"arg_mb", &Measurement::arg_mb},       {"out_mb", &Measurement::out_mb},       {"flops", &Measurement::flops},
+    {"gflops", &Measurement::gflops},       {"bytes", &Measurement::bytes},         {"gbytes_per_s", &Measurement::gbytes_per_s},
+};
+constexpr IntKey kInts[] = {{"warmup", &Measurement::warmup},
+                            {"inner", &Measurement::inner},
+                            {"reps", &Measurement::reps},
+                            {"short_samples", &Measurement::short_samples}};
+constexpr OptionalKey kOptionals[] = {
+    {"peak_gflops", &Measurement::peak_gflops},         {"peak_fraction", &Measurement::peak_fraction},
+    {"roofline_gflops", &Measurement::roofline_gflops}, {"roofline_fraction", &Measurement::roofline_fraction},
+    {"peak_gflops_now", &Measurement::peak_gflops_now}, {"peak_fraction_now", &Measurement::peak_fraction_now},
+};
+constexpr TextKey kTexts[] = {{"check_failure", &Measurement::check_failure},
+                              {"bwd_states", &Measurement::bwd_states},
+                              {"timer_warning", &Measurement::timer_warning}};
+
 void put_measurement(nlohmann::json& r, const Measurement& m) {
-  if (!m.check_failure.empty()) r["check_failure"] = m.check_failure;
-  r["compile_s"] = m.compile_s;
-  r["warmup"] = m.warmup;
-  r["inner"] = m.inner;
-  r["reps"] = m.reps;
+  for (const DoubleKey& k : kDoubles) r[k.key] = m.*k.member;
+  for (const IntKey& k : kInts) r[k.key] = m.*k.member;
+  for (const OptionalKey& k : kOptionals) put(r, k.key, m.*k.member);
+  for (const TextKey& k : kTexts)
+    if (!(m.*k.member).empty()) r[k.key] = m.*k.member;
   r["samples_ms"] = m.samples_ms;
-  r["median_ms"] = m.median_ms;
-  r["q1_ms"] = m.q1_ms;
-  r["q3_ms"] = m.q3_ms;
-  r["min_ms"] = m.min_ms;
-  r["max_ms"] = m.max_ms;
-  r["mean_ms"] = m.mean_ms;
-  r["short_samples"] = m.short_samples;
   r["rel_err"] = error_value(m.rel_err);
   nlohmann::json errors = nlohmann::json::object();
   for (const auto& [name, e] : m.rel_errs) errors[name] = error_value(e);
   r["rel_errs"] = errors;
-  r["tolerance"] = m.tolerance;
-  r["temp_mb"] = m.temp_mb;
-  r["arg_mb"] = m.arg_mb;
-  r["out_mb"] = m.out_mb;
-  r["flops"] = m.flops;
-  r["gflops"] = m.gflops;
-  r["bytes"] = m.bytes;
-  r["gbytes_per_s"] = m.gbytes_per_s;
-  if (!m.bwd_states.empty()) r["bwd_states"] = m.bwd_states;
-  if (!m.timer_warning.empty()) r["timer_warning"] = m.timer_warning;
   if (m.cold) r["cold"] = true;
-  put(r, "peak_gflops", m.peak_gflops);
-  put(r, "peak_fraction", m.peak_fraction);
-  put(r, "roofline_gflops", m.roofline_gflops);
-  put(r, "roofline_fraction", m.roofline_fraction);
-  put(r, "peak_gflops_now", m.peak_gflops_now);
-  put(r, "peak_fraction_now", m.peak_fraction_now);
 }
 
 }  // namespace
@@ -277,40 +293,16 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
     return r;
   }
   Measurement m;
-  m.check_failure = optional_field<std::string>(line, "check_failure", where).value_or("");
-  m.compile_s = field<double>(line, "compile_s", where);
-  m.warmup = field<int>(line, "warmup", where);
-  m.inner = field<int>(line, "inner", where);
-  m.reps = field<int>(line, "reps", where);
+  for (const DoubleKey& k : kDoubles) m.*k.member = field<double>(line, k.key, where);
+  for (const IntKey& k : kInts) m.*k.member = field<int>(line, k.key, where);
+  for (const OptionalKey& k : kOptionals) m.*k.member = optional_field<double>(line, k.key, where);
+  for (const TextKey& k : kTexts) m.*k.member = optional_field<std::string>(line, k.key, where).value_or("");
   m.samples_ms = field<std::vector<double>>(line, "samples_ms", where);
-  m.median_ms = field<double>(line, "median_ms", where);
-  m.q1_ms = field<double>(line, "q1_ms", where);
-  m.q3_ms = field<double>(line, "q3_ms", where);
-  m.min_ms = field<double>(line, "min_ms", where);
-  m.max_ms = field<double>(line, "max_ms", where);
-  m.mean_ms = field<double>(line, "mean_ms", where);
-  m.short_samples = field<int>(line, "short_samples", where);
   if (!line.contains("rel_err") || !line.contains("rel_errs") || !line["rel_errs"].is_object())
     throw UsageError(where, "the journal record has no rel_err and rel_errs");
   m.rel_err = error_from(line["rel_err"]);
   for (const auto& [name, e] : line["rel_errs"].items()) m.rel_errs[name] = error_from(e);
-  m.tolerance = field<double>(line, "tolerance", where);
-  m.temp_mb = field<double>(line, "temp_mb", where);
-  m.arg_mb = field<double>(line, "arg_mb", where);
-  m.out_mb = field<double>(line, "out_mb", where);
-  m.flops = field<double>(line, "flops", where);
-  m.gflops = field<double>(line, "gflops", where);
-  m.bytes = field<double>(line, "bytes", where);
-  m.gbytes_per_s = field<double>(line, "gbytes_per_s", where);
-  m.bwd_states = optional_field<std::string>(line, "bwd_states", where).value_or("");
-  m.timer_warning = optional_field<std::string>(line, "timer_warning", where).value_or("");
   m.cold = optional_field<bool>(line, "cold", where).value_or(false);
-  m.peak_gflops = optional_field<double>(line, "peak_gflops", where);
-  m.peak_fraction = optional_field<double>(line, "peak_fraction", where);
-  m.roofline_gflops = optional_field<double>(line, "roofline_gflops", where);
-  m.roofline_fraction = optional_field<double>(line, "roofline_fraction", where);
-  m.peak_gflops_now = optional_field<double>(line, "peak_gflops_now", where);
-  m.peak_fraction_now = optional_field<double>(line, "peak_fraction_now", where);
   if (int(m.samples_ms.size()) != m.reps)
     throw UsageError(where, "the journal record has " + std::to_string(m.samples_ms.size()) + " samples for reps " +
                                 std::to_string(m.reps));

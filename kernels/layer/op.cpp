@@ -55,11 +55,6 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   return set;
 }
 
-std::vector<double> widened(const TensorSet& set, const char* name) {
-  const auto& v = set.at(name).data;
-  return std::vector<double>(v.begin(), v.end());
-}
-
 // The float64 layer does not depend on the form: its linear branch is the scan reference.
 Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const LayerProblem p = layer_problem(c);

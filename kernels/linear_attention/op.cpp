@@ -52,11 +52,6 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   return set;
 }
 
-std::vector<double> widened(const TensorSet& set, const char* name) {
-  const auto& v = set.at(name).data;
-  return std::vector<double>(v.begin(), v.end());
-}
-
 Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const Problem p = linear_problem(c);
   Reference ref;

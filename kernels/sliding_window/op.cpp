@@ -38,11 +38,6 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   return set;
 }
 
-std::vector<double> widened(const TensorSet& set, const char* name) {
-  const auto& v = set.at(name).data;
-  return std::vector<double>(v.begin(), v.end());
-}
-
 Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const Problem p{c.batch, c.heads, c.seq, c.dim, 1, Decay::none};
   const auto q = widened(in, "q"), k = widened(in, "k"), v = widened(in, "v");

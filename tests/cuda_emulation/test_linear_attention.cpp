@@ -14,6 +14,7 @@
 #include "src/check.hpp"
 #include "kernels/linear_attention/cuda.hpp"
 #include "kernels/linear_attention/op.hpp"
+#include "cases.hpp"
 #include "device_buffers.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
@@ -33,25 +34,9 @@ std::string describe(const Problem& p, Kernel form, cuda::Dtype dtype) {
 }
 
 // One fwd_bwd in the emulation, every output held to the reference; returns the check.
-// The case of the linear-attention op these kernels compute (its inputs, reference and tolerance).
-Case case_of(const Problem& p, Kernel form, cuda::Dtype dtype, Mode mode) {
-  Case c;
-  c.op = &linear_attention_op();
-  c.impl = form == Kernel::scan ? "scan" : "chunked";
-  c.mode = mode;
-  c.backend = "cuda";
-  c.dtype = dtype == cuda::Dtype::f32 ? "float32" : "bf16";
-  c.batch = p.batch;
-  c.heads = p.heads;
-  c.seq = p.seq;
-  c.dim = p.dim;
-  c.chunk = p.chunk;
-  c.decay = to_string(p.decay);
-  return c;
-}
-
 CheckResult run_case(const Problem& p, Kernel form, cuda::Dtype dtype, std::uint64_t seed = 7) {
-  const Case kase = case_of(p, form, dtype, Mode::fwd_bwd);
+  const Case kase = test::kernel_case(p, form == Kernel::scan ? "scan" : "chunked", Mode::fwd_bwd, "cuda",
+                                     dtype == cuda::Dtype::f32 ? "float32" : "bf16");
   const TensorSet in = make_case_inputs(kase, seed);  // bf16 cases: the token tensors rounded
   const DeviceBuffer q = upload_tokens(in.at("q").data, dtype), k = upload_tokens(in.at("k").data, dtype),
                      v = upload_tokens(in.at("v").data, dtype), dO = upload_tokens(in.at("dO").data, dtype),

@@ -10,6 +10,7 @@
 #include "src/check.hpp"
 #include "kernels/linear_attention/cuda.hpp"
 #include "kernels/linear_attention/op.hpp"
+#include "cases.hpp"
 #include "device_buffers.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
@@ -19,15 +20,7 @@ using namespace lattn::emulation_test;
 
 TEST_CASE("emulation: scan without its staging barrier gives a wrong result", "[emulation][barrier]") {
   const Problem p{1, 2, 40, 32, 16, Decay::retnet};
-  Case kase;
-  kase.op = &linear_attention_op();
-  kase.impl = "scan";
-  kase.batch = p.batch;
-  kase.heads = p.heads;
-  kase.seq = p.seq;
-  kase.dim = p.dim;
-  kase.chunk = p.chunk;
-  kase.decay = to_string(p.decay);
+  const Case kase = test::kernel_case(p, "scan", Mode::fwd, "cuda");
   const TensorSet in = make_case_inputs(kase, 3);
   const DeviceBuffer q = upload(in.at("q").data), k = upload(in.at("k").data), v = upload(in.at("v").data),
                      h0 = upload(in.at("h0").data);

@@ -15,6 +15,7 @@
 #include "kernels/linear_attention/problem.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "kernels/sliding_window/op.hpp"
+#include "cases.hpp"
 #include "device_buffers.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
@@ -38,16 +39,7 @@ std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.en
 void run_case(const SwaProblem& sp, cuda::Dtype dtype) {
   INFO(describe(sp, dtype));
   const Problem p{sp.batch, sp.heads, sp.seq, sp.dim, 1, Decay::none};
-  Case kase;
-  kase.op = &sliding_window_op();
-  kase.impl = "blocked";
-  kase.mode = Mode::fwd_bwd;
-  kase.dtype = dtype == cuda::Dtype::f32 ? "float32" : "bf16";
-  kase.batch = sp.batch;
-  kase.heads = sp.heads;
-  kase.seq = sp.seq;
-  kase.dim = sp.dim;
-  kase.window = sp.window;
+  const Case kase = test::window_case(p, sp.window, Mode::fwd_bwd, "cuda", dtype == cuda::Dtype::f32 ? "float32" : "bf16");
   const TensorSet in = make_case_inputs(kase, 11);  // bf16 cases: rounded
   const DeviceBuffer q = upload_tokens(in.at("q").data, dtype), k = upload_tokens(in.at("k").data, dtype),
                      v = upload_tokens(in.at("v").data, dtype), dO = upload_tokens(in.at("dO").data, dtype);
