@@ -7,6 +7,8 @@
 #include <fstream>
 #include <thread>
 
+#include "environment.hpp"
+
 namespace lattn {
 
 const char* const kVersion = LATTN_VERSION;
@@ -78,6 +80,8 @@ HostInfo host_info(int threads) {
   info.cpu_signature = cpu_signature();
   if (const std::string mhz = cpuinfo_field("cpu MHz"); !mhz.empty()) info.cpu_mhz = std::atof(mhz.c_str());
   info.cache_kib = cache_kib();
+  info.cpu_scaling_enabled = frequency_scaling().has_value();
+  info.load_avg = load_averages();
   return info;
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace lattn {
 
@@ -22,6 +23,8 @@ struct HostInfo {
   std::string cpu_signature;
   std::optional<double> cpu_mhz;
   std::map<std::string, long> cache_kib;  // "L1d", "L2", ... of cpu0
+  bool cpu_scaling_enabled = false;       // a core's frequency governor is not "performance"
+  std::vector<double> load_avg;           // 1, 5, 15 minutes, when the run started
 };
 
 // The CPU backend: its BLAS, threading environment, vector width, and the roofline it measured at

@@ -33,20 +33,30 @@ std::vector<std::string> environment_warnings(const std::string& build_type) {
   if (build_type != "Release")
     warnings.push_back("lattnbench was built as '" + build_type + "', not Release: timings are not representative");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  for (unsigned cpu = 0; cpu < cores; ++cpu) {
-    std::ifstream governor(fmt::format("/sys/devices/system/cpu/cpu{}/cpufreq/scaling_governor", cpu));
-    std::string name;
-    if (governor >> name && name != "performance") {
-      warnings.push_back("CPU frequency scaling is on (cpu" + std::to_string(cpu) + " governor '" + name +
-                         "'): timings may vary; set the governor to 'performance'");
-      break;
-    }
-  }
+  if (const auto g = frequency_scaling())
+    warnings.push_back("CPU frequency scaling is on (cpu" + std::to_string(g->cpu) + " governor '" + g->name +
+                       "'): timings may vary; set the governor to 'performance'");
   double load[1] = {0};
   if (getloadavg(load, 1) == 1 && load[0] > 0.5 * cores)
     warnings.push_back(fmt::format("the machine is loaded (1-minute load average {:.2f} on {} cores): timings may be noisy",
                                    load[0], cores));
   return warnings;
+}
+
+std::optional<ScalingGovernor> frequency_scaling() {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned cpu = 0; cpu < cores; ++cpu) {
+    std::ifstream governor(fmt::format("/sys/devices/system/cpu/cpu{}/cpufreq/scaling_governor", cpu));
+    std::string name;
+    if (governor >> name && name != "performance") return ScalingGovernor{cpu, name};
+  }
+  return std::nullopt;
+}
+
+std::vector<double> load_averages() {
+  double load[3] = {0, 0, 0};
+  const int n = getloadavg(load, 3);
+  return n > 0 ? std::vector<double>(load, load + n) : std::vector<double>{};
 }
 
 std::size_t available_host_memory() {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,17 @@
 namespace lattn {
 
 TimerInfo measure_steady_clock();
+
+// A CPU whose frequency governor is not "performance": (cpu, governor), or nothing (all are, or
+// the machine does not say).
+struct ScalingGovernor {
+  unsigned cpu = 0;
+  std::string name;
+};
+std::optional<ScalingGovernor> frequency_scaling();
+
+// The 1, 5 and 15-minute load averages (empty where the system does not give them).
+std::vector<double> load_averages();
 
 // Warnings for this run: build type not Release, CPU frequency scaling not pinned, load average
 // over half the cores.

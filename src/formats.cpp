@@ -150,6 +150,25 @@ std::string to_markdown(const std::vector<CaseRecord>& records) {
   return out;
 }
 
+namespace {
+
+// google/benchmark's cache list: {"type", "level", "size" (bytes), "num_sharing"} from "L1d" etc.
+nlohmann::json gbench_caches(const HostInfo& host) {
+  nlohmann::json caches = nlohmann::json::array();
+  for (const auto& [name, kib] : host.cache_kib) {
+    const char last = name.back();
+    caches.push_back({{"type", last == 'd' ? "Data" : last == 'i' ? "Instruction" : "Unified"},
+                      {"level", name.size() > 1 ? name[1] - '0' : 0},
+                      {"size", kib * 1024},
+                      {"num_sharing", 0}});
+  }
+  return caches;
+}
+
+double to_ns(double ms) { return ms * 1e6; }
+
+}  // namespace
+
 nlohmann::json to_gbench(const RunDocument& doc) {
   const HostInfo& host = doc.device.host;
   nlohmann::json context = {
@@ -157,33 +176,62 @@ nlohmann::json to_gbench(const RunDocument& doc) {
       {"host_name", host.hostname},
       {"executable", doc.argv.empty() ? "lattnbench" : doc.argv[0]},
       {"num_cpus", host.cpu_cores},
-      {"mhz_per_cpu", 0},
-      {"cpu_scaling_enabled", false},
-      {"caches", nlohmann::json::array()},
-      {"load_avg", nlohmann::json::array()},
+      {"mhz_per_cpu", host.cpu_mhz ? long(std::lround(*host.cpu_mhz)) : 0L},
+      {"cpu_scaling_enabled", host.cpu_scaling_enabled},
+      {"caches", gbench_caches(host)},
+      {"load_avg", host.load_avg},
       {"library_build_type", host.build_type == "Release" ? "release" : "debug"},
       {"lattnbench_version", doc.version},
       {"lattnbench_backend", doc.device.backend},
       {"lattnbench_device",
        doc.device.cuda && doc.device.cuda->gpu ? doc.device.cuda->gpu->name : host.cpu_model},
   };
-  // One entry per case, its median as real_time: github-action-benchmark keys data points by name,
-  // so per-sample entries would read as duplicates. The quartiles travel as counters.
+  // As google/benchmark writes --benchmark_repetitions: every sample a repetition (so that its
+  // tools/compare.py runs its U test), then the mean, median and stddev aggregates. Times in ns,
+  // the one unit both files of a comparison share, whatever the case: a 40 us case is 40000, not
+  // a rounded 0 ms. lattnbench measures wall time only, so cpu_time repeats real_time.
   nlohmann::json benchmarks = nlohmann::json::array();
   long family = 0;
   for (const CaseRecord& r : doc.results) {
-    if (!r.measured) continue;
-    const Measurement& m = *r.measured;
+    if (r.status == Status::skipped) continue;
     const std::string name = gbench_name(r.kase);
-    nlohmann::json e = {{"name", name}, {"family_index", family++}, {"per_family_instance_index", 0},
-                        {"run_name", name}, {"run_type", "iteration"}, {"repetitions", 1},
-                        {"repetition_index", 0}, {"threads", host.threads},
-                        {"iterations", m.inner}, {"real_time", m.median_ms}, {"cpu_time", m.median_ms},
-                        {"time_unit", "ms"}, {"q1_ms", m.q1_ms}, {"q3_ms", m.q3_ms},
-                        {"samples", m.samples_ms.size()}, {"gflops", m.gflops}, {"gbytes_per_s", m.gbytes_per_s},
-                        {"temp_mb", m.temp_mb}, {"rel_err", std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr)}};
-    if (m.peak_fraction) e["peak_fraction"] = *m.peak_fraction;
-    benchmarks.push_back(e);
+    const nlohmann::json base = {{"name", name}, {"family_index", family++}, {"per_family_instance_index", 0},
+                                 {"run_name", name}, {"threads", host.threads}, {"time_unit", "ns"}};
+    if (!r.measured) {  // broke before it was measured
+      nlohmann::json e = base;
+      e.update({{"run_type", "iteration"}, {"repetitions", 1}, {"repetition_index", 0}, {"iterations", 0},
+                {"real_time", 0.0}, {"cpu_time", 0.0}, {"error_occurred", true}, {"error_message", r.error}});
+      benchmarks.push_back(e);
+      continue;
+    }
+    const Measurement& m = *r.measured;
+    nlohmann::json counters = {{"gflops", m.gflops}, {"gbytes_per_s", m.gbytes_per_s}, {"temp_mb", m.temp_mb},
+                               {"rel_err", std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr)}};
+    if (m.peak_fraction) counters["peak_fraction"] = *m.peak_fraction;
+    const std::string error = !m.check_failure.empty() ? m.check_failure : r.error;
+    auto entry = [&](nlohmann::json e, double ms) {
+      e.update(base);
+      e.update(counters);
+      e["iterations"] = m.inner;
+      e["repetitions"] = int(m.samples_ms.size());
+      e["real_time"] = to_ns(ms);
+      e["cpu_time"] = to_ns(ms);
+      if (!error.empty()) {
+        e["error_occurred"] = true;
+        e["error_message"] = error;
+      }
+      return e;
+    };
+    for (std::size_t i = 0; i < m.samples_ms.size(); ++i)
+      benchmarks.push_back(entry({{"run_type", "iteration"}, {"repetition_index", i}}, m.samples_ms[i]));
+    double sum_sq = 0;
+    for (double x : m.samples_ms) sum_sq += (x - m.mean_ms) * (x - m.mean_ms);
+    const double stddev = m.samples_ms.size() > 1 ? std::sqrt(sum_sq / double(m.samples_ms.size() - 1)) : 0.0;
+    for (const auto& [aggregate, ms] : {std::pair{"mean", m.mean_ms}, {"median", m.median_ms}, {"stddev", stddev}}) {
+      nlohmann::json e = entry({{"run_type", "aggregate"}, {"aggregate_name", aggregate}, {"aggregate_unit", "time"}}, ms);
+      e["name"] = name + "_" + aggregate;
+      benchmarks.push_back(e);
+    }
   }
   return {{"context", context}, {"benchmarks", benchmarks}};
 }

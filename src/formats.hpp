@@ -21,7 +21,8 @@ OutputFormat format_for_path(const std::string& path, const std::string& flag);
 
 std::string to_csv(const std::vector<CaseRecord>& records);
 std::string to_markdown(const std::vector<CaseRecord>& records);
-// One entry per measured case: real_time is the median, quartiles and GFLOP/s are counters.
+// google/benchmark's JSON: per case every sample as a repetition, then mean, median and stddev
+// aggregates (ns); a failed check or a broken case carries error_occurred and its message.
 nlohmann::json to_gbench(const RunDocument& document);
 
 // The whole document in `format` (table: the table and the summary).

@@ -123,6 +123,8 @@ nlohmann::json to_json(const DeviceInfo& d) {
   if (!h.cpu_signature.empty()) j["cpu_signature"] = h.cpu_signature;
   put(j, "cpu_mhz", h.cpu_mhz);
   if (!h.cache_kib.empty()) j["cache_kib"] = h.cache_kib;
+  j["cpu_scaling_enabled"] = h.cpu_scaling_enabled;
+  j["load_avg"] = h.load_avg;
   if (const auto& c = d.cpu) {
     j["blas"] = c->blas;
     j["blas_version"] = c->blas_version;

@@ -21,6 +21,7 @@ CaseRecord record(const char* impl, int seq, double median, double temp_mb, std:
   r.status = Status::ok;
   Measurement m;
   m.median_ms = median;
+  m.mean_ms = median;
   m.q1_ms = median * 0.9;
   m.q3_ms = median * 1.1;
   m.inner = 3;
@@ -53,22 +54,46 @@ RunDocument sample_document() {
 }
 }  // namespace
 
-TEST_CASE("the Google Benchmark export parses and carries one entry per measured case", "[formats]") {
-  const RunDocument doc = sample_document();
+TEST_CASE("the Google Benchmark export has every sample as a repetition and the aggregates", "[formats]") {
+  RunDocument doc = sample_document();
+  doc.device.host.cpu_mhz = 2450.4;
+  doc.device.host.load_avg = {1.5, 1.0, 0.5};
+  doc.device.host.cache_kib = {{"L1d", 32}, {"L2", 1024}};
+  doc.results[1].status = Status::failed;
+  doc.results[1].measured->check_failure = "o rel_err 1e-2 over tolerance 1e-4";
   const nlohmann::json gbench = nlohmann::json::parse(to_gbench(doc).dump());
-  REQUIRE(gbench["benchmarks"].size() == 4);
-  CHECK(gbench["context"]["library_build_type"] == "release");
+  // 4 measured cases x (2 samples + mean, median, stddev); the skipped one is left out.
+  REQUIRE(gbench["benchmarks"].size() == 4 * 5);
+  const auto& context = gbench["context"];
+  CHECK(context["library_build_type"] == "release");
+  CHECK(context["mhz_per_cpu"] == 2450);
+  CHECK(context["load_avg"] == nlohmann::json::array({1.5, 1.0, 0.5}));
+  REQUIRE(context["caches"].size() == 2);
+  CHECK(context["caches"][0]["type"] == "Data");
+  CHECK(context["caches"][0]["level"] == 1);
+  CHECK(context["caches"][0]["size"] == 32 * 1024);
   std::set<std::string> names;
   for (const auto& b : gbench["benchmarks"]) {
     names.insert(b["name"].get<std::string>());
-    CHECK(b["time_unit"] == "ms");
-    CHECK(b["run_type"] == "iteration");
+    CHECK(b["time_unit"] == "ns");
     CHECK(b.contains("real_time"));
-    CHECK(b.contains("iterations"));
+    CHECK(b["iterations"] == 3);
+    CHECK(b["repetitions"] == 2);
   }
-  CHECK(names.size() == 4);
-  CHECK(gbench["benchmarks"][0]["real_time"] == 1.0);
-  CHECK(gbench["benchmarks"][0]["name"] == "kernel/scan/fwd/batch:2/heads:4/seq:512/dim:64/chunk:128/decay:none/float32");
+  CHECK(names.size() == 4 * 4);  // each case's name and its three aggregates'
+  const auto& first = gbench["benchmarks"][0];
+  CHECK(first["name"] == "kernel/scan/fwd/batch:2/heads:4/seq:512/dim:64/chunk:128/decay:none/float32");
+  CHECK(first["run_type"] == "iteration");
+  CHECK(first["repetition_index"] == 0);
+  CHECK(first["real_time"].get<double>() == Approx(1.0e6));  // 1 ms
+  CHECK(gbench["benchmarks"][2]["run_type"] == "aggregate");
+  CHECK(gbench["benchmarks"][2]["aggregate_name"] == "mean");
+  CHECK(gbench["benchmarks"][4]["aggregate_name"] == "stddev");
+  CHECK(gbench["benchmarks"][4]["real_time"] == 0.0);  // two equal samples
+  // The failed check is an error with its message, on every entry of that case.
+  CHECK_FALSE(first.contains("error_occurred"));
+  CHECK(gbench["benchmarks"][5]["error_occurred"] == true);
+  CHECK(gbench["benchmarks"][5]["error_message"] == "o rel_err 1e-2 over tolerance 1e-4");
 }
 
 TEST_CASE("CSV and markdown have a header and a row per record", "[formats]") {
