@@ -157,7 +157,7 @@ struct RunContext {
 Measurement run_case(RunContext& ctx, const ImplRow& row, const Case& c) {
   const auto& run = ctx.request.config.run;
   const auto& shared = ctx.cache.get(c, run.seed);
-  throw_if_interrupted();
+  throw_if_stop_requested();
   const TensorSet inputs = shared.inputs.inputs_for(c.mode);
   auto prepared = row.prepare(c, inputs);
   const Timing timing = measure(*prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
@@ -310,7 +310,7 @@ int run_benchmarks(const RunRequest& request) {
 
   for (const Case& c : plan) {
     ++position;
-    if (interrupt_signal()) break;
+    if (stop_signal()) break;
     CaseRecord record;
     std::string note;
     const ImplRow* row = backend->find(c.op->name, c.impl);
@@ -373,7 +373,7 @@ int run_benchmarks(const RunRequest& request) {
     fmt::print(stderr, "lattnbench: warning: {}\n", w);
   }
 
-  const int signal = interrupt_signal();
+  const int signal = stop_signal();
   document.device.timer = ctx.timer;
   document.version = device.host.version;
   document.created_utc = started;
