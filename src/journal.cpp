@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "record_json.hpp"
+#include "report.hpp"
 
 namespace lattn {
 
@@ -30,16 +31,10 @@ void Journal::append(const nlohmann::json& record) { write_line(record); }
 
 // One write of the whole line: with O_APPEND it lands at the end as one piece, never interleaved
 // with a partial one; a write the disk cuts short leaves a last line without its newline, which
-// resuming cuts off. The loop only continues a short write (the disk filling up mid-line).
+// resuming cuts off. write_all only continues a short write (the disk filling up mid-line).
 void Journal::write_line(const nlohmann::json& line) {
-  const std::string text = line.dump() + "\n";
-  std::size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd_, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw_file_error("cannot write the journal " + path_, n < 0 ? errno : ENOSPC);
-    written += std::size_t(n);
-  }
+  if (const int error = write_all(fd_, line.dump() + "\n"); error != 0)
+    throw_file_error("cannot write the journal " + path_, error);
   if (::fsync(fd_) != 0) throw_file_error("cannot flush the journal " + path_, errno);
 }
 

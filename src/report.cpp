@@ -14,6 +14,17 @@
 namespace lattn {
 namespace fs = std::filesystem;
 
+int write_all(int fd, std::string_view data) {
+  std::size_t written = 0;
+  while (written < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : ENOSPC;
+    written += std::size_t(n);
+  }
+  return 0;
+}
+
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces) {
   const fs::path parent = fs::path(path).parent_path();
   const std::string folder = parent.empty() ? "." : parent.string();
@@ -28,15 +39,8 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
     ::unlink(tmp.c_str());
     throw_file_error(what, error);
   };
-  for (const std::string_view piece : pieces) {
-    std::size_t written = 0;
-    while (written < piece.size()) {
-      const ssize_t n = ::write(fd, piece.data() + written, piece.size() - written);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail("cannot write " + path, n < 0 ? errno : ENOSPC);
-      written += std::size_t(n);
-    }
-  }
+  for (const std::string_view piece : pieces)
+    if (const int error = write_all(fd, piece); error != 0) fail("cannot write " + path, error);
   if (::fsync(fd) != 0) fail("cannot flush " + path, errno);
   if (::close(fd) != 0) {
     const int error = errno;

@@ -9,6 +9,10 @@
 
 namespace lattn {
 
+// Writes all of `data` to `fd`, continuing short writes and EINTR; 0, or the errno of the failure
+// (ENOSPC for a write that took nothing).
+int write_all(int fd, std::string_view data);
+
 // Writes `pieces` one after another to a temporary file beside `path`, flushes it to disk, then
 // renames it over `path`: a reader sees the old file or the whole new one, never part of one, and
 // a failed write leaves no temporary file. Creates the folder. A full disk throws EnvironmentError

@@ -20,24 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string error_of(const std::string& text, const std::string& name = "suite.yaml") {
-  try {
-    parse_config(text, name);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::string override_error(const std::string& key, const std::string& value) {
-  Config c;
-  Overrides o;
-  o.values[key] = value;
-  try {
-    apply_overrides(c, o);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
+  return config_error(text, name);
 }
 
 test::ProcessResult lattnbench(const std::string& args) {

@@ -47,6 +47,15 @@ Stop terminate_and_time(pid_t pid, double give_up = 20) {
   }
 }
 
+// SIGTERM to `pid`: it must exit 128 + SIGTERM within a second.
+void check_stops_within_a_second(pid_t pid, const fs::path& log) {
+  const Stop stop = terminate_and_time(pid);
+  INFO(read_text(log));
+  REQUIRE(stop.seconds.has_value());
+  CHECK(*stop.seconds < 1.0);
+  CHECK(stop.exit_status == 128 + SIGTERM);
+}
+
 // Starts `args`, waits until its journal exists (the first case has begun) and `settle` more.
 pid_t start_case(const std::vector<std::string>& args, const fs::path& out, const fs::path& log,
                  std::chrono::milliseconds settle) {
@@ -70,11 +79,7 @@ TEST_CASE("SIGTERM during a long warm-up stops the run within a second", "[signa
                                 "--impl", "scan", "--mode", "fwd", "--warmup", "1000000", "--threads", "1", "--quiet",
                                 "--out", out.string()},
                                out, dir / "log", std::chrono::milliseconds(500));
-  const Stop stop = terminate_and_time(pid);
-  INFO(read_text(dir / "log"));
-  REQUIRE(stop.seconds.has_value());
-  CHECK(*stop.seconds < 1.0);
-  CHECK(stop.exit_status == 128 + SIGTERM);
+  check_stops_within_a_second(pid, dir / "log");
   CHECK(read_json(out)["interrupted"] == true);
   fs::remove_all(dir);
 }
@@ -89,10 +94,6 @@ TEST_CASE("SIGTERM while a long case's inputs and float64 reference are made sto
                                 "1", "--impl", "scan", "--mode", "fwd_bwd", "--threads", "1", "--quiet", "--out",
                                 out.string()},
                                out, dir / "log", std::chrono::milliseconds(1000));
-  const Stop stop = terminate_and_time(pid);
-  INFO(read_text(dir / "log"));
-  REQUIRE(stop.seconds.has_value());
-  CHECK(*stop.seconds < 1.0);
-  CHECK(stop.exit_status == 128 + SIGTERM);
+  check_stops_within_a_second(pid, dir / "log");
   fs::remove_all(dir);
 }
