@@ -36,7 +36,7 @@ void expect_refused(const std::vector<std::string>& args, const fs::path& log, c
 
 }  // namespace
 
-TEST_CASE("--dump that is a file or cannot be made a folder is refused before any case runs", "[paths][dump]") {
+TEST_CASE("a --dump that is a file or cannot be made a folder is refused before any case runs", "[paths][dump]") {
   const fs::path dir = fresh_dir("dump-target");
   std::ofstream(dir / "a-file") << "x";
   expect_refused(with(quick_args(dir / "r.json"), {"--dump", (dir / "a-file").string()}), dir / "log", "--dump");
@@ -69,7 +69,7 @@ TEST_CASE("a dump that does not fit is not left half-written", "[paths][dump][di
   fs::remove_all(dir);
 }
 
-TEST_CASE("--out, --gbench-out, the journal and --dump must be distinct", "[paths][collisions]") {
+TEST_CASE("the paths of --out, --gbench-out, the journal and --dump must be distinct", "[paths][collisions]") {
   const fs::path dir = fresh_dir("collide");
   const fs::path out = dir / "r.json";
   expect_refused(with(quick_args(out), {"--gbench-out", out.string()}), dir / "log", "--gbench-out");
