@@ -69,15 +69,17 @@ void check_run_files(const RunFiles& files, bool resuming) {
   }
 }
 
-void prepare_folders(const RunFiles& files) {
+void PreparedFolders::remove_made() {
+  std::error_code ec;
+  for (auto it = made_.rbegin(); it != made_.rend(); ++it) fs::remove(*it, ec);  // empty folders only
+  made_.clear();
+}
+
+PreparedFolders::PreparedFolders(const RunFiles& files) {
   std::vector<std::pair<std::string, std::string>> folders = {{"--out", folder_of(files.out)}};
   if (!files.gbench.empty()) folders.push_back({"--gbench-out", folder_of(files.gbench)});
   if (!files.dump.empty()) folders.push_back({"--dump", files.dump});
-  std::vector<fs::path> made;  // deepest last
-  const auto undo = [&] {
-    std::error_code ec;
-    for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ec);  // empty folders only
-  };
+  const auto undo = [&] { remove_made(); };
   for (const auto& [flag, folder] : folders) {
     // The folders to make, outermost first, and what stands where the first of them would go.
     std::vector<fs::path> missing;
@@ -98,7 +100,7 @@ void prepare_folders(const RunFiles& files) {
         if (is_environment_errno(error)) throw_file_error("cannot make the folder " + m.string(), error);
         throw UsageError(flag, "cannot make the folder '" + m.string() + "': " + std::strerror(error));
       }
-      made.push_back(m);
+      made_.push_back(m.string());
     }
     // access(2) says yes to root on any folder of a writable file system: only a file made there tells.
     const std::string probe = (fs::path(folder) / (".lattnbench-probe-" + std::to_string(::getpid()))).string();

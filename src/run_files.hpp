@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace lattn {
 
@@ -20,8 +21,21 @@ void check_run_files(const RunFiles& files, bool resuming);
 
 // Creates the folders of the result file, the export and the dump, and checks that each takes a new
 // file; when one cannot, removes the folders it made and throws UsageError (EnvironmentError when
-// the disk is full).
-void prepare_folders(const RunFiles& files);
+// the disk is full). The folders it made are removed again when it goes out of scope before
+// keep(): a run refused after this point (another run holds the lock, an unfinished journal, a
+// journal of another run) leaves none behind.
+class PreparedFolders {
+ public:
+  explicit PreparedFolders(const RunFiles& files);
+  PreparedFolders(const PreparedFolders&) = delete;
+  PreparedFolders& operator=(const PreparedFolders&) = delete;
+  ~PreparedFolders() { remove_made(); }
+  void keep() { made_.clear(); }
+
+ private:
+  void remove_made();
+  std::vector<std::string> made_;  // outermost first
+};
 
 // A fresh run's journal must not hold an unfinished run's cases unless `force` (start over).
 void check_no_unfinished_journal(const std::string& journal, bool force);

@@ -276,7 +276,7 @@ int run_benchmarks(const RunRequest& request) {
                            {"argv", argv},           {"out_path", out_path},            {"config", to_json(config)},
                            {"shard", shard_json},     {"plan_size", full_plan.size()},   {"device", device_fingerprint(device)}};
   // From here on the run writes: its folders, then the lock, then the journal.
-  prepare_folders(files);
+  PreparedFolders folders(files);
   const RunLock lock(files);
   std::map<std::size_t, CaseRecord> done;
   if (resuming) {
@@ -289,6 +289,7 @@ int run_benchmarks(const RunRequest& request) {
     check_no_unfinished_journal(files.journal, request.force);
   }
   Journal journal(files.journal, header, resuming);
+  folders.keep();
 
   const double peak_gflops = device.peak_gflops(), sgemm_median_gflops = device.sgemm_median_gflops();
   std::vector<std::string> warnings = environment_warnings(device.host.build_type);

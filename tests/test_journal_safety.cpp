@@ -23,9 +23,10 @@ TEST_CASE("a plain rerun refuses an unfinished run's journal; --force starts ove
   REQUIRE(killed_after(out, 3, dir / "log1"));
   const std::string before = read_text(journal_of(out));
 
-  const ProcessResult again = run_args(slow_run_args(out), dir / "log2");
+  const ProcessResult again = run_args(with(slow_run_args(out), {"--dump", (dir / "new-dump").string()}), dir / "log2");
   INFO(again.output);
   CHECK(again.exit_status == 2);
+  CHECK_FALSE(fs::exists(dir / "new-dump"));  // refused: no folder made for it either
   const auto errors = error_lines(again.output);
   REQUIRE(errors.size() == 1);
   CHECK_THAT(errors[0], Contains("--resume " + journal_of(out)) && Contains("--force"));
@@ -162,5 +163,22 @@ TEST_CASE("a journal whose lines are not this run's records is refused in one li
     CHECK_THAT(errors[0], Contains(c.expected));
     CHECK_FALSE(fs::exists(out));
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("--resume with an --out other than the journal's is refused", "[journal][resume]") {
+  const fs::path dir = fresh_dir("resume-out");
+  const fs::path out = dir / "r.json";
+  REQUIRE(killed_after(out, 1, dir / "log1"));
+  const std::string before = read_text(journal_of(out));
+  auto args = slow_run_args(dir / "other.json");
+  const ProcessResult result = run_args(with(args, {"--resume", journal_of(out)}), dir / "log2");
+  INFO(result.output);
+  CHECK(result.exit_status == 2);
+  const auto errors = error_lines(result.output);
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0], Contains("--out") && Contains(out.string()));
+  CHECK(read_text(journal_of(out)) == before);
+  CHECK_FALSE(fs::exists(dir / "other.json"));
   fs::remove_all(dir);
 }
