@@ -166,7 +166,7 @@ TEST_CASE("a journal whose lines are not this run's records is refused in one li
   fs::remove_all(dir);
 }
 
-TEST_CASE("--resume with an --out other than the journal's is refused", "[journal][resume]") {
+TEST_CASE("resuming with an --out other than the journal's is refused", "[journal][resume]") {
   const fs::path dir = fresh_dir("resume-out");
   const fs::path out = dir / "r.json";
   REQUIRE(killed_after(out, 1, dir / "log1"));
