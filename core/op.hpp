@@ -26,6 +26,10 @@ struct TensorSpec {
   // Whether a case has this tensor at all beyond its role (a decay's gates exist only for that
   // decay); null: every case of the role's modes has it.
   bool (*exists)(const Case&) = nullptr;
+  // An output whose true value can be far below the scale float32 computes it at names the output
+  // that shows that scale: its error is then taken against max(||ref||, ||that output's ref||)
+  // rather than ||ref|| alone (docs/harness.md, "Tolerances"); null: against ||ref||.
+  const char* error_floor = nullptr;
 
   bool in(const Case& kase) const { return present_in(role, kase.mode) && (!exists || exists(kase)); }
 };

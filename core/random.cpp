@@ -1,7 +1,10 @@
 #include "core/random.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "core/cancel.hpp"
 
 namespace lattn {
 namespace {
@@ -39,15 +42,23 @@ void round_to_bf16(std::vector<float>& values) {
 
 void fill_normal(std::vector<float>& out, std::uint64_t seed, std::uint64_t stream_id, double stddev) {
   const std::uint64_t stream = splitmix64(seed ^ splitmix64(stream_id));
-  const long n = long(out.size());
+  const long n = long(out.size()), pairs = (n + 1) / 2;
+  // In blocks of pairs, the run's stop request polled before each (core/cancel.hpp): the inputs of
+  // a long sequence take seconds. Every value is a function of its index alone, so the blocks'
+  // order and threads do not change the numbers.
+  constexpr long kBlock = 1 << 16;
 #pragma omp parallel for schedule(static)
-  for (long pair = 0; pair < (n + 1) / 2; ++pair) {
-    const std::uint64_t base = splitmix64(stream + std::uint64_t(pair));
-    const double radius = std::sqrt(-2.0 * std::log(unit_interval(base)));
-    const double angle = 2.0 * M_PI * unit_interval(splitmix64(base));
-    out[std::size_t(2 * pair)] = float(stddev * radius * std::cos(angle));
-    if (2 * pair + 1 < n) out[std::size_t(2 * pair + 1)] = float(stddev * radius * std::sin(angle));
+  for (long block = 0; block < (pairs + kBlock - 1) / kBlock; ++block) {
+    if (stop_requested()) continue;
+    for (long pair = block * kBlock; pair < std::min(pairs, (block + 1) * kBlock); ++pair) {
+      const std::uint64_t base = splitmix64(stream + std::uint64_t(pair));
+      const double radius = std::sqrt(-2.0 * std::log(unit_interval(base)));
+      const double angle = 2.0 * M_PI * unit_interval(splitmix64(base));
+      out[std::size_t(2 * pair)] = float(stddev * radius * std::cos(angle));
+      if (2 * pair + 1 < n) out[std::size_t(2 * pair + 1)] = float(stddev * radius * std::sin(angle));
+    }
   }
+  throw_if_stop_requested();
 }
 
 }  // namespace lattn

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, then: builds everything with the tests (build/), builds and runs the
 # whole suite again under ASan + UBSan (build-asan/; the CUDA emulation's tests among them), the
-# CUDA emulation's tests alone under ThreadSanitizer (build-emu-tsan/), fuzzes the config loader for 60 s
-# (build-fuzz/), runs clang-tidy (without the static analyzer: scripts/lint.sh runs it all), and
+# CUDA emulation's tests alone under ThreadSanitizer (build-emu-tsan/), fuzzes the config loader, the
+# command-line parser and the journal reader for 30 s each (build-fuzz/), runs clang-tidy (without
+# the static analyzer: scripts/lint.sh runs it all), and
 # finally runs the main suite through CTest.
 # Skip the slow extras locally with LATTN_QUICK=1. Extra arguments go to the final ctest.
 set -euo pipefail
@@ -33,15 +34,16 @@ if [[ $quick != 1 ]]; then
     -DLATTN_CUDA=OFF -DLATTN_SANITIZE=thread "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
   (cd "$root/build-emu-tsan" && ctest --output-on-failure --parallel "$(nproc)" --tests-regex "^cuda_emulation_" | tail -4)
 
-  # The fuzzer runs for a fixed time on one core; clang-tidy takes the other meanwhile.
-  step "config fuzzer (${LATTN_FUZZ_SECONDS:-60} s) and clang-tidy, side by side"
-  "$root/scripts/fuzz.sh" "${LATTN_FUZZ_SECONDS:-60}" &
+  # The fuzzers run one after another for a fixed time each on one core; clang-tidy takes the other
+  # meanwhile.
+  step "fuzzers (config, cli, journal: ${LATTN_FUZZ_SECONDS:-30} s each) and clang-tidy, side by side"
+  "$root/scripts/fuzz.sh" "${LATTN_FUZZ_SECONDS:-30}" &
   fuzz_pid=$!
   lint_status=0
   "$root/scripts/lint.sh" --fast "$build_dir" || lint_status=$?
   fuzz_status=0
   wait "$fuzz_pid" || fuzz_status=$?
-  ((lint_status == 0 && fuzz_status == 0)) || { echo "test.sh: clang-tidy or the fuzzer failed" >&2; exit 1; }
+  ((lint_status == 0 && fuzz_status == 0)) || { echo "test.sh: clang-tidy or a fuzzer failed" >&2; exit 1; }
 fi
 
 step "tests"

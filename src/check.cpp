@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -10,7 +11,7 @@
 
 namespace lattn {
 
-OutputError relative_l2_error(const float* x, const double* ref, std::size_t n) {
+OutputError relative_l2_error(const float* x, const double* ref, std::size_t n, double floor) {
   OutputError result;
   double diff = 0, norm = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -23,7 +24,8 @@ OutputError relative_l2_error(const float* x, const double* ref, std::size_t n) 
     diff += d * d;
     norm += ref[i] * ref[i];
   }
-  result.rel_err = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  const double scale = std::max(std::sqrt(norm), floor);
+  result.rel_err = scale > 0 ? std::sqrt(diff) / scale : std::sqrt(diff);
   return result;
 }
 
@@ -44,7 +46,14 @@ CheckResult check_outputs(const Case& kase, const TensorSet& outputs, const Refe
     const auto ref = reference.values.find(spec.name);
     if (ref == reference.values.end() || x.elems() != ref->second.size())
       throw RuntimeFailure("output " + spec.name + " has the wrong size");
-    const OutputError e = relative_l2_error(x.data.data(), ref->second.data(), x.elems());
+    double floor = 0;
+    if (spec.error_floor) {
+      const auto of = reference.values.find(spec.error_floor);
+      if (of == reference.values.end()) throw RuntimeFailure("output " + spec.name + "'s error floor has no reference");
+      for (double v : of->second) floor += v * v;
+      floor = std::sqrt(floor);
+    }
+    const OutputError e = relative_l2_error(x.data.data(), ref->second.data(), x.elems(), floor);
     result.per_output[spec.name] = e.rel_err;
     if (e.first_non_finite >= 0 && result.non_finite.empty())
       result.non_finite = spec.name + "[" + std::to_string(e.first_non_finite) + "]";

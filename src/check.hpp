@@ -16,8 +16,9 @@ struct OutputError {
   long first_non_finite = -1;  // index of the first NaN/Inf in the output, -1 when none
 };
 
-// ||x - ref||_2 / ||ref||_2; ||x||_2 when ref is all zeros; +inf when x holds a NaN or Inf.
-OutputError relative_l2_error(const float* x, const double* ref, std::size_t n);
+// ||x - ref||_2 / max(||ref||_2, floor); ||x - ref||_2 when both are 0; +inf when x holds a NaN
+// or Inf. `floor` is the norm of the output the op names as this one's error floor, or 0.
+OutputError relative_l2_error(const float* x, const double* ref, std::size_t n, double floor = 0);
 
 struct CheckResult {
   double rel_err = 0;                     // the largest per-output error

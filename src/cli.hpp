@@ -1,5 +1,6 @@
-// The command line (docs/cli.md): parses argv into a run request, or handles --help, --version
-// and --list itself.
+// The command line (docs/cli.md): parses argv into a run request, or into the answer to --help or
+// --version, or --list. It prints nothing and runs nothing (the config file is all it reads), so
+// that it can be fuzzed (fuzz/cli_fuzzer.cpp).
 #pragma once
 
 #include <optional>
@@ -11,13 +12,12 @@
 namespace lattn {
 
 struct CliOutcome {
-  std::optional<RunRequest> request;  // empty when the command was fully handled (help, list, ...)
-  int exit_status = 0;
+  std::optional<RunRequest> request;  // empty when the command is answered without a run
+  std::string output;                 // the answer to print on stdout (--help, --version)
+  bool list = false;                  // --list: print list_capabilities() (src/capabilities.hpp)
 };
 
 // Throws UsageError for bad flags or config.
 CliOutcome parse_command_line(const std::vector<std::string>& argv);
-
-std::string list_capabilities();
 
 }  // namespace lattn

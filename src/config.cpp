@@ -1,6 +1,6 @@
-// Config loading and validation. YAML and JSON share one path: a JSON file is first checked by a
-// strict JSON parser (so JSON syntax errors read as JSON errors), then read through yaml-cpp, of
-// whose YAML 1.2 JSON is a subset, so that both formats reach the same validator with line numbers.
+// Config validation: the YAML tree (src/config_text.cpp reads the text, checks JSON's syntax and
+// what YAML allows but a config must not have) to fields, one key at a time, each checked as a
+// value of its kind with file:line; and the command line's overrides through the same checks.
 #include "config.hpp"
 
 #include <fmt/format.h>
@@ -8,12 +8,12 @@
 
 #include <algorithm>
 #include <charconv>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <set>
-#include <sstream>
+#include <thread>
 
+#include "config_text.hpp"
 #include "config_values.hpp"
 #include "core/error.hpp"
 #include "ops.hpp"
@@ -28,6 +28,18 @@ namespace {
 // Run settings beyond these are refused; each op's axes carry their own ranges (kernels/<op>/op.cpp).
 constexpr long kMaxDevice = 1023;
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
+
+// Threads of a run: at most 4 per logical core (and kMaxThreads). More only slow a run down, and
+// thousands of OpenMP threads sit in start-up for minutes or exhaust OpenBLAS's buffers.
+int parse_threads(const Raw& raw) {
+  const long value = parse_int(raw, 0, kMaxThreads);
+  const long cores = long(std::max(1u, std::thread::hardware_concurrency()));
+  const long most = std::min(kMaxThreads, 4 * cores);
+  if (value > most)
+    throw UsageError(raw.where, "expected at most " + std::to_string(most) + " threads (4 x the " + std::to_string(cores) +
+                                    " logical cores here), got " + raw.text);
+  return int(value);
+}
 
 struct Field {
   std::string key;
@@ -111,7 +123,7 @@ const std::vector<Field>& top_fields() {
        [](Config& c, const std::vector<Raw>& raws) { c.run.dtype = parse_choice(raws[0], known_dtypes(), "dtype"); },
        "float32 or bf16 (bf16 inputs, float32 accumulation; backends that lack it skip)"},
       {"threads", false,
-       [](Config& c, const std::vector<Raw>& raws) { c.run.threads = int(parse_int(raws[0], 0, kMaxThreads)); },
+       [](Config& c, const std::vector<Raw>& raws) { c.run.threads = parse_threads(raws[0]); },
        "CPU threads of the whole run (0: every core)"},
       {"warmup", false,
        [](Config& c, const std::vector<Raw>& raws) { c.run.warmup = int(parse_int(raws[0], 0, kMaxWarmup)); },
@@ -178,9 +190,13 @@ std::vector<Raw> node_raws(const YAML::Node& node, const std::string& source, co
 
 void apply_mapping(Config& config, const YAML::Node& map, const std::string& source, const std::vector<Field>& fields,
                    const std::string& prefix, const std::function<bool(const std::string&, const YAML::Node&)>& section) {
+  std::map<std::string, int> seen;  // key -> its line: YAML and JSON both let a second one win silently
   for (const auto& entry : map) {
     const YAML::Node& key_node = entry.first;
     const std::string key = key_node.Scalar();
+    if (const auto [first, fresh] = seen.emplace(key, key_node.Mark().line + 1); !fresh)
+      throw UsageError(at(source, key_node), "the key '" + prefix + key + "' is given twice (first on line " +
+                                                 std::to_string(first->second) + ")");
     if (section && section(key, entry.second)) continue;
     const Field* field = find_field(fields, key);
     if (!field) {
@@ -193,11 +209,6 @@ void apply_mapping(Config& config, const YAML::Node& map, const std::string& sou
     }
     field->set(config, node_raws(entry.second, source, prefix + key, field->is_list));
   }
-}
-
-int line_of_byte(const std::string& text, std::size_t byte) {
-  byte = std::min(byte, text.size());
-  return 1 + int(std::count(text.begin(), text.begin() + long(byte), '\n'));
 }
 
 }  // namespace
@@ -242,39 +253,8 @@ const std::vector<std::string>& known_dtypes() {
   return v;
 }
 
-Config parse_config(const std::string& original_text, const std::string& source) {
-  std::string text = original_text;
-  const bool is_json = source.size() >= 5 && source.compare(source.size() - 5, 5, ".json") == 0;
-  if (is_json) {
-    try {
-      const nlohmann::json parsed = nlohmann::json::parse(text);
-      (void)parsed;
-    } catch (const nlohmann::json::parse_error& e) {
-      std::string what = e.what();
-      const auto colon = what.find(": ", what.find("column"));
-      if (colon != std::string::npos) what = what.substr(colon + 2);
-      throw UsageError(source + ":" + std::to_string(line_of_byte(text, e.byte ? e.byte - 1 : 0)),
-                       "JSON syntax error: " + what);
-    } catch (const nlohmann::json::out_of_range& e) {
-      // A number too large for a double ("number overflow parsing '1e999'"); it has no position,
-      // so the line is where the number first appears.
-      const std::string what = e.what();
-      const auto open = what.find('\''), close = what.rfind('\'');
-      const std::string token = open != std::string::npos && close > open ? what.substr(open + 1, close - open - 1) : "";
-      const std::size_t at_byte = token.empty() ? std::string::npos : text.find(token);
-      throw UsageError(source + (at_byte == std::string::npos ? "" : ":" + std::to_string(line_of_byte(text, at_byte))),
-                       "JSON number out of range: '" + token + "'");
-    }
-    // Valid JSON has tabs only as whitespace between tokens, which YAML does not accept everywhere.
-    std::replace(text.begin(), text.end(), '\t', ' ');
-  }
-
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::ParserException& e) {
-    throw UsageError(source + ":" + std::to_string(e.mark.line + 1), "YAML syntax error: " + e.msg);
-  }
+Config parse_config(const std::string& text, const std::string& source) {
+  const YAML::Node root = load_config_tree(text, source);
   if (!root || root.IsNull()) throw UsageError(source, "the config is empty (expected a mapping of keys)");
   if (!root.IsMap()) throw UsageError(source + ":" + std::to_string(root.Mark().line + 1), "expected a mapping at the top level");
 
@@ -293,30 +273,25 @@ Config parse_config(const std::string& original_text, const std::string& source)
   return config;
 }
 
-Config load_config_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError(path, "cannot read the config file");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parse_config(buffer.str(), path);
-}
+Config load_config_file(const std::string& path) { return parse_config(read_config_file(path), path); }
 
 Config embedded_default_config() { return parse_config(kEmbeddedDefaultConfig, "<built-in default.yaml>"); }
 
 namespace {
 
 std::vector<Raw> override_raws(const Field& field, const std::string& flag_name, const std::string& text) {
-  std::vector<Raw> raws;
-  std::stringstream items(text);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    if (!field.is_list && !raws.empty()) break;
-    raws.push_back(Raw{item, flag_name, false});
-  }
-  if (text.empty() || raws.empty() || (!field.is_list && text.find(',') != std::string::npos))
+  if (text.empty() || (!field.is_list && text.find(',') != std::string::npos))
     throw UsageError(flag_name, field.is_list ? "expected a value or a comma list, got '" + text + "'"
                                               : "expected a single value, got '" + text + "'");
-  return raws;
+  std::vector<Raw> raws;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) throw UsageError(flag_name, "an empty value in the comma list '" + text + "'");
+    raws.push_back(Raw{item, flag_name, false});
+    if (comma == std::string::npos) return raws;
+    start = comma + 1;
+  }
 }
 
 std::string flag_of(const std::string& key) {

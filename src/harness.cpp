@@ -37,6 +37,27 @@ int calibrate_inner(double per_call_ms, double min_sample_ms) {
   return int(std::clamp(calls, 1.0, double(kMaxInner)));
 }
 
+namespace {
+
+// The warm-up calls in batches of about kWarmupBatchMs each, with a stop request checked between
+// them (a million warm-up calls can take minutes); the mean time of a call. The first batch is one
+// call, and each next one is sized from the calls so far.
+double warm_up(PreparedCase& kase, int calls) {
+  constexpr double kWarmupBatchMs = 50;
+  double total_ms = 0;
+  int done = 0, batch = 1;
+  while (done < calls) {
+    throw_if_stop_requested();
+    batch = std::min(batch, calls - done);
+    total_ms += kase.time_ms(batch);
+    done += batch;
+    batch = calibrate_inner(total_ms / done, kWarmupBatchMs);
+  }
+  return total_ms / done;
+}
+
+}  // namespace
+
 Timing measure(PreparedCase& kase, const TimingSettings& settings) {
   Timing timing;
   const auto cold_start = std::chrono::steady_clock::now();
@@ -46,7 +67,7 @@ Timing measure(PreparedCase& kase, const TimingSettings& settings) {
   // The warm-up calls double as the first estimate of a call's time; a second pass at the chosen
   // inner count corrects it, since tiny cases run faster in a loop than alone.
   double per_call_ms = timing.compile_s * 1e3;
-  if (settings.warmup > 0) per_call_ms = kase.time_ms(settings.warmup) / settings.warmup;
+  if (settings.warmup > 0) per_call_ms = warm_up(kase, settings.warmup);
   timing.inner = calibrate_inner(per_call_ms, settings.min_sample_ms);
   if (timing.inner > 1) {
     const double trial_ms = kase.time_ms(timing.inner);
@@ -59,7 +80,7 @@ Timing measure(PreparedCase& kase, const TimingSettings& settings) {
   timing.samples_ms.reserve(std::size_t(settings.reps));
   int recalibrations = 0;
   while (int(timing.samples_ms.size()) < settings.reps) {
-    throw_if_interrupted();  // a stop request lets the sample under way finish, then ends the case
+    throw_if_stop_requested();  // a stop request lets the sample under way finish, then ends the case
     const double sample_ms = kase.time_ms(timing.inner);
     if (sample_ms < settings.min_sample_ms) {
       if (recalibrations < kMaxRecalibrations) {

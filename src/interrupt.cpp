@@ -4,9 +4,7 @@
 
 namespace lattn {
 namespace {
-volatile std::sig_atomic_t g_signal = 0;
-
-extern "C" void on_signal(int signal) { g_signal = signal; }
+extern "C" void on_signal(int signal) { request_stop(signal); }
 }  // namespace
 
 void install_interrupt_handlers() {
@@ -17,8 +15,5 @@ void install_interrupt_handlers() {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 }
-
-int interrupt_signal() { return g_signal; }
-void clear_interrupt() { g_signal = 0; }
 
 }  // namespace lattn

@@ -1,9 +1,13 @@
-// Exit status: 0 every case ran and passed its check; 1 a case failed its check or broke (its
-// results are still written); 2 bad usage or config, with one line saying where and what.
+// Exit status (docs/cli.md): 0 every case ran and passed its check; 1 a case failed its check or
+// broke (its results are still written); 2 bad usage or config, with one line saying where and
+// what; 3 an internal error (a bug); 4 the environment refused a write (a full disk, a quota, an
+// I/O error, a read-only file system): one line, the finished cases kept in the journal for
+// --resume; 128 + signal when SIGINT or SIGTERM stopped the run.
 #include <fmt/format.h>
 
 #include <exception>
 
+#include "capabilities.hpp"
 #include "cli.hpp"
 #include "backend.hpp"
 #include "core/error.hpp"
@@ -12,13 +16,20 @@ int main(int argc, char** argv) {
   lattn::prepare_process_environment(argv);
   try {
     const lattn::CliOutcome outcome = lattn::parse_command_line(std::vector<std::string>(argv, argv + argc));
-    if (!outcome.request) return outcome.exit_status;
+    if (outcome.list) fmt::print("{}", lattn::list_capabilities());
+    if (!outcome.request) {
+      fmt::print("{}", outcome.output);
+      return 0;
+    }
     return lattn::run_benchmarks(*outcome.request);
   } catch (const lattn::UsageError& e) {
     fmt::print(stderr, "lattnbench: error: {}\n", e.what());
     return 2;
+  } catch (const lattn::EnvironmentError& e) {
+    fmt::print(stderr, "lattnbench: error: {}\n", e.what());
+    return 4;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lattnbench: internal error: {}\n", e.what());
+    fmt::print(stderr, "lattnbench: internal error: {}\n", lattn::printable(e.what()));
     return 3;
   }
 }

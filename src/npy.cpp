@@ -1,8 +1,6 @@
 #include "npy.hpp"
 
-#include <fstream>
-
-#include "core/error.hpp"
+#include "report.hpp"
 
 namespace lattn {
 
@@ -20,15 +18,11 @@ void write_npy(const std::string& path, const float* data, const std::vector<std
   header.append(total - 10 - header.size() - 1, ' ');
   header += '\n';
 
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw RuntimeFailure("cannot write " + path);
-  const unsigned short header_len = static_cast<unsigned short>(header.size());
-  out.write("\x93NUMPY\x01\x00", 8);
-  out.put(char(header_len & 0xff));
-  out.put(char(header_len >> 8));
-  out.write(header.data(), std::streamsize(header.size()));
-  out.write(reinterpret_cast<const char*>(data), std::streamsize(count * sizeof(float)));
-  if (!out) throw RuntimeFailure("short write to " + path);
+  // Whole or not at all (a full disk must not leave a truncated array that numpy reads as damaged).
+  const char prefix[10] = {'\x93', 'N', 'U', 'M', 'P', 'Y', '\x01', '\x00', char(header.size() & 0xff),
+                           char(header.size() >> 8)};
+  write_file_atomically(path, {std::string_view(prefix, sizeof prefix), header,
+                               std::string_view(reinterpret_cast<const char*>(data), count * sizeof(float))});
 }
 
 }  // namespace lattn

@@ -1,4 +1,5 @@
-// Writes float32 arrays as NumPy .npy files (format version 1.0) for --dump.
+// Writes float32 arrays as NumPy .npy files (format version 1.0) for --dump, atomically
+// (src/report.hpp's write_file_atomically).
 #pragma once
 
 #include <cstddef>

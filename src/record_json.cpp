@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "core/error.hpp"
 #include "core/op.hpp"
@@ -44,8 +45,10 @@ void put(nlohmann::json& j, const char* key, const std::optional<T>& value) {
 
 // JSON has no infinity: a non-finite rel_err is written as null and read back as +inf.
 nlohmann::json error_value(double e) { return std::isfinite(e) ? nlohmann::json(e) : nlohmann::json(nullptr); }
-double error_from(const nlohmann::json& j) {
-  return j.is_null() ? std::numeric_limits<double>::infinity() : j.get<double>();
+double error_from(const nlohmann::json& j, const std::string& where) {
+  if (j.is_null()) return std::numeric_limits<double>::infinity();
+  if (!j.is_number()) throw UsageError(where, "the journal record's rel_err or rel_errs holds " + j.dump() + ", not a number");
+  return j.get<double>();
 }
 
 // The measurement's keys, one table for both directions (written here, read back on --resume):
@@ -302,8 +305,13 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
   m.samples_ms = field<std::vector<double>>(line, "samples_ms", where);
   if (!line.contains("rel_err") || !line.contains("rel_errs") || !line["rel_errs"].is_object())
     throw UsageError(where, "the journal record has no rel_err and rel_errs");
-  m.rel_err = error_from(line["rel_err"]);
-  for (const auto& [name, e] : line["rel_errs"].items()) m.rel_errs[name] = error_from(e);
+  m.rel_err = error_from(line["rel_err"], where);
+  for (const auto& [name, e] : line["rel_errs"].items()) m.rel_errs[name] = error_from(e, where);
+  std::set<std::string> outputs, recorded;
+  for (const TensorSpec& spec : planned.op->tensors)
+    if (!is_input(spec.role) && spec.in(planned)) outputs.insert(spec.name);
+  for (const auto& [name, e] : m.rel_errs) recorded.insert(name);
+  if (recorded != outputs) throw UsageError(where, "the journal record's rel_errs do not name this case's outputs");
   m.cold = optional_field<bool>(line, "cold", where).value_or(false);
   if (int(m.samples_ms.size()) != m.reps)
     throw UsageError(where, "the journal record has " + std::to_string(m.samples_ms.size()) + " samples for reps " +

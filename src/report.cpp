@@ -14,51 +14,44 @@
 namespace lattn {
 namespace fs = std::filesystem;
 
-namespace {
-std::string parent_or_dot(const std::string& path) {
-  const fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? "." : parent.string();
+int write_all(int fd, std::string_view data) {
+  std::size_t written = 0;
+  while (written < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : ENOSPC;
+    written += std::size_t(n);
+  }
+  return 0;
 }
-}  // namespace
 
-void write_file_atomically(const std::string& path, const std::string& content) {
-  const std::string folder = parent_or_dot(path);
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces) {
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string folder = parent.empty() ? "." : parent.string();
   std::error_code ec;
   fs::create_directories(folder, ec);
   const std::string tmp = (fs::path(folder) / ("." + fs::path(path).filename().string() + ".tmp." +
                                                std::to_string(::getpid()))).string();
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw RuntimeFailure("cannot create " + tmp + ": " + std::strerror(errno));
-  std::size_t written = 0;
-  while (written < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + written, content.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw RuntimeFailure("cannot write " + tmp + ": " + why);
-    }
-    written += std::size_t(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  if (fd < 0) throw_file_error("cannot create " + tmp, errno);
+  const auto fail = [&](const std::string& what, int error) {
+    ::close(fd);
     ::unlink(tmp.c_str());
-    throw RuntimeFailure("cannot flush " + tmp + ": " + std::strerror(errno));
+    throw_file_error(what, error);
+  };
+  for (const std::string_view piece : pieces)
+    if (const int error = write_all(fd, piece); error != 0) fail("cannot write " + path, error);
+  if (::fsync(fd) != 0) fail("cannot flush " + path, errno);
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    throw_file_error("cannot flush " + path, error);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
+    const int error = errno;
     ::unlink(tmp.c_str());
-    throw RuntimeFailure("cannot rename " + tmp + " to " + path + ": " + why);
+    throw_file_error("cannot rename " + tmp + " to " + path, error);
   }
-}
-
-void check_writable(const std::string& path, const std::string& flag) {
-  const std::string folder = parent_or_dot(path);
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  if (fs::is_directory(path)) throw UsageError(flag, "'" + path + "' is a folder, expected a file name");
-  if (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)
-    throw UsageError(flag, "cannot write to the folder '" + folder + "'");
 }
 
 std::string format_table(const std::vector<CaseRecord>& records) {

@@ -27,6 +27,7 @@
 #include "plan.hpp"
 #include "record_json.hpp"
 #include "report.hpp"
+#include "run_files.hpp"
 #include "summary.hpp"
 
 namespace lattn {
@@ -140,7 +141,9 @@ std::optional<std::string> memory_guard(const Backend& backend, const ImplRow& r
 
 void dump_case(const std::string& dir, const Case& c, const TensorSet& inputs, const TensorSet& outputs) {
   const std::filesystem::path folder = std::filesystem::path(dir) / case_slug(c);
-  std::filesystem::create_directories(folder);
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec) throw_file_error("cannot make the dump folder " + folder.string(), ec.value());
   for (const TensorSet* set : {&inputs, &outputs})
     for (const Tensor& t : *set) write_npy((folder / (t.name + ".npy")).string(), t.data.data(), t.shape);
 }
@@ -157,7 +160,7 @@ struct RunContext {
 Measurement run_case(RunContext& ctx, const ImplRow& row, const Case& c) {
   const auto& run = ctx.request.config.run;
   const auto& shared = ctx.cache.get(c, run.seed);
-  throw_if_interrupted();
+  throw_if_stop_requested();
   const TensorSet inputs = shared.inputs.inputs_for(c.mode);
   auto prepared = row.prepare(c, inputs);
   const Timing timing = measure(*prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
@@ -222,27 +225,6 @@ CaseRecord skipped(const Case& c, std::string why) {
   return r;
 }
 
-// Records of a journal being resumed, by plan index, after checking it belongs to this run.
-std::map<std::size_t, CaseRecord> resumed_records(const std::string& path, const nlohmann::json& header,
-                                                  const std::vector<Case>& full_plan) {
-  const JournalContents journal = read_journal(path);
-  for (const char* key : {"config", "shard", "plan_size"})
-    if (journal.header.value(key, nlohmann::json()) != header.value(key, nlohmann::json()))
-      throw UsageError(path, std::string("the journal's ") + key + " differs from this run's: resume with the same command line");
-  if (journal.header["device"] != header["device"])
-    throw UsageError(path, "the journal was written on another device (" + journal.header["device"].dump() + ")");
-  std::map<std::size_t, CaseRecord> done;
-  for (const JournalLine& line : journal.records) {
-    const std::string where = path + ":" + std::to_string(line.number);
-    const nlohmann::json& index = line.record.is_object() ? line.record.value("plan_index", nlohmann::json()) : nlohmann::json();
-    if (!index.is_number_unsigned() || index.get<std::size_t>() >= full_plan.size())
-      throw UsageError(where, "the journal record has no plan_index of this run's plan");
-    const std::size_t i = index.get<std::size_t>();
-    done[i] = record_from_json(line.record, full_plan[i], where);
-  }
-  return done;
-}
-
 }  // namespace
 
 std::string default_out_path(const std::string& backend, const std::string& utc_compact) {
@@ -255,17 +237,27 @@ int run_benchmarks(const RunRequest& request) {
   const Config& config = request.config;
   std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
   std::vector<std::string> argv = request.argv;
+  const bool resuming = !request.resume_path.empty();
+  if (resuming && request.force)
+    throw UsageError("--force", "starts over, and --resume continues the journal: give one of them");
 
   // A resumed run keeps the start time, command line and result path of the run it continues.
   nlohmann::json resumed_header;
-  if (!request.resume_path.empty()) resumed_header = read_journal(request.resume_path).header;
+  if (resuming) resumed_header = read_journal(request.resume_path).header;
   std::string out_path = request.out_path;
-  if (out_path.empty() && !resumed_header.is_null()) out_path = resumed_header.value("out_path", "");
+  if (resuming) {
+    const std::string theirs = resumed_header.value("out_path", "");
+    if (!out_path.empty() && !theirs.empty() &&
+        std::filesystem::path(out_path).lexically_normal() != std::filesystem::path(theirs).lexically_normal())
+      throw UsageError("--out", "the journal " + request.resume_path + " is of the run writing " + theirs +
+                                    ": resume it with that --out (or none)");
+    if (out_path.empty()) out_path = theirs;
+  }
   if (out_path.empty()) out_path = default_out_path(config.run.backend, utc_now("%Y%m%dT%H%M%SZ"));
   const OutputFormat out_format = format_for_path(out_path, "--out");
-  check_writable(out_path, "--out");
-  if (!request.gbench_path.empty()) check_writable(request.gbench_path, "--gbench-out");
-  const std::string journal_path = request.resume_path.empty() ? journal_path_for(out_path) : request.resume_path;
+  const RunFiles files{out_path, request.gbench_path, request.dump_dir,
+                       resuming ? request.resume_path : journal_path_for(out_path)};
+  check_run_files(files, resuming);
 
   auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads, config.run.device, config.run.cold,
                                                                  config.run.bwd_states == "kept"});
@@ -283,13 +275,21 @@ int run_benchmarks(const RunRequest& request) {
   nlohmann::json header = {{"journal", "lattnbench"}, {"schema_version", kSchemaVersion}, {"created_utc", started},
                            {"argv", argv},           {"out_path", out_path},            {"config", to_json(config)},
                            {"shard", shard_json},     {"plan_size", full_plan.size()},   {"device", device_fingerprint(device)}};
+  // From here on the run writes: its folders, then the lock, then the journal.
+  PreparedFolders folders(files);
+  const RunLock lock(files);
   std::map<std::size_t, CaseRecord> done;
-  if (!request.resume_path.empty()) {
-    done = resumed_records(request.resume_path, header, full_plan);
+  if (resuming) {
+    const JournalContents contents = read_journal(files.journal);
+    done = resumed_records(contents, header, full_plan, plan, files.journal);
+    cut_partial_line(files.journal, contents);
     started = resumed_header.value("created_utc", started);
     argv = resumed_header.value("argv", argv);
+  } else {
+    check_no_unfinished_journal(files.journal, request.force);
   }
-  Journal journal(journal_path, header, !request.resume_path.empty());
+  Journal journal(files.journal, header, resuming);
+  folders.keep();
 
   const double peak_gflops = device.peak_gflops(), sgemm_median_gflops = device.sgemm_median_gflops();
   std::vector<std::string> warnings = environment_warnings(device.host.build_type);
@@ -307,10 +307,11 @@ int run_benchmarks(const RunRequest& request) {
   const auto run_start = std::chrono::steady_clock::now();
   bool any_failed = false;
   std::size_t position = 0;
+  std::string write_failure;  // what the disk refused (EnvironmentError): the run stops there
 
   for (const Case& c : plan) {
     ++position;
-    if (interrupt_signal()) break;
+    if (stop_requested()) break;
     CaseRecord record;
     std::string note;
     const ImplRow* row = backend->find(c.op->name, c.impl);
@@ -339,6 +340,9 @@ int run_benchmarks(const RunRequest& request) {
         record.measured = std::move(m);
       } catch (const Interrupted&) {
         break;
+      } catch (const EnvironmentError& e) {  // its dump did not fit: the case runs again on --resume
+        write_failure = e.what();
+        break;
       } catch (const std::bad_alloc&) {
         record = skipped(c, "memory: an allocation failed");
         note = "skipped: memory: an allocation failed";
@@ -349,7 +353,13 @@ int run_benchmarks(const RunRequest& request) {
         note = std::string("FAILED: ") + e.what();
       }
     }
-    if (!done.count(c.plan_index)) journal.append(to_json(record));
+    if (!done.count(c.plan_index)) {
+      try {
+        journal.append(to_json(record));
+      } catch (const EnvironmentError& e) {  // the case finished: the result file keeps it if it can
+        write_failure = e.what();
+      }
+    }
     switch (record.status) {
       case Status::ok: ++document.totals.ok; break;
       case Status::failed: ++document.totals.failed; break;
@@ -357,6 +367,7 @@ int run_benchmarks(const RunRequest& request) {
     }
     any_failed = any_failed || record.status == Status::failed;
     results.push_back(std::move(record));
+    if (!write_failure.empty()) break;
 
     done_cost += case_cost_estimate(c);
     if (!request.quiet) {
@@ -373,7 +384,7 @@ int run_benchmarks(const RunRequest& request) {
     fmt::print(stderr, "lattnbench: warning: {}\n", w);
   }
 
-  const int signal = interrupt_signal();
+  const int signal = stop_signal();
   document.device.timer = ctx.timer;
   document.version = device.host.version;
   document.created_utc = started;
@@ -381,17 +392,31 @@ int run_benchmarks(const RunRequest& request) {
   document.config = to_json(config);
   document.warnings = warnings;
   if (request.shard.active()) document.shard = std::make_pair(request.shard.index, request.shard.count);
-  if (signal) document.interrupted_by = signal == SIGINT ? "SIGINT" : "SIGTERM";
-  write_file_atomically(out_path, render(document, out_format));
-  if (!request.gbench_path.empty()) write_file_atomically(request.gbench_path, to_gbench(document).dump(2) + "\n");
+  if (!write_failure.empty()) document.interrupted_by = "write error";
+  else if (signal) document.interrupted_by = signal == SIGINT ? "SIGINT" : "SIGTERM";
+  std::string output_failure;  // the result file or the export did not fit
+  try {
+    write_file_atomically(out_path, render(document, out_format));
+    if (!request.gbench_path.empty()) write_file_atomically(request.gbench_path, to_gbench(document).dump(2) + "\n");
+  } catch (const EnvironmentError& e) {
+    output_failure = e.what();
+  }
+  if (!write_failure.empty() || !output_failure.empty()) {
+    // Exit 4 (main): the finished cases are in the journal (all but one the disk refused, which
+    // the result file has when it could be written), and --resume finishes the run.
+    const std::string first = write_failure.empty() ? output_failure : write_failure;
+    const std::string also = write_failure.empty() || output_failure.empty() ? "" : " (and " + output_failure + ")";
+    throw EnvironmentError(first + also + "; the cases finished are kept in " + files.journal +
+                           ": make room, then run the same command with --resume " + files.journal);
+  }
   // A complete run needs its journal no more; an interrupted one keeps it for --resume.
-  if (!signal) std::filesystem::remove(journal_path);
+  if (!signal) std::filesystem::remove(files.journal);
 
   fmt::print("{}", render(document, request.stdout_format));
   if (request.stdout_format == OutputFormat::table) fmt::print("results: {}\n", out_path);
   if (signal) {
     fmt::print(stderr, "lattnbench: interrupted after {} of {} cases; resume with --resume {}\n", results.size(),
-               plan.size(), journal_path);
+               plan.size(), files.journal);
     return 128 + signal;
   }
   return any_failed ? 1 : 0;

@@ -19,6 +19,7 @@ struct RunRequest {
   std::string gbench_path;   // empty: no Google Benchmark export
   std::string dump_dir;      // empty: no .npy dump
   std::string resume_path;   // a journal to continue
+  bool force = false;        // start over although an unfinished run's journal is at the path
   OutputFormat stdout_format = OutputFormat::table;
   Shard shard;
   bool quiet = false;        // no progress lines
@@ -26,7 +27,8 @@ struct RunRequest {
 
 // Exit status of the run: 0 every case ran and passed its check (or was skipped), 1 some case
 // failed its check or broke, 128 + signal when interrupted. Throws UsageError for what the user
-// must fix.
+// must fix, EnvironmentError when the disk would not take the journal, a dump or the result file
+// (the finished cases are kept in the journal for --resume).
 int run_benchmarks(const RunRequest& request);
 
 std::string default_out_path(const std::string& backend, const std::string& utc_compact);

@@ -20,14 +20,8 @@ std::string plan_signature(const Config& c) {
   return out;
 }
 
-// The message of the UsageError that parsing `text` throws ("" when it does not throw).
 std::string error_of(const std::string& text, const std::string& name = "suite.yaml") {
-  try {
-    parse_config(text, name);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
+  return test::config_error(text, name);
 }
 
 }  // namespace
@@ -181,17 +175,7 @@ TEST_CASE("each class of malformed config has its own message naming where", "[c
 
 TEST_CASE("bad command-line values name the flag", "[config][errors]") {
   using Catch::Matchers::Contains;
-  auto override_error = [](const std::string& key, const std::string& value) {
-    Config c;
-    Overrides o;
-    o.values[key] = value;
-    try {
-      apply_overrides(c, o);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  using test::override_error;
   CHECK_THAT(override_error("seq", "512,abc"), Contains("--seq") && Contains("'abc'"));
   CHECK_THAT(override_error("min_sample_ms", "0"), Contains("--min-sample-ms"));
   CHECK_THAT(override_error("threads", "2,3"), Contains("--threads") && Contains("single value"));

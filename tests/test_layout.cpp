@@ -85,3 +85,22 @@ TEST_CASE("a source file over 500 lines says why in its opening comment", "[layo
       CHECK(s.opening_comment.find("500 lines") != std::string::npos);
     }
 }
+
+TEST_CASE("no test name starts with '-' (CTest passes the name to Catch, which would read it as a flag)", "[layout]") {
+  const fs::path root = lattn::test::source_dir();
+  static const std::regex dash_name(R"re(TEST_CASE\(\s*"-)re");
+  std::size_t files = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(root / "tests")) {
+    if (!entry.is_regular_file() || entry.path().extension() != ".cpp") continue;
+    ++files;
+    std::ifstream in(entry.path());
+    std::string line;
+    int number = 0;
+    while (std::getline(in, line)) {
+      ++number;
+      INFO(fs::relative(entry.path(), root).string() << ":" << number);
+      CHECK_FALSE(std::regex_search(line, dash_name));
+    }
+  }
+  CHECK(files > 10);
+}

@@ -4,88 +4,15 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <fcntl.h>
-
-#include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <thread>
 
 #include "src/journal.hpp"
-#include "test_util.hpp"
-
-extern char** environ;
+#include "process_util.hpp"
 
 using namespace lattn;
+using namespace lattn::test;
 namespace fs = std::filesystem;
-
-namespace {
-
-// Twelve cases of a few hundred milliseconds each.
-std::vector<std::string> slow_run_args(const fs::path& out) {
-  return {test::binary(), "--suite", "kernel", "--seq", "3000,3001,3002", "--dim", "48", "--batch", "1", "--heads", "4", "--reps", "4",
-          "--min-sample-ms", "20", "--threads", "1", "--quiet", "--out", out.string()};
-}
-
-pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) == 0);
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
-}
-
-std::size_t line_count(const fs::path& path) {
-  std::ifstream in(path);
-  std::size_t n = 0;
-  std::string line;
-  while (std::getline(in, line)) ++n;
-  return n;
-}
-
-// Waits until the journal holds `records` finished cases (plus its header line).
-void wait_for_journal(const fs::path& journal, std::size_t records) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (line_count(journal) < records + 1) {
-    REQUIRE(std::chrono::steady_clock::now() < deadline);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-int wait_exit(pid_t pid, bool* signalled = nullptr) {
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  if (signalled) *signalled = WIFSIGNALED(status);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// Starts slow_run_args(out), SIGKILLs it once its journal holds `records` cases; whether the
-// signal ended it.
-bool killed_after(const fs::path& out, std::size_t records, const fs::path& log) {
-  const pid_t pid = spawn(slow_run_args(out), log);
-  wait_for_journal(out.string() + ".journal.jsonl", records);
-  REQUIRE(kill(pid, SIGKILL) == 0);
-  bool signalled = false;
-  wait_exit(pid, &signalled);
-  return signalled;
-}
-
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-}  // namespace
 
 TEST_CASE("SIGINT and SIGTERM finish the sample, write the finished cases marked interrupted, exit 128+signal",
           "[robustness][signals]") {

@@ -17,6 +17,8 @@
 #include "kernels/cpu/vec.hpp"
 #include "src/backend.hpp"
 #include "src/check.hpp"
+#include "src/config.hpp"
+#include "core/error.hpp"
 
 namespace lattn::test {
 
@@ -91,6 +93,30 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// The message of the UsageError that parsing `text` as the config `name` throws ("" when none).
+inline std::string config_error(const std::string& text, const std::string& name = "suite.yaml") {
+  try {
+    parse_config(text, name);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The message of the UsageError that the command-line override key=value throws on the defaults
+// ("" when none).
+inline std::string override_error(const std::string& key, const std::string& value) {
+  Config c;
+  Overrides o;
+  o.values[key] = value;
+  try {
+    apply_overrides(c, o);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Whether this build has the CUDA backend and this machine a GPU it can use.

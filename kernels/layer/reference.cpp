@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cancel.hpp"
 #include "kernels/linear_attention/reference.hpp"
 #include "kernels/sliding_window/reference.hpp"
 
@@ -16,9 +17,24 @@ namespace {
 
 using Vec = std::vector<double>;
 
+// C = op(A) op(B) + beta C, row-major, in blocks of at most kRowBlock token rows with the run's
+// stop request polled between them (core/cancel.hpp): at seq 262144 one product of the projections
+// takes seconds. Token rows are A's rows (m) when A is not transposed, else the reduction (k);
+// the layer never transposes both.
 void gemm(bool ta, bool tb, int m, int n, int k, const double* A, const double* B, double beta, double* C) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0, A,
-              ta ? m : k, B, tb ? k : n, beta, C, n);
+  constexpr int kRowBlock = 1024;
+  const int lda = ta ? m : k, ldb = tb ? k : n;
+  const int rows = ta ? k : m;
+  for (int r = 0; r < rows; r += kRowBlock) {
+    throw_if_stop_requested();
+    const int block = std::min(kRowBlock, rows - r);
+    if (!ta)
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, block, n, k, 1.0, A + std::size_t(r) * lda,
+                  lda, B, ldb, beta, C + std::size_t(r) * n, n);
+    else  // the reduction over token rows r..r+block: the first block applies beta, the rest add
+      cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, block, 1.0, A + std::size_t(r) * lda, lda,
+                  B + std::size_t(r) * ldb, ldb, r == 0 ? beta : 1.0, C, n);
+  }
 }
 
 // [B*T][M] <-> [B][H][T][Dh]

@@ -1,10 +1,13 @@
 // Float64 sliding-window softmax attention, written literally: a loop over each query's window
-// (O(T * W), so the layer's reference stays quick at seq 8192).
+// (O(T * W), so the layer's reference stays quick at seq 8192). The token loops poll the run's
+// stop request (core/cancel.hpp), as the linear attention's reference does.
 #include "kernels/sliding_window/reference.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "core/cancel.hpp"
 
 namespace lattn::reference {
 namespace {
@@ -41,7 +44,7 @@ void sliding_window_forward(const Problem& p, int window, const double* q, const
   for (long bh = 0; bh < heads_total; ++bh) {
     const std::size_t head = std::size_t(bh) * p.head_token_elems();
     Vec prob;
-    for (int t = 0; t < T; ++t) {
+    for (int t = 0; t < T && !stop_requested(); ++t) {
       const double l = window_probabilities(q + head, k + head, t, window, D, s, prob);
       if (lse) lse[std::size_t(bh) * T + t] = l;
       const int lo = window_start(t, window);
@@ -52,6 +55,7 @@ void sliding_window_forward(const Problem& p, int window, const double* q, const
       }
     }
   }
+  throw_if_stop_requested();
 }
 
 void sliding_window_backward(const Problem& p, int window, const double* q, const double* k, const double* v,
@@ -66,7 +70,7 @@ void sliding_window_backward(const Problem& p, int window, const double* q, cons
   for (long bh = 0; bh < heads_total; ++bh) {
     const std::size_t head = std::size_t(bh) * p.head_token_elems();
     Vec prob, dprob;
-    for (int t = 0; t < T; ++t) {
+    for (int t = 0; t < T && !stop_requested(); ++t) {
       window_probabilities(q + head, k + head, t, window, D, s, prob);
       const int lo = window_start(t, window);
       const double* dot = dO + head + std::size_t(t) * D;
@@ -87,6 +91,7 @@ void sliding_window_backward(const Problem& p, int window, const double* q, cons
       }
     }
   }
+  throw_if_stop_requested();
 }
 
 }  // namespace lattn::reference
