@@ -96,6 +96,8 @@ void clear_launch_log() {
   device().log.clear();
 }
 
+bool is_device_memory(const void* ptr, std::size_t bytes) { return device_range(ptr, bytes); }
+
 }  // namespace lattn_emu
 
 using lattn_emu::device;

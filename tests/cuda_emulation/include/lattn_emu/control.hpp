@@ -31,4 +31,8 @@ struct LaunchRecord {
 std::vector<LaunchRecord> launch_log();
 void clear_launch_log();
 
+// Whether [ptr, ptr + bytes) lies inside one live cudaMalloc block: what a stand-in for a device
+// library (the emulated cuBLAS) checks of the pointers it is handed.
+bool is_device_memory(const void* ptr, std::size_t bytes);
+
 }  // namespace lattn_emu
