@@ -13,6 +13,7 @@
 #include "block_state.hpp"
 #include "device_state.hpp"
 #include "lattn_emu/device.hpp"
+#include "pipeline_state.hpp"
 
 namespace lattn_emu {
 namespace detail {
@@ -155,7 +156,11 @@ void run_thread(Grid& g, unsigned thread) {
     blockIdx = index_of(block, c.grid);
     lock.unlock();
     try {
+      pipeline_reset();
       (*g.body)();
+      if (const std::size_t pending = pipeline_pending())
+        throw Error("returned from the kernel with " + std::to_string(pending) +
+                    " cp.async copies it never waited for (__pipeline_wait_prior)");
       lock.lock();
     } catch (const Aborted&) {
       lock.lock();

@@ -1,6 +1,7 @@
 // Stand-in for the CUDA toolkit's mma.h (nvcuda::wmma) at the documented level, not the hardware
 // one: every lane's fragment holds the whole tile (the lane-to-element mapping is unspecified in
-// CUDA, so code that is correct on a GPU cannot depend on it), and every *_sync call begins with a
+// CUDA, so code that is correct on a GPU cannot depend on it), mma_sync computes the lane's share
+// of the result (what store_matrix_sync has that lane write), and every *_sync call begins with a
 // barrier of the warp's 32 lanes, which must all call it. load_matrix_sync and store_matrix_sync
 // check what CUDA requires of their arguments: a 256-bit (32-byte) aligned pointer and a leading
 // dimension that is a multiple of 16 bytes; a violation fails the launch. store_matrix_sync has
@@ -106,13 +107,18 @@ template <int M, int N, int K, class TA, class TB, class LA, class LB, class TC>
 void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, TC>& c) {
   detail::warp_barrier("mma_sync");
+  // Only the lane's share of the result: the elements store_matrix_sync has this lane write. The
+  // others keep c's values (a kernel cannot tell: CUDA leaves the mapping unspecified, and code
+  // correct on a GPU touches accumulator elements only uniformly or through store_matrix_sync),
+  // and the products cost what they cost a warp, not 32 times that.
   TC out[M * N];
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      float acc = detail::widen(c.x[i * N + j]);
-      for (int k = 0; k < K; ++k) acc = fmaf(detail::widen(a.x[i * K + k]), detail::widen(b.x[k * N + j]), acc);
-      out[i * N + j] = detail::narrow<TC>(acc);
-    }
+  for (int e = 0; e < M * N; ++e) out[e] = c.x[e];
+  for (int e = int(lattn_emu::lane_id()); e < M * N; e += 32) {
+    const int i = e / N, j = e % N;
+    float acc = detail::widen(c.x[e]);
+    for (int k = 0; k < K; ++k) acc = fmaf(detail::widen(a.x[i * K + k]), detail::widen(b.x[k * N + j]), acc);
+    out[e] = detail::narrow<TC>(acc);
+  }
   for (int e = 0; e < M * N; ++e) d.x[e] = out[e];
 }
 
