@@ -145,6 +145,19 @@ __global__ void wmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, cons
   wmma::store_matrix_sync(c, acc, 16, c_col ? wmma::mem_col_major : wmma::mem_row_major);
 }
 
+// Lane `odd` makes one load more than the others (or, with swap, a store where they load; into
+// memory nobody reads, so that the only fault is the divergence).
+__global__ void wmma_divergent_kernel(float* buf, int odd, int swap) {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
+  nvcuda::wmma::fill_fragment(acc, 1.0f);
+  const bool me = int(threadIdx.x & 31) == odd;
+  if (swap && me)
+    nvcuda::wmma::store_matrix_sync(buf + 256, acc, 16, nvcuda::wmma::mem_row_major);
+  else if (swap || me)
+    nvcuda::wmma::load_matrix_sync(acc, buf, 16, nvcuda::wmma::mem_row_major);
+  __syncwarp();
+}
+
 __global__ void wmma_misaligned_kernel(const float* src, int offset, unsigned ldm) {
   nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
   nvcuda::wmma::load_matrix_sync(acc, src + offset, ldm, nvcuda::wmma::mem_row_major);
@@ -290,6 +303,12 @@ TEST_CASE("emulation: WMMA pointers and leading dimensions are checked", "[emula
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 32>>>(src.p, 4, 16)), Contains("32-byte"));
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 32>>>(src.p, 0, 18)), Contains("multiple of 16 bytes"));
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 16>>>(src.p, 0, 16)), Contains("does not have"));
+  // Every lane must make each WMMA call: a lane that makes one more, or another one, fails the
+  // launch where the lanes next meet (here a __syncwarp).
+  DeviceArray<float> buf(512);
+  wmma_divergent_kernel<<<1, 64>>>(buf.p, -1, 0);
+  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(buf.p, 5, 0)), Contains("different WMMA calls"));
+  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(buf.p, 5, 1)), Contains("different WMMA calls"));
 }
 
 TEST_CASE("emulation: bf16 conversion rounds to nearest, ties to even", "[emulation][shim]") {

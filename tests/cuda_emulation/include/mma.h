@@ -1,8 +1,9 @@
 // Stand-in for the CUDA toolkit's mma.h (nvcuda::wmma) at the documented level, not the hardware
 // one: every lane's fragment holds the whole tile (the lane-to-element mapping is unspecified in
 // CUDA, so code that is correct on a GPU cannot depend on it), mma_sync computes the lane's share
-// of the result (what store_matrix_sync has that lane write), and every *_sync call begins with a
-// barrier of the warp's 32 lanes, which must all call it. load_matrix_sync and store_matrix_sync
+// of the result (what store_matrix_sync has that lane write), and every *_sync call must be made
+// by all 32 lanes of the warp: each lane records its calls, and the lanes must agree on them when
+// they next meet (lattn_emu::note_wmma_call). load_matrix_sync and store_matrix_sync
 // check what CUDA requires of their arguments: a 256-bit (32-byte) aligned pointer and a leading
 // dimension that is a multiple of 16 bytes; a violation fails the launch. store_matrix_sync has
 // each lane write its own share of the tile (so that no two threads write one address), and
@@ -54,8 +55,8 @@ T narrow(float x) {
 }
 
 void check_pointer(const char* what, const void* ptr, unsigned ldm, std::size_t element_bytes);
-// The implicit warp barrier every *_sync call begins with.
-inline void warp_barrier(const char* what) { lattn_emu::warp_exchange(what, 0xffffffffu, 0, -1); }
+// Every *_sync call is one all 32 lanes make (checked when they next meet).
+inline void warp_call(const char* what) { lattn_emu::note_wmma_call(what); }
 }  // namespace detail
 
 template <class Use, int M, int N, int K, class T, class Layout = void>
@@ -77,7 +78,7 @@ template <class Use, int M, int N, int K, class T, class Layout>
 void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* ptr, unsigned ldm) {
   static_assert(!std::is_same_v<Use, accumulator>, "an accumulator load takes a layout_t");
   static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
-  detail::warp_barrier("load_matrix_sync");
+  detail::warp_call("load_matrix_sync");
   detail::check_pointer("load_matrix_sync", ptr, ldm, sizeof(T));
   using F = fragment<Use, M, N, K, T, Layout>;
   for (int r = 0; r < F::rows; ++r)
@@ -87,7 +88,7 @@ void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* ptr, unsign
 
 template <int M, int N, int K, class T>
 void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* ptr, unsigned ldm, layout_t layout) {
-  detail::warp_barrier("load_matrix_sync");
+  detail::warp_call("load_matrix_sync");
   detail::check_pointer("load_matrix_sync", ptr, ldm, sizeof(T));
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c) f.x[r * N + c] = layout == mem_row_major ? ptr[r * ldm + c] : ptr[c * ldm + r];
@@ -95,7 +96,7 @@ void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* ptr, unsign
 
 template <int M, int N, int K, class T>
 void store_matrix_sync(T* ptr, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
-  detail::warp_barrier("store_matrix_sync");
+  detail::warp_call("store_matrix_sync");
   detail::check_pointer("store_matrix_sync", ptr, ldm, sizeof(T));
   for (int e = int(lattn_emu::lane_id()); e < M * N; e += 32) {
     const int r = e / N, c = e % N;
@@ -106,7 +107,7 @@ void store_matrix_sync(T* ptr, const fragment<accumulator, M, N, K, T>& f, unsig
 template <int M, int N, int K, class TA, class TB, class LA, class LB, class TC>
 void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, TC>& c) {
-  detail::warp_barrier("mma_sync");
+  detail::warp_call("mma_sync");
   // Only the lane's share of the result: the elements store_matrix_sync has this lane write. The
   // others keep c's values (a kernel cannot tell: CUDA leaves the mapping unspecified, and code
   // correct on a GPU touches accumulator elements only uniformly or through store_matrix_sync),
