@@ -44,14 +44,18 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendOptio
 
 // Runs the table on the backend `make` makes (cases name it `backend_name`): every row's shapes x
 // the backend's impls of that op x modes x dtypes; chunked fwd_bwd cases once more with the chunk
-// states recomputed instead of kept.
-inline TableRun run_op_table(const std::string& backend_name, const BackendFactory& make) {
+// states recomputed instead of kept. `include` (when given) picks the cases to run of those the
+// backend does not decline (a slow backend's test runs only the cases a setting changes), and
+// `only_op` one op's row (a slow backend's test runs the rows as separate tests).
+inline TableRun run_op_table(const std::string& backend_name, const BackendFactory& make,
+                             const std::function<bool(const Case&)>& include = {}, const std::string& only_op = {}) {
   TableRun run;
   for (const bool keep : {true, false}) {
     auto backend = make(BackendOptions{0, 0, false, keep});
     for (const OpTestRow& row : op_test_table())
       for (const ImplRow& impl : backend->impls) {
         if (impl.op != row.shapes.front().op->name) continue;
+        if (!only_op.empty() && impl.op != only_op) continue;
         for (Case kase : row.shapes)
           for (Mode mode : {Mode::fwd, Mode::fwd_bwd})
             for (const std::string dtype : {"float32", "bf16"}) {
@@ -64,6 +68,7 @@ inline TableRun run_op_table(const std::string& backend_name, const BackendFacto
                 ++run.not_supported[kase.op->name + " " + kase.impl + ": " + *why];
                 continue;
               }
+              if (include && !include(kase)) continue;
               INFO(describe(kase) << (keep ? "" : " (chunk states recomputed)"));
               const Outcome r = run_on(*backend, kase, 5);
               INFO(errors(r.check));
