@@ -235,7 +235,8 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
     if (!shared) return no_shared_memory(s.device);
     if (auto why = swa_unsupported(window_problem(c), Dtype::f32, *shared)) return why;
     const Problem p = linear_problem(c);
-    return c.impl == "chunked" ? chunked_unsupported(p, Dtype::f32, *shared) : scan_unsupported(p);
+    if (auto why = c.impl == "chunked" ? chunked_unsupported(p, Dtype::f32, *shared) : scan_unsupported(p)) return why;
+    return cublas_unavailable();
   };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);

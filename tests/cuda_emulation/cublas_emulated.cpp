@@ -16,6 +16,8 @@
 
 namespace lattn::cuda {
 
+std::optional<std::string> cublas_unavailable() { return std::nullopt; }
+
 CublasHandle::CublasHandle(cudaStream_t stream) : handle_(stream) { openblas_set_num_threads(1); }
 
 CublasHandle::~CublasHandle() = default;
