@@ -145,16 +145,22 @@ __global__ void wmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, cons
   wmma::store_matrix_sync(c, acc, 16, c_col ? wmma::mem_col_major : wmma::mem_row_major);
 }
 
-// Lane `odd` makes one load more than the others (or, with swap, a store where they load; into
-// memory nobody reads, so that the only fault is the divergence).
-__global__ void wmma_divergent_kernel(float* buf, int odd, int swap) {
+// Lane `odd` makes one WMMA call more than the others: an mma_sync (no rendezvous: the lanes'
+// records disagree where they next meet), or a load (which waits for lanes that never come to it).
+__global__ void wmma_divergent_kernel(const __nv_bfloat16* tile, int odd, int load) {
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> a;
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> b;
   nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
-  nvcuda::wmma::fill_fragment(acc, 1.0f);
-  const bool me = int(threadIdx.x & 31) == odd;
-  if (swap && me)
-    nvcuda::wmma::store_matrix_sync(buf + 256, acc, 16, nvcuda::wmma::mem_row_major);
-  else if (swap || me)
-    nvcuda::wmma::load_matrix_sync(acc, buf, 16, nvcuda::wmma::mem_row_major);
+  nvcuda::wmma::fill_fragment(acc, 0.0f);
+  nvcuda::wmma::load_matrix_sync(a, tile, 16);
+  nvcuda::wmma::load_matrix_sync(b, tile, 16);
+  nvcuda::wmma::mma_sync(acc, a, b, acc);
+  if (int(threadIdx.x & 31) == odd) {
+    if (load)
+      nvcuda::wmma::load_matrix_sync(a, tile, 16);
+    else
+      nvcuda::wmma::mma_sync(acc, a, b, acc);
+  }
   __syncwarp();
 }
 
@@ -303,12 +309,12 @@ TEST_CASE("emulation: WMMA pointers and leading dimensions are checked", "[emula
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 32>>>(src.p, 4, 16)), Contains("32-byte"));
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 32>>>(src.p, 0, 18)), Contains("multiple of 16 bytes"));
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 16>>>(src.p, 0, 16)), Contains("does not have"));
-  // Every lane must make each WMMA call: a lane that makes one more, or another one, fails the
-  // launch where the lanes next meet (here a __syncwarp).
-  DeviceArray<float> buf(512);
-  wmma_divergent_kernel<<<1, 64>>>(buf.p, -1, 0);
-  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(buf.p, 5, 0)), Contains("different WMMA calls"));
-  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(buf.p, 5, 1)), Contains("different WMMA calls"));
+  // Every lane must make each WMMA call: one more mma_sync fails the launch where the lanes next
+  // meet (here a __syncwarp), one more load at the load.
+  DeviceArray<__nv_bfloat16> tile(256, __float2bfloat16_rn(1.0f));
+  wmma_divergent_kernel<<<1, 64>>>(tile.p, -1, 0);
+  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(tile.p, 5, 0)), Contains("different WMMA calls"));
+  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(tile.p, 5, 1)), Contains("meet at different calls"));
 }
 
 TEST_CASE("emulation: bf16 conversion rounds to nearest, ties to even", "[emulation][shim]") {

@@ -2,8 +2,11 @@
 // one: every lane's fragment holds the whole tile (the lane-to-element mapping is unspecified in
 // CUDA, so code that is correct on a GPU cannot depend on it), mma_sync computes the lane's share
 // of the result (what store_matrix_sync has that lane write), and every *_sync call must be made
-// by all 32 lanes of the warp: each lane records its calls, and the lanes must agree on them when
-// they next meet (lattn_emu::note_wmma_call). load_matrix_sync and store_matrix_sync
+// by all 32 lanes of the warp. load_matrix_sync and store_matrix_sync begin, as CUDA documents,
+// by waiting until every lane of the warp has arrived (a rendezvous: what the lanes wrote before
+// is visible to the load, what they read before is done before the store). mma_sync touches no
+// memory, so its rendezvous could not change a result: each lane records its WMMA calls, and the
+// lanes must agree on them when they next meet (lattn_emu::note_wmma_call). load_matrix_sync and store_matrix_sync
 // check what CUDA requires of their arguments: a 256-bit (32-byte) aligned pointer and a leading
 // dimension that is a multiple of 16 bytes; a violation fails the launch. store_matrix_sync has
 // each lane write its own share of the tile (so that no two threads write one address), and
@@ -55,8 +58,13 @@ T narrow(float x) {
 }
 
 void check_pointer(const char* what, const void* ptr, unsigned ldm, std::size_t element_bytes);
-// Every *_sync call is one all 32 lanes make (checked when they next meet).
+// Every *_sync call is one all 32 lanes make (checked when they next meet); the loads and stores
+// also wait there for the warp's other lanes.
 inline void warp_call(const char* what) { lattn_emu::note_wmma_call(what); }
+inline void warp_barrier(const char* what) {
+  lattn_emu::note_wmma_call(what);
+  lattn_emu::warp_exchange(what, 0xffffffffu, 0, -1);
+}
 }  // namespace detail
 
 template <class Use, int M, int N, int K, class T, class Layout = void>
@@ -78,7 +86,7 @@ template <class Use, int M, int N, int K, class T, class Layout>
 void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* ptr, unsigned ldm) {
   static_assert(!std::is_same_v<Use, accumulator>, "an accumulator load takes a layout_t");
   static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
-  detail::warp_call("load_matrix_sync");
+  detail::warp_barrier("load_matrix_sync");
   detail::check_pointer("load_matrix_sync", ptr, ldm, sizeof(T));
   using F = fragment<Use, M, N, K, T, Layout>;
   for (int r = 0; r < F::rows; ++r)
@@ -88,7 +96,7 @@ void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* ptr, unsign
 
 template <int M, int N, int K, class T>
 void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* ptr, unsigned ldm, layout_t layout) {
-  detail::warp_call("load_matrix_sync");
+  detail::warp_barrier("load_matrix_sync");
   detail::check_pointer("load_matrix_sync", ptr, ldm, sizeof(T));
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c) f.x[r * N + c] = layout == mem_row_major ? ptr[r * ldm + c] : ptr[c * ldm + r];
@@ -96,7 +104,7 @@ void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* ptr, unsign
 
 template <int M, int N, int K, class T>
 void store_matrix_sync(T* ptr, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
-  detail::warp_call("store_matrix_sync");
+  detail::warp_barrier("store_matrix_sync");
   detail::check_pointer("store_matrix_sync", ptr, ldm, sizeof(T));
   for (int e = int(lattn_emu::lane_id()); e < M * N; e += 32) {
     const int r = e / N, c = e % N;

@@ -39,12 +39,11 @@ void sync_block();
 // returns the value lane `source` deposited (source < 0: none is read).
 std::uint64_t warp_exchange(const char* what, unsigned mask, std::uint64_t value, int source);
 // A WMMA call (load_matrix_sync, mma_sync, store_matrix_sync): CUDA requires every lane of the
-// warp to make it, together. Rather than meet the other lanes at each one (a host-thread
-// rendezvous per tile product), the lane records it in a running count and hash of its WMMA calls,
-// and the lanes of a warp must agree on them whenever they next meet (a warp call, a block barrier,
-// leaving the kernel): a lane that skipped, added or swapped one fails the launch there. That the
-// lanes do not wait for each other at a WMMA call is CUDA's own rule too: a fragment loaded from
-// memory other lanes wrote needs their __syncwarp (or __syncthreads) first.
+// warp to make it, together. The lane records it in a running count and hash of its WMMA calls,
+// and the lanes of a warp must agree on them whenever they next meet (a warp call, a block
+// barrier, leaving the kernel): a lane that skipped, added or swapped one fails the launch there.
+// That is how mma_sync, which touches no memory, is checked without a host-thread rendezvous per
+// tile product; the loads and stores also meet the other lanes (mma.h).
 void note_wmma_call(const char* what);
 // The lanes present in the calling thread's warp (all 32 unless the block size is not a multiple of 32).
 unsigned warp_lanes();
