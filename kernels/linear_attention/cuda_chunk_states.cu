@@ -144,14 +144,16 @@ __global__ void __launch_bounds__(kPassThreads, kPassMinBlocks<T>) chunk_state_k
       store_state(S, scratch, states + std::size_t(c) * dd, D, row0, col0);
       S.scale(exp2f(log2g * float(n)));
     }
+    // Only the staged rows that hold tokens (a short chunk, a ragged end): the rest are zeros.
+    const int valid = min(kTile, n - b * kTile), ksteps = (valid + 15) / 16;
     T* a = A0 + buf * step;
-    for (int e = int(threadIdx.x); e < kTile * kTile; e += kPassThreads) {
+    for (int e = int(threadIdx.x); e < valid * kTile; e += kPassThreads) {
       const int r = e / kTile, k = e - r * kTile, i = b * kTile + r;  // token i of the chunk
-      const float w = i >= n ? 0.0f : p.reverse ? p.scale * exp2f(log2g * float(i + 1)) : exp2f(log2g * float(n - 1 - i));
+      const float w = p.reverse ? p.scale * exp2f(log2g * float(i + 1)) : exp2f(log2g * float(n - 1 - i));
       a[r * L.ld + k] = from_float<T>(to_float(a[r * L.ld + k]) * w);
     }
     __syncthreads();
-    S.template mma<true, false>(a + wm * 32, L.ld, X0 + buf * step + wn * 32, L.ld, kTile / 16);  // S += A^T X
+    S.template mma<true, false>(a + wm * 32, L.ld, X0 + buf * step + wn * 32, L.ld, ksteps);  // S += A^T X
     __syncthreads();
   }
   if (p.final_state) store_state(S, scratch, p.final_state + std::size_t(bh) * dd, D, row0, col0);

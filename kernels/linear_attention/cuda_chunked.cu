@@ -185,6 +185,13 @@ __device__ void score_tile(const ChunkParams& p, const Layout& L, const BlockSet
   });
 }
 
+// Steps of 16 over a walked block from chunk row w0 that hold rows of the chunk (the rest, past a
+// short or ragged chunk's end, are zeros in both operands of the product).
+template <int RB, class T>
+__device__ int walked_steps(const BlockSetup<T>& b, int w0) {
+  return (min(RB, b.n - w0) + 15) / 16;
+}
+
 // The output tile's rows r0.. of the chunk (those < n, columns < D) into out.
 template <int RB, class Out, class T>
 __device__ void store_rows(Out& acc, const ChunkParams& p, const BlockSetup<T>& b, int r0) {
@@ -222,7 +229,8 @@ __global__ void __launch_bounds__(kBlockThreads, MinBlocks) chunk_rows_kernel(Ch
     __syncthreads();
     score_tile<false, RB>(p, L, b, r0, j * RB, buf);
     __syncthreads();
-    acc.template mma<false, false>(b.scores + b.wm * (RB / 2) * L.ldP, L.ldP, b.slice(buf) + b.wn * 32, L.ldJ, RB / 16);
+    acc.template mma<false, false>(b.scores + b.wm * (RB / 2) * L.ldP, L.ldP, b.slice(buf) + b.wn * 32, L.ldJ,
+                                   walked_steps<RB>(b, j * RB));
     __syncthreads();
   }
   store_rows<RB>(acc, p, b, r0);
@@ -252,7 +260,8 @@ __global__ void __launch_bounds__(kBlockThreads, MinBlocks) chunk_cols_kernel(Ch
     __syncthreads();
     score_tile<true, RB>(p, L, b, r0, i * RB, buf);
     __syncthreads();
-    acc.template mma<false, false>(b.scores + b.wm * (RB / 2) * L.ldP, L.ldP, b.slice(buf) + b.wn * 32, L.ldJ, RB / 16);
+    acc.template mma<false, false>(b.scores + b.wm * (RB / 2) * L.ldP, L.ldP, b.slice(buf) + b.wn * 32, L.ldJ,
+                                   walked_steps<RB>(b, i * RB));
     __syncthreads();
   }
   store_rows<RB>(acc, p, b, r0);
