@@ -77,7 +77,9 @@ std::size_t chunked_shared_bytes(const Problem& problem, Dtype dtype, int rows_p
 struct ChunkedTiles {
   int rows_per_block = 0;
   int blocks_per_sm = 0;
-  bool operator==(const ChunkedTiles&) const = default;
+  // Written out: the .cu files that include this are C++17.
+  bool operator==(const ChunkedTiles& o) const { return rows_per_block == o.rows_per_block && blocks_per_sm == o.blocks_per_sm; }
+  bool operator!=(const ChunkedTiles& o) const { return !(*this == o); }
 };
 ChunkedTiles chunked_tiles(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 // Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
