@@ -161,23 +161,31 @@ template <class T, int TM, int TN> struct WarpBlock {
   template <bool ACol, bool BCol>
   __device__ void mma(const T* A, int lda, const T* B, int ldb, int ksteps);
 
-  // For each tile (i, j): its values in the warp's 16 x 16 float scratch (leading dimension
-  // kTileScratchLd), then f(i, j, scratch), which the lanes run together (each touching elements
-  // lane, lane + 32, ...), then, with Reload, the scratch back into the tile. The element-wise
-  // epilogues (masks, row scales, bounds-checked stores) go through here because the lanes' share
-  // of a WMMA accumulator is unspecified.
+  // f(i, j, r, c, value) for every element (r, c) of every tile (i, j), value a float& (changes
+  // stay in the tile with Reload). bf16: through the warp's 16 x 16 float scratch (leading
+  // dimension kTileScratchLd), because the lanes' share of a WMMA accumulator is unspecified:
+  // store, then each lane its elements lane, lane + 32, ..., then (Reload) load back, with the
+  // warp's barriers between. float32: the lane's own 8 elements of each tile (Tiles<float>'s
+  // mapping), in registers, no scratch and no barrier. The element-wise epilogues (masks, row
+  // scales, bounds-checked stores) go through here.
   template <bool Reload, class F>
-  __device__ void each_tile(float* scratch, F&& f) {
+  __device__ void each_element(float* scratch, F&& f) {
+    const int lane = int(threadIdx.x) & 31;
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
       for (int j = 0; j < TN; ++j) {
-        Tiles<T>::store(scratch, acc[i][j], kTileScratchLd);
-        __syncwarp();
-        f(i, j, scratch);
-        __syncwarp();
-        if (Reload) Tiles<T>::load(acc[i][j], scratch, kTileScratchLd);
-        __syncwarp();
+        if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) f(i, j, lane >> 1, (lane & 1) * 8 + c, acc[i][j].x[c]);
+        } else {
+          Tiles<T>::store(scratch, acc[i][j], kTileScratchLd);
+          __syncwarp();
+          for (int e = lane; e < 256; e += 32) f(i, j, e >> 4, e & 15, scratch[(e >> 4) * kTileScratchLd + (e & 15)]);
+          __syncwarp();
+          if (Reload) Tiles<T>::load(acc[i][j], scratch, kTileScratchLd);
+          __syncwarp();
+        }
       }
   }
 };

@@ -46,7 +46,7 @@ __host__ __device__ inline PassLayout pass_layout(int es) {
   L.x[0] = 2 * tile;
   L.x[1] = 3 * tile;
   L.scratch = 4 * tile;
-  L.total = L.scratch + align128(std::size_t(4) * 16 * kTileScratchLd * 4);
+  L.total = L.scratch + (es == 4 ? 0 : align128(std::size_t(4) * 16 * kTileScratchLd * 4));  // bf16's epilogue scratch
   return L;
 }
 
@@ -64,13 +64,11 @@ struct PassParams {
 // The block's tile of S (rows row0.., columns col0.. of a D x D matrix) into dst.
 template <class U, class Block>
 __device__ void store_state(Block& S, float* scratch, U* dst, int D, int row0, int col0) {
-  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  const int warp = int(threadIdx.x) >> 5;
   const int r0 = row0 + (warp >> 1) * 32, c0 = col0 + (warp & 1) * 32;
-  S.template each_tile<false>(scratch, [&](int i, int j, float* t) {
-    for (int e = lane; e < 256; e += 32) {
-      const int r = r0 + i * 16 + (e >> 4), c = c0 + j * 16 + (e & 15);
-      if (r < D && c < D) dst[std::size_t(r) * D + c] = from_float<U>(t[(e >> 4) * kTileScratchLd + (e & 15)]);
-    }
+  S.template each_element<false>(scratch, [&](int i, int j, int er, int ec, float& v) {
+    const int r = r0 + i * 16 + er, c = c0 + j * 16 + ec;
+    if (r < D && c < D) dst[std::size_t(r) * D + c] = from_float<U>(v);
   });
 }
 
@@ -79,7 +77,7 @@ __global__ void __launch_bounds__(kPassThreads, kPassMinBlocks<T>) chunk_state_k
   using Block = WarpBlock<T, 2, 2>;
   extern __shared__ __align__(128) unsigned char smem[];
   const PassLayout L = pass_layout(int(sizeof(T)));
-  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, wm = warp >> 1, wn = warp & 1;
+  const int warp = int(threadIdx.x) >> 5, wm = warp >> 1, wn = warp & 1;
   float* scratch = reinterpret_cast<float*>(smem + L.scratch) + warp * 16 * kTileScratchLd;
   // The two buffers of A and of X: base + buffer * step (a run-time index into an array of
   // pointers would put the array on the stack).
@@ -120,11 +118,9 @@ __global__ void __launch_bounds__(kPassThreads, kPassMinBlocks<T>) chunk_state_k
 
   Block S;
   S.zero();
-  S.template each_tile<true>(scratch, [&](int i, int j, float* t) {
-    for (int e = lane; e < 256; e += 32) {
-      const int r = row0 + wm * 32 + i * 16 + (e >> 4), c = col0 + wn * 32 + j * 16 + (e & 15);
-      t[(e >> 4) * kTileScratchLd + (e & 15)] = r < D && c < D ? p.s0[std::size_t(bh) * dd + std::size_t(r) * D + c] : 0.0f;
-    }
+  S.template each_element<true>(scratch, [&](int i, int j, int er, int ec, float& v) {
+    const int r = row0 + wm * 32 + i * 16 + er, c = col0 + wn * 32 + j * 16 + ec;
+    v = r < D && c < D ? p.s0[std::size_t(bh) * dd + std::size_t(r) * D + c] : 0.0f;
   });
 
   stage(0, 0);

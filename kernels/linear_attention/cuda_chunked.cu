@@ -26,8 +26,10 @@
 // blocks j..last), each staged by cp.async into one of two buffers while the block computes on
 // the other: per block the RB x RB score tile (each warp an RB/2 x RB/2 share; the warp whose share
 // lies wholly above the diagonal skips the product), masked and scaled into shared memory, then
-// one RB x RB x 64 product into the output tile. Shared memory depends on D and RB, not on the
-// chunk: any chunk size runs. RB is 64 (32 for chunks of at most 32 rows), else 32: the larger
+// one RB x RB x 64 product into the output tile. The element-wise steps (mask, row scales, the
+// bounds-checked store) stay in registers for float32 and go through a float scratch tile per
+// warp for bf16 (WMMA leaves the lanes' share of a tile unspecified). Shared memory depends on D
+// and RB, not on the chunk: any chunk size runs. RB is 64 (32 for chunks of at most 32 rows), else 32: the larger
 // with which two blocks share a multiprocessor, else the larger that fits; the kernels' launch
 // bounds state the blocks per multiprocessor the choice was made for. Tiles are padded to
 // multiples of 16 with zeros, so ragged chunks and any D need no special path.
@@ -73,7 +75,8 @@ __host__ __device__ inline Layout make_layout(int D, int RB, int es) {
   L.slice[1] = L.slice[0] + slice;
   L.scores = L.slice[1] + slice;
   L.scratch = L.scores + align128(std::size_t(RB) * L.ldP * es);
-  L.total = L.scratch + align128(std::size_t(4) * 16 * kTileScratchLd * 4);
+  // bf16's element-wise epilogues go through a float scratch tile per warp; float32's stay in registers.
+  L.total = L.scratch + (es == 4 ? 0 : align128(std::size_t(4) * 16 * kTileScratchLd * 4));
   return L;
 }
 
@@ -95,7 +98,7 @@ struct BlockSetup {
   T *buf0, *slice0;  // the two buffers of each walked operand, one after the other (no pointer
   std::size_t buf_step, slice_step;  // arrays: a run-time index into one would put it on the stack)
   float* scratch;
-  int warp, lane, wm, wn, bh, chunk, rb, n, col0;
+  int warp, wm, wn, bh, chunk, rb, n, col0;
   float log2g;  // gamma^k = 2^(k log2 gamma)
   std::size_t tok;  // the chunk's first row of the (batch x head)'s token tensors
 
@@ -107,7 +110,7 @@ struct BlockSetup {
     buf_step = (L.buf[1] - L.buf[0]) / sizeof(T);
     slice_step = (L.slice[1] - L.slice[0]) / sizeof(T);
     scores = reinterpret_cast<T*>(smem + L.scores);
-    warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, wm = warp >> 1, wn = warp & 1;
+    warp = int(threadIdx.x) >> 5, wm = warp >> 1, wn = warp & 1;
     scratch = reinterpret_cast<float*>(smem + L.scratch) + warp * 16 * kTileScratchLd;
     rb = int(blockIdx.x % unsigned(p.row_blocks));
     const int cb = int(blockIdx.x / unsigned(p.row_blocks));
@@ -155,9 +158,7 @@ __device__ void state_term(Out& acc, const Layout& L, const BlockSetup<T>& b, in
                                   StateT ? b.state + b.wn * 32 * L.ldD : b.state + b.wn * 32, StateT ? L.ldD : L.ldJ,
                                   L.Dp / 16);
   const int row0 = r0 + b.wm * (RB / 2);
-  acc.template each_tile<true>(b.scratch, [&](int i, int, float* t) {
-    for (int e = b.lane; e < 256; e += 32) t[(e >> 4) * kTileScratchLd + (e & 15)] *= factor(row0 + i * 16 + (e >> 4));
-  });
+  acc.template each_element<true>(b.scratch, [&](int i, int, int r, int, float& v) { v *= factor(row0 + i * 16 + r); });
 }
 
 // The score tile of the own rows (from chunk row r0) against the walked block in `buf` (from
@@ -173,15 +174,11 @@ __device__ void score_tile(const ChunkParams& p, const Layout& L, const BlockSet
   sc.zero();
   const bool live = Transposed ? k0 + H2 - 1 >= m0 : k0 <= m0 + H2 - 1;
   if (live) sc.template mma<false, true>(b.own + b.wm * H2 * L.ldD, L.ldD, b.buf(buf) + b.wn * H2 * L.ldD, L.ldD, L.Dp / 16);
-  sc.template each_tile<false>(b.scratch, [&](int i, int j, float* t) {
-    for (int e = b.lane; e < 256; e += 32) {
-      const int m = m0 + i * 16 + (e >> 4), k = k0 + j * 16 + (e & 15);
-      const int query = Transposed ? k : m, key = Transposed ? m : k;
-      const float v = key <= query && query < b.n
-                          ? t[(e >> 4) * kTileScratchLd + (e & 15)] * p.scale * exp2f(b.log2g * float(query - key))
-                          : 0.0f;
-      b.scores[(b.wm * H2 + i * 16 + (e >> 4)) * L.ldP + b.wn * H2 + j * 16 + (e & 15)] = from_float<T>(v);
-    }
+  sc.template each_element<false>(b.scratch, [&](int i, int j, int r, int c, float& v) {
+    const int m = m0 + i * 16 + r, k = k0 + j * 16 + c;
+    const int query = Transposed ? k : m, key = Transposed ? m : k;
+    const float w = key <= query && query < b.n ? v * p.scale * exp2f(b.log2g * float(query - key)) : 0.0f;
+    b.scores[(b.wm * H2 + i * 16 + r) * L.ldP + b.wn * H2 + j * 16 + c] = from_float<T>(w);
   });
 }
 
@@ -197,11 +194,9 @@ template <int RB, class Out, class T>
 __device__ void store_rows(Out& acc, const ChunkParams& p, const BlockSetup<T>& b, int r0) {
   const int row0 = r0 + b.wm * (RB / 2), c0 = b.col0 + b.wn * 32, D = p.D;
   float* out = p.out + b.tok;
-  acc.template each_tile<false>(b.scratch, [&](int i, int j, float* t) {
-    for (int e = b.lane; e < 256; e += 32) {
-      const int r = row0 + i * 16 + (e >> 4), c = c0 + j * 16 + (e & 15);
-      if (r < b.n && c < D) out[std::size_t(r) * D + c] = t[(e >> 4) * kTileScratchLd + (e & 15)];
-    }
+  acc.template each_element<false>(b.scratch, [&](int i, int j, int er, int ec, float& v) {
+    const int r = row0 + i * 16 + er, c = c0 + j * 16 + ec;
+    if (r < b.n && c < D) out[std::size_t(r) * D + c] = v;
   });
 }
 
