@@ -1,46 +1,105 @@
 #!/usr/bin/env bash
-# One prepared check for a machine with an NVIDIA GPU (docs/cuda.md): configures and builds
-# lattnbench with the CUDA backend from scratch (build folder under /tmp; nothing built elsewhere
-# is used), runs the whole CTest suite (the CUDA tests included), then a short benchmark of the
-# kernel suite in float32 and bf16, the layer suite in float32, and the headline shape (batch 4,
-# heads 64, seq 4096, dim 128).
+# One prepared check for a machine with an NVIDIA GPU (docs/cuda.md, "Checking on a GPU machine"),
+# sized for a lent machine: at most 8 files come back and the lease is minutes long. In order,
+# each step under its own timeout, the whole script done by LATTN_DEVICE_CHECK_SECONDS (420):
+#   1. configure and build lattnbench and lattn_cuda_tests for this GPU's architecture alone
+#      (build folder under /tmp; nothing built elsewhere is used);
+#   2. correctness: lattn_cuda_tests (the correctness table and the CUDA tests on the GPU), then
+#      the chunked kernels' launch figures and occupancy (its hidden [occupancy] test);
+#   3. compute-sanitizer (memcheck, racecheck, synccheck) on the small [sanitize] cases, each
+#      tool's verdict read from its exit status (--error-exitcode);
+#   4. benchmarks: the headline shape first (batch 4, heads 64, seq 4096, dim 128; scan and
+#      chunked, fwd and fwd_bwd; bf16 then float32), then, as time allows, a short kernel sweep
+#      and the layer suite.
+# Writes two files into OUTDIR: summary.txt (each step's verdict and time, the occupancy and the
+# headline table against docs/cuda.md's estimate; also printed at the end) and device-check.tar.gz
+# (every log and result JSON). A step that cannot finish in the time left is cut short or skipped,
+# and says so.
 #
 #   scripts/device_check.sh [OUTDIR]        (default: $OUT, else ./out/device-check)
 #
-# Writes at most 9 files into OUTDIR: build.log, test.log, sanitize.log, bench.log and five result
-# JSONs.
 # Dependencies: the system's, or the Debian packages scripts/fetch_device_deps.sh unpacked into
-# .deps/root (used when present; LATTN_DEPS=DIR names another). Every step has a timeout; the whole
-# script ends within about 8 minutes. Exit status: 0 all passed, else the first failing step's.
+# .deps/root (used when present; LATTN_DEPS=DIR names another).
+# Exit status: 0 everything ran and passed; 1 the build failed; 2 a CUDA test failed or a
+# sanitizer found errors; 3 a benchmark failed; 4 a step timed out or was skipped for time (the
+# first of these in that order of severity: the lowest non-zero status wins).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-${OUT:-$root/out/device-check}}
 mkdir -p "$out"
 build=${LATTN_DEVICE_BUILD_DIR:-/tmp/lattn-device-build}
 deps=${LATTN_DEPS:-$root/.deps/root}
-jobs=$(nproc)
-status=0
+work=$(mktemp -d "${TMPDIR:-/tmp}/lattn-device-check.XXXXXX")
+logs=$work/device-check
+mkdir -p "$logs"
+summary=$logs/summary.txt
+: >"$summary"
 started=$(date +%s)
-deadline=$(( started + ${LATTN_DEVICE_CHECK_SECONDS:-465} ))  # the whole script ends before this
-limit() { local left=$(( deadline - $(date +%s) )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
-log() { echo "[device_check +$(( $(date +%s) - started ))s] $*" | tee -a "$out/bench.log" >&2; }
-: >"$out/bench.log"
+total=${LATTN_DEVICE_CHECK_SECONDS:-420}
+deadline=$(( started + total ))
+status=0
 
-# ---- 1. environment and configure ----
+note() { echo "$*" | tee -a "$summary"; }
+elapsed() { echo $(( $(date +%s) - started )); }
+worsen() { (( status == 0 || $1 < status )) && status=$1; return 0; }  # keep the most severe (lowest) status
+# Seconds a step may take: its own cap, less what must stay for the steps after it (the reserves
+# are written for the 420 s default and scale with the total).
+budget() {
+  local cap=$1 reserve=$(( ${2:-0} * total / 420 )) left
+  left=$(( deadline - $(date +%s) - reserve ))
+  (( left < cap )) && cap=$left
+  echo $(( cap > 0 ? cap : 0 ))
+}
+# run_step NAME CAP RESERVE LOG COMMAND...: runs COMMAND under `timeout` (TERM, then KILL 5 s
+# later), its output into LOG; sets step_rc (124: timed out; 125: not started, no time left).
+run_step() {
+  local name=$1 cap=$2 reserve=$3 log=$4; shift 4
+  local secs t0
+  secs=$(budget "$cap" "$reserve")
+  if (( secs < 5 )); then
+    note "$(printf '%-28s skipped: no time left (%ss in)' "$name" "$(elapsed)")"
+    step_rc=125
+    return
+  fi
+  t0=$(date +%s)
+  echo "[device_check +$(elapsed)s] $name (up to ${secs}s)" >&2
+  timeout -k 5 "$secs" "$@" >"$log" 2>&1
+  step_rc=$?
+  local verdict="ok"
+  (( step_rc == 0 )) || verdict="exit $step_rc"
+  (( step_rc == 124 || step_rc == 137 )) && verdict="timed out after ${secs}s"
+  note "$(printf '%-28s %-26s %4ss' "$name" "$verdict" $(( $(date +%s) - t0 )))"
+}
+
+# The archive (and the summary beside it) are written however the script ends.
+finish() {
+  note "device_check: status $status after $(elapsed)s (0 ok, 1 build, 2 tests or sanitizer, 3 benchmark, 4 timed out or skipped)"
+  cp "$summary" "$out/summary.txt"
+  # Logs are cut to their last 2 MiB each, so the archive stays far under the 16 MiB a file may have.
+  find "$logs" -name '*.log' -size +2M -exec sh -c 'tail -c 2097152 "$1" >"$1.cut" && mv "$1.cut" "$1"' _ {} \;
+  tar -czf "$out/device-check.tar.gz" -C "$work" device-check
+  rm -rf "$work"
+  cat "$out/summary.txt"
+}
+trap finish EXIT
+trap 'note "interrupted"; worsen 4; exit "$status"' TERM INT
+
+# ---- environment ----
+command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin  # appended: stand-ins on PATH win
 {
   echo "== environment"; date -u; uname -a
   nvidia-smi 2>&1 || echo "nvidia-smi: not available"
-  command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
   nvcc --version 2>&1 | tail -2; cmake --version | head -1; c++ --version | head -1
-} >"$out/build.log" 2>&1
-export PATH=/usr/local/cuda/bin:$PATH
+} >"$logs/env.log" 2>&1
+gpu=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+note "gpu: ${gpu:-none found}"
+# Machine code for this GPU alone (sm_90a on Hopper: wgmma-capable, as the normal build makes it).
+cc=$(echo "$gpu" | awk -F', *' '{print $2}' | tr -d .)
+archs=${LATTN_DEVICE_CUDA_ARCHITECTURES:-$([[ $cc == 90 ]] && echo 90a-real || { [[ -n $cc ]] && echo "$cc-real"; } || echo "80-real;90a-real")}
 
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DLATTN_CUDA=ON -DBUILD_TESTING=ON)
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DLATTN_CUDA=ON -DBUILD_TESTING=ON -DLATTN_CUDA_EMULATION=OFF
+            "-DLATTN_CUDA_ARCHITECTURES=$archs")
 command -v ninja >/dev/null && cmake_args+=(-G Ninja)
-# The Python tools' tests need numpy, scipy and matplotlib: the first python3 that has them.
-for py in "$(command -v python3)" /usr/bin/python3; do
-  if [[ -x $py ]] && "$py" -c "import numpy, scipy, matplotlib" 2>/dev/null; then cmake_args+=(-DLATTN_PYTHON="$py"); break; fi
-done
 if [[ -d $deps/usr ]]; then
   multiarch=$deps/usr/lib/x86_64-linux-gnu
   # Debian's OpenBLAS config hard-codes /usr paths: write one that names the unpacked copies.
@@ -52,80 +111,90 @@ set(OpenBLAS_LIBRARIES "$multiarch/openblas-pthread/libopenblas.so")
 CFG
   cmake_args+=(-DCMAKE_PREFIX_PATH="$deps/usr" -DOpenBLAS_DIR="$build/openblas-config")
   export LD_LIBRARY_PATH=$multiarch/openblas-pthread:$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  echo "== dependencies from $deps (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)" >>"$out/build.log"
-else
-  echo "== dependencies from the system (no $deps)" >>"$out/build.log"
+  echo "== dependencies from $deps" >>"$logs/env.log"
 fi
 
-log "configure and build in $build"
-if ! { echo "== configure: cmake ${cmake_args[*]}"
-       timeout "$(limit 120)" cmake -S "$root" -B "$build" "${cmake_args[@]}" &&
-       echo "== build" && timeout "$(limit "${LATTN_DEVICE_BUILD_SECONDS:-300}")" cmake --build "$build" --parallel "$jobs"; } >>"$out/build.log" 2>&1; then
-  log "BUILD FAILED (see build.log)"; tail -30 "$out/build.log" >&2; exit 1
+# ---- 1. build (the time after it is kept for at least the tests and the headline) ----
+run_step configure 60 150 "$logs/configure.log" cmake -S "$root" -B "$build" "${cmake_args[@]}"
+(( step_rc == 0 )) && run_step build 200 150 "$logs/build.log" \
+  cmake --build "$build" --parallel "$(nproc)" --target lattnbench lattn_cuda_tests
+if (( step_rc != 0 )); then
+  (( step_rc == 124 || step_rc == 137 || step_rc == 125 )) && worsen 4 || worsen 1
+  tail -30 "$logs/build.log" 2>/dev/null || tail -30 "$logs/configure.log"
+  exit "$status"
 fi
-grep -E "Found (fmt|yaml|Catch2|CLI11|nlohmann)|OpenBLAS|dependencies from" "$out/build.log" | head -10 >&2
-log "built"
-
-# ---- 2. tests ----
-log "ctest"
-(cd "$build" && timeout "$(limit 200)" ctest --output-on-failure --parallel 4 --timeout 180) >"$out/test.log" 2>&1 || status=2
-tail -15 "$out/test.log" >&2
-log "tests done (status $status); CUDA tests: $(grep -E 'cuda_kernels' "$out/test.log" | tail -1)"
-
-# ---- 3. benchmarks ----
 bin=$build/lattnbench
-bench() {  # name, timeout seconds, args...
-  local name=$1 limit=$2; shift 2
-  log "bench $name: $*"
-  if (( $(date +%s) + 10 > deadline )); then log "bench $name: skipped, out of time"; status=${status/#0/3}; return 0; fi
-  timeout "$(limit "$limit")" "$bin" --backend cuda --quiet --out "$out/$name.json" "$@" >>"$out/bench.log" 2>&1
-  local rc=$?
-  log "bench $name: exit $rc"
-  [[ $rc -eq 0 || $status -ne 0 ]] || status=3
-  return 0
-}
-short=(--batch 2 --heads 4 --seq 512,2048,8192 --dim 32,64,128 --chunk 64 --warmup 2 --reps 5 --min-sample-ms 5)
-head=(--batch 4 --heads 64 --seq 4096 --dim 128 --impl scan,chunked --mode fwd,fwd_bwd --warmup 3 --reps 10 --min-sample-ms 20)
-bench kernel-float32 60 --suite kernel "${short[@]}" --dtype float32
-bench kernel-bf16 60 --suite kernel "${short[@]}" --dtype bf16
-bench layer-float32 45 --suite layer --seq 512,2048 --dtype float32 --warmup 2 --reps 5 --min-sample-ms 5
-bench headline-float32 120 --suite kernel "${head[@]}" --chunk 64 --dtype float32
-bench headline-bf16 150 --suite kernel "${head[@]}" --chunk 64,128 --dtype bf16
+tests=$build/tests/lattn_cuda_tests
 
-# The bar (H200): chunked bf16 fwd < 0.6 ms, fwd_bwd < 2.5 ms at batch 4, heads 64, seq 4096, dim 128.
-if [[ -f $out/headline-bf16.json ]] && command -v python3 >/dev/null; then
-  python3 - "$out/headline-bf16.json" <<'PY' 2>&1 | tee -a "$out/bench.log" >&2
-import json, sys
-doc = json.load(open(sys.argv[1]))
-print("gpu:", doc["device"].get("gpu"), "cc", doc["device"].get("compute_capability"))
-for r in doc["results"]:
-    if r.get("status") != "ok":
-        print(r["impl"], r["mode"], "chunk", r["chunk"], r.get("status"), r.get("check_failure") or r.get("error") or r.get("skip_reason")); continue
-    bar = {"fwd": 0.6, "fwd_bwd": 2.5}[r["mode"]] if r["impl"] == "chunked" else None
-    verdict = "" if bar is None else ("  under the bar %.1f ms" % bar if r["median_ms"] < bar else "  OVER the bar %.1f ms" % bar)
-    print("%-7s %-7s chunk %3d: median %.4f ms (q1 %.4f, q3 %.4f), rel_err %.2e%s" % (
-        r["impl"], r["mode"], r["chunk"], r["median_ms"], r["q1_ms"], r["q3_ms"], r["rel_err"], verdict))
+# ---- 2. correctness on the GPU, and the chunked kernels' occupancy ----
+run_step cuda-tests 110 110 "$logs/cuda-tests.log" "$tests"
+case $step_rc in
+  0) ;;
+  77) note "  (skipped: $(head -1 "$logs/cuda-tests.log"))"; worsen 2 ;;
+  124|137|125) worsen 4 ;;
+  *) worsen 2; grep -E "FAILED|failed|SKIPPED" "$logs/cuda-tests.log" | head -10 | tee -a "$summary" ;;
+esac
+run_step occupancy 20 100 "$logs/occupancy.log" "$tests" "[occupancy]"
+grep "^occupancy" "$logs/occupancy.log" | tee -a "$summary"
+(( step_rc == 0 )) || worsen "$( (( step_rc == 124 || step_rc == 125 )) && echo 4 || echo 2)"
+
+# ---- 3. compute-sanitizer on small cases ----
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [[ -z $sanitizer ]]; then
+  note "compute-sanitizer: not found"
+else
+  for tool in memcheck racecheck synccheck; do
+    # Exit 9: the tool found errors. Any other failure is the tool not running here (on gVisor
+    # it cannot attach): reported, not counted as the kernels' fault.
+    run_step "sanitize $tool" 30 90 "$logs/sanitize-$tool.log" \
+      "$sanitizer" --tool "$tool" --error-exitcode 9 "$tests" "[sanitize]"
+    case $step_rc in
+      0) ;;
+      9) worsen 2; grep -m3 -E "^=========.*(Invalid|Race|Barrier|ERROR)" "$logs/sanitize-$tool.log" | tee -a "$summary" ;;
+      124|137|125) worsen 4 ;;
+      *) note "  (compute-sanitizer did not run here: $(grep -m1 -iE "error|not supported" "$logs/sanitize-$tool.log"))" ;;
+    esac
+  done
+fi
+
+# ---- 4. benchmarks: the headline shape first ----
+bench() {  # NAME CAP RESERVE ARGS...
+  local name=$1 cap=$2 reserve=$3; shift 3
+  run_step "bench $name" "$cap" "$reserve" "$logs/bench-$name.log" \
+    "$bin" --backend cuda --quiet --out "$logs/$name.json" "$@"
+  case $step_rc in
+    0) ;;
+    124|137|125) worsen 4 ;;
+    *) worsen 3 ;;
+  esac
+}
+head=(--suite kernel --batch 4 --heads 64 --seq 4096 --dim 128 --impl chunked,scan --mode fwd,fwd_bwd
+      --warmup 3 --reps 10 --min-sample-ms 20)
+bench headline-bf16 75 60 "${head[@]}" --chunk 64,128 --dtype bf16
+bench headline-float32 60 0 "${head[@]}" --chunk 64 --dtype float32
+short=(--suite kernel --batch 2 --heads 4 --seq 512,2048,8192 --dim 32,64,128 --chunk 64 --warmup 2 --reps 5 --min-sample-ms 5)
+bench kernel-bf16 40 0 "${short[@]}" --dtype bf16
+bench layer-float32 40 0 --suite layer --seq 512,2048 --dtype float32 --warmup 2 --reps 5 --min-sample-ms 5
+
+# The headline against docs/cuda.md's estimates for an H200 (bf16; an estimate, not a measurement).
+if command -v python3 >/dev/null; then
+  python3 - "$logs" <<'PY' 2>&1 | tee -a "$summary"
+import json, os, sys
+estimate = {("chunked", "fwd", 64): "0.7-1.0", ("chunked", "fwd_bwd", 64): "2.3-2.9",
+            ("chunked", "fwd", 128): "0.6-0.9", ("chunked", "fwd_bwd", 128): "2.0-2.6"}
+for name in ("headline-bf16", "headline-float32"):
+    path = os.path.join(sys.argv[1], name + ".json")
+    if not os.path.exists(path):
+        print(f"{name}: no results"); continue
+    doc = json.load(open(path))
+    print(f"{name} on {doc['device'].get('gpu')} (cc {doc['device'].get('compute_capability')}):")
+    for r in doc["results"]:
+        what = f"  {r['impl']:7} {r['mode']:7} chunk {r.get('chunk', 0):3}"
+        if r.get("status") != "ok":
+            print(what, r.get("status"), r.get("check_failure") or r.get("error") or r.get("skip_reason")); continue
+        est = estimate.get((r["impl"], r["mode"], r.get("chunk"))) if r.get("dtype") == "bf16" else None
+        print(what, f"median {r['median_ms']:.4f} ms (q1 {r['q1_ms']:.4f}, q3 {r['q3_ms']:.4f}) rel_err {r['rel_err']:.1e}"
+              f" temp {r.get('temp_mb', 0):.0f} MB" + (f"  estimate {est} ms" if est else ""))
 PY
 fi
-# ---- 4. compute-sanitizer on small shapes (memcheck, racecheck, synccheck), where it works ----
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-: >"$out/sanitize.log"
-if [[ -n $sanitizer && -x $build/tests/lattn_cuda_tests ]]; then
-  for tool in memcheck racecheck synccheck; do
-    log "compute-sanitizer --tool $tool"
-    echo "== $tool" >>"$out/sanitize.log"
-    timeout "$(limit 45)" "$sanitizer" --tool "$tool" --error-exitcode 9 "$build/tests/lattn_cuda_tests" "[sanitize]" \
-      >>"$out/sanitize.log" 2>&1
-    rc=$?
-    echo "== $tool: exit $rc" >>"$out/sanitize.log"
-    log "compute-sanitizer --tool $tool: exit $rc $([[ $rc -eq 124 ]] && echo '(timed out)')"
-    # A sanitizer that cannot attach (gVisor: "Device not supported") is not a failure; errors it found are.
-    found=$(grep -o "ERROR SUMMARY: [0-9]*" "$out/sanitize.log" | tail -1 | grep -o "[0-9]*$")
-    [[ ${found:-0} -eq 0 || $status -ne 0 ]] || status=2
-  done
-else
-  echo "no compute-sanitizer" >>"$out/sanitize.log"
-fi
-
-log "done in $(( $(date +%s) - started ))s, status $status (0 ok, 1 build, 2 tests or sanitizer, 3 a benchmark)"
-exit $status
+exit "$status"

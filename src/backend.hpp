@@ -82,7 +82,8 @@ struct BackendOptions {
   int device = 0;     // GPU index (CUDA backend)
   bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
   // Chunked fwd_bwd: the forward keeps the chunk states for the backward where the backend can
-  // (CPU tiled path), else the backward recomputes them. Records say which (`bwd_states`).
+  // (the CPU tiled path; the CUDA kernel suite's chunked form), else the backward recomputes them.
+  // Records say which (`bwd_states`).
   bool keep_chunk_states = true;
 };
 

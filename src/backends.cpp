@@ -12,18 +12,6 @@
 
 namespace lattn {
 
-const ImplRow* Backend::find(const std::string& op, const std::string& impl) const {
-  for (const ImplRow& row : impls)
-    if (row.op == op && row.impl == impl) return &row;
-  return nullptr;
-}
-
-std::optional<std::string> Backend::unsupported(const Case& kase) const {
-  const ImplRow* row = find(kase.op->name, kase.impl);
-  if (!row) return "the " + name + " backend has no " + kase.impl + " impl of the " + kase.op->name + " op";
-  return row->unsupported ? row->unsupported(kase) : std::nullopt;
-}
-
 void prepare_process_environment(char** argv) { cpu::prepare_cpu_environment(argv); }
 
 std::vector<std::string> backend_names() { return {"cpu", "cuda"}; }

@@ -2,12 +2,15 @@
 // each row is an op and the shapes it runs at; every impl row a backend has for that op runs every
 // shape in both modes and both dtypes against the op's float64 reference. A case the backend
 // declines is counted under its reason and printed as "not supported: <reason>", never passed
-// silently. tests/test_ops.cpp runs it on the CPU, tests/cuda/test_cuda_ops.cpp on the GPU.
+// silently. tests/test_ops.cpp runs it on the CPU, tests/cuda/test_cuda_ops.cpp on the GPU, and
+// tests/cuda_emulation/test_backend.cpp on the CUDA backend built against the CPU emulation.
 #pragma once
 
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,15 +38,24 @@ struct TableRun {
   std::map<std::string, int> not_supported;  // "op impl: reason" -> cases
 };
 
-// Runs the table on `backend_name`: every row's shapes x the backend's impls of that op x modes x
-// dtypes; chunked fwd_bwd cases once more with the chunk states recomputed instead of kept.
-inline TableRun run_op_table(const std::string& backend_name) {
+// Makes the backend under test with the given options (make_backend, or a backend built elsewhere:
+// the emulated CUDA one).
+using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;
+
+// Runs the table on the backend `make` makes (cases name it `backend_name`): every row's shapes x
+// the backend's impls of that op x modes x dtypes; chunked fwd_bwd cases once more with the chunk
+// states recomputed instead of kept. `include` (when given) picks the cases to run of those the
+// backend does not decline (a slow backend's test runs only the cases a setting changes), and
+// `only_op` one op's row (a slow backend's test runs the rows as separate tests).
+inline TableRun run_op_table(const std::string& backend_name, const BackendFactory& make,
+                             const std::function<bool(const Case&)>& include = {}, const std::string& only_op = {}) {
   TableRun run;
   for (const bool keep : {true, false}) {
-    auto backend = make_backend(backend_name, BackendOptions{0, 0, false, keep});
+    auto backend = make(BackendOptions{0, 0, false, keep});
     for (const OpTestRow& row : op_test_table())
       for (const ImplRow& impl : backend->impls) {
         if (impl.op != row.shapes.front().op->name) continue;
+        if (!only_op.empty() && impl.op != only_op) continue;
         for (Case kase : row.shapes)
           for (Mode mode : {Mode::fwd, Mode::fwd_bwd})
             for (const std::string dtype : {"float32", "bf16"}) {
@@ -56,6 +68,7 @@ inline TableRun run_op_table(const std::string& backend_name) {
                 ++run.not_supported[kase.op->name + " " + kase.impl + ": " + *why];
                 continue;
               }
+              if (include && !include(kase)) continue;
               INFO(describe(kase) << (keep ? "" : " (chunk states recomputed)"));
               const Outcome r = run_on(*backend, kase, 5);
               INFO(errors(r.check));
@@ -68,6 +81,11 @@ inline TableRun run_op_table(const std::string& backend_name) {
       }
   }
   return run;
+}
+
+// The same on a backend of this build, by name.
+inline TableRun run_op_table(const std::string& backend_name) {
+  return run_op_table(backend_name, [&](const BackendOptions& options) { return make_backend(backend_name, options); });
 }
 
 }  // namespace lattn::test

@@ -5,9 +5,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
+#include <string>
+
 #include "kernels/layer/cuda.hpp"
 
 namespace lattn::cuda {
+
+// Why cuBLAS cannot be used here (it was found nowhere: the message names every place looked at),
+// or nothing; the first call looks, later ones remember. The layer's rows skip their cases with it.
+std::optional<std::string> cublas_unavailable();
 
 // A cuBLAS handle bound to `stream`, float32 products in float32 (no TF32 rounding of the
 // operands). Throws RuntimeFailure when cuBLAS cannot be opened.

@@ -29,6 +29,7 @@ struct Settings {
   int threads = 0;
   int device = 0;
   bool cold = false;
+  bool keep_chunk_states = true;
 };
 
 std::string version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
@@ -69,7 +70,23 @@ std::size_t tensor_bytes(const Case& c) { return (case_input_elems(c) + case_out
 
 SwaProblem window_problem(const Case& c) { return {c.batch, c.heads, c.seq, c.dim, c.window}; }
 
-// ---- linear attention (kernels/linear_attention/cuda_*.cu): no scratch (cuda.hpp) ----
+// ---- linear attention (kernels/linear_attention/cuda_*.cu): the chunked form's chunk states are
+// scratch (cuda.hpp) ----
+
+// A chunked fwd_bwd that keeps the forward's chunk states holds them across both calls (counted
+// with the backward's own scratch); one that does not has the backward recompute them.
+bool keeps_states(const Case& c, bool chunked, const Settings& s) { return chunked && c.backward() && s.keep_chunk_states; }
+
+std::size_t linear_scratch_bytes(const Case& c, bool chunked, const Settings& s) {
+  if (!chunked) return std::max(scan_forward_workspace_bytes(linear_problem(c)),
+                                c.backward() ? scan_backward_workspace_bytes(linear_problem(c)) : 0);
+  const Problem p = linear_problem(c);
+  const Dtype dtype = dtype_of(c.dtype);
+  if (!c.backward()) return chunked_forward_workspace_bytes(p, dtype);
+  return keeps_states(c, chunked, s) ? chunked_states_bytes(p, dtype) + chunked_backward_workspace_bytes(p, dtype, true)
+                                     : std::max(chunked_forward_workspace_bytes(p, dtype),
+                                                chunked_backward_workspace_bytes(p, dtype, false));
+}
 
 ImplRow linear_row(const std::string& form, const Settings& s) {
   const bool chunked = form == "chunked";
@@ -91,21 +108,25 @@ ImplRow linear_row(const std::string& form, const Settings& s) {
       bwd = {d->data("q"),    d->data("k"),     d->data("v"),      d->floats("h0"),   d->data("dO"),
              d->floats("dhT"), d->floats("dq"), d->floats("dk"),   d->floats("dv"),   d->floats("dh0")};
     DeviceCase* self = d.get();
-    const bool backward = c.backward();
-    // The chunked backward recomputes the chunk states per column slice (docs/cuda.md).
+    const bool backward = c.backward(), keep = keeps_states(c, chunked, s);
     d->bind(
-        [self, p, dtype, fwd, bwd, chunked, backward] {
+        [self, p, dtype, fwd, bwd, chunked, backward, keep] {
           Allocator& a = self->allocator();
-          if (chunked) chunked_forward(p, dtype, fwd, a, self->stream());
-          else scan_forward(p, dtype, fwd, a, self->stream());
-          if (!backward) return;
-          if (chunked) chunked_backward(p, dtype, bwd, a, self->stream());
-          else scan_backward(p, dtype, bwd, a, self->stream());
+          if (!chunked) {
+            scan_forward(p, dtype, fwd, a, self->stream());
+            if (backward) scan_backward(p, dtype, bwd, a, self->stream());
+            return;
+          }
+          Workspace<unsigned char> kept(a, keep ? chunked_states_bytes(p, dtype) : 0);
+          chunked_forward(p, dtype, fwd, a, self->stream(), kept.data());
+          if (backward) chunked_backward(p, dtype, bwd, a, self->stream(), kept.data());
         },
-        chunked && backward ? "recomputed" : "");
+        chunked && backward ? (keep ? "kept" : "recomputed") : "");
     return std::unique_ptr<PreparedCase>(std::move(d));
   };
-  row.memory_estimate = [s](const Case& c) { return tensor_bytes(c) + flush_bytes(s.device, s.cold); };
+  row.memory_estimate = [s, chunked](const Case& c) {
+    return tensor_bytes(c) + linear_scratch_bytes(c, chunked, s) + flush_bytes(s.device, s.cold);
+  };
   return row;
 }
 
@@ -214,7 +235,8 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
     if (!shared) return no_shared_memory(s.device);
     if (auto why = swa_unsupported(window_problem(c), Dtype::f32, *shared)) return why;
     const Problem p = linear_problem(c);
-    return c.impl == "chunked" ? chunked_unsupported(p, Dtype::f32, *shared) : scan_unsupported(p);
+    if (auto why = c.impl == "chunked" ? chunked_unsupported(p, Dtype::f32, *shared) : scan_unsupported(p)) return why;
+    return cublas_unavailable();
   };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
@@ -300,7 +322,7 @@ CudaDeviceInfo describe_cuda(const Settings& s) {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
-  const Settings s{options.threads, options.device, options.cold};
+  const Settings s{options.threads, options.device, options.cold, options.keep_chunk_states};
   auto backend = std::make_unique<Backend>();
   backend->name = "cuda";
   backend->availability = [device = s.device] { return availability(device); };

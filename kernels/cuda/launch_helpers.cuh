@@ -16,16 +16,17 @@
 namespace lattn::cuda {
 namespace {
 
-int element_size(Dtype dtype) { return dtype == Dtype::f32 ? 4 : 2; }
+// inline: a file that uses only some of these gets no unused-function warning for the others.
+inline int element_size(Dtype dtype) { return dtype == Dtype::f32 ? 4 : 2; }
 
-int current_device() {
+inline int current_device() {
   int device = 0;
   LATTN_CUDA_CHECK(cudaGetDevice(&device));
   return device;
 }
 
 // Read once per device: launches stay free of attribute queries inside timed loops.
-std::size_t max_shared_bytes(int device) {
+inline std::size_t max_shared_bytes(int device) {
   static std::map<int, std::size_t> known;
   auto it = known.find(device);
   if (it == known.end()) {

@@ -12,17 +12,21 @@
 namespace lattn::cuda {
 
 // forward q k v Lin Swa Y and a projection tile (rows x M each), h0 (zeros, also the backward's
-// dhT) and hT, the window's log-sum-exp and, for fwd_bwd, the norm's 1/RMS per row; the backward
-// then dY dLin dSwa, the two branches' dq dk dv, dg's row terms, the gate sums, dh0, and the window
-// backward's own scratch.
+// dhT) and hT, the window's log-sum-exp and, for fwd_bwd, the norm's 1/RMS per row, and the
+// chunked forward's chunk states; the backward then dY dLin dSwa, the two branches' dq dk dv, dg's
+// row terms, the gate sums, dh0, the chunked backward's states and their gradients (its forward's
+// states are not kept), and the window backward's own scratch.
 std::vector<std::size_t> layer_scratch_slices(const LayerProblem& p, bool backward) {
   const std::size_t N = p.token_elems() * 4, S = p.linear.state_elems() * 4, R = p.linear.heads_total() * p.linear.seq * 4;
+  const std::size_t states = p.chunked ? chunked_states_bytes(p.linear, Dtype::f32) : 0;
   std::vector<std::size_t> slices = {N, N, N, N, N, N, N, S, S, R};
+  if (backward) slices.push_back(R);  // rinv
+  if (states) slices.push_back(states);
   if (!backward) return slices;
-  slices.push_back(R);  // rinv
   for (int i = 0; i < 10; ++i) slices.push_back(N);
   slices.push_back(R);  // gate
   slices.push_back(S);  // dh0
+  if (states) slices.insert(slices.end(), {states, states});
   const SwaProblem w{p.linear.batch, p.linear.heads, p.linear.seq, p.linear.dim, p.window};
   slices.push_back(swa_backward_workspace_bytes(w));
   return slices;

@@ -1,13 +1,14 @@
-// CUDA kernels of SPEC section 1 (cuda_scan.cu, cuda_chunked.cu; docs/cuda.md), host-side
-// declarations. Every pointer is device memory in the layouts of kernels/problem.hpp.
-// Token tensors (q, k, v, dO) are float32 or bf16 (as raw 16-bit patterns) by `dtype`; states
-// (h0, dhT) and every output are float32, and every product accumulates in float32. Each function
-// only enqueues work on `stream` (asynchronous).
+// CUDA kernels of SPEC section 1 (cuda_scan.cu; cuda_chunked.cu with cuda_chunk_states.cu;
+// docs/cuda.md), host-side declarations. Every pointer is device memory in the layouts of
+// kernels/linear_attention/problem.hpp. Token tensors (q, k, v, dO) are float32 or bf16 (as raw
+// 16-bit patterns) by `dtype`; states (h0, dhT) and every output are float32, and every product
+// accumulates in float32. Each function only enqueues work on `stream` (asynchronous).
 //
-// None of these kernels needs scratch memory: the chunked backward recomputes the chunk states
-// instead of storing them, and the scan backward runs a forward recurrence for dq and a reverse
-// one for dk, dv. The allocator is taken anyway, so that a kernel that does need scratch counts
-// it, and the *_workspace_bytes closed forms (all 0) are held to the count by the tests.
+// The scan needs no scratch: its backward runs a forward recurrence for dq and a reverse one for
+// dk, dv. The chunked form keeps the state entering every chunk (and in the backward the gradient
+// of the state leaving it) in scratch from the allocator, one D x D matrix per (batch x head,
+// chunk) in the token dtype; the *_workspace_bytes closed forms are held to the allocator's count
+// by the tests.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/linear_attention/problem.hpp"
 #include "core/workspace.hpp"
@@ -51,20 +53,51 @@ void scan_forward(const Problem& problem, Dtype dtype, const DeviceForward& args
                   cudaStream_t stream);
 void scan_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                    cudaStream_t stream);
+// kept_states (chunked_states_bytes of device memory, or null): the forward writes the chunk
+// states there instead of into scratch of its own, and the backward reads them from there
+// instead of recomputing them (`bwd_states: kept`).
 void chunked_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
-                     cudaStream_t stream);
+                     cudaStream_t stream, void* kept_states = nullptr);
 void chunked_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const void* kept_states = nullptr);
 
 inline std::size_t scan_forward_workspace_bytes(const Problem&) { return 0; }
 inline std::size_t scan_backward_workspace_bytes(const Problem&) { return 0; }
-inline std::size_t chunked_forward_workspace_bytes(const Problem&) { return 0; }
-inline std::size_t chunked_backward_workspace_bytes(const Problem&) { return 0; }
+// One set of chunk states: B * H * chunks * D * D elements of the token dtype.
+std::size_t chunked_states_bytes(const Problem& problem, Dtype dtype);
+// What chunked_forward (without kept states) and chunked_backward take from the allocator: one set,
+// and two (the states and their gradients), or one when the forward's are kept.
+std::size_t chunked_forward_workspace_bytes(const Problem& problem, Dtype dtype);
+std::size_t chunked_backward_workspace_bytes(const Problem& problem, Dtype dtype, bool states_kept);
 
-// Shared memory one chunked block needs with `rows_per_block` query rows staged at a time.
+// Shared memory of one block of the chunk-parallel kernels with `rows_per_block` output rows, and
+// the tiles the launch code chooses under an opt-in limit: rows per block (64 or 32; 0 when none
+// fits) and the blocks per multiprocessor the choice was made for (2, else 1).
 std::size_t chunked_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
+struct ChunkedTiles {
+  int rows_per_block = 0;
+  int blocks_per_sm = 0;
+  // Written out: the .cu files that include this are C++17.
+  bool operator==(const ChunkedTiles& o) const { return rows_per_block == o.rows_per_block && blocks_per_sm == o.blocks_per_sm; }
+  bool operator!=(const ChunkedTiles& o) const { return !(*this == o); }
+};
+ChunkedTiles chunked_tiles(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 // Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
 std::optional<std::string> scan_unsupported(const Problem& problem);
 std::optional<std::string> chunked_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
+
+// The chunked form's kernels as a case launches them on the current device: threads and dynamic
+// shared memory per block, rows per block (0 for the state pass), the blocks per multiprocessor
+// their launch bounds were built for, and the blocks that can reside on one multiprocessor
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+struct ChunkedKernel {
+  std::string name;
+  int threads;
+  int rows_per_block;
+  std::size_t shared_bytes;
+  int launch_bounds_blocks;
+  int resident_blocks;
+};
+std::vector<ChunkedKernel> chunked_kernels(const Problem& problem, Dtype dtype);
 
 }  // namespace lattn::cuda

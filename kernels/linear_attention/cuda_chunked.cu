@@ -1,421 +1,414 @@
-// The chunkwise-parallel form on the GPU, forward and backward (SPEC section 1), float32 or bf16
-// token inputs, float32 state and accumulation; bf16 products run on the tensor cores (WMMA
-// 16x16x16, bf16 operands, float32 accumulators), float32 products on the FMA units.
+// The chunkwise-parallel form on the GPU, forward and backward (SPEC section 1), split as the fast
+// implementations split it (flash-linear-attention's chunk kernels; the GLA paper's chunkwise
+// form): a light sequential pass makes the state entering each chunk (cuda_chunk_states.cu), then
+// every chunk's outputs are computed independently of the others. float32 or bf16 token inputs,
+// float32 accumulation; bf16 products on the tensor cores (WMMA 16x16x16), float32 ones on the FMA
+// units.
 //
-// Two kernels cover the four passes. With s = D^-1/2, M the causal decay mask (M[i][j] = gamma^(i-j),
-// i >= j), lam_i = gamma^(i+1), gam_j = gamma^(n-1-j), for a chunk of n rows:
+// With s = D^-1/2, M the causal decay mask (M[i][j] = gamma^(i-j), i >= j), lam_i = gamma^(i+1),
+// gam_j = gamma^(n-1-j), for a chunk of n rows, h_c the state entering it and dh_c the gradient of
+// the state leaving it:
+//   rows kernel:  out = s ((A B^T) . M) X + s diag(lam) A S       per block of RB output rows
+//     O:   A = Q,  B = K, X = V, S = h_c
+//     dQ:  A = dO, B = V, X = K, S = h_c^T
+//   cols kernel:  out = s ((A B^T) . M)^T G + diag(gam) B S       per block of RB output rows
+//     dV:  A = Q,  B = K, G = dO, S = dh_c
+//     dK:  A = dO, B = V, G = Q,  S = dh_c^T
+// (dq, dk, dv of SPEC section 1 with dA = s (dO V^T) . M.) The forward is the state pass (h_c)
+// then the rows kernel; the backward the state pass again unless the forward's states were kept,
+// the reverse state pass (dh_c, and dh0), the rows kernel for dQ and the cols kernel for dV and dK.
+// The states are scratch from the case's allocator (chunked_*_workspace_bytes).
 //
-//   chunk_forward (walks chunks forward, state S' D x D):
-//       out_c = s ((A B^T) . M) V' + s diag(lam) A S'         S' <- gamma^n S' + (diag(gam) B)^T V'
-//     forward: A = Q, B = K, V' = V, S'0 = h0                 -> O, and hT = the last S'
-//     dq:      A = dO, B = V, V' = K, S'0 = h0^T (S' = S^T)   -> dQ = s (dO V^T . M) K + s diag(lam) dO S^T
-//   chunk_backward (walks chunks backward, state dS' D x D):
-//       out_c = s ((A B^T) . M)^T G' + diag(gam) B dS'        dS' <- gamma^n dS' + s (diag(lam) A)^T G'
-//     dv:      A = Q, B = K, G' = dO, dS'0 = dhT              -> dV, and dh0 = dS' after the first chunk
-//     dk:      A = dO, B = V, G' = Q, dS'0 = dhT^T (dS'=dS^T)  -> dK = dA^T Q + diag(gam) V dS^T
-// The dq and dk passes are the forward and dv passes on swapped operands (the algebra is in
-// docs/cuda.md), so the chunk states entering each chunk are recomputed by the dq pass rather than
-// stored: no scratch memory, at the price of one more pass over the inputs.
-//
-// Tiling: one block (8 warps) per (batch x head, slice of 64 state columns); the block walks the
-// chunks one after another and keeps its D x 64 state slice in shared memory (float32, plus a
-// bf16 copy as the tensor-core operand). Per chunk it stages the operand every output row needs
-// (B in the forward kernel, A in the backward one) for the whole chunk and the slice of V' / G',
-// then stages the other operand RB rows at a time (RB <= 64, chosen so two blocks fit on one
-// multiprocessor where possible),
-// forms the masked score tile RB x n in shared memory, and produces RB output rows; then it
-// updates the state slice. Every tile is padded to multiples of 16 with zeros, so ragged last
-// chunks and any D need no special paths. Warps own 16 x 16 output tiles; tiles above the causal
-// diagonal are skipped. A column slice recomputes the score tile the other slices compute too:
-// with D = 128 that doubles the score products but halves the state each block holds.
+// Tiling: a block of 4 warps per (batch x head, chunk, RB output rows, 64 output columns): the
+// output tile RB x 64 stays in registers (each warp an RB/2 x 32 share, register-blocked). The
+// block stages its own RB rows and its slice of the state, then walks the other side's blocks of
+// RB rows that the causal mask lets it see (rows kernel: key blocks 0..r; cols kernel: query
+// blocks j..last), each staged by cp.async into one of two buffers while the block computes on
+// the other: per block the RB x RB score tile (each warp an RB/2 x RB/2 share; the warp whose share
+// lies wholly above the diagonal skips the product), masked and scaled into shared memory, then
+// one RB x RB x 64 product into the output tile. The element-wise steps (mask, row scales, the
+// bounds-checked store) stay in registers for float32 and go through a float scratch tile per
+// warp for bf16 (WMMA leaves the lanes' share of a tile unspecified). Shared memory depends on D
+// and RB, not on the chunk: any chunk size runs. RB is 64 (32 for chunks of at most 32 rows), else 32: the larger
+// with which two blocks share a multiprocessor, else the larger that fits; the kernels' launch
+// bounds state the blocks per multiprocessor the choice was made for. Tiles are padded to
+// multiples of 16 with zeros, so ragged chunks and any D need no special path.
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <algorithm>
-#include <map>
-#include <type_traits>
-#include <utility>
 
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/linear_attention/cuda.hpp"
 #include "kernels/cuda/launch_helpers.cuh"
 #include "kernels/cuda/warp_tiles.cuh"
+#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/cuda_chunked.hpp"
 
 namespace lattn::cuda {
 namespace {
 
-constexpr int kSlice = 64;      // state columns per block
-constexpr int kScratchLd = 20;  // a warp's 16 x 16 float scratch tile, padded rows
+constexpr int kBlockThreads = 128;  // 4 warps, 2 x 2 over every tile of the block
+constexpr int kSlice = 64;          // output columns per block
 
 // Where each buffer lives in dynamic shared memory (bytes), for element size `es` (4 or 2).
 struct Layout {
-  int Cp, Dp, RB;
-  int ldD, ldJ, ldC, ldJf;  // leading dimensions (elements) of the D-wide, slice-wide, chunk-wide, state tiles
-  std::size_t full, rows, slice, scores, state, state_op, scratch, powers, total;
+  int Dp, ldD, ldJ, ldP;  // leading dimensions (elements): D-wide, slice-wide and score tiles
+  std::size_t own, state, buf[2], slice[2], scores, scratch, total;
 };
 
-__host__ __device__ inline Layout make_layout(int C, int D, int RB, int es) {
+__host__ __device__ inline Layout make_layout(int D, int RB, int es) {
   Layout L{};
-  L.Cp = round16(C);
-  L.Dp = round16(D);
-  L.RB = RB;
   const int pad = 16 / es;  // one 16-byte access of padding per row against bank conflicts
+  L.Dp = round16(D);
   L.ldD = L.Dp + pad;
   L.ldJ = kSlice + pad;
-  L.ldC = L.Cp + pad;
-  L.ldJf = kSlice + 4;
-  std::size_t at = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t here = at;
-    at = align128(at + bytes);
-    return here;
-  };
-  L.full = take(std::size_t(L.Cp) * L.ldD * es);
-  L.rows = take(std::size_t(RB) * L.ldD * es);
-  L.slice = take(std::size_t(L.Cp) * L.ldJ * es);
-  L.scores = take(std::size_t(RB) * L.ldC * es);
-  L.state = take(std::size_t(L.Dp) * L.ldJf * 4);
-  L.state_op = es == 4 ? L.state : take(std::size_t(L.Dp) * L.ldJ * es);  // float32: the state itself
-  L.scratch = take(std::size_t(kWarps) * 16 * kScratchLd * 4);
-  L.powers = take(std::size_t(L.Cp + 1) * 4);
-  L.total = at;
+  L.ldP = RB + pad;
+  const std::size_t rows = align128(std::size_t(RB) * L.ldD * es), slice = align128(std::size_t(RB) * L.ldJ * es);
+  const std::size_t state = std::size_t(L.Dp) * L.ldJ > std::size_t(kSlice) * L.ldD ? std::size_t(L.Dp) * L.ldJ
+                                                                                     : std::size_t(kSlice) * L.ldD;
+  L.own = 0;
+  L.state = rows;
+  L.buf[0] = L.state + align128(state * es);
+  L.buf[1] = L.buf[0] + rows;
+  L.slice[0] = L.buf[1] + rows;
+  L.slice[1] = L.slice[0] + slice;
+  L.scores = L.slice[1] + slice;
+  L.scratch = L.scores + align128(std::size_t(RB) * L.ldP * es);
+  // bf16's element-wise epilogues go through a float scratch tile per warp; float32's stay in registers.
+  L.total = L.scratch + (es == 4 ? 0 : align128(std::size_t(4) * 16 * kTileScratchLd * 4));
   return L;
 }
 
 struct ChunkParams {
-  const void* a;  // see the header comment for the roles of a, b, x in each pass
-  const void* b;
-  const void* x;
-  const float* s0;
-  bool s0_transposed;
+  const void* own;    // the output rows' operand: A (rows kernel), B (cols kernel)
+  const void* other;  // the walked blocks' operand: B (rows kernel), A (cols kernel)
+  const void* slice;  // X (rows kernel), G (cols kernel): 64 columns of it per block
+  const void* states;  // [bh][chunk][D][D] in the token dtype
   float* out;
-  float* final_state;
-  int T, D, H, C, RB;
+  int T, D, H, C, chunks, row_blocks;  // C: the chunk (at most T); row_blocks: blocks of RB rows per chunk
   bool retnet;
   float scale;
 };
 
-// Shared setup of both kernels: gamma powers and the state slice.
+// The pointers and indices every block of both kernels starts from.
 template <class T>
-__device__ void setup(const ChunkParams& p, const Layout& L, unsigned char* smem, int col0, int jw) {
-  float* pw = reinterpret_cast<float*>(smem + L.powers);
-  float* Sf = reinterpret_cast<float*>(smem + L.state);
-  T* St = reinterpret_cast<T*>(smem + L.state_op);
-  const int head = int(blockIdx.x) % p.H;
-  const double gamma = p.retnet ? double(float(1.0 - ldexp(1.0, -5 - head))) : 1.0;
-  for (int k = int(threadIdx.x); k <= L.Cp; k += kThreads) pw[k] = float(pow(gamma, double(k)));
-  const std::size_t st = std::size_t(blockIdx.x) * p.D * p.D;
-  for (int e = int(threadIdx.x); e < L.Dp * jw; e += kThreads) {
-    const int r = e / jw, c = e - r * jw, col = col0 + c;
-    float v = 0.0f;
-    if (r < p.D && col < p.D)
-      v = p.s0_transposed ? p.s0[st + std::size_t(col) * p.D + r] : p.s0[st + std::size_t(r) * p.D + col];
-    Sf[r * L.ldJf + c] = v;
-    if (!std::is_same<T, float>::value) St[r * L.ldJ + c] = from_float<T>(v);
+struct BlockSetup {
+  T *own, *state, *scores;
+  T *buf0, *slice0;  // the two buffers of each walked operand, one after the other (no pointer
+  std::size_t buf_step, slice_step;  // arrays: a run-time index into one would put it on the stack)
+  float* scratch;
+  int warp, wm, wn, bh, chunk, rb, n, col0;
+  float log2g;  // gamma^k = 2^(k log2 gamma)
+  std::size_t tok;  // the chunk's first row of the (batch x head)'s token tensors
+
+  __device__ BlockSetup(const ChunkParams& p, const Layout& L, unsigned char* smem) {
+    own = reinterpret_cast<T*>(smem + L.own);
+    state = reinterpret_cast<T*>(smem + L.state);
+    buf0 = reinterpret_cast<T*>(smem + L.buf[0]);
+    slice0 = reinterpret_cast<T*>(smem + L.slice[0]);
+    buf_step = (L.buf[1] - L.buf[0]) / sizeof(T);
+    slice_step = (L.slice[1] - L.slice[0]) / sizeof(T);
+    scores = reinterpret_cast<T*>(smem + L.scores);
+    warp = int(threadIdx.x) >> 5, wm = warp >> 1, wn = warp & 1;
+    scratch = reinterpret_cast<float*>(smem + L.scratch) + warp * 16 * kTileScratchLd;
+    rb = int(blockIdx.x % unsigned(p.row_blocks));
+    const int cb = int(blockIdx.x / unsigned(p.row_blocks));
+    chunk = cb % p.chunks, bh = cb / p.chunks;
+    n = min(p.C, p.T - chunk * p.C);
+    col0 = int(blockIdx.y) * kSlice;
+    log2g = p.retnet ? float(log2(1.0 - ldexp(1.0, -5 - bh % p.H))) : 0.0f;
+    tok = (std::size_t(bh) * p.T + std::size_t(chunk) * p.C) * p.D;
   }
-}
+  __device__ T* buf(int i) const { return buf0 + i * buf_step; }
+  __device__ T* slice(int i) const { return slice0 + i * slice_step; }
+};
 
-// The state tile (ti, tj) was just stored in float32; refresh its bf16 copy (a no-op for float32).
-template <class T>
-__device__ void refresh_operand(const Layout& L, const float* Sf, T* St, int ti, int tj) {
-  if (std::is_same<T, float>::value) return;
-  __syncwarp();
-  for (int e = int(threadIdx.x) & 31; e < 256; e += 32) {
-    const int r = ti * 16 + (e >> 4), c = tj * 16 + (e & 15);
-    St[r * L.ldJ + c] = from_float<T>(Sf[r * L.ldJf + c]);
-  }
-}
-
-template <class T>
-__device__ void write_final(const ChunkParams& p, const Layout& L, const float* Sf, int col0, int jw) {
-  if (!p.final_state) return;
-  const std::size_t st = std::size_t(blockIdx.x) * p.D * p.D;
-  for (int e = int(threadIdx.x); e < p.D * jw; e += kThreads) {
-    const int r = e / jw, c = e - r * jw;
-    if (col0 + c < p.D) p.final_state[st + std::size_t(r) * p.D + col0 + c] = Sf[r * L.ldJf + c];
-  }
-}
-
-template <class T>
-__global__ void __launch_bounds__(kThreads) chunk_forward_kernel(ChunkParams p) {
-  using Ops = Tiles<T>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const Layout L = make_layout(p.C, p.D, p.RB, int(sizeof(T)));
-  T* Bf = reinterpret_cast<T*>(smem + L.full);     // B, the whole chunk (Cp x Dp)
-  T* Ar = reinterpret_cast<T*>(smem + L.rows);     // A, RB rows at a time
-  T* Xs = reinterpret_cast<T*>(smem + L.slice);    // V' slice (Cp x 64)
-  T* Ps = reinterpret_cast<T*>(smem + L.scores);   // masked scores (RB x Cp)
-  float* Sf = reinterpret_cast<float*>(smem + L.state);
-  T* St = reinterpret_cast<T*>(smem + L.state_op);
-  const float* pw = reinterpret_cast<const float*>(smem + L.powers);
-  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-  float* scratch = reinterpret_cast<float*>(smem + L.scratch) + warp * 16 * kScratchLd;
-
+// Group 0 of a block: its own RB rows (from row r0 of the chunk) and the state slice (S, or S^T
+// read as the column-major operand: rows col0.. of S), then committed.
+template <bool StateT, int RB, class T>
+__device__ void stage_own(const ChunkParams& p, const Layout& L, const BlockSetup<T>& b, int r0) {
   const int D = p.D;
-  const int col0 = int(blockIdx.y) * kSlice, jw = min(kSlice, L.Dp - col0), ntj = jw / 16, ntd = L.Dp / 16;
-  const std::size_t tok = std::size_t(blockIdx.x) * p.T * D;
-  const T* A = static_cast<const T*>(p.a) + tok;
-  const T* B = static_cast<const T*>(p.b) + tok;
-  const T* X = static_cast<const T*>(p.x) + tok;
-  float* out = p.out + tok;
-  setup<T>(p, L, smem, col0, jw);
-  __syncthreads();
-
-  for (int c0 = 0; c0 < p.T; c0 += p.C) {
-    const int n = min(p.C, p.T - c0), nt = (n + 15) / 16;
-    stage(Bf, L.ldD, B + std::size_t(c0) * D, D, 0, n, nt * 16, L.Dp);
-    stage(Xs, L.ldJ, X + std::size_t(c0) * D, D, col0, n, nt * 16, jw);
-    for (int r0 = 0; r0 < nt * 16; r0 += L.RB) {
-      const int rows = min(L.RB, nt * 16 - r0), nti = rows / 16, g0 = r0 / 16;
-      stage(Ar, L.ldD, A + std::size_t(c0 + r0) * D, D, 0, n - r0, rows, L.Dp);
-      __syncthreads();
-      // Scores: Ps[i][j] = s gamma^(i-j) (a_i . b_j) for j <= i < n, else 0; tiles above the diagonal skipped.
-      for (int t = warp; t < nti * (g0 + nti); t += kWarps) {
-        const int ti = t / (g0 + nti), tj = t - ti * (g0 + nti);
-        if (tj > g0 + ti) continue;
-        typename Ops::Acc acc;
-        Ops::zero(acc);
-        for (int k = 0; k < ntd; ++k)
-          Ops::template mma<false, true>(acc, Ar + ti * 16 * L.ldD + k * 16, L.ldD, Bf + tj * 16 * L.ldD + k * 16, L.ldD);
-        Ops::store(scratch, acc, kScratchLd);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int r = e >> 4, c = e & 15, i = r0 + ti * 16 + r, j = tj * 16 + c;
-          const float v = (j <= i && i < n) ? scratch[r * kScratchLd + c] * pw[i - j] * p.scale : 0.0f;
-          Ps[(ti * 16 + r) * L.ldC + j] = from_float<T>(v);
-        }
-        __syncwarp();
-      }
-      __syncthreads();
-      // Output rows: s diag(lam) A S' + Ps X.
-      for (int t = warp; t < nti * ntj; t += kWarps) {
-        const int ti = t / ntj, tj = t - ti * ntj;
-        typename Ops::Acc acc;
-        Ops::zero(acc);
-        for (int k = 0; k < ntd; ++k)
-          Ops::template mma<false, false>(acc, Ar + ti * 16 * L.ldD + k * 16, L.ldD, St + k * 16 * L.ldJ + tj * 16, L.ldJ);
-        Ops::store(scratch, acc, kScratchLd);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int r = e >> 4, c = e & 15, i = r0 + ti * 16 + r;
-          scratch[r * kScratchLd + c] *= p.scale * pw[i + 1];
-        }
-        __syncwarp();
-        Ops::load(acc, scratch, kScratchLd);
-        for (int k = 0; k <= g0 + ti; ++k)
-          Ops::template mma<false, false>(acc, Ps + ti * 16 * L.ldC + k * 16, L.ldC, Xs + k * 16 * L.ldJ + tj * 16, L.ldJ);
-        Ops::store(scratch, acc, kScratchLd);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int r = e >> 4, c = e & 15, i = r0 + ti * 16 + r, col = col0 + tj * 16 + c;
-          if (i < n && col < D) out[std::size_t(c0 + i) * D + col] = scratch[r * kScratchLd + c];
-        }
-        __syncwarp();
-      }
-      __syncthreads();
-    }
-    // State: S' <- gamma^n S' + (diag(gam) B)^T X.
-    for (int e = int(threadIdx.x); e < n * L.Dp; e += kThreads) {
-      const int j = e / L.Dp, d = e - j * L.Dp;
-      Bf[j * L.ldD + d] = from_float<T>(to_float(Bf[j * L.ldD + d]) * pw[n - 1 - j]);
-    }
-    for (int e = int(threadIdx.x); e < L.Dp * jw; e += kThreads) {
-      const int r = e / jw, c = e - r * jw;
-      Sf[r * L.ldJf + c] *= pw[n];
-    }
-    __syncthreads();
-    for (int t = warp; t < ntd * ntj; t += kWarps) {
-      const int ti = t / ntj, tj = t - ti * ntj;
-      typename Ops::Acc acc;
-      Ops::load(acc, Sf + ti * 16 * L.ldJf + tj * 16, L.ldJf);
-      for (int k = 0; k < nt; ++k)
-        Ops::template mma<true, false>(acc, Bf + k * 16 * L.ldD + ti * 16, L.ldD, Xs + k * 16 * L.ldJ + tj * 16, L.ldJ);
-      Ops::store(Sf + ti * 16 * L.ldJf + tj * 16, acc, L.ldJf);
-      refresh_operand<T>(L, Sf, St, ti, tj);
-    }
-    __syncthreads();
-  }
-  write_final<T>(p, L, Sf, col0, jw);
+  stage_async<kBlockThreads>(b.own, L.ldD, static_cast<const T*>(p.own) + b.tok + std::size_t(r0) * D, D, b.n - r0, D,
+                             RB, L.Dp);
+  const T* S = static_cast<const T*>(p.states) + (std::size_t(b.bh) * p.chunks + b.chunk) * D * D;
+  if (StateT)
+    stage_async<kBlockThreads>(b.state, L.ldD, S + std::size_t(b.col0) * D, D, D - b.col0, D, kSlice, L.Dp);
+  else
+    stage_async<kBlockThreads>(b.state, L.ldJ, S + b.col0, D, D, D - b.col0, L.Dp, kSlice);
+  __pipeline_commit();
 }
 
-template <class T>
-__global__ void __launch_bounds__(kThreads) chunk_backward_kernel(ChunkParams p) {
-  using Ops = Tiles<T>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const Layout L = make_layout(p.C, p.D, p.RB, int(sizeof(T)));
-  T* Af = reinterpret_cast<T*>(smem + L.full);     // A, the whole chunk
-  T* Br = reinterpret_cast<T*>(smem + L.rows);     // B, RB rows at a time (the output rows)
-  T* Gs = reinterpret_cast<T*>(smem + L.slice);    // G' slice
-  T* Ps = reinterpret_cast<T*>(smem + L.scores);   // transposed masked scores (RB x Cp)
-  float* Sf = reinterpret_cast<float*>(smem + L.state);
-  T* St = reinterpret_cast<T*>(smem + L.state_op);
-  const float* pw = reinterpret_cast<const float*>(smem + L.powers);
-  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-  float* scratch = reinterpret_cast<float*>(smem + L.scratch) + warp * 16 * kScratchLd;
-
+// A walked block: rows r0.. of the other operand and of the slice operand into buffer `buf`, committed.
+template <int RB, class T>
+__device__ void stage_walked(const ChunkParams& p, const Layout& L, const BlockSetup<T>& b, int r0, int buf) {
   const int D = p.D;
-  const int col0 = int(blockIdx.y) * kSlice, jw = min(kSlice, L.Dp - col0), ntj = jw / 16, ntd = L.Dp / 16;
-  const std::size_t tok = std::size_t(blockIdx.x) * p.T * D;
-  const T* A = static_cast<const T*>(p.a) + tok;
-  const T* B = static_cast<const T*>(p.b) + tok;
-  const T* X = static_cast<const T*>(p.x) + tok;
-  float* out = p.out + tok;
-  setup<T>(p, L, smem, col0, jw);
-  __syncthreads();
+  const std::size_t at = b.tok + std::size_t(r0) * D;
+  stage_async<kBlockThreads>(b.buf(buf), L.ldD, static_cast<const T*>(p.other) + at, D, b.n - r0, D, RB, L.Dp);
+  stage_async<kBlockThreads>(b.slice(buf), L.ldJ, static_cast<const T*>(p.slice) + at + b.col0, D, b.n - r0,
+                             D - b.col0, RB, kSlice);
+  __pipeline_commit();
+}
 
-  const int chunks = (p.T + p.C - 1) / p.C;
-  for (int ch = chunks - 1; ch >= 0; --ch) {
-    const int c0 = ch * p.C, n = min(p.C, p.T - c0), nt = (n + 15) / 16;
-    stage(Af, L.ldD, A + std::size_t(c0) * D, D, 0, n, nt * 16, L.Dp);
-    stage(Gs, L.ldJ, X + std::size_t(c0) * D, D, col0, n, nt * 16, jw);
-    for (int r0 = 0; r0 < nt * 16; r0 += L.RB) {
-      const int rows = min(L.RB, nt * 16 - r0), nti = rows / 16, g0 = r0 / 16;
-      stage(Br, L.ldD, B + std::size_t(c0 + r0) * D, D, 0, n - r0, rows, L.Dp);
-      __syncthreads();
-      // Ps[j][i] = s gamma^(i-j) (b_j . a_i) for j <= i < n; only tiles at or right of the diagonal.
-      for (int t = warp; t < nti * nt; t += kWarps) {
-        const int tj = t / nt, ti = t - tj * nt;
-        if (ti < g0 + tj) continue;
-        typename Ops::Acc acc;
-        Ops::zero(acc);
-        for (int k = 0; k < ntd; ++k)
-          Ops::template mma<false, true>(acc, Br + tj * 16 * L.ldD + k * 16, L.ldD, Af + ti * 16 * L.ldD + k * 16, L.ldD);
-        Ops::store(scratch, acc, kScratchLd);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int r = e >> 4, c = e & 15, j = r0 + tj * 16 + r, i = ti * 16 + c;
-          const float v = (j <= i && i < n) ? scratch[r * kScratchLd + c] * pw[i - j] * p.scale : 0.0f;
-          Ps[(tj * 16 + r) * L.ldC + i] = from_float<T>(v);
-        }
-        __syncwarp();
-      }
-      __syncthreads();
-      // Output rows: diag(gam) B dS' + Ps G'.
-      for (int t = warp; t < nti * ntj; t += kWarps) {
-        const int tj = t / ntj, tv = t - tj * ntj;
-        typename Ops::Acc acc;
-        Ops::zero(acc);
-        for (int k = 0; k < ntd; ++k)
-          Ops::template mma<false, false>(acc, Br + tj * 16 * L.ldD + k * 16, L.ldD, St + k * 16 * L.ldJ + tv * 16, L.ldJ);
-        Ops::store(scratch, acc, kScratchLd);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int r = e >> 4, c = e & 15, j = r0 + tj * 16 + r;
-          scratch[r * kScratchLd + c] *= j < n ? pw[n - 1 - j] : 0.0f;
-        }
-        __syncwarp();
-        Ops::load(acc, scratch, kScratchLd);
-        for (int k = g0 + tj; k < nt; ++k)
-          Ops::template mma<false, false>(acc, Ps + tj * 16 * L.ldC + k * 16, L.ldC, Gs + k * 16 * L.ldJ + tv * 16, L.ldJ);
-        Ops::store(scratch, acc, kScratchLd);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int r = e >> 4, c = e & 15, j = r0 + tj * 16 + r, col = col0 + tv * 16 + c;
-          if (j < n && col < D) out[std::size_t(c0 + j) * D + col] = scratch[r * kScratchLd + c];
-        }
-        __syncwarp();
-      }
-      __syncthreads();
-    }
-    // State: dS' <- gamma^n dS' + s (diag(lam) A)^T G'.
-    for (int e = int(threadIdx.x); e < n * L.Dp; e += kThreads) {
-      const int i = e / L.Dp, d = e - i * L.Dp;
-      Af[i * L.ldD + d] = from_float<T>(to_float(Af[i * L.ldD + d]) * p.scale * pw[i + 1]);
-    }
-    for (int e = int(threadIdx.x); e < L.Dp * jw; e += kThreads) {
-      const int r = e / jw, c = e - r * jw;
-      Sf[r * L.ldJf + c] *= pw[n];
+// acc = own rows x state slice, each output row then times factor(row of the chunk).
+template <bool StateT, class Out, class T, class F>
+__device__ void state_term(Out& acc, const Layout& L, const BlockSetup<T>& b, int r0, int RB, F factor) {
+  acc.zero();
+  acc.template mma<false, StateT>(b.own + b.wm * (RB / 2) * L.ldD, L.ldD,
+                                  StateT ? b.state + b.wn * 32 * L.ldD : b.state + b.wn * 32, StateT ? L.ldD : L.ldJ,
+                                  L.Dp / 16);
+  const int row0 = r0 + b.wm * (RB / 2);
+  acc.template each_element<true>(b.scratch, [&](int i, int, int r, int, float& v) { v *= factor(row0 + i * 16 + r); });
+}
+
+// The score tile of the own rows (from chunk row r0) against the walked block in `buf` (from
+// chunk row w0), masked and scaled into the shared score tile: the rows kernel's P[i][j] =
+// s gamma^(i-j) a_i.b_j (j <= i < n), or with Transposed (the cols kernel: own rows are keys),
+// P[j][i] for the same pairs. The warp whose share lies wholly on the masked side skips the product.
+template <bool Transposed, int RB, class T>
+__device__ void score_tile(const ChunkParams& p, const Layout& L, const BlockSetup<T>& b, int r0, int w0, int buf) {
+  constexpr int H2 = RB / 2;
+  using Score = WarpBlock<T, RB / 32, RB / 32>;
+  const int m0 = r0 + b.wm * H2, k0 = w0 + b.wn * H2;  // first own row and first walked row of the warp's share
+  Score sc;
+  sc.zero();
+  const bool live = Transposed ? k0 + H2 - 1 >= m0 : k0 <= m0 + H2 - 1;
+  if (live) sc.template mma<false, true>(b.own + b.wm * H2 * L.ldD, L.ldD, b.buf(buf) + b.wn * H2 * L.ldD, L.ldD, L.Dp / 16);
+  sc.template each_element<false>(b.scratch, [&](int i, int j, int r, int c, float& v) {
+    const int m = m0 + i * 16 + r, k = k0 + j * 16 + c;
+    const int query = Transposed ? k : m, key = Transposed ? m : k;
+    const float w = key <= query && query < b.n ? v * p.scale * exp2f(b.log2g * float(query - key)) : 0.0f;
+    b.scores[(b.wm * H2 + i * 16 + r) * L.ldP + b.wn * H2 + j * 16 + c] = from_float<T>(w);
+  });
+}
+
+// Steps of 16 over a walked block from chunk row w0 that hold rows of the chunk (the rest, past a
+// short or ragged chunk's end, are zeros in both operands of the product).
+template <int RB, class T>
+__device__ int walked_steps(const BlockSetup<T>& b, int w0) {
+  return (min(RB, b.n - w0) + 15) / 16;
+}
+
+// The output tile's rows r0.. of the chunk (those < n, columns < D) into out.
+template <int RB, class Out, class T>
+__device__ void store_rows(Out& acc, const ChunkParams& p, const BlockSetup<T>& b, int r0) {
+  const int row0 = r0 + b.wm * (RB / 2), c0 = b.col0 + b.wn * 32, D = p.D;
+  float* out = p.out + b.tok;
+  acc.template each_element<false>(b.scratch, [&](int i, int j, int er, int ec, float& v) {
+    const int r = row0 + i * 16 + er, c = c0 + j * 16 + ec;
+    if (r < b.n && c < D) out[std::size_t(r) * D + c] = v;
+  });
+}
+
+template <class T, int RB, bool StateT, int MinBlocks>
+__global__ void __launch_bounds__(kBlockThreads, MinBlocks) chunk_rows_kernel(ChunkParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Layout L = make_layout(p.D, RB, int(sizeof(T)));
+  const BlockSetup<T> b(p, L, smem);
+  const int r0 = b.rb * RB;
+  if (r0 >= b.n) return;  // a row block past a ragged last chunk: the whole block, before any barrier
+  stage_own<StateT, RB>(p, L, b, r0);
+  stage_walked<RB>(p, L, b, 0, 0);
+  __pipeline_wait_prior(1);
+  __syncthreads();
+  WarpBlock<T, RB / 32, 2> acc;
+  state_term<StateT>(acc, L, b, r0, RB, [&](int i) { return p.scale * exp2f(b.log2g * float(i + 1)); });
+  for (int j = 0; j <= b.rb; ++j) {  // the key blocks the causal mask lets rows r0.. see
+    const int buf = j & 1;
+    if (j < b.rb) {
+      stage_walked<RB>(p, L, b, (j + 1) * RB, buf ^ 1);  // read last before the barrier ending step j - 1
+      __pipeline_wait_prior(1);
+    } else {
+      __pipeline_wait_prior(0);
     }
     __syncthreads();
-    for (int t = warp; t < ntd * ntj; t += kWarps) {
-      const int ti = t / ntj, tv = t - ti * ntj;
-      typename Ops::Acc acc;
-      Ops::load(acc, Sf + ti * 16 * L.ldJf + tv * 16, L.ldJf);
-      for (int k = 0; k < nt; ++k)
-        Ops::template mma<true, false>(acc, Af + k * 16 * L.ldD + ti * 16, L.ldD, Gs + k * 16 * L.ldJ + tv * 16, L.ldJ);
-      Ops::store(Sf + ti * 16 * L.ldJf + tv * 16, acc, L.ldJf);
-      refresh_operand<T>(L, Sf, St, ti, tv);
-    }
+    score_tile<false, RB>(p, L, b, r0, j * RB, buf);
+    __syncthreads();
+    acc.template mma<false, false>(b.scores + b.wm * (RB / 2) * L.ldP, L.ldP, b.slice(buf) + b.wn * 32, L.ldJ,
+                                   walked_steps<RB>(b, j * RB));
     __syncthreads();
   }
-  write_final<T>(p, L, Sf, col0, jw);
+  store_rows<RB>(acc, p, b, r0);
+}
+
+template <class T, int RB, bool StateT, int MinBlocks>
+__global__ void __launch_bounds__(kBlockThreads, MinBlocks) chunk_cols_kernel(ChunkParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Layout L = make_layout(p.D, RB, int(sizeof(T)));
+  const BlockSetup<T> b(p, L, smem);
+  const int r0 = b.rb * RB, blocks = (b.n + RB - 1) / RB;
+  if (r0 >= b.n) return;  // as in the rows kernel
+  stage_own<StateT, RB>(p, L, b, r0);
+  stage_walked<RB>(p, L, b, r0, 0);
+  __pipeline_wait_prior(1);
+  __syncthreads();
+  WarpBlock<T, RB / 32, 2> acc;
+  state_term<StateT>(acc, L, b, r0, RB, [&](int j) { return j < b.n ? exp2f(b.log2g * float(b.n - 1 - j)) : 0.0f; });
+  for (int i = b.rb; i < blocks; ++i) {  // the query blocks that see keys r0..
+    const int buf = (i - b.rb) & 1;
+    if (i + 1 < blocks) {
+      stage_walked<RB>(p, L, b, (i + 1) * RB, buf ^ 1);
+      __pipeline_wait_prior(1);
+    } else {
+      __pipeline_wait_prior(0);
+    }
+    __syncthreads();
+    score_tile<true, RB>(p, L, b, r0, i * RB, buf);
+    __syncthreads();
+    acc.template mma<false, false>(b.scores + b.wm * (RB / 2) * L.ldP, L.ldP, b.slice(buf) + b.wn * 32, L.ldJ,
+                                   walked_steps<RB>(b, i * RB));
+    __syncthreads();
+  }
+  store_rows<RB>(acc, p, b, r0);
 }
 
 int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
 
-// The staging height (a multiple of 16 up to 64, at most the padded chunk): the largest with which
-// two blocks share a multiprocessor (latency hiding: a block waits at its barriers), else the
-// largest that fits at all; 0 if none fits.
-int rows_per_block(const Problem& p, Dtype dtype, std::size_t limit) {
-  const int Cp = round16(effective_chunk(p));
-  const std::size_t half = limit / 2 > 1024 ? limit / 2 - 1024 : 0;  // the runtime keeps 1 KiB per block
-  for (std::size_t budget : {half, limit})
-    for (int rb = std::min(64, Cp); rb >= 16; rb -= 16)
-      if (chunked_shared_bytes(p, dtype, rb) <= budget) return rb;
-  return 0;
+// Per multiprocessor a GPU has the opt-in limit per block plus the 1 KiB the runtime keeps per
+// block (sm_80: 164 KiB and 163; sm_86 and sm_89: 100 and 99; sm_90: 228 and 227).
+constexpr std::size_t kReservedPerBlock = 1024;
+
+struct TileChoice {
+  int rb = 0;          // rows per block; 0: nothing fits
+  int min_blocks = 0;  // blocks per multiprocessor the choice was made for
+};
+
+// RB 64 (32 when the chunk has at most 32 rows) or 32: the larger with which two blocks share a
+// multiprocessor (a block waits at its barriers; the other computes), else the larger that fits.
+TileChoice choose_tiles(const Problem& p, Dtype dtype, std::size_t limit) {
+  const int top = effective_chunk(p) > 32 ? 64 : 32;
+  for (int blocks : {2, 1})
+    for (int rb = top; rb >= 32; rb -= 32)
+      if (blocks * (chunked_shared_bytes(p, dtype, rb) + kReservedPerBlock) <= limit + kReservedPerBlock)
+        return {rb, blocks};
+  return {};
 }
 
-enum class Pass { forward, backward };
+enum class Kind { rows, cols };
 
-void launch(const Problem& pr, Dtype dtype, Pass pass, ChunkParams params, cudaStream_t stream) {
-  params.T = pr.seq;
-  params.D = pr.dim;
-  params.H = pr.heads;
-  params.C = effective_chunk(pr);
-  params.retnet = pr.decay == Decay::retnet;
-  const int device = current_device();
-  params.RB = rows_per_block(pr, dtype, max_shared_bytes(device));
-  if (params.RB == 0) throw RuntimeFailure("chunked: the tiles do not fit in shared memory");
-  const std::size_t shared = chunked_shared_bytes(pr, dtype, params.RB);
-  const dim3 grid(unsigned(pr.heads_total()), unsigned((round16(pr.dim) + kSlice - 1) / kSlice));
+template <class T, int RB, int MinBlocks>
+void launch_as(Kind kind, bool state_t, const ChunkParams& params, dim3 grid, std::size_t shared, int device,
+               cudaStream_t stream) {
   auto go = [&](auto kernel) {
     allow_shared(kernel, device, shared);
-    kernel<<<grid, kThreads, shared, stream>>>(params);
+    kernel<<<grid, kBlockThreads, shared, stream>>>(params);
     LATTN_CUDA_CHECK_LAUNCH();
   };
-  if (dtype == Dtype::f32)
-    pass == Pass::forward ? go(chunk_forward_kernel<float>) : go(chunk_backward_kernel<float>);
+  if (kind == Kind::rows)
+    state_t ? go(chunk_rows_kernel<T, RB, true, MinBlocks>) : go(chunk_rows_kernel<T, RB, false, MinBlocks>);
   else
-    pass == Pass::forward ? go(chunk_forward_kernel<bf16>) : go(chunk_backward_kernel<bf16>);
+    state_t ? go(chunk_cols_kernel<T, RB, true, MinBlocks>) : go(chunk_cols_kernel<T, RB, false, MinBlocks>);
+}
+
+template <class T>
+void launch_typed(Kind kind, bool state_t, const ChunkParams& params, TileChoice tiles, dim3 grid, std::size_t shared,
+                  int device, cudaStream_t stream) {
+  if (tiles.rb == 64)
+    tiles.min_blocks == 2 ? launch_as<T, 64, 2>(kind, state_t, params, grid, shared, device, stream)
+                          : launch_as<T, 64, 1>(kind, state_t, params, grid, shared, device, stream);
+  else
+    tiles.min_blocks == 2 ? launch_as<T, 32, 2>(kind, state_t, params, grid, shared, device, stream)
+                          : launch_as<T, 32, 1>(kind, state_t, params, grid, shared, device, stream);
+}
+
+// One chunk-parallel launch: `own`, `other`, `slice` in the roles of the header's table.
+void launch_chunks(const Problem& pr, Dtype dtype, Kind kind, bool state_t, const void* own, const void* other,
+                   const void* slice, const void* states, float* out, cudaStream_t stream) {
+  const int device = current_device();
+  const TileChoice tiles = choose_tiles(pr, dtype, max_shared_bytes(device));
+  if (tiles.rb == 0) throw RuntimeFailure("chunked: the tiles do not fit in shared memory");
+  ChunkParams p{own, other, slice, states, out, pr.seq, pr.dim, pr.heads, effective_chunk(pr), 0, 0,
+                pr.decay == Decay::retnet, float(attention_scale(pr.dim))};
+  p.chunks = (p.T + p.C - 1) / p.C;
+  p.row_blocks = (p.C + tiles.rb - 1) / tiles.rb;
+  const std::size_t shared = chunked_shared_bytes(pr, dtype, tiles.rb);
+  const dim3 grid(unsigned(pr.heads_total() * std::size_t(p.chunks) * std::size_t(p.row_blocks)),
+                  unsigned((round16(pr.dim) + kSlice - 1) / kSlice));
+  if (dtype == Dtype::f32)
+    launch_typed<float>(kind, state_t, p, tiles, grid, shared, device, stream);
+  else
+    launch_typed<bf16>(kind, state_t, p, tiles, grid, shared, device, stream);
 }
 
 }  // namespace
 
-std::size_t chunked_shared_bytes(const Problem& p, Dtype dtype, int rb) {
-  return make_layout(effective_chunk(p), p.dim, rb, element_size(dtype)).total;
+std::size_t chunked_shared_bytes(const Problem& p, Dtype dtype, int rows_per_block) {
+  return make_layout(p.dim, rows_per_block, element_size(dtype)).total;
+}
+
+ChunkedTiles chunked_tiles(const Problem& p, Dtype dtype, std::size_t max_shared_bytes) {
+  const TileChoice t = choose_tiles(p, dtype, max_shared_bytes);
+  return {t.rb, t.min_blocks};
+}
+
+std::size_t chunked_states_bytes(const Problem& p, Dtype dtype) {
+  return chunk_state_elems(p) * std::size_t(element_size(dtype));
+}
+
+std::size_t chunked_forward_workspace_bytes(const Problem& p, Dtype dtype) { return chunked_states_bytes(p, dtype); }
+
+std::size_t chunked_backward_workspace_bytes(const Problem& p, Dtype dtype, bool states_kept) {
+  return (states_kept ? 1 : 2) * chunked_states_bytes(p, dtype);
 }
 
 std::optional<std::string> chunked_unsupported(const Problem& p, Dtype dtype, std::size_t limit) {
-  if (rows_per_block(p, dtype, limit) == 0)
-    return "the CUDA chunked kernel's tiles for chunk " + std::to_string(effective_chunk(p)) + ", dim " +
-           std::to_string(p.dim) + " need " + std::to_string(chunked_shared_bytes(p, dtype, 16)) +
-           " bytes of shared memory per block; this device has " + std::to_string(limit);
+  if (choose_tiles(p, dtype, limit).rb == 0)
+    return "the CUDA chunked kernels' tiles for dim " + std::to_string(p.dim) + " need " +
+           std::to_string(chunked_shared_bytes(p, dtype, 32)) + " bytes of shared memory per block; this device has " +
+           std::to_string(limit);
   return std::nullopt;
 }
 
-void chunked_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator&, cudaStream_t stream) {
-  ChunkParams f{};
-  f.a = a.q, f.b = a.k, f.x = a.v, f.s0 = a.h0, f.s0_transposed = false;
-  f.out = a.o, f.final_state = a.hT, f.scale = float(attention_scale(p.dim));
-  launch(p, dtype, Pass::forward, f, stream);
+std::vector<ChunkedKernel> chunked_kernels(const Problem& p, Dtype dtype) {
+  const int device = current_device();
+  const std::size_t limit = max_shared_bytes(device);
+  const TileChoice tiles = choose_tiles(p, dtype, limit);
+  std::vector<ChunkedKernel> kernels;
+  const KernelShape pass = chunk_state_pass_shape(dtype);
+  kernels.push_back({"chunk_state_kernel", pass.threads, 0, pass.shared, pass.min_blocks,
+                     chunk_state_pass_occupancy(dtype)});
+  if (tiles.rb == 0) return kernels;
+  const std::size_t shared = chunked_shared_bytes(p, dtype, tiles.rb);
+  auto occupancy = [&](auto kernel) {
+    int blocks = 0;
+    allow_shared(kernel, device, shared);
+    LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlockThreads, shared));
+    return blocks;
+  };
+  // The four instantiations a case uses run on one shape; the rows kernel's stands for them.
+  auto resident = [&](auto t) {
+    using T = decltype(t);
+    if (tiles.rb == 64)
+      return tiles.min_blocks == 2 ? occupancy(chunk_rows_kernel<T, 64, false, 2>) : occupancy(chunk_rows_kernel<T, 64, false, 1>);
+    return tiles.min_blocks == 2 ? occupancy(chunk_rows_kernel<T, 32, false, 2>) : occupancy(chunk_rows_kernel<T, 32, false, 1>);
+  };
+  const int blocks = dtype == Dtype::f32 ? resident(float{}) : resident(bf16{});
+  for (const char* name : {"chunk_rows_kernel", "chunk_cols_kernel"})
+    kernels.push_back({name, kBlockThreads, tiles.rb, shared, tiles.min_blocks, blocks});
+  return kernels;
 }
 
-void chunked_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator&, cudaStream_t stream) {
-  const float s = float(attention_scale(p.dim));
-  ChunkParams dq{};  // the forward pass on (dO, V, K) with the transposed state
-  dq.a = a.dO, dq.b = a.v, dq.x = a.k, dq.s0 = a.h0, dq.s0_transposed = true;
-  dq.out = a.dq, dq.final_state = nullptr, dq.scale = s;
-  launch(p, dtype, Pass::forward, dq, stream);
+void chunked_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator& allocator, cudaStream_t stream,
+                     void* kept_states) {
+  Workspace<unsigned char> own(allocator, kept_states ? 0 : chunked_states_bytes(p, dtype));
+  void* h = kept_states ? kept_states : own.data();
+  chunk_state_pass(p, dtype, {a.k, a.v, a.h0, a.hT, h, false}, stream);
+  launch_chunks(p, dtype, Kind::rows, false, a.q, a.k, a.v, h, a.o, stream);
+}
 
-  ChunkParams dv{};
-  dv.a = a.q, dv.b = a.k, dv.x = a.dO, dv.s0 = a.dhT, dv.s0_transposed = false;
-  dv.out = a.dv, dv.final_state = a.dh0, dv.scale = s;
-  launch(p, dtype, Pass::backward, dv, stream);
-
-  ChunkParams dk{};  // the dv pass on (dO, V, Q) with the transposed state gradient
-  dk.a = a.dO, dk.b = a.v, dk.x = a.q, dk.s0 = a.dhT, dk.s0_transposed = true;
-  dk.out = a.dk, dk.final_state = nullptr, dk.scale = s;
-  launch(p, dtype, Pass::backward, dk, stream);
+void chunked_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator& allocator,
+                      cudaStream_t stream, const void* kept_states) {
+  Workspace<unsigned char> own(allocator, kept_states ? 0 : chunked_states_bytes(p, dtype));
+  Workspace<unsigned char> dh(allocator, chunked_states_bytes(p, dtype));
+  const void* h = kept_states;
+  if (!h) {  // the forward's states again: its state pass alone (no final state)
+    chunk_state_pass(p, dtype, {a.k, a.v, a.h0, nullptr, own.data(), false}, stream);
+    h = own.data();
+  }
+  chunk_state_pass(p, dtype, {a.q, a.dO, a.dhT, a.dh0, dh.data(), true}, stream);
+  launch_chunks(p, dtype, Kind::rows, true, a.dO, a.v, a.k, h, a.dq, stream);
+  launch_chunks(p, dtype, Kind::cols, false, a.k, a.q, a.dO, dh.data(), a.dv, stream);
+  launch_chunks(p, dtype, Kind::cols, true, a.v, a.dO, a.q, dh.data(), a.dk, stream);
 }
 
 }  // namespace lattn::cuda

@@ -215,8 +215,9 @@ __global__ void __launch_bounds__(kThreads) swa_forward_kernel(SwaParams p) {
     const int r = e / p.D, d = e - r * p.D;
     if (q0 + r < p.T) p.out[(head + q0 + r) * p.D + d] = Oacc[r * L.ldA + d] / lrow[r];
   }
-  for (int r = int(threadIdx.x); r < Bt; r += kThreads)
-    if (q0 + r < p.T) p.lse_out[head + q0 + r] = mrow[r] + logf(lrow[r]);
+  if (p.lse_out)  // a forward-only call keeps no L
+    for (int r = int(threadIdx.x); r < Bt; r += kThreads)
+      if (q0 + r < p.T) p.lse_out[head + q0 + r] = mrow[r] + logf(lrow[r]);
 }
 
 // D_t = dO_t . o_t, one warp per row of all B*H*T rows.

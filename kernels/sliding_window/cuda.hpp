@@ -34,7 +34,7 @@ struct DeviceSwaForward {
   const void* k;
   const void* v;
   float* o;
-  float* lse;
+  float* lse;  // null: not kept (a forward-only call)
 };
 
 struct DeviceSwaBackward {

@@ -4,11 +4,12 @@
 // (test_cuda_main.cpp skips otherwise).
 #include <catch2/catch.hpp>
 
+#include <cuda_runtime_api.h>
 
 #include "src/counting_allocator.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "kernels/linear_attention/cuda.hpp"
-#include "test_util.hpp"
+#include "cuda_backend_checks.hpp"
 
 using namespace lattn;
 
@@ -79,20 +80,7 @@ TEST_CASE("the device allocator tracks live and peak bytes and reuses freed bloc
 }
 
 TEST_CASE("the CUDA backend reports temp, arg and out bytes in closed form", "[cuda][memory]") {
-  const Problem p{2, 2, 200, 16, 64, Decay::none};
-  for (const std::string impl : {"scan", "chunked"}) {
-    const std::size_t workspace = impl == "scan" ? std::max(cuda::scan_forward_workspace_bytes(p), cuda::scan_backward_workspace_bytes(p))
-                                                     : std::max(cuda::chunked_forward_workspace_bytes(p), cuda::chunked_backward_workspace_bytes(p));
-    CHECK(workspace == 0);  // the backward recomputes; nothing is stored per chunk or token
-    const MemoryUsage f32 = run_cuda_case(p, impl, Mode::fwd_bwd, "float32").memory;
-    CHECK(f32.temp_bytes == workspace);
-    CHECK(f32.arg_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // q k v dO, h0 dhT
-    CHECK(f32.out_bytes == (4 * p.token_elems() + 2 * p.state_elems()) * 4);  // o dq dk dv, hT dh0
-    const MemoryUsage b16 = run_cuda_case(p, impl, Mode::fwd_bwd, "bf16").memory;
-    CHECK(b16.temp_bytes == workspace);
-    CHECK(b16.arg_bytes == 4 * p.token_elems() * 2 + 2 * p.state_elems() * 4);  // bf16 tokens, float32 states
-    CHECK(b16.out_bytes == f32.out_bytes);
-  }
+  test::check_linear_memory([](const BackendOptions& o) { return make_backend("cuda", o); });
 }
 
 TEST_CASE("CUDA timing: events give positive times, warm and cold", "[cuda]") {
@@ -123,6 +111,13 @@ TEST_CASE("the CUDA backend skips what it cannot run, with a reason", "[cuda]") 
   CHECK(backend->unsupported(big_chunk).has_value());
   const Case fine = test::kernel_case({4, 64, 4096, 128, 64, Decay::none}, "chunked", Mode::fwd_bwd, "cuda", "bf16");
   CHECK_FALSE(backend->unsupported(fine).has_value());
+}
+
+// The chunked kernels' launch figures and occupancy on this GPU (scripts/device_check.sh prints them).
+TEST_CASE("chunked kernels' occupancy", "[.][occupancy]") {
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  test::report_chunked_kernels(prop.name);
 }
 
 // Small shapes for compute-sanitizer (memcheck, racecheck, synccheck): every kernel and pass, both

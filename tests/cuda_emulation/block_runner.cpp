@@ -6,6 +6,7 @@
 // block barrier, the block's shared memory, and what happens when a thread fails or returns.
 #include <algorithm>
 #include <bit>
+#include <condition_variable>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "block_state.hpp"
 #include "device_state.hpp"
 #include "lattn_emu/device.hpp"
+#include "pipeline_state.hpp"
 
 namespace lattn_emu {
 namespace detail {
@@ -131,12 +133,14 @@ void start_block(Grid& g) {
 // Under g.mutex: the calling thread has returned from the kernel in this block.
 void leave_block(Grid& g, unsigned thread) {
   ++g.exited;
+  g.wmma[thread] = wmma_calls();
   if (g.arrived > 0)
     abort_locked(g, "returned from the kernel while " + std::to_string(g.arrived) +
                         " threads of its block wait at __syncthreads (a barrier not every thread reaches)");
   Warp& w = *g.warps[thread / 32];
   const unsigned bit = 1u << (thread % 32);
   w.exited |= bit;
+  if (w.exited == w.lanes && !wmma_agree(g, thread / 32, w.lanes, &g.wmma[thread / 32 * 32])) return;
   for (auto& [mask, round] : w.rounds)
     if (round.arrived != 0 && (mask & bit))
       abort_locked(g, "returned from the kernel while lanes of its warp wait for it at " + std::string(round.what));
@@ -155,7 +159,12 @@ void run_thread(Grid& g, unsigned thread) {
     blockIdx = index_of(block, c.grid);
     lock.unlock();
     try {
+      pipeline_reset();
+      wmma_reset();
       (*g.body)();
+      if (const std::size_t pending = pipeline_pending())
+        throw Error("returned from the kernel with " + std::to_string(pending) +
+                    " cp.async copies it never waited for (__pipeline_wait_prior)");
       lock.lock();
     } catch (const Aborted&) {
       lock.lock();
@@ -172,9 +181,12 @@ void run_thread(Grid& g, unsigned thread) {
     if (g.exited == g.threads) {
       ++g.block;
       if (g.block < g.blocks) start_block(g);
-      g.block_cv.notify_all();
+      g.next_block.bump();
     } else {
-      g.block_cv.wait(lock, [&] { return g.aborted || g.block != block; });
+      const std::uint32_t seen = g.next_block.read();
+      lock.unlock();
+      while (g.next_block.read() == seen) g.next_block.value.wait(seen, std::memory_order_acquire);
+      lock.lock();
     }
   }
   t_grid = nullptr;
@@ -199,22 +211,27 @@ std::string where(const Grid& g, unsigned thread) {
 
 void abort_locked(Grid& g, const std::string& message) {
   if (!g.aborted) {
-    g.aborted = true;
     g.error = where(g, t_thread) + ": " + message;
+    g.aborted.store(true, std::memory_order_release);
   }
-  g.block_cv.notify_all();
-  for (auto& w : g.warps) w->cv.notify_all();
+  // Every waiter wakes, sees the abort and unwinds.
+  g.next_block.bump();
+  g.barrier.bump();
+  for (auto& w : g.warps)
+    for (auto& [mask, round] : w->rounds) round.done.bump();
 }
 
-void wait_locked(Grid& g, std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
-                 const std::function<bool()>& released, const char* what) {
+void wait_unlocking(Grid& g, std::unique_lock<std::mutex>& lock, Signal& signal, std::uint32_t seen, const char* what) {
   ++g.blocked;
-  if (g.blocked + g.exited == g.threads)
+  if (g.blocked + g.exited == g.threads) {
     abort_locked(g, std::string("deadlock at ") + what + ": every thread of the block waits (" +
                         std::to_string(g.arrived) + " at __syncthreads, " + std::to_string(g.exited) +
                         " returned, the others at warp-synchronous calls)");
-  cv.wait(lock, [&] { return g.aborted || released(); });
-  if (g.aborted) throw Aborted{};
+    throw Aborted{};
+  }
+  lock.unlock();
+  while (signal.read() == seen) signal.value.wait(seen, std::memory_order_acquire);
+  if (g.aborted.load(std::memory_order_acquire)) throw Aborted{};
 }
 
 }  // namespace detail
@@ -231,6 +248,7 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& thread_bo
   g.body = &thread_body;
   g.threads = threads;
   g.blocks = blocks;
+  g.wmma.resize(threads);
   for (unsigned w = 0; w * 32 < threads; ++w) {
     g.warps.push_back(std::make_unique<detail::Warp>());
     const unsigned lanes = std::min(32u, threads - w * 32);
@@ -272,15 +290,16 @@ void sync_block() {
                                  " threads of the block returned from the kernel (a barrier not every thread reaches)");
     throw detail::Aborted{};
   }
+  g->wmma[detail::current_thread()] = detail::wmma_calls();
   if (++g->arrived == g->threads) {
+    for (unsigned w = 0; w < g->warps.size(); ++w)
+      if (!detail::wmma_agree(*g, w, g->warps[w]->lanes, &g->wmma[w * 32])) throw detail::Aborted{};
     g->arrived = 0;
-    ++g->barrier_generation;
     g->blocked -= g->threads - 1;
-    g->block_cv.notify_all();
+    g->barrier.bump();
     return;
   }
-  const std::uint64_t generation = g->barrier_generation;
-  detail::wait_locked(*g, lock, g->block_cv, [&] { return g->barrier_generation != generation; }, "__syncthreads");
+  detail::wait_unlocking(*g, lock, g->barrier, g->barrier.read(), "__syncthreads");
 }
 
 void* dynamic_shared_memory(std::size_t align) {

@@ -1,11 +1,14 @@
 // The state of one emulated launch that its threads share: which block runs, the block barrier,
 // the warps' rendezvous, the block's shared memory, and the first error. One mutex guards all of
 // it: the threads of a block meet only through these calls, so the emulation's own bookkeeping
-// never races, and whatever ThreadSanitizer reports is a race in the emulated kernel.
+// never races, and whatever ThreadSanitizer reports is a race in the emulated kernel. A thread that
+// waits for the others (at a barrier, a warp call, the next block) sleeps on a Signal, not on a
+// condition variable: released, it goes on without taking the mutex again, so a barrier of 128
+// threads costs one wake-up each rather than a convoy of 128 through the mutex.
 // Internal to tests/cuda_emulation (block_runner.cpp, warp_sync.cpp).
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -23,16 +26,35 @@ namespace lattn_emu::detail {
 // out of the kernel; the launch reports the first error, not this.
 struct Aborted {};
 
+// A counter threads wait on to change (C++20 atomic wait: a futex on Linux). Bumped with release
+// order and read with acquire: what the bumping thread saw happens before what each released
+// waiter does next (ThreadSanitizer sees the same edge).
+struct Signal {
+  std::atomic<std::uint32_t> value{0};
+  std::uint32_t read() const { return value.load(std::memory_order_acquire); }
+  void bump() {
+    value.fetch_add(1, std::memory_order_release);
+    value.notify_all();
+  }
+};
+
+// A lane's WMMA calls since its block started (lattn_emu::note_wmma_call): how many, and a hash of
+// which, in order.
+struct WmmaCalls {
+  std::uint64_t count = 0, hash = 0;
+  bool operator==(const WmmaCalls&) const = default;
+};
+
 struct WarpRound {  // the lanes of one mask meeting at one warp-synchronous operation
   unsigned arrived = 0;
-  std::uint64_t generation = 0;
+  WmmaCalls wmma[32];  // each lane's, as it arrived
+  Signal done;  // bumped when every lane of the mask has arrived
   const char* what = nullptr;
   std::uint64_t values[2][32] = {};  // by generation parity: a lane may deposit for the next round
 };                                   // while the others still read this one's
 
 struct Warp {
-  std::condition_variable cv;
-  std::map<unsigned, WarpRound> rounds;  // by mask
+  std::map<unsigned, WarpRound> rounds;  // by mask (nodes stay put: waiters hold references)
   unsigned lanes = 0;                    // lanes present (a block's last warp may be partial)
   unsigned exited = 0;                   // lanes that returned from the kernel in this block
 };
@@ -51,10 +73,11 @@ struct Grid {
 
   std::mutex mutex;
   std::size_t block = 0;  // the running block, linear (x fastest)
-  std::condition_variable block_cv;  // the block barrier, and the step to the next block
-  unsigned arrived = 0;              // at the block barrier
-  std::uint64_t barrier_generation = 0;
+  Signal next_block;  // bumped when the next block starts (or the launch is aborted)
+  Signal barrier;     // bumped when every thread has arrived at __syncthreads
+  unsigned arrived = 0;  // at the block barrier
   unsigned exited = 0;   // threads that returned from the kernel in this block
+  std::vector<WmmaCalls> wmma;  // per thread, as it arrived at the barrier or returned
   unsigned blocked = 0;  // threads waiting for others that have not arrived yet
   std::vector<std::unique_ptr<Warp>> warps;
 
@@ -63,7 +86,7 @@ struct Grid {
   std::map<const void*, SharedSite> sites;
   std::size_t static_shared_bytes = 0;
 
-  bool aborted = false;
+  std::atomic<bool> aborted{false};  // set under the mutex; read by released waiters without it
   std::string error;
 };
 
@@ -73,10 +96,17 @@ unsigned current_thread();
 
 // Under g.mutex: records the first error (with where it happened) and wakes every waiting thread.
 void abort_locked(Grid& g, const std::string& message);
-// Under g.mutex: waits on `cv` until `released()`; a wait that leaves every thread of the block
-// waiting is a deadlock and aborts the block. Whoever releases waiters takes them off g.blocked.
-void wait_locked(Grid& g, std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
-                 const std::function<bool()>& released, const char* what);
+// Under g.mutex (which it releases): waits until `signal` has moved on from `seen`; a wait that
+// leaves every thread of the block waiting is a deadlock and aborts the block. Whoever releases
+// waiters takes them off g.blocked. Throws Aborted when the launch was aborted meanwhile.
+void wait_unlocking(Grid& g, std::unique_lock<std::mutex>& lock, Signal& signal, std::uint32_t seen, const char* what);
 std::string where(const Grid& g, unsigned thread);
+
+// The calling thread's WMMA calls, and their reset when it starts a block.
+WmmaCalls wmma_calls();
+void wmma_reset();
+// Under g.mutex: aborts the block (and returns false) unless the lanes of `mask` in warp `warp`
+// agree on their WMMA calls (by_lane: indexed by lane).
+bool wmma_agree(Grid& g, unsigned warp, unsigned mask, const WmmaCalls* by_lane);
 
 }  // namespace lattn_emu::detail

@@ -4,7 +4,11 @@
 // __launch_bounds__; dynamic shared memory above 48 KiB only after cudaFuncSetAttribute raised the
 // kernel's cudaFuncAttributeMaxDynamicSharedMemorySize that far, and never above the device's
 // opt-in limit. A GPU rejects such a launch (cudaGetLastError); the emulation fails it outright,
-// so a test cannot pass past it.
+// so a test cannot pass past it. And one promise a GPU does not check: a kernel whose
+// __launch_bounds__ asks for N resident blocks per multiprocessor (ptxas limits its registers for
+// them) must be launched with no more dynamic shared memory (plus the 1 KiB the runtime keeps per
+// block) and threads than N blocks can have on one multiprocessor; otherwise fewer run at once
+// than the kernel was compiled for (its static shared memory is not counted here).
 #include <string>
 
 #include "device_state.hpp"
@@ -35,6 +39,16 @@ void check_launch(const LaunchConfig& c) {
          std::to_string(c.bounds.max_threads) + " (__launch_bounds__)");
   DeviceState& d = device();
   const std::size_t limit = shared_optin_limit();
+  if (c.bounds.min_blocks > 0) {
+    const std::size_t blocks = std::size_t(c.bounds.min_blocks);
+    if (blocks * (c.shared + kReservedSharedPerBlock) > limit + kReservedSharedPerBlock)
+      fail("__launch_bounds__ promises " + std::to_string(blocks) + " blocks per multiprocessor, but " +
+           std::to_string(blocks) + " blocks of this much shared memory do not fit in one (" +
+           std::to_string(limit + kReservedSharedPerBlock) + " bytes)");
+    if (blocks * threads > kMaxThreadsPerMultiprocessor)
+      fail("__launch_bounds__ promises " + std::to_string(blocks) + " blocks per multiprocessor, over its " +
+           std::to_string(kMaxThreadsPerMultiprocessor) + " threads");
+  }
   std::lock_guard lock(d.mutex);
   if (c.stream && !d.streams.count(c.stream)) fail("the stream is not a live stream");
   if (c.shared > limit)

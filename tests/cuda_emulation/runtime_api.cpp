@@ -4,6 +4,7 @@
 // grid has run), events read the host clock, and the one device reports the opt-in shared-memory
 // limit the tests chose (lattn_emu/control.hpp). Errors are returned as the toolkit returns them,
 // and kept as the sticky last error where the toolkit keeps them.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -96,6 +97,8 @@ void clear_launch_log() {
   device().log.clear();
 }
 
+bool is_device_memory(const void* ptr, std::size_t bytes) { return device_range(ptr, bytes); }
+
 }  // namespace lattn_emu
 
 using lattn_emu::device;
@@ -139,7 +142,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
     case cudaDevAttrL2CacheSize: *value = a100 ? 40 << 20 : 50 << 20; break;
     case cudaDevAttrComputeCapabilityMajor: *value = a100 ? 8 : 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = optin + 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = optin + int(lattn_emu::kReservedSharedPerBlock); break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = int(lattn_emu::kMaxThreadsPerMultiprocessor); break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = optin; break;
     default: return lattn_emu::fail(cudaErrorInvalidValue);
   }
@@ -360,4 +364,18 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (attr == cudaFuncAttributePreferredSharedMemoryCarveout)
     return value >= -1 && value <= 100 ? cudaSuccess : lattn_emu::fail(cudaErrorInvalidValue);
   return lattn_emu::fail(cudaErrorInvalidValue);
+}
+
+// Resident blocks per multiprocessor by the two resources the emulation knows, the threads and
+// the shared memory (the launch's dynamic bytes plus the runtime's 1 KiB per block), and the
+// 32-block cap of sm_80 and sm_90. Registers are not known here (the kernel is host code), so
+// where they bind, a GPU reports fewer.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* func, int block_size,
+                                                          std::size_t dynamic_shared) {
+  if (!blocks || !func || block_size <= 0 || block_size > 1024) return lattn_emu::fail(cudaErrorInvalidValue);
+  const std::size_t per_sm = lattn_emu::shared_optin_limit() + lattn_emu::kReservedSharedPerBlock;
+  const std::size_t by_shared = per_sm / (dynamic_shared + lattn_emu::kReservedSharedPerBlock);
+  const std::size_t by_threads = lattn_emu::kMaxThreadsPerMultiprocessor / std::size_t((block_size + 31) / 32 * 32);
+  *blocks = int(std::min<std::size_t>({by_shared, by_threads, 32}));
+  return cudaSuccess;
 }

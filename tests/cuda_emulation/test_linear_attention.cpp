@@ -1,10 +1,11 @@
-// The scan and chunked kernels (kernels/cuda/scan.cu, chunked.cu), run in the emulation, against
-// the float64 reference (kernels/reference/linear_attention_ref.cpp) with the runner's inputs and
-// tolerances (src/inputs.cpp, src/check.cpp): every output of fwd_bwd (o, hT, dq, dk, dv, dh0) on
-// D = 1, D off multiples of 16 and 32, ragged last chunks, chunk > seq, both decays, float32 and
-// bf16 (inputs rounded to bf16 before the reference sees them, as the runner does). And every
-// staging height (RB) the chunked launcher can choose under the device limit of this run, with
-// both of its budgets (two blocks per multiprocessor, then one), read from the launch log.
+// The scan and chunked kernels (kernels/linear_attention/cuda_scan.cu, cuda_chunked.cu and
+// cuda_chunk_states.cu), run in the emulation, against the float64 reference with the runner's
+// inputs and tolerances (core/op.cpp, src/check.cpp): every output of fwd_bwd (o, hT, dq, dk, dv,
+// dh0) on D = 1, D off multiples of 16 and 32, ragged last chunks, chunks of several row blocks,
+// chunk > seq, both decays, float32 and bf16 (inputs rounded to bf16 before the reference sees
+// them, as the runner does), and the scratch the chunked form takes against its closed forms. And
+// every tile choice the chunked launch code can make under the device limit of this run (64 or
+// 32 rows per block, for two blocks per multiprocessor or for one), read from the launch log.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "kernels/linear_attention/cuda.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "cases.hpp"
+#include "cuda_backend_checks.hpp"
 #include "device_buffers.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
@@ -52,9 +54,11 @@ CheckResult run_case(const Problem& p, Kernel form, cuda::Dtype dtype, std::uint
     CHECK(allocator.peak() == std::max(cuda::scan_forward_workspace_bytes(p), cuda::scan_backward_workspace_bytes(p)));
   } else {
     cuda::chunked_forward(p, dtype, fwd, allocator, nullptr);
+    CHECK(allocator.peak() == cuda::chunked_forward_workspace_bytes(p, dtype));
     cuda::chunked_backward(p, dtype, bwd, allocator, nullptr);
-    CHECK(allocator.peak() ==
-          std::max(cuda::chunked_forward_workspace_bytes(p), cuda::chunked_backward_workspace_bytes(p)));
+    CHECK(allocator.peak() == cuda::chunked_backward_workspace_bytes(p, dtype, false));
+    CHECK(cuda::chunked_backward_workspace_bytes(p, dtype, false) ==
+          2 * p.heads_total() * p.chunks() * p.dim * p.dim * (dtype == cuda::Dtype::f32 ? 4 : 2));
   }
   TensorSet out = make_case_outputs(kase);
   for (const auto& [name, buffer] : {std::pair{"o", &o}, {"hT", &hT}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dh0", &dh0}})
@@ -76,10 +80,10 @@ void expect_pass(const Problem& p, Kernel form, cuda::Dtype dtype) {
   CHECK(r.passed);
 }
 
-// The staging height of a chunked launch: the RB whose layout has the launch's shared bytes.
-int staged_rows(const Problem& p, cuda::Dtype dtype, std::size_t shared) {
+// The rows per block of a chunk-parallel launch: the RB whose layout has the launch's shared bytes.
+int rows_per_block(const Problem& p, cuda::Dtype dtype, std::size_t shared) {
   int found = 0;
-  for (int rb = 16; rb <= 64; rb += 16)
+  for (int rb : {32, 64})
     if (cuda::chunked_shared_bytes(p, dtype, rb) == shared) found = rb;
   return found;
 }
@@ -88,56 +92,57 @@ int staged_rows(const Problem& p, cuda::Dtype dtype, std::size_t shared) {
 
 TEST_CASE("emulation: scan and chunked match the float64 reference", "[emulation][linear]") {
   // (batch, heads, seq, dim, chunk, decay): D = 1; D = 20 and 33 (neither a multiple of 16 nor of
-  // 32: padded tiles, idle lanes); D = 72 (a second, narrower column slice: chunked 64 + 16, scan
-  // 32 + 32 + 8); ragged last chunks (37 = 2 x 16 + 5, 45 = 32 + 13); chunk > seq; chunk 1; two
-  // heads under retnet (two gammas).
+  // 32: padded tiles, idle lanes, element-wise staging); D = 72 (a second, narrower column slice:
+  // chunked 64 + 16, scan 32 + 32 + 8); ragged last chunks (37 = 2 x 16 + 5, 45 = 32 + 13); chunk
+  // > seq; chunk 1; chunks of two row blocks, the second ragged (100 = 64 + 36) and a last chunk of
+  // 2 rows (130 = 128 + 2); two heads under retnet (two gammas).
   const std::vector<Problem> shapes = {
       {1, 1, 9, 1, 4, Decay::retnet},   {1, 2, 37, 20, 16, Decay::retnet}, {2, 1, 45, 33, 32, Decay::none},
       {1, 1, 20, 8, 64, Decay::none},   {1, 1, 50, 72, 48, Decay::retnet}, {1, 2, 7, 16, 1, Decay::retnet},
-      {1, 1, 70, 32, 64, Decay::none}};
+      {1, 1, 70, 32, 64, Decay::none},  {1, 1, 150, 24, 100, Decay::retnet}, {1, 1, 130, 40, 128, Decay::none}};
   for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
     for (const Problem& p : shapes)
       for (Kernel form : {Kernel::scan, Kernel::chunked}) expect_pass(p, form, dtype);
 }
 
-TEST_CASE("emulation: the chunked launcher's every staging height, under this run's device limit",
+TEST_CASE("emulation: the chunked launch code's every tile choice, under this run's device limit",
           "[emulation][tiles]") {
   const std::size_t limit = lattn_emu::shared_optin_limit();
-  // Small chunks give RB = the padded chunk (16, 32, 48) or 64 with two blocks per multiprocessor;
-  // the long chunks at dim 16 make the two-block budget choose a smaller RB than the chunk allows,
-  // and dim 128 leaves only the one-block budget (at chunk 48 and 80: RB 48 on A100's limit, 64 on
-  // H100's). Which of them picks what depends on the limit; the set of heights must be complete.
+  // Which shape gets which choice depends on the limit (H100's 227 KiB or A100's 163); together
+  // they make every one under either: bf16 at D = 24 (64 rows, two blocks), float32 at D = 96,
+  // 128, 160 and 192 (32 or 64 rows, two blocks or one), chunks of at most 32 rows (32 rows).
   struct Shape {
     Problem p;
     cuda::Dtype dtype;
   };
   const std::vector<Shape> shapes = {
-      {{1, 1, 20, 24, 16, Decay::retnet}, cuda::Dtype::bf16}, {{1, 1, 40, 24, 32, Decay::none}, cuda::Dtype::f32},
-      {{1, 1, 48, 24, 48, Decay::retnet}, cuda::Dtype::f32},  {{1, 1, 70, 24, 64, Decay::none}, cuda::Dtype::bf16},
-      {{1, 1, 112, 16, 112, Decay::none}, cuda::Dtype::f32},  {{1, 1, 128, 16, 128, Decay::retnet}, cuda::Dtype::f32},
-      {{1, 1, 144, 16, 144, Decay::none}, cuda::Dtype::f32},  {{1, 1, 160, 16, 160, Decay::retnet}, cuda::Dtype::f32},
-      {{1, 1, 176, 16, 176, Decay::none}, cuda::Dtype::f32},  {{1, 1, 208, 16, 208, Decay::retnet}, cuda::Dtype::f32},
-      {{1, 1, 48, 128, 48, Decay::retnet}, cuda::Dtype::f32}, {{1, 1, 80, 128, 80, Decay::none}, cuda::Dtype::f32}};
-  std::set<int> heights, below_chunk, one_block;
-  const std::size_t two_blocks = limit / 2 - 1024;
+      {{1, 1, 70, 24, 64, Decay::retnet}, cuda::Dtype::bf16}, {{1, 1, 40, 16, 20, Decay::none}, cuda::Dtype::bf16},
+      {{1, 1, 70, 96, 64, Decay::none}, cuda::Dtype::f32},    {{1, 1, 40, 128, 64, Decay::retnet}, cuda::Dtype::f32},
+      {{1, 1, 70, 160, 64, Decay::none}, cuda::Dtype::f32},   {{1, 1, 40, 192, 64, Decay::retnet}, cuda::Dtype::f32}};
+  std::set<std::pair<int, int>> choices;  // (rows per block, blocks per multiprocessor)
   for (const Shape& s : shapes) {
-    if (cuda::chunked_unsupported(s.p, s.dtype, limit)) continue;
+    REQUIRE(!cuda::chunked_unsupported(s.p, s.dtype, limit));
     lattn_emu::clear_launch_log();
     expect_pass(s.p, Kernel::chunked, s.dtype);
     const auto log = lattn_emu::launch_log();
-    REQUIRE(log.size() == 4);  // forward; dq, dv, dk
+    REQUIRE(log.size() == 7);  // forward: states, rows; backward: states, reverse states, rows, cols, cols
+    const cuda::ChunkedTiles tiles = cuda::chunked_tiles(s.p, s.dtype, limit);
     for (const auto& launch : log) {
-      const int rb = staged_rows(s.p, s.dtype, launch.shared);
       INFO(describe(s.p, Kernel::chunked, s.dtype) << ": " << launch.kernel << " with " << launch.shared << " bytes");
-      REQUIRE(rb != 0);
-      CHECK(rb == staged_rows(s.p, s.dtype, log.front().shared));  // one height per case
-      heights.insert(rb);
-      if (rb < std::min(64, (std::min(s.p.chunk, s.p.seq) + 15) / 16 * 16)) below_chunk.insert(rb);
-      if (launch.shared > two_blocks) one_block.insert(rb);
+      if (launch.kernel == "chunk_state_kernel") continue;
+      CHECK(rows_per_block(s.p, s.dtype, launch.shared) == tiles.rows_per_block);
+      const int blocks = 2 * (launch.shared + 1024) <= limit + 1024 ? 2 : 1;  // what fits, as launched
+      CHECK(blocks == tiles.blocks_per_sm);
+      choices.insert({tiles.rows_per_block, blocks});
     }
   }
   INFO("device limit " << limit);
-  CHECK(heights == std::set<int>{16, 32, 48, 64});
-  CHECK(below_chunk == std::set<int>{16, 32, 48});  // the limit, not the chunk, chose these
-  CHECK(!one_block.empty());                          // and the one-block budget was used
+  CHECK(choices == std::set<std::pair<int, int>>{{32, 1}, {32, 2}, {64, 1}, {64, 2}});
+}
+
+TEST_CASE("emulation: the chunked kernels' shapes and occupancy", "[emulation][tiles]") {
+  // The launch figures come from the launch code, the resident blocks from the emulation's
+  // occupancy query (threads and shared memory only: registers are known on a GPU alone).
+  test::report_chunked_kernels(lattn_emu::shared_optin_limit() == lattn_emu::kH100SharedOptin ? "emulated H100/H200"
+                                                                                               : "emulated A100");
 }

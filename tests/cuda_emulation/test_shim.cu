@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime_api.h>
 #include <mma.h>
 
@@ -144,6 +145,25 @@ __global__ void wmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, cons
   wmma::store_matrix_sync(c, acc, 16, c_col ? wmma::mem_col_major : wmma::mem_row_major);
 }
 
+// Lane `odd` makes one WMMA call more than the others: an mma_sync (no rendezvous: the lanes'
+// records disagree where they next meet), or a load (which waits for lanes that never come to it).
+__global__ void wmma_divergent_kernel(const __nv_bfloat16* tile, int odd, int load) {
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> a;
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> b;
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
+  nvcuda::wmma::fill_fragment(acc, 0.0f);
+  nvcuda::wmma::load_matrix_sync(a, tile, 16);
+  nvcuda::wmma::load_matrix_sync(b, tile, 16);
+  nvcuda::wmma::mma_sync(acc, a, b, acc);
+  if (int(threadIdx.x & 31) == odd) {
+    if (load)
+      nvcuda::wmma::load_matrix_sync(a, tile, 16);
+    else
+      nvcuda::wmma::mma_sync(acc, a, b, acc);
+  }
+  __syncwarp();
+}
+
 __global__ void wmma_misaligned_kernel(const float* src, int offset, unsigned ldm) {
   nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
   nvcuda::wmma::load_matrix_sync(acc, src + offset, ldm, nvcuda::wmma::mem_row_major);
@@ -156,6 +176,39 @@ __global__ void tiny_kernel(int* out, std::size_t shared) {
   if (shared && threadIdx.x == 0 && blockIdx.x == 0) out[0] = bytes[shared - 1];
 }
 __global__ void __launch_bounds__(256) bounded_kernel(int* out) { out[threadIdx.x] = 1; }
+__global__ void __launch_bounds__(128, 2) two_blocks_kernel(int* out) { out[threadIdx.x] = 1; }
+
+// ---- cp.async: each thread copies 4 floats to shared memory; what it reads, and when, by `mode`.
+enum AsyncMode { kCopy, kReadBeforeWait, kNoWait, kMisaligned, kZeroFill, kTwoGroups };
+__global__ void async_copy_kernel(const float* src, float* out, int mode) {
+  extern __shared__ float buf[];
+  const int t = int(threadIdx.x), n = int(blockDim.x);
+  if (mode == kMisaligned) {
+    __pipeline_memcpy_async(buf + 1, src + 1, 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    return;
+  }
+  __pipeline_memcpy_async(buf + 4 * t, src + 4 * t, 16, mode == kZeroFill ? 8 : 0);
+  __pipeline_commit();
+  if (mode == kNoWait) return;
+  if (mode == kReadBeforeWait) {
+    out[t] = buf[4 * t];
+    __pipeline_wait_prior(0);
+    return;
+  }
+  if (mode == kTwoGroups) {  // a second group into the second half; wait for the first only
+    __pipeline_memcpy_async(buf + 4 * (n + t), src + 4 * (n + t), 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    out[t] = buf[4 * (n + t)];
+    __pipeline_wait_prior(0);
+    return;
+  }
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  for (int u = 0; u < 4; ++u) out[4 * t + u] = buf[4 * ((t + 1) % n) + u];  // a neighbour's copy
+}
 
 float bf16_value(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 float from_bits32(std::uint32_t u) {
@@ -256,6 +309,12 @@ TEST_CASE("emulation: WMMA pointers and leading dimensions are checked", "[emula
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 32>>>(src.p, 4, 16)), Contains("32-byte"));
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 32>>>(src.p, 0, 18)), Contains("multiple of 16 bytes"));
   CHECK_THROWS_WITH((wmma_misaligned_kernel<<<1, 16>>>(src.p, 0, 16)), Contains("does not have"));
+  // Every lane must make each WMMA call: one more mma_sync fails the launch where the lanes next
+  // meet (here a __syncwarp), one more load at the load.
+  DeviceArray<__nv_bfloat16> tile(256, __float2bfloat16_rn(1.0f));
+  wmma_divergent_kernel<<<1, 64>>>(tile.p, -1, 0);
+  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(tile.p, 5, 0)), Contains("different WMMA calls"));
+  CHECK_THROWS_WITH((wmma_divergent_kernel<<<1, 64>>>(tile.p, 5, 1)), Contains("meet at different calls"));
 }
 
 TEST_CASE("emulation: bf16 conversion rounds to nearest, ties to even", "[emulation][shim]") {
@@ -340,4 +399,45 @@ TEST_CASE("emulation: the runtime's memory, copies, streams and events", "[emula
   CHECK((cudaGetDevice(&device) == cudaSuccess && device == 0));
   CHECK(cudaSetDevice(1) == cudaErrorInvalidDevice);
   cudaGetLastError();
+}
+
+TEST_CASE("emulation: cp.async copies land at the wait, aligned, all waited for", "[emulation][shim]") {
+  const int n = 64;
+  std::vector<float> values(8 * n);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i);
+  DeviceArray<float> src(values), out(4 * n);
+  async_copy_kernel<<<1, n, 8 * n * sizeof(float)>>>(src.p, out.p, kCopy);
+  auto v = out.host();
+  for (int t = 0; t < n; ++t)
+    for (int u = 0; u < 4; ++u) REQUIRE(v[4 * t + u] == float(4 * ((t + 1) % n) + u));
+  async_copy_kernel<<<1, n, 8 * n * sizeof(float)>>>(src.p, out.p, kZeroFill);
+  v = out.host();
+  for (int t = 0; t < n; ++t) {
+    const int from = (t + 1) % n;
+    REQUIRE((v[4 * t] == float(4 * from) && v[4 * t + 1] == float(4 * from + 1) && v[4 * t + 2] == 0 && v[4 * t + 3] == 0));
+  }
+  // Before its wait a thread reads what was there (NaN), also for a group younger than the one waited for.
+  for (int mode : {kReadBeforeWait, kTwoGroups}) {
+    async_copy_kernel<<<1, n, 8 * n * sizeof(float)>>>(src.p, out.p, mode);
+    v = out.host();
+    for (int t = 0; t < n; ++t) REQUIRE(std::isnan(v[t]));
+  }
+  CHECK_THROWS_WITH((async_copy_kernel<<<1, n, 8 * n * sizeof(float)>>>(src.p, out.p, kNoWait)), Contains("never waited"));
+  CHECK_THROWS_WITH((async_copy_kernel<<<1, n, 8 * n * sizeof(float)>>>(src.p, out.p, kMisaligned)), Contains("aligned"));
+}
+
+TEST_CASE("emulation: a launch must fit the blocks per multiprocessor its launch bounds promise", "[emulation][shim]") {
+  const std::size_t limit = lattn_emu::shared_optin_limit(), per_sm = limit + 1024;
+  const std::size_t fits = per_sm / 2 - 1024;  // two blocks of this, each with the runtime's 1 KiB
+  DeviceArray<int> out(128);
+  REQUIRE(cudaFuncSetAttribute(two_blocks_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit)) == cudaSuccess);
+  two_blocks_kernel<<<1, 128, fits>>>(out.p);
+  CHECK_THROWS_WITH((two_blocks_kernel<<<1, 128, fits + 16>>>(out.p)), Contains("promises 2 blocks"));
+  int blocks = 0;
+  REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, two_blocks_kernel, 128, fits) == cudaSuccess);
+  CHECK(blocks == 2);
+  REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, two_blocks_kernel, 128, fits + 16) == cudaSuccess);
+  CHECK(blocks == 1);
+  REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, two_blocks_kernel, 128, 0) == cudaSuccess);
+  CHECK(blocks == 16);  // 2048 threads
 }

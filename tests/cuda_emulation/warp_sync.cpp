@@ -3,8 +3,10 @@
 // of the mask has arrived, and each lane then reads the value its source lane deposited. What
 // CUDA leaves undefined fails the launch instead: a mask without the caller's lane or with lanes
 // the warp does not have, a shuffle reading a lane outside the mask, lanes of one mask meeting at
-// different operations, and a lane that returns while the others wait for it.
+// different operations, and a lane that returns while the others wait for it. And the lanes'
+// agreement on the WMMA calls each made on its own since they last met (note_wmma_call).
 #include <bit>
+#include <cstdint>
 #include <cstdio>
 
 #include "block_state.hpp"
@@ -19,6 +21,39 @@ std::string hex(unsigned mask) {
   return text;
 }
 }  // namespace
+
+namespace detail {
+namespace {
+thread_local WmmaCalls t_wmma;
+}  // namespace
+
+WmmaCalls wmma_calls() { return t_wmma; }
+void wmma_reset() { t_wmma = WmmaCalls{}; }
+
+bool wmma_agree(Grid& g, unsigned warp, unsigned mask, const WmmaCalls* by_lane) {
+  const int first = std::countr_zero(mask);
+  for (unsigned rest = mask & (mask - 1); rest; rest &= rest - 1) {
+    const int lane = std::countr_zero(rest);
+    if (by_lane[lane] == by_lane[first]) continue;
+    abort_locked(g, "lanes " + std::to_string(first) + " and " + std::to_string(lane) + " of warp " +
+                        std::to_string(warp) + " made different WMMA calls (" + std::to_string(by_lane[first].count) +
+                        " and " + std::to_string(by_lane[lane].count) +
+                        " since the block started, or the same number of different ones): every lane of the "
+                        "warp must make each one");
+    return false;
+  }
+  return true;
+}
+}  // namespace detail
+
+void note_wmma_call(const char* what) {
+  if (const unsigned lanes = warp_lanes(); lanes != 0xffffffffu)
+    device_fail(std::string(what) + ": a WMMA call needs all 32 lanes of the warp, and this warp does not have them "
+                "(its lanes: " + hex(lanes) + ")");
+  auto& c = detail::t_wmma;
+  ++c.count;
+  c.hash = (c.hash ^ reinterpret_cast<std::uintptr_t>(what)) * 0x100000001b3ull;
+}
 
 int shuffle_source(const char* what, int lane, int target, int width) {
   if (width < 1 || width > 32 || (width & (width - 1)) != 0)
@@ -52,17 +87,20 @@ std::uint64_t warp_exchange(const char* what, unsigned mask, std::uint64_t value
     r.what = what;
   else if (std::string(r.what) != what)
     fail(std::string("lanes of mask ") + hex(mask) + " meet at different calls (" + r.what + " and " + what + ")");
-  const std::uint64_t generation = r.generation;
+  const std::uint32_t generation = r.done.read();
   const int parity = int(generation & 1);
   r.values[parity][lane] = value;
+  r.wmma[lane] = wmma_calls();
   r.arrived |= bit;
   if (r.arrived == mask) {
+    if (!wmma_agree(*g, thread / 32, mask, r.wmma)) throw Aborted{};
     r.arrived = 0;
-    ++r.generation;
     g->blocked -= unsigned(std::popcount(mask)) - 1;
-    w.cv.notify_all();
+    r.done.bump();
   } else {
-    wait_locked(*g, lock, w.cv, [&] { return r.generation != generation; }, what);
+    // Released, the lane reads this round's deposits without the mutex: the lanes' next round
+    // deposits into the other parity, and the one after needs this lane's arrival first.
+    wait_unlocking(*g, lock, r.done, generation, what);
   }
   return source >= 0 ? r.values[parity][source] : 0;
 }

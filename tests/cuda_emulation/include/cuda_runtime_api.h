@@ -87,6 +87,7 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMajor = 75,
   cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
+  cudaDevAttrMaxThreadsPerMultiProcessor = 39,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 
@@ -145,6 +146,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* func, int block_size,
+                                                          std::size_t dynamic_shared);
 
 // The toolkit's typed overloads (cuda_runtime.h declares them for C++ callers).
 template <class T>
@@ -154,4 +157,10 @@ cudaError_t cudaMalloc(T** ptr, std::size_t bytes) {
 template <class T>
 cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
+}
+template <class T>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, T* func, int block_size,
+                                                          std::size_t dynamic_shared) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, reinterpret_cast<const void*>(func), block_size,
+                                                       dynamic_shared);
 }

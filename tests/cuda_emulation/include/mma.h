@@ -1,7 +1,12 @@
 // Stand-in for the CUDA toolkit's mma.h (nvcuda::wmma) at the documented level, not the hardware
 // one: every lane's fragment holds the whole tile (the lane-to-element mapping is unspecified in
-// CUDA, so code that is correct on a GPU cannot depend on it), and every *_sync call begins with a
-// barrier of the warp's 32 lanes, which must all call it. load_matrix_sync and store_matrix_sync
+// CUDA, so code that is correct on a GPU cannot depend on it), mma_sync computes the lane's share
+// of the result (what store_matrix_sync has that lane write), and every *_sync call must be made
+// by all 32 lanes of the warp. load_matrix_sync and store_matrix_sync begin, as CUDA documents,
+// by waiting until every lane of the warp has arrived (a rendezvous: what the lanes wrote before
+// is visible to the load, what they read before is done before the store). mma_sync touches no
+// memory, so its rendezvous could not change a result: each lane records its WMMA calls, and the
+// lanes must agree on them when they next meet (lattn_emu::note_wmma_call). load_matrix_sync and store_matrix_sync
 // check what CUDA requires of their arguments: a 256-bit (32-byte) aligned pointer and a leading
 // dimension that is a multiple of 16 bytes; a violation fails the launch. store_matrix_sync has
 // each lane write its own share of the tile (so that no two threads write one address), and
@@ -53,8 +58,13 @@ T narrow(float x) {
 }
 
 void check_pointer(const char* what, const void* ptr, unsigned ldm, std::size_t element_bytes);
-// The implicit warp barrier every *_sync call begins with.
-inline void warp_barrier(const char* what) { lattn_emu::warp_exchange(what, 0xffffffffu, 0, -1); }
+// Every *_sync call is one all 32 lanes make (checked when they next meet); the loads and stores
+// also wait there for the warp's other lanes.
+inline void warp_call(const char* what) { lattn_emu::note_wmma_call(what); }
+inline void warp_barrier(const char* what) {
+  lattn_emu::note_wmma_call(what);
+  lattn_emu::warp_exchange(what, 0xffffffffu, 0, -1);
+}
 }  // namespace detail
 
 template <class Use, int M, int N, int K, class T, class Layout = void>
@@ -105,14 +115,19 @@ void store_matrix_sync(T* ptr, const fragment<accumulator, M, N, K, T>& f, unsig
 template <int M, int N, int K, class TA, class TB, class LA, class LB, class TC>
 void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, TC>& c) {
-  detail::warp_barrier("mma_sync");
+  detail::warp_call("mma_sync");
+  // Only the lane's share of the result: the elements store_matrix_sync has this lane write. The
+  // others keep c's values (a kernel cannot tell: CUDA leaves the mapping unspecified, and code
+  // correct on a GPU touches accumulator elements only uniformly or through store_matrix_sync),
+  // and the products cost what they cost a warp, not 32 times that.
   TC out[M * N];
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      float acc = detail::widen(c.x[i * N + j]);
-      for (int k = 0; k < K; ++k) acc = fmaf(detail::widen(a.x[i * K + k]), detail::widen(b.x[k * N + j]), acc);
-      out[i * N + j] = detail::narrow<TC>(acc);
-    }
+  for (int e = 0; e < M * N; ++e) out[e] = c.x[e];
+  for (int e = int(lattn_emu::lane_id()); e < M * N; e += 32) {
+    const int i = e / N, j = e % N;
+    float acc = detail::widen(c.x[e]);
+    for (int k = 0; k < K; ++k) acc = fmaf(detail::widen(a.x[i * K + k]), detail::widen(b.x[k * N + j]), acc);
+    out[e] = detail::narrow<TC>(acc);
+  }
   for (int e = 0; e < M * N; ++e) d.x[e] = out[e];
 }
 

@@ -38,6 +38,13 @@ void sync_block();
 // (every lane of the mask must call the same operation with the same mask): deposits `value` and
 // returns the value lane `source` deposited (source < 0: none is read).
 std::uint64_t warp_exchange(const char* what, unsigned mask, std::uint64_t value, int source);
+// A WMMA call (load_matrix_sync, mma_sync, store_matrix_sync): CUDA requires every lane of the
+// warp to make it, together. The lane records it in a running count and hash of its WMMA calls,
+// and the lanes of a warp must agree on them whenever they next meet (a warp call, a block
+// barrier, leaving the kernel): a lane that skipped, added or swapped one fails the launch there.
+// That is how mma_sync, which touches no memory, is checked without a host-thread rendezvous per
+// tile product; the loads and stores also meet the other lanes (mma.h).
+void note_wmma_call(const char* what);
 // The lanes present in the calling thread's warp (all 32 unless the block size is not a multiple of 32).
 unsigned warp_lanes();
 unsigned lane_id();

@@ -1,0 +1,120 @@
+// The CUDA backend itself (backends/cuda: its impl rows, DeviceCase, the counting device allocator,
+// the layer's composition in kernels/layer/cuda_layer.cpp) built against the emulation, with
+// cuBLAS stood in by OpenBLAS (cublas_emulated.cpp): the correctness table (tests/op_table.hpp),
+// every op x impl row x shape x mode x dtype against the float64 reference, the chunk states kept
+// and recomputed, exactly as tests/cuda/test_cuda_ops.cpp runs it on a GPU. CTest runs it once per
+// device limit, which changes the tiles the launchers choose and what the rows decline. And what
+// tests/cuda/ holds the backend to beyond the table (cuda_backend_checks.hpp): its scratch against
+// closed forms, the layer over two calls of one case.
+#include <catch2/catch.hpp>
+
+#include "backends/cuda/cuda_backend.hpp"
+#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/op.hpp"
+#include "kernels/sliding_window/cuda.hpp"
+#include "lattn_emu/control.hpp"
+#include "cuda_backend_checks.hpp"
+#include "op_table.hpp"
+
+using namespace lattn;
+
+namespace {
+
+std::unique_ptr<Backend> emulated_cuda(const BackendOptions& options) { return cuda::make_cuda_backend(options); }
+
+// Whether a case launches differently under the two device limits: its chunked tiles, or a block
+// height of the sliding window's kernels that fits under one limit and not the other.
+bool limit_matters(const Case& c) {
+  const cuda::Dtype dtype = c.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
+  const Problem p = linear_problem(c);
+  if (c.impl == "chunked" &&
+      cuda::chunked_tiles(p, dtype, lattn_emu::kH100SharedOptin) != cuda::chunked_tiles(p, dtype, lattn_emu::kA100SharedOptin))
+    return true;
+  if (c.op->name == "linear_attention") return false;
+  const cuda::SwaProblem w{c.batch, c.heads, c.seq, c.dim, c.window};
+  for (bool backward : {false, c.backward()})
+    for (int rows : {64, 32, 16}) {
+      const std::size_t bytes = cuda::swa_shared_bytes(w, dtype, backward, rows);
+      if ((bytes <= lattn_emu::kH100SharedOptin) != (bytes <= lattn_emu::kA100SharedOptin)) return true;
+    }
+  return false;
+}
+
+// One op's row of the table: every impl row of the op on every shape, mode and dtype, under H100's
+// limit; under A100's, the cases whose launches the limit changes (the rest would run the very
+// same launches again). The layer's bf16 cases are the only ones the rows decline, under either
+// limit (the layer runs float32).
+void run_table_row(const std::string& op) {
+  const bool a100 = lattn_emu::shared_optin_limit() == lattn_emu::kA100SharedOptin;
+  int same = 0;
+  const test::TableRun run = test::run_op_table("cuda", emulated_cuda, [&](const Case& c) {
+    if (!a100 || limit_matters(c)) return true;
+    ++same;
+    return false;
+  }, op);
+  for (const auto& [reason, cases] : run.not_supported) WARN("not supported: " << reason << " (" << cases << " cases)");
+  if (a100)
+    WARN(op << ": " << run.checked << " cases launch differently under this limit and ran; " << same
+            << " launch as under H100's and did not run again");
+  else
+    CHECK(run.checked_by_op.count(op) == 1);
+  for (const auto& [reason, cases] : run.not_supported) {
+    INFO(reason);
+    CHECK(reason.find("layer") == 0);
+    CHECK(reason.find("float32 only") != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulation: the CUDA linear-attention rows match the float64 reference on the test table",
+          "[emulation][backend_linear]") {
+  run_table_row("linear_attention");
+}
+
+TEST_CASE("emulation: the CUDA layer rows match the float64 reference on the test table", "[emulation][backend_layer]") {
+  run_table_row("layer");
+}
+
+TEST_CASE("emulation: the CUDA sliding-window row matches the float64 reference on the test table",
+          "[emulation][backend_window]") {
+  run_table_row("sliding_window");
+}
+
+TEST_CASE("emulation: the test table has no op the rows above leave out", "[emulation][backend]") {
+  for (const auto& row : test::op_test_table()) {
+    const std::string op = row.shapes.front().op->name;
+    CHECK((op == "linear_attention" || op == "layer" || op == "sliding_window"));
+  }
+}
+
+TEST_CASE("emulation: the CUDA backend's availability and device block", "[emulation][backend]") {
+  const auto backend = emulated_cuda(BackendOptions{});
+  CHECK(backend->availability().available);
+  const DeviceInfo info = backend->describe();
+  REQUIRE(info.cuda);
+  REQUIRE(info.cuda->gpu);
+  CHECK(info.cuda->gpu->name == "lattn CPU emulation");
+  CHECK(info.cuda->gpu->shared_memory_per_block_optin_kb * 1024 == double(lattn_emu::shared_optin_limit()));
+  CHECK(info.cuda->gpu->sm_count > 0);
+  CHECK(info.cuda->driver_cuda_version);
+  REQUIRE(backend->memory_available);
+  CHECK(backend->memory_available() > 0);
+  CHECK(emulated_cuda(BackendOptions{0, 1, false})->availability().reason.find("--device 1") != std::string::npos);
+}
+
+TEST_CASE("emulation: the CUDA backend's scratch equals its closed forms", "[emulation][backend]") {
+  test::check_linear_memory(emulated_cuda);
+  auto backend = emulated_cuda(BackendOptions{});
+  for (LayerProblem p : {LayerProblem{{1, 2, 40, 8, 16, Decay::retnet}, 5, false},
+                         LayerProblem{{2, 1, 37, 16, 32, Decay::none}, 64, false}})
+    for (bool chunked : {false, true})
+      for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+        p.chunked = chunked;
+        INFO(test::describe(p.linear) << " W" << p.window << (chunked ? " chunked " : " scan ") << to_string(mode));
+        const test::Outcome r = test::run_layer_twice(*backend, p, mode);
+        INFO(test::errors(r.check));
+        CHECK(r.check.passed);
+        CHECK(r.memory.temp_bytes == test::expected_cuda_layer_scratch(p, mode == Mode::fwd_bwd));
+      }
+}
