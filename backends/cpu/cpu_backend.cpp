@@ -84,11 +84,6 @@ ImplRow scan_row() {
 // asked for them recomputed (less memory) or the path cannot keep them.
 ImplRow chunked_row(const Settings& s) {
   ImplRow row{"linear_attention", "chunked", float32_only, nullptr, nullptr};
-  row.unsupported = [](const Case& c) -> std::optional<std::string> {
-    if (auto why = float32_only(c)) return why;
-    if (gated(linear_problem(c).decay)) return "the CPU chunked form has no gated decays yet";
-    return std::nullopt;
-  };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
