@@ -22,6 +22,8 @@
 
 namespace lattn::cuda {
 
+// g: the log-gates of a gated decay, float32 whatever the dtype ([B][H][T] or [B][H][T][D]); null
+// otherwise. dg: their gradient.
 struct DeviceForward {
   const void* q;
   const void* k;
@@ -29,6 +31,7 @@ struct DeviceForward {
   const float* h0;
   float* o;
   float* hT;
+  const float* g = nullptr;
 };
 
 struct DeviceBackward {
@@ -42,6 +45,8 @@ struct DeviceBackward {
   float* dk;
   float* dv;
   float* dh0;
+  const float* g = nullptr;
+  float* dg = nullptr;
 };
 
 // The scan kernels handle dim <= kScanMaxDim (the state slice lives in registers).
@@ -65,6 +70,7 @@ inline std::size_t chunked_backward_workspace_bytes(const Problem&) { return 0; 
 std::size_t chunked_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
 // Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
 std::optional<std::string> scan_unsupported(const Problem& problem);
+// The chunked kernels do not run gated decays (scalar, vector): this says so for those.
 std::optional<std::string> chunked_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 
 }  // namespace lattn::cuda
