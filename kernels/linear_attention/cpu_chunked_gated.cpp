@@ -63,7 +63,7 @@ struct Buffers {
   float *Bp, *Vtp;                        // D x P(C) panels
   float *Vp, *dOp, *Xp;                   // C x P(D) panels
   float *Sp, *STp, *dSp, *dSTp, *states;  // packed D x P(D); states: chunks of them, when recomputed
-  float *f, *decay;                       // D
+  float *f, *decay, *tmp_row;             // D
   double* sums;                           // D (dg)
   std::size_t used = 0;
 };
@@ -88,6 +88,7 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
   b.Sp = take(D * PD);
   b.f = take(D);
   b.decay = take(D);
+  b.tmp_row = take(D);
   if (backward) {
     for (float** x : {&b.tmp, &b.rows}) *x = take(C * D);
     for (float** x : {&b.ones, &b.dA}) *x = take(C * L);
@@ -152,6 +153,37 @@ void rowsum_product(const float* Xp, const float* YTp, int D, double* sums) {
   }
 }
 
+// The loops below keep to forms GCC vectorises: one statement kind per loop, contiguous floats.
+// x[d] = exp(x[d]) for x <= 0.
+void exp_in_place(float* __restrict x, int n) {
+#pragma omp simd
+  for (int d = 0; d < n; ++d) x[d] = exp_nonpositive(x[d]);
+}
+
+// out[d] = exp(a[d] - b[d]) (b null: exp(a[d])), the difference taken in double.
+void exp_of_difference(float* __restrict out, const double* a, const double* b, int n) {
+  if (b) {
+#pragma omp simd
+    for (int d = 0; d < n; ++d) out[d] = float(a[d] - b[d]);
+  } else {
+#pragma omp simd
+    for (int d = 0; d < n; ++d) out[d] = float(a[d]);
+  }
+  exp_in_place(out, n);
+}
+
+float dot(const float* __restrict x, const float* __restrict y, int n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int d = 0; d < n; ++d) sum += x[d] * y[d];
+  return sum;
+}
+
+void multiply(float* __restrict x, const float* __restrict y, int n) {
+#pragma omp simd
+  for (int d = 0; d < n; ++d) x[d] *= y[d];
+}
+
 struct Chunk {
   int n;          // rows
   std::size_t r;  // offset of its first row in a head's token tensor
@@ -171,20 +203,32 @@ int blocks_of(int n) { return (n + kGateSubChunk - 1) / kGateSubChunk; }
 // exp(b_i) (in EQ) and gam = exp(b_{n-1} - b_j) (in EK). decay: exp(b_{n-1}) per key channel.
 void gate_operands(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* g) {
   const int D = p.dim, W = p.gate_width(), C = effective_chunk(p), L = score_ld(C);
-  for (int w = 0; w < W; ++w) {
-    double sum = 0;
-    for (int i = 0; i < n; ++i) B.b[std::size_t(i) * W + w] = sum += g[std::size_t(i) * W + w];
+  for (int i = 0; i < n; ++i) {
+    double* bi = B.b + std::size_t(i) * W;
+    const float* gi = g + std::size_t(i) * W;
+    if (i == 0) {
+#pragma omp simd
+      for (int w = 0; w < W; ++w) bi[w] = gi[w];
+    } else {
+#pragma omp simd
+      for (int w = 0; w < W; ++w) bi[w] = bi[w - W] + gi[w];
+    }
   }
-  for (int e = 0; e < n * W; ++e) B.a[e] = exp_nonpositive(g[e]);
+  for (int e = 0; e < n * W; ++e) B.a[e] = g[e];
+  exp_in_place(B.a, n * W);
   const double* last = B.b + std::size_t(n - 1) * W;
-  for (int w = 0; w < W; ++w) B.decay[w] = exp_nonpositive(float(last[w]));
+  exp_of_difference(B.decay, last, nullptr, W);
   if (p.decay == Decay::scalar) {
     for (int w = 1; w < D; ++w) B.decay[w] = B.decay[0];
     for (int i = 0; i < n; ++i) {
       B.EQ[i] = exp_nonpositive(float(B.b[i]));
       B.EK[i] = exp_nonpositive(float(last[0] - B.b[i]));
       float* row = B.mask + std::size_t(i) * L;
-      for (int j = 0; j < C; ++j) row[j] = j <= i ? exp_nonpositive(float(B.b[i] - B.b[j])) : 0.0f;
+      const double bi = B.b[i];
+#pragma omp simd
+      for (int j = 0; j <= i; ++j) row[j] = float(bi - B.b[j]);
+      exp_in_place(row, i + 1);
+      std::fill(row + i + 1, row + C, 0.0f);
     }
     return;
   }
@@ -192,35 +236,31 @@ void gate_operands(const Buffers& B, const Problem& p, int n, const float* q, co
     const int i0 = I * kGateSubChunk, i1 = std::min(n, i0 + kGateSubChunk);
     const double* r = i0 > 0 ? B.b + std::size_t(i0 - 1) * D : nullptr;  // b before the block (0)
     const double* e = B.b + std::size_t(i1 - 1) * D;                     // b at its last row
+    // QL = Qh . exp(r), KG = Kb . exp(b_{n-1} - e): products of factors <= 1.
+    if (r) exp_of_difference(B.f, r, nullptr, D);  // exp(r)
+    else std::fill_n(B.f, D, 1.0f);
+    exp_of_difference(B.tmp_row, last, e, D);
     for (int i = i0; i < i1; ++i) {
       const double* bi = B.b + std::size_t(i) * D;
       const std::size_t o = std::size_t(i) * D;
-      for (int d = 0; d < D; ++d) {
-        B.EQ[o + d] = exp_nonpositive(float(bi[d] - (r ? r[d] : 0.0)));
-        B.EK[o + d] = exp_nonpositive(float(e[d] - bi[d]));
-        B.Qh[o + d] = q[o + d] * B.EQ[o + d];
-        B.Kb[o + d] = k[o + d] * B.EK[o + d];
-      }
-    }
-    // QL = Qh . exp(r), KG = Kb . exp(b_{n-1} - e): products of factors <= 1.
-    for (int d = 0; d < D; ++d) B.f[d] = r ? exp_nonpositive(float(r[d])) : 1.0f;
-    for (int d = 0; d < D; ++d) B.decay[d] = exp_nonpositive(float(last[d] - e[d]));  // borrowed below
-    for (int i = i0; i < i1; ++i) {
-      const std::size_t o = std::size_t(i) * D;
+      exp_of_difference(B.EQ + o, bi, r, D);
+      exp_of_difference(B.EK + o, e, bi, D);
+      float *__restrict Qh = B.Qh + o, *__restrict Kb = B.Kb + o, *__restrict QL = B.QL + o, *__restrict KG = B.KG + o;
+      const float *__restrict EQ = B.EQ + o, *__restrict EK = B.EK + o, *__restrict f = B.f, *__restrict h = B.tmp_row;
 #pragma omp simd
       for (int d = 0; d < D; ++d) {
-        B.QL[o + d] = B.Qh[o + d] * B.f[d];
-        B.KG[o + d] = B.Kb[o + d] * B.decay[d];
+        Qh[d] = q[o + d] * EQ[d];
+        Kb[d] = k[o + d] * EK[d];
+        QL[d] = Qh[d] * f[d];
+        KG[d] = Kb[d] * h[d];
       }
     }
   }
-  for (int d = 0; d < D; ++d) B.decay[d] = exp_nonpositive(float(last[d]));
 }
 
 // f_IJ = exp(r_I - e_J) for vector gates (rows i0 of I, j1 of J's last row + 1).
 void block_factor(const Buffers& B, int D, int i0, int j1) {
-  const double *r = B.b + std::size_t(i0 - 1) * D, *e = B.b + std::size_t(j1 - 1) * D;
-  for (int d = 0; d < D; ++d) B.f[d] = exp_nonpositive(float(r[d] - e[d]));
+  exp_of_difference(B.f, B.b + std::size_t(i0 - 1) * D, B.b + std::size_t(j1 - 1) * D, D);
 }
 
 // A (ld score_ld) on and below the diagonal: the scores of one chunk, times alpha. Rows above a
@@ -252,19 +292,11 @@ void scores(const Buffers& B, const Problem& p, int n, const float* q, const flo
     for (int i = i0; i < i1; ++i) {
       float* row = B.A + std::size_t(i) * L;
       std::fill(row + i + 1, row + std::min(C, i0 + kGateSubChunk), 0.0f);
-      float* __restrict w = B.f;
-      std::fill_n(w, D, 1.0f);
-      const float* qi = q + std::size_t(i) * D;
+      float* qw = B.f;  // q_i . exp(b_i - b_j), j walking down from i
+      std::copy_n(q + std::size_t(i) * D, D, qw);
       for (int j = i; j >= i0; --j) {
-        const float* kj = k + std::size_t(j) * D;
-        const float* aj = B.a + std::size_t(j) * D;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int d = 0; d < D; ++d) {
-          sum += qi[d] * kj[d] * w[d];
-          w[d] *= aj[d];  // exp(b_i - b_{j-1})
-        }
-        row[j] = alpha * sum;
+        row[j] = alpha * dot(qw, k + std::size_t(j) * D, D);
+        multiply(qw, B.a + std::size_t(j) * D, D);
       }
     }
   }
@@ -352,10 +384,10 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
     for (int i = 0; i < n; ++i) {
       const double* bi = B.b + std::size_t(i) * D;
       const std::size_t o = std::size_t(i) * D;
-      for (int d = 0; d < D; ++d) {
-        dq[o + d] *= exp_nonpositive(float(bi[d]));
-        dk[o + d] *= exp_nonpositive(float(last[d] - bi[d]));
-      }
+      exp_of_difference(B.tmp_row, bi, nullptr, D);
+      multiply(dq + o, B.tmp_row, D);
+      exp_of_difference(B.tmp_row, last, bi, D);
+      multiply(dk + o, B.tmp_row, D);
     }
     for (int I = 0; I < blocks_of(n); ++I) {
       const int i0 = I * kGateSubChunk, i1 = std::min(n, i0 + kGateSubChunk), m = i1 - i0;
