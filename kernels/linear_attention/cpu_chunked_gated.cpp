@@ -49,6 +49,7 @@ using tile::panel_cols;
 using tile::Product;
 using tile::Range;
 using tile::Segment;
+using tile::seg;
 
 int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
 std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * panel_cols(p.dim); }
@@ -99,18 +100,6 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
   }
   b.used = (b.used + 15) / 16 * 16;  // each thread's block on a cache line (and its doubles aligned)
   return b;
-}
-
-Segment seg(Range range, int K, const float* a, long ars, long acs, const float* b, long brs = 0) {
-  Segment s;
-  s.range = range;
-  s.K = K;
-  s.a = a;
-  s.ars = ars;
-  s.acs = acs;
-  s.b = b;
-  s.brs = brs;
-  return s;
 }
 
 // An M x N row-major product into c (ld ldc).
