@@ -187,21 +187,17 @@ Chunk chunk_at(const Problem& p, int c) {
 // The sub-chunks of vector gates: block I is rows [I * c, min(n, (I + 1) * c)).
 int blocks_of(int n) { return (n + kGateSubChunk - 1) / kGateSubChunk; }
 
-// The gates' operands of one chunk: b, exp(g), and for vector gates Qh, Kb (and QL = Q . exp(b),
-// KG = K . exp(b_{n-1} - b) with `state_operands`); for scalar gates the mask exp(b_i - b_j), lam =
+// The gates' operands of one chunk: b, exp(g), and for vector gates Qh, Kb, QL = Q . exp(b) and
+// KG = K . exp(b_{n-1} - b); for scalar gates the mask exp(b_i - b_j), lam =
 // exp(b_i) (in EQ) and gam = exp(b_{n-1} - b_j) (in EK). decay: exp(b_{n-1}) per key channel.
 void gate_operands(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* g) {
   const int D = p.dim, W = p.gate_width(), C = effective_chunk(p), L = score_ld(C);
-  for (int i = 0; i < n; ++i) {
+  for (int w = 0; w < W; ++w) B.b[w] = g[w];
+  for (int i = 1; i < n; ++i) {
     double* bi = B.b + std::size_t(i) * W;
     const float* gi = g + std::size_t(i) * W;
-    if (i == 0) {
 #pragma omp simd
-      for (int w = 0; w < W; ++w) bi[w] = gi[w];
-    } else {
-#pragma omp simd
-      for (int w = 0; w < W; ++w) bi[w] = bi[w - W] + gi[w];
-    }
+    for (int w = 0; w < W; ++w) bi[w] = bi[w - W] + gi[w];
   }
   for (int e = 0; e < n * W; ++e) B.a[e] = g[e];
   exp_in_place(B.a, n * W);
