@@ -82,7 +82,6 @@ namespace {
 
 using tile::Product;
 using tile::Range;
-using tile::Segment;
 using tile::seg;
 
 // Carves one thread's block into named buffers.
