@@ -2,9 +2,10 @@
 // (file:line: key, or the flag) for the one-line error when it is wrong.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
-#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -26,14 +27,16 @@ std::uint64_t parse_seed(const Raw& raw);
 bool parse_bool(const Raw& raw);
 const std::string& parse_choice(const Raw& raw, const std::vector<std::string>& choices, const char* what);
 
-// Each value parsed; a value given twice is refused.
+// Each value parsed; a value given twice is refused, also when written two ways ("16" and "16.0"
+// are one gate_norm, "512" and "0512" one seq): the plan would hold the same case twice.
 template <class T, class Parse>
 std::vector<T> parse_list(const std::vector<Raw>& raws, Parse parse) {
   std::vector<T> out;
-  std::set<std::string> seen;
   for (const auto& raw : raws) {
-    if (!seen.insert(raw.text).second) throw UsageError(raw.where, "duplicate value '" + raw.text + "'");
-    out.push_back(parse(raw));
+    T value = parse(raw);
+    if (std::find(out.begin(), out.end(), value) != out.end())
+      throw UsageError(raw.where, "duplicate value '" + raw.text + "'");
+    out.push_back(std::move(value));
   }
   return out;
 }

@@ -21,7 +21,8 @@ inline std::string describe(const Problem& p) {
 inline std::string describe(const Case& c) {
   return c.op->name + " " + c.impl + " " + to_string(c.mode) + " " + c.dtype + " B" + std::to_string(c.batch) + " H" +
          std::to_string(c.heads) + " T" + std::to_string(c.seq) + " D" + std::to_string(c.dim) + " C" +
-         std::to_string(c.chunk) + " W" + std::to_string(c.window) + " " + c.decay;
+         std::to_string(c.chunk) + " W" + std::to_string(c.window) + " " + c.decay +
+         (c.options.count("gate_norm") ? " gate_norm " + c.option("gate_norm") : "");
 }
 
 // A linear-attention case of `p`.
@@ -39,6 +40,15 @@ inline Case kernel_case(const Problem& p, const std::string& impl, Mode mode, co
   c.dim = p.dim;
   c.chunk = p.chunk;
   c.decay = to_string(p.decay);
+  if (gated(p.decay)) c.options["gate_norm"] = "16";
+  return c;
+}
+
+// The same with gates of this strength (gate_norm: 16 is the default, 1 strong).
+inline Case gated_case(const Problem& p, const std::string& gate_norm, const std::string& impl, Mode mode,
+                       const std::string& backend = "cpu") {
+  Case c = kernel_case(p, impl, mode, backend);
+  c.options["gate_norm"] = gate_norm;
   return c;
 }
 
@@ -47,6 +57,7 @@ inline Case layer_case(const LayerProblem& p, Mode mode, const std::string& back
   Case c = kernel_case(p.linear, p.chunked ? "chunked" : "scan", mode, backend);
   c.op = &layer_op();
   c.window = p.window;
+  c.options.clear();
   return c;
 }
 
@@ -57,6 +68,7 @@ inline Case window_case(const Problem& p, int window, Mode mode, const std::stri
   c.op = &sliding_window_op();
   c.chunk = 0;
   c.decay = "none";
+  c.options.clear();
   c.window = window;
   return c;
 }
@@ -77,10 +89,12 @@ inline std::vector<LayerProblem> layer_test_shapes() {
   };
 }
 
-// Shapes every kernel test covers: D = 1 and D = 128, T < C, T not a multiple of C, T = 1, C = 1.
+// Shapes every kernel test covers: D = 1 and D = 128, T < C, T not a multiple of C, T = 1, C = 1,
+// D not a multiple of the vector width; every decay, gated ones included (the test table adds
+// strong gates, gate_norm 1, to each gated shape).
 inline std::vector<Problem> kernel_test_shapes() {
   std::vector<Problem> shapes;
-  for (Decay decay : {Decay::none, Decay::retnet}) {
+  for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
     shapes.push_back({1, 1, 1, 1, 4, decay});
     shapes.push_back({1, 2, 9, 1, 4, decay});
     shapes.push_back({2, 3, 20, 8, 64, decay});     // T < C

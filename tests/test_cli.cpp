@@ -50,6 +50,7 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
   };
   const fs::path unknown_key = write_temp("unknown.yaml", "kernel:\n  seq: [64]\n  sequence: 3\n");
   const fs::path bad_json = write_temp("bad.json", "{\"kernel\": {\"seq\": [64,,]}}");
+  const fs::path bad_gate = write_temp("gate.yaml", "kernel:\n  decay: [scalar]\n  gate_norm: [1, 0]\n");
   std::vector<Bad> cases = {
       {"--config " + unknown_key.string(), unknown_key.string() + ":3: unknown key 'kernel.sequence'"},
       {"--config " + bad_json.string(), bad_json.string() + ":1: JSON syntax error"},
@@ -61,6 +62,14 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
       {"--suite layer --heads 256 --head-dim 64", "over the limit 8192"},
       {"--suite kernel --head-dim 32", "--head-dim: only the layer suite has this key"},
       {"--backend tpu", "--backend: unknown backend 'tpu'"},
+      {"--suite kernel --decay scalar --gate-norm 0", "--gate-norm: expected a number in (0, 1000000], got 0"},
+      {"--suite kernel --decay vector --gate-norm -2", "--gate-norm: expected a number in (0, 1000000], got -2"},
+      {"--gate-norm nan", "--gate-norm: expected a number, got 'nan'"},
+      {"--gate-norm strong", "--gate-norm: expected a number, got 'strong'"},
+      {"--config " + bad_gate.string(), bad_gate.string() + ":3: kernel.gate_norm: expected a number in (0, 1000000], got 0"},
+      {"--suite layer --gate-norm 1", "--gate-norm: only the kernel suite has this key"},
+      // --decay reaches the layer too (both suites by default), whose linear branch has no gates.
+      {"--decay scalar", "--decay: unknown decay 'scalar' (expected one of: none, retnet)"},
       {"--frobnicate", "command line:"},
   };
   if (!test::cuda_usable()) cases.push_back({"--backend cuda --seq 16 --dim 4", "--backend cuda: no CUDA device: "});

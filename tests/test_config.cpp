@@ -6,6 +6,7 @@
 
 #include "src/config.hpp"
 #include "src/plan.hpp"
+#include "src/record_json.hpp"
 #include "core/error.hpp"
 #include "test_util.hpp"
 
@@ -199,4 +200,83 @@ TEST_CASE("bad command-line values name the flag", "[config][errors]") {
   CHECK_THAT(kernel_only("window", "64"), Contains("--window") && Contains("only the layer suite"));
   CHECK(kernel_only("seq", "64").empty());
   CHECK_THAT(override_error("seq", ""), Contains("--seq"));
+}
+
+// gate_norm is the first op-specific key (Param::option): a real that applies to gated decays only.
+TEST_CASE("gate_norm: parsed as a real, planned and recorded only for the gated decays", "[config][gated]") {
+  const Config c = parse_config(R"(
+suites: [kernel]
+kernel:
+  batch: 1
+  heads: 2
+  dim: 8
+  seq: 16
+  impl: scan
+  mode: fwd
+  decay: [none, scalar, retnet, vector]
+  gate_norm: [16, 0.25, 1e0]
+)", "g.yaml");
+  CHECK(c.suite("kernel").names("gate_norm") == std::vector<std::string>{"16", "0.25", "1"});
+  const auto plan = expand_plan(c);
+  // none and retnet once each, without the key; scalar and vector once per gate_norm.
+  REQUIRE(plan.size() == 1 + 3 + 1 + 3);
+  CHECK(plan[0].decay == "none");
+  CHECK(plan[0].options.empty());
+  CHECK(plan[1].decay == "scalar");
+  CHECK(plan[1].option("gate_norm") == "16");
+  CHECK(plan[2].option("gate_norm") == "0.25");
+  CHECK(plan[3].option("gate_norm") == "1");
+  CHECK(plan[4].decay == "retnet");
+  CHECK(plan[4].options.empty());
+  CHECK(plan[7].decay == "vector");
+  CHECK(plan[7].option("gate_norm") == "1");
+
+  // Records: a number in gated cases' identity, absent from the others'.
+  CHECK(identity_json(plan[2]).at("gate_norm") == 0.25);
+  CHECK_FALSE(identity_json(plan[0]).contains("gate_norm"));
+  CHECK_FALSE(identity_json(plan[4]).contains("gate_norm"));
+  CHECK(identity_json(plan[1]) != identity_json(plan[3]));
+  CHECK(to_json(c).at("kernel").at("gate_norm") == nlohmann::json::array({16.0, 0.25, 1.0}));
+
+  // The inputs follow it: g = logsigmoid(z) / gate_norm, the same z for every gate_norm.
+  const TensorSet g16 = make_case_inputs(plan[1], 0), g1 = make_case_inputs(plan[3], 0);
+  const auto &weak = g16.at("g").data, &strong = g1.at("g").data;
+  REQUIRE(weak.size() == std::size_t(1 * 2 * 16));
+  for (std::size_t i = 0; i < weak.size(); ++i) {
+    CHECK(strong[i] <= 0.0f);
+    CHECK(weak[i] == Approx(strong[i] / 16).epsilon(1e-6));
+  }
+  CHECK_FALSE(make_case_inputs(plan[0], 0).find("g"));
+  CHECK(make_case_inputs(plan[7], 0).at("g").shape == std::vector<std::size_t>{1, 2, 16, 8});
+}
+
+TEST_CASE("gate_norm defaults to 16, takes the command line, and its bad values name where", "[config][gated][errors]") {
+  using Catch::Matchers::Contains;
+  Config c = parse_config("kernel:\n  decay: scalar\n", "d.yaml");
+  CHECK(c.suite("kernel").names("gate_norm") == std::vector<std::string>{"16"});
+  for (const Case& k : expand_plan(c))
+    if (k.op->suite == "kernel") CHECK(k.option("gate_norm") == "16");
+  Overrides o;
+  o.values["gate_norm"] = "0.25,4";
+  apply_overrides(c, o);
+  CHECK(c.suite("kernel").names("gate_norm") == std::vector<std::string>{"0.25", "4"});
+
+  CHECK_THAT(error_of("kernel:\n  decay: vector\n  gate_norm: 0\n"),
+             Contains("suite.yaml:3: kernel.gate_norm") && Contains("expected a number in (0, 1000000], got 0"));
+  CHECK_THAT(error_of("kernel:\n  gate_norm: -1\n"), Contains("suite.yaml:2: kernel.gate_norm") && Contains("got -1"));
+  CHECK_THAT(error_of("kernel:\n  gate_norm: .nan\n"), Contains("kernel.gate_norm") && Contains("expected a number, got '.nan'"));
+  CHECK_THAT(error_of("kernel:\n  gate_norm: nan\n"), Contains("kernel.gate_norm") && Contains("expected a number"));
+  CHECK_THAT(error_of("kernel:\n  gate_norm: .inf\n"), Contains("kernel.gate_norm") && Contains("expected a number"));
+  CHECK_THAT(error_of("kernel:\n  gate_norm: strong\n"), Contains("expected a number, got 'strong'"));
+  CHECK_THAT(error_of("{\"kernel\": {\"gate_norm\": \"16\"}}", "s.json"), Contains("s.json:1: kernel.gate_norm"));
+  CHECK_THAT(error_of("kernel:\n  gate_norm: [1, 2e6]\n"), Contains("got 2e6"));
+  // One value written two ways is one case, given twice.
+  CHECK_THAT(error_of("kernel:\n  gate_norm: [16, 16.0]\n"), Contains("suite.yaml:2: kernel.gate_norm") &&
+                                                                  Contains("duplicate value '16.0'"));
+  // The layer's linear branch has no gates: neither the key nor the gated decays.
+  CHECK_THAT(error_of("layer:\n  gate_norm: 1\n"), Contains("unknown key 'layer.gate_norm'"));
+  CHECK_THAT(error_of("layer:\n  decay: scalar\n"), Contains("unknown decay 'scalar'"));
+  Overrides bad;
+  bad.values["gate_norm"] = "nan";
+  CHECK_THROWS_WITH(apply_overrides(c, bad), Contains("--gate-norm") && Contains("expected a number"));
 }

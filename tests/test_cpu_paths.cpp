@@ -15,7 +15,10 @@ namespace {
 
 std::vector<Problem> path_shapes() {
   std::vector<Problem> shapes;
-  for (Decay decay : {Decay::none, Decay::retnet}) {
+  // Gated decays too: the scan pass's gate per token, per row and per column at every width and
+  // ragged tail; the gated chunked form's sub-chunks (ragged at 40, 97, 131 rows) and its
+  // portable tile products where the AVX-512 tiles are not active.
+  for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
     shapes.push_back({1, 1, 1, 3, 4, decay});         // one token
     shapes.push_back({1, 2, 7, 17, 4, decay});        // D = 16 + 1 (a ragged block of two registers), T < 8
     shapes.push_back({1, 1, 70, 80, 32, decay});      // three column blocks (32, 32, 16), T past two token tiles
@@ -55,8 +58,11 @@ TEST_CASE("thread splits over heads and over one head's columns give the referen
     // B*H = 1 and 3 with up to 4 threads: fewer heads than threads, so the scan splits one
     // head's state columns (D = 100: four blocks on AVX-512, seven on AVX2, two generic; D = 64:
     // as many blocks as threads on AVX-512 at 2, fewer at 3 and 4).
+    // Gated: one head's columns split over threads with vector gates (each thread its own key
+    // channels) and scalar gates (dg summed over every channel after the passes).
     for (const Problem& p : {Problem{1, 1, 50, 100, 16, Decay::retnet}, Problem{3, 1, 41, 40, 16, Decay::none},
-                             Problem{1, 1, 50, 64, 16, Decay::none}}) {
+                             Problem{1, 1, 50, 64, 16, Decay::none}, Problem{1, 1, 50, 100, 16, Decay::vector},
+                             Problem{1, 1, 61, 64, 16, Decay::scalar}, Problem{3, 1, 41, 40, 16, Decay::vector}}) {
       for (int threads : {1, 2, 3, 4}) {
         for (const std::string impl : {"scan", "chunked"}) {
           INFO(cpu::to_string(vec) << " threads " << threads << " " << impl << " " << test::describe(p));

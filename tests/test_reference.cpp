@@ -21,18 +21,23 @@ std::vector<double> random_vector(std::size_t n, std::mt19937_64& rng) {
 }
 
 struct Tensors {
-  std::vector<double> q, k, v, h0, dO, dhT;
+  std::vector<double> q, k, v, h0, dO, dhT, g;
+  const double* gates() const { return g.empty() ? nullptr : g.data(); }
 };
 
-Tensors random_tensors(const Problem& p, std::uint64_t seed) {
+// Log-gates as SPEC section 3 draws them: logsigmoid(z) / gate_norm.
+Tensors random_tensors(const Problem& p, std::uint64_t seed, double gate_norm = 16) {
   std::mt19937_64 rng(seed);
-  return {random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng),
-          random_vector(p.state_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.state_elems(), rng)};
+  Tensors t{random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng),
+            random_vector(p.state_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.state_elems(), rng),
+            random_vector(p.gate_elems(), rng)};
+  for (double& z : t.g) z = -std::log1p(std::exp(-z)) / gate_norm;
+  return t;
 }
 
 double loss(const Problem& p, const Tensors& t) {
   std::vector<double> o(p.token_elems()), hT(p.state_elems());
-  reference::forward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data()});
+  reference::forward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data(), t.gates()});
   double l = 0;
   for (std::size_t i = 0; i < o.size(); ++i) l += o[i] * t.dO[i];
   for (std::size_t i = 0; i < hT.size(); ++i) l += hT[i] * t.dhT[i];
@@ -73,14 +78,58 @@ TEST_CASE("reference forward equals the closed form of causal linear attention",
   }
 }
 
+TEST_CASE("reference forward with gates equals the closed form of gated linear attention", "[reference][gated]") {
+  // o_i = s (prod_{tau <= i} A_tau h0)^T q_i + s sum_{tau <= i} (q_i . (prod_{tau < u <= i} A_u) k_tau) v_tau
+  for (Decay decay : {Decay::scalar, Decay::vector}) {
+    const Problem p{1, 2, 9, 4, 64, decay};
+    const Tensors t = random_tensors(p, 13, 1.0);
+    std::vector<double> o(p.token_elems()), hT(p.state_elems());
+    reference::forward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), o.data(), hT.data(), t.gates()});
+    const double s = attention_scale(p.dim);
+    double worst = 0;
+    for (std::size_t bh = 0; bh < p.heads_total(); ++bh) {
+      const double* g = t.g.data() + bh * p.head_gate_elems();
+      // Sum of the log-gates of tokens (from, to], channel a.
+      auto log_decay = [&](int from, int to, int a) {
+        double sum = 0;
+        for (int u = from + 1; u <= to; ++u) sum += decay == Decay::scalar ? g[u] : g[u * p.dim + a];
+        return sum;
+      };
+      const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
+      for (int i = 0; i < p.seq; ++i)
+        for (int j = 0; j < p.dim; ++j) {
+          double expected = 0;
+          for (int a = 0; a < p.dim; ++a) {
+            expected += std::exp(log_decay(-1, i, a)) * t.h0[st + a * p.dim + j] * t.q[tok + i * p.dim + a];
+            for (int tau = 0; tau <= i; ++tau)
+              expected += std::exp(log_decay(tau, i, a)) * t.q[tok + i * p.dim + a] * t.k[tok + tau * p.dim + a] *
+                          t.v[tok + tau * p.dim + j];
+          }
+          worst = std::max(worst, std::abs(s * expected - o[tok + i * p.dim + j]));
+        }
+    }
+    INFO(to_string(decay));
+    CHECK(worst < 1e-12);
+  }
+}
+
 TEST_CASE("reference gradients match central finite differences", "[reference][grad]") {
-  for (Decay decay : {Decay::none, Decay::retnet}) {
-    const Problem p{1, 2, 5, 3, 64, decay};
-    INFO(test::describe(p));
-    Tensors t = random_tensors(p, 5);
+  struct Shape {
+    Problem p;
+    double gate_norm;
+  };
+  // Gated: weak (16) and strong (1) gates, scalar and vector, T past one sqrt(T) segment of the
+  // reference's checkpoints (T 5: segments of 3) and ragged.
+  const std::vector<Shape> shapes = {{{1, 2, 5, 3, 64, Decay::none}, 16},   {{1, 2, 5, 3, 64, Decay::retnet}, 16},
+                                     {{1, 2, 5, 3, 64, Decay::scalar}, 16}, {{1, 2, 7, 3, 64, Decay::scalar}, 1},
+                                     {{1, 2, 5, 3, 64, Decay::vector}, 16}, {{2, 1, 11, 4, 64, Decay::vector}, 1}};
+  for (const auto& [p, gate_norm] : shapes) {
+    INFO(test::describe(p) << " gate_norm " << gate_norm);
+    Tensors t = random_tensors(p, 5, gate_norm);
     std::vector<double> dq(p.token_elems()), dk(p.token_elems()), dv(p.token_elems()), dh0(p.state_elems());
+    std::vector<double> dg(p.gate_elems());
     reference::backward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(), t.dhT.data(), dq.data(),
-                            dk.data(), dv.data(), dh0.data()});
+                            dk.data(), dv.data(), dh0.data(), t.gates(), dg.empty() ? nullptr : dg.data()});
     const double eps = 1e-6;
     auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
       double worst = 0;
@@ -94,12 +143,13 @@ TEST_CASE("reference gradients match central finite differences", "[reference][g
         const double numeric = (plus - minus) / (2 * eps);
         worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
       }
-      INFO(name);
+      INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
     };
     check_gradient(t.q, dq, "dq");
     check_gradient(t.k, dk, "dk");
     check_gradient(t.v, dv, "dv");
     check_gradient(t.h0, dh0, "dh0");
+    if (gated(p.decay)) check_gradient(t.g, dg, "dg");
   }
 }

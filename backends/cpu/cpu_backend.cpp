@@ -40,13 +40,16 @@ std::size_t tensor_bytes(const Case& c) { return (case_input_elems(c) + case_out
 
 // ---- linear attention (kernels/linear_attention) ----
 
-ForwardArgs<float> forward_args(HostCase& h) {
-  return {h.data("q"), h.data("k"), h.data("v"), h.data("h0"), h.data("o"), h.data("hT")};
+// The gated decays' log-gates g and their gradient dg are bound too.
+ForwardArgs<float> forward_args(HostCase& h, const Problem& p) {
+  return {h.data("q"), h.data("k"), h.data("v"), h.data("h0"), h.data("o"), h.data("hT"),
+          gated(p.decay) ? h.data("g") : nullptr};
 }
 
-BackwardArgs<float> backward_args(HostCase& h) {
+BackwardArgs<float> backward_args(HostCase& h, const Problem& p) {
   return {h.data("q"),  h.data("k"),  h.data("v"),  h.data("h0"), h.data("dO"),
-          h.data("dhT"), h.data("dq"), h.data("dk"), h.data("dv"), h.data("dh0")};
+          h.data("dhT"), h.data("dq"), h.data("dk"), h.data("dv"), h.data("dh0"),
+          gated(p.decay) ? h.data("g") : nullptr, gated(p.decay) ? h.data("dg") : nullptr};
 }
 
 // A training step: the whole forward, then the backward from what it saved. dO and dhT stand for
@@ -56,12 +59,12 @@ ImplRow scan_row() {
   row.prepare = [](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
-    const ForwardArgs<float> fwd = forward_args(*h);
+    const ForwardArgs<float> fwd = forward_args(*h, p);
     if (!c.backward()) {
       h->bind([p, fwd](Allocator& a) { scan_forward(p, fwd, a); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
-    const BackwardArgs<float> bwd = backward_args(*h);
+    const BackwardArgs<float> bwd = backward_args(*h, p);
     h->bind([p, fwd, bwd](Allocator& a) {
       scan_forward(p, fwd, a);
       scan_backward(p, bwd, a);
@@ -84,12 +87,12 @@ ImplRow chunked_row(const Settings& s) {
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
-    const ForwardArgs<float> fwd = forward_args(*h);
+    const ForwardArgs<float> fwd = forward_args(*h, p);
     if (!c.backward()) {
       h->bind([p, fwd](Allocator& a) { chunked_forward(p, fwd, a); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
-    const BackwardArgs<float> bwd = backward_args(*h);
+    const BackwardArgs<float> bwd = backward_args(*h, p);
     const std::size_t kept_bytes = s.keep_chunk_states ? chunked_kept_states_bytes(p) : 0;
     h->bind(
         [p, fwd, bwd, kept_bytes](Allocator& a) {

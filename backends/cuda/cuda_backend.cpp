@@ -96,17 +96,24 @@ ImplRow linear_row(const std::string& form, const Settings& s) {
     const auto shared = shared_memory(s.device);
     if (!shared) return no_shared_memory(s.device);
     const Problem p = linear_problem(c);
+    if (chunked && gated(p.decay))
+      return "the CUDA chunked kernels have no gated decays (scalar, vector): their scores would need the gates' "
+             "cumulative sums within each tile; the CUDA scan runs them";
     return chunked ? chunked_unsupported(p, dtype_of(c.dtype), *shared) : scan_unsupported(p);
   };
   row.prepare = [s, chunked](const Case& c, const TensorSet& inputs) {
     auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
     const Problem p = linear_problem(c);
     const Dtype dtype = dtype_of(c.dtype);
-    const DeviceForward fwd{d->data("q"), d->data("k"), d->data("v"), d->floats("h0"), d->floats("o"), d->floats("hT")};
+    const bool gates = gated(p.decay);
+    const DeviceForward fwd{d->data("q"),      d->data("k"),      d->data("v"),
+                            d->floats("h0"),   d->floats("o"),    d->floats("hT"),
+                            gates ? d->floats("g") : nullptr};
     DeviceBackward bwd{};
     if (c.backward())
       bwd = {d->data("q"),    d->data("k"),     d->data("v"),      d->floats("h0"),   d->data("dO"),
-             d->floats("dhT"), d->floats("dq"), d->floats("dk"),   d->floats("dv"),   d->floats("dh0")};
+             d->floats("dhT"), d->floats("dq"), d->floats("dk"),   d->floats("dv"),   d->floats("dh0"),
+             gates ? d->floats("g") : nullptr, gates ? d->floats("dg") : nullptr};
     DeviceCase* self = d.get();
     const bool backward = c.backward(), keep = keeps_states(c, chunked, s);
     d->bind(

@@ -1,8 +1,51 @@
-// See tile_gemm.hpp. Built only where AVX-512 is compiled in; chunked.cpp falls back to the
-// OpenBLAS form elsewhere.
+// See tile_gemm.hpp. The AVX-512 micro-tiles where AVX-512 is compiled in; a portable form of the
+// same products (element by element, the same k ranges, skipped tiles and masks) runs when they
+// are not active (a build without AVX-512, or a test forcing a narrower vector width), for the
+// kernels that have no OpenBLAS form of their own (the gated chunked form).
 #include "kernels/cpu/tile_gemm.hpp"
 
 #include <algorithm>
+
+#include "kernels/cpu/vec.hpp"
+
+namespace lattn::cpu::tile {
+namespace {
+
+// B(k, j) of a segment: packed panels, or row-major in place.
+float b_at(const Segment& s, int k, int j) {
+  if (s.brs) return s.b[std::ptrdiff_t(k) * s.brs + j];
+  return s.b[std::size_t(j / kNR) * s.K * kNR + std::size_t(k) * kNR + j % kNR];
+}
+
+// sum_k A(i, k) B(k, j) over the k range the micro-tile at row i0 takes.
+float segment_sum(const Segment& s, int i, int i0, int j) {
+  int k0 = 0, k1 = s.K;
+  if (s.range == Range::lower) k1 = std::min(s.K, i0 + kMR);
+  if (s.range == Range::upper) k0 = std::min(s.K, i0);
+  float sum = 0.0f;
+  for (int k = k0; k < k1; ++k) sum += s.a[std::ptrdiff_t(i) * s.ars + std::ptrdiff_t(k) * s.acs] * b_at(s, k, j);
+  return sum;
+}
+
+void run_portable(const Product& p) {
+  for (int i = 0; i < p.M; ++i) {
+    const int i0 = i / kMR * kMR;
+    for (int j = 0; j < p.N; ++j) {
+      const int j0 = j / kNR * kNR;
+      if (p.lower && i0 < j0) continue;  // a tile wholly above the diagonal
+      float x = p.s1.range != Range::none ? segment_sum(p.s1, i, i0, j) : 0.0f;
+      if (p.rs) x *= p.rs[i];
+      if (p.s2.range != Range::none) x += segment_sum(p.s2, i, i0, j);
+      x *= p.alpha;
+      if (p.mask && (p.mask_all || j0 + kNR - 1 > i0)) x *= p.mask[std::ptrdiff_t(i) * p.ldm + j];
+      float& c = p.c[std::ptrdiff_t(j0 / kNR) * p.cps + std::ptrdiff_t(i) * p.ldc + j % kNR];
+      c = p.beta != 0.0f ? p.beta * c + x : x;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lattn::cpu::tile
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -112,6 +155,7 @@ void tail_tile(const Product& p, int i0, int panel, int rows) {
 }  // namespace
 
 void run(const Product& p) {
+  if (!tiles_active()) return run_portable(p);
   const int panels = (p.N + kNR - 1) / kNR;
   // Lines to prefetch before each micro-tile: the region spread evenly over an upper bound of
   // the tiles (a lower output has fewer; the rest go out at the end).
@@ -238,6 +282,34 @@ void unpack(const float* panels, int K, int N, float* dst, long ldd) {
     const float* in = panels + std::size_t(j0 / kNR) * K * kNR;
     for (int k = 0; k < K; ++k) std::copy(in + std::size_t(k) * kNR, in + std::size_t(k) * kNR + width, dst + k * ldd + j0);
   }
+}
+
+}  // namespace lattn::cpu::tile
+#else
+namespace lattn::cpu::tile {
+
+void run(const Product& p) { run_portable(p); }
+
+void pack(const float* src, long lds, bool transposed, int K, int N, const float* w, float* dst) {
+  for (int panel = 0; panel < (N + kNR - 1) / kNR; ++panel)
+    for (int k = 0; k < K; ++k)
+      for (int jj = 0; jj < kNR; ++jj) {
+        const int j = panel * kNR + jj;
+        const float x = j >= N ? 0.0f : transposed ? src[std::ptrdiff_t(j) * lds + k] : src[std::ptrdiff_t(k) * lds + j];
+        dst[(std::size_t(panel) * K + k) * kNR + jj] = w ? w[k] * x : x;
+      }
+}
+
+void unpack(const float* panels, int K, int N, float* dst, long ldd) {
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < N; ++j) dst[std::ptrdiff_t(k) * ldd + j] = panels[(std::size_t(j / kNR) * K + k) * kNR + j % kNR];
+}
+
+void transpose_packed(const float* panels, int D, float* dst) {
+  for (int k = 0; k < D; ++k)
+    for (int j = 0; j < panel_cols(D); ++j)
+      dst[(std::size_t(j / kNR) * D + k) * kNR + j % kNR] =
+          j < D ? panels[(std::size_t(k / kNR) * D + j) * kNR + k % kNR] : 0.0f;
 }
 
 }  // namespace lattn::cpu::tile

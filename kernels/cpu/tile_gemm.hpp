@@ -40,6 +40,19 @@ struct Segment {
   long brs = 0;
 };
 
+// A segment over k < K of A(i, k) = a[i * ars + k * acs] and B (packed, or in place with brs).
+inline Segment seg(Range range, int K, const float* a, long ars, long acs, const float* b, long brs = 0) {
+  Segment s;
+  s.range = range;
+  s.K = K;
+  s.a = a;
+  s.ars = ars;
+  s.acs = acs;
+  s.b = b;
+  s.brs = brs;
+  return s;
+}
+
 struct Product {
   int M = 0, N = 0;
   float* c = nullptr;

@@ -118,7 +118,7 @@ const Op& layer_op() {
         {"head_dim", Param::dim, {"64"}, "head dims of the layer suite", 1, kMaxDim},
         {"window", Param::window, {"128"}, "sliding windows of the layer suite", 1, kMaxSeq},
         {"chunk", Param::chunk, {"128"}, "chunk sizes of the chunked form", 1, kMaxChunk},
-        {"decay", Param::decay, {"none"}, "decay modes (none, retnet)", 1, 0, decay_names()},
+        {"decay", Param::decay, {"none"}, "decay modes (none, retnet)", 1, 0, ungated_decay_names()},
         {"seq", Param::seq, {"512", "2048"}, "sequence lengths", 1, kMaxSeq},
         {"impl", Param::impl, {"scan", "chunked"}, "impls (scan, chunked)"},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},

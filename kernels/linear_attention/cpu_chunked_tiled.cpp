@@ -82,7 +82,7 @@ namespace {
 
 using tile::Product;
 using tile::Range;
-using tile::Segment;
+using tile::seg;
 
 // Carves one thread's block into named buffers.
 struct Carver {
@@ -116,18 +116,6 @@ const float* rows_operand(const float* X, int n, int D, float* Xp, long& brs) {
   tile::pack(X, D, false, n, D, nullptr, Xp);
   brs = 0;
   return Xp;
-}
-
-Segment seg(Range range, int K, const float* a, long ars, long acs, const float* b, long brs = 0) {
-  Segment s;
-  s.range = range;
-  s.K = K;
-  s.a = a;
-  s.ars = ars;
-  s.acs = acs;
-  s.b = b;
-  s.brs = brs;
-  return s;
 }
 
 // Y = beta Y + alpha X^T (diag(w) Z) for chunk rows X, Z (n x D, row-major), Y a packed D x D

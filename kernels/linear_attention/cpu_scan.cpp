@@ -21,12 +21,23 @@
 // block stays in L1.
 // Scratch: forward, one packed D x D per thread; backward, one per head (h0^T, then dhT^T) and
 // one per thread (G).
+//
+// Gated decays (SPEC section 1b) change only the factor each step scales the state by: exp(g_t)
+// (scalar gates), or exp(g_t) per key channel (vector gates: the rows of S and G, the columns of
+// S^T and G^T). The reverse recurrences decay by the gate of the token after, G_t = A_{t+1} G_{t+1}
+// + s q_t do_t^T, and dh0 = A_0 G_0. The exponentials are taken once per token tile into a buffer
+// of (tile + 1) x width floats per thread, which every column block and both reverse passes read;
+// no pass makes a sweep of its own over the gates. dg comes after the passes, from the identity
+//   dg_t = rowsum(dh0 . h0) - sum_{tau < t} (q_tau . dq_tau - k_tau . dk_tau)
+// (per key channel for vector gates, summed over them for scalar gates; docs/kernels.md derives
+// it), summed in double, D doubles per thread.
 #include <omp.h>
 
 #include <algorithm>
 #include <initializer_list>
 #include <utility>
 
+#include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/linear_attention/cpu_scan_pass.hpp"
 
@@ -106,25 +117,51 @@ void pack(const float* src, bool transposed, float* buf, int D, int W, int c0, i
   }
 }
 
-void unpack(const float* buf, float* dst, float scale, int D, int W, int c0, int c1) {
+// dst = scale * buf, row i also times row_scale[i * row_step] when row_scale is given.
+void unpack(const float* buf, float* dst, float scale, int D, int W, int c0, int c1, const float* row_scale = nullptr,
+            int row_step = 0) {
   for (int c = c0; c < c1; c += W) {
     const int w = std::min(W, D - c);
     const float* blk = buf + std::size_t(c) * D;
-    for (int i = 0; i < D; ++i)
-      for (int j = 0; j < w; ++j) dst[std::size_t(i) * D + c + j] = scale * blk[std::size_t(i) * w + j];
+    for (int i = 0; i < D; ++i) {
+      const float f = row_scale ? scale * row_scale[std::size_t(i) * row_step] : scale;
+      for (int j = 0; j < w; ++j) dst[std::size_t(i) * D + c + j] = f * blk[std::size_t(i) * w + j];
+    }
   }
+}
+
+// The gates of one head, for run_packed: exp(g) of each tile's tokens and of the one after it (the
+// reverse passes decay by the next token's gate) go to `buf` before the tile's passes run.
+struct TileGates {
+  const float* g = nullptr;  // this head's log-gates, [T][width]; null: not gated
+  int width = 0;             // per token: D (vector gates) or 1 (scalar)
+  float* buf = nullptr;      // (tile + 1) x width floats of this thread
+};
+
+void take_gates(const TileGates& gates, int t0, int tokens) {
+  const float* __restrict g = gates.g + std::size_t(t0) * gates.width;
+  float* __restrict out = gates.buf;
+  const int n = tokens * gates.width;
+#pragma omp simd
+  for (int e = 0; e < n; ++e) out[e] = exp_nonpositive(g[e]);
 }
 
 // Runs each pass (its S unset) on columns [c0, c1) of its own packed state, a tile of tokens at a
 // time: within a tile, every block of the first pass, then every block of the second. Passes that
 // walk the same tokens in the same direction (dv and dk) then read each tile's token rows from
 // memory once between them, and several column blocks of one head read them from L2.
-void run_packed(std::initializer_list<std::pair<ScanPass, float*>> passes, int c0, int c1, int W, Vec vec) {
+// Gated passes always go by tiles (the gates' buffer holds one), and read that tile's gates.
+void run_packed(std::initializer_list<std::pair<ScanPass, float*>> passes, int c0, int c1, int W, Vec vec,
+                const TileGates& gates = {}) {
   const ScanPass& first = passes.begin()->first;
   const int D = first.D, T = first.T;
-  const int tile = (c1 - c0 > W || passes.size() > 1) ? tile_tokens(vec) : T;
+  const int tile = (gates.g || c1 - c0 > W || passes.size() > 1) ? tile_tokens(vec) : T;
   for (int done = 0; done < T; done += tile) {
     const int n = std::min(tile, T - done);
+    if (gates.g) {
+      const int t0 = first.reverse ? T - done - n : done;  // every pass of a call walks one way
+      take_gates(gates, t0, std::min(n + 1, T - t0));
+    }
     for (const auto& [pass, buf] : passes) {
       const int t0 = pass.reverse ? T - done - n : done;  // first token of the tile
       const std::size_t off = std::size_t(t0) * D;
@@ -135,6 +172,7 @@ void run_packed(std::initializer_list<std::pair<ScanPass, float*>> passes, int c
       sub.read_row += off;
       sub.out += off;
       sub.decay_first = pass.decay_first || done > 0;
+      sub.gate = gates.g ? gates.buf : nullptr;
       for (int c = c0; c < c1; c += W) {
         sub.S = buf + std::size_t(c) * D;
         sub.ld = std::min(W, D - c);
@@ -154,12 +192,25 @@ int head_parallel_threads(const Problem& p) {
 
 int scan_threads(const Problem& p) { return scan_split(p).threads; }
 
+// A thread's gate buffer (TileGates), 0 without gates.
+std::size_t gate_tile_floats(const Problem& p) {
+  return gated(p.decay) ? std::size_t(tile_tokens(active_vec()) + 1) * p.gate_width() : 0;
+}
+
 std::size_t scan_forward_workspace_bytes(const Problem& p) {
-  return std::size_t(scan_threads(p)) * p.head_state_elems() * sizeof(float);
+  return std::size_t(scan_threads(p)) * (p.head_state_elems() + gate_tile_floats(p)) * sizeof(float);
+}
+
+// The gated backward's dg sums: D doubles per thread of its own loop (after the passes' scratch
+// is freed).
+std::size_t gate_gradient_floats(const Problem& p) {
+  return gated(p.decay) ? std::size_t(head_parallel_threads(p)) * 2 * p.dim : 0;
 }
 
 std::size_t scan_backward_workspace_bytes(const Problem& p) {
-  return (p.heads_total() + std::size_t(scan_threads(p))) * p.head_state_elems() * sizeof(float);
+  const std::size_t passes = p.heads_total() * p.head_state_elems() +
+                             std::size_t(scan_threads(p)) * (p.head_state_elems() + gate_tile_floats(p));
+  return std::max(passes, gate_gradient_floats(p)) * sizeof(float);
 }
 
 namespace {
@@ -180,34 +231,49 @@ struct HeadPasses {
     pass.out = out + tok;
     pass.gamma = float(decay_gamma(p.decay, int(bh % p.heads)));
     pass.stream_out = true;
+    pass.gate_stride = p.gate_width();
     return pass;
   }
+  // A pass over S or G scales their rows by vector gates; one over S^T or G^T, their columns.
+  ScanPass with_gate(ScanPass pass, bool transposed, int shift) const {
+    pass.gate_scale = p.decay == Decay::scalar ? GateScale::scalar : transposed ? GateScale::columns : GateScale::rows;
+    pass.gate_shift = shift;
+    return pass;
+  }
+  TileGates gates(long bh, const float* g, float* buf) const {
+    if (!g) return {};
+    return {g + bh * p.head_gate_elems(), p.gate_width(), buf};
+  }
   ScanPass forward(long bh, const ForwardArgs<float>& a) const {
-    ScanPass o = pass(bh, a.k, a.v, a.q, a.o);
+    ScanPass o = with_gate(pass(bh, a.k, a.v, a.q, a.o), false, 0);
     o.out_scale = s;
     return o;
   }
   ScanPass dq(long bh, const BackwardArgs<float>& a) const {
-    ScanPass dq = pass(bh, a.v, a.k, a.dO, a.dq);
+    ScanPass dq = with_gate(pass(bh, a.v, a.k, a.dO, a.dq), true, 0);
     dq.out_scale = s;
     return dq;
   }
   // dv on G and dk on G^T, from dhT, in reverse; G and P are scratch packed states; dh0 out.
-  void reverse(long bh, const BackwardArgs<float>& a, float* G, float* P, int c0, int c1, int W, Vec vec) const {
+  // gate_buf: this thread's TileGates buffer; after the walk it holds exp(g_0), A_0's factors.
+  void reverse(long bh, const BackwardArgs<float>& a, float* G, float* P, float* gate_buf, int c0, int c1, int W,
+               Vec vec) const {
     const int D = p.dim;
     const std::size_t st = bh * p.head_state_elems();
     pack(a.dhT + st, false, G, D, W, c0, c1);
     pack(a.dhT + st, true, P, D, W, c0, c1);
-    ScanPass dv = pass(bh, a.q, a.dO, a.k, a.dv);
+    ScanPass dv = with_gate(pass(bh, a.q, a.dO, a.k, a.dv), false, 1);
     dv.upd_scale = s;
     dv.decay_first = false;
     dv.reverse = true;
-    ScanPass dk = pass(bh, a.dO, a.q, a.v, a.dk);
+    ScanPass dk = with_gate(pass(bh, a.dO, a.q, a.v, a.dk), true, 1);
     dk.upd_scale = s;
     dk.decay_first = false;
     dk.reverse = true;
-    run_packed({{dv, G}, {dk, P}}, c0, c1, W, vec);
-    unpack(G, a.dh0 + st, dv.gamma, D, W, c0, c1);
+    const TileGates tg = gates(bh, a.g, gate_buf);
+    run_packed({{dv, G}, {dk, P}}, c0, c1, W, vec, tg);
+    if (tg.g) unpack(G, a.dh0 + st, 1.0f, D, W, c0, c1, tg.buf, p.decay == Decay::vector ? 1 : 0);
+    else unpack(G, a.dh0 + st, dv.gamma, D, W, c0, c1);
   }
 };
 
@@ -218,18 +284,68 @@ void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allo
   const Split split = scan_split(p);
   const Vec vec = active_vec();
   const HeadPasses passes{p, float(attention_scale(D))};
-  Workspace<float> state(allocator, std::size_t(split.threads) * p.head_state_elems());
+  const std::size_t per_thread = p.head_state_elems() + gate_tile_floats(p);
+  Workspace<float> state(allocator, std::size_t(split.threads) * per_thread);
 #pragma omp parallel num_threads(split.threads)
   {
-    float* buf = state.data() + omp_get_thread_num() * p.head_state_elems();
+    float* buf = state.data() + omp_get_thread_num() * per_thread;
+    float* gate_buf = buf + p.head_state_elems();
     for_each_share(split, [&](long bh, int c0, int c1) {
       const std::size_t st = bh * p.head_state_elems();
       pack(a.h0 + st, false, buf, D, split.width, c0, c1);
-      run_packed({{passes.forward(bh, a), buf}}, c0, c1, split.width, vec);
+      run_packed({{passes.forward(bh, a), buf}}, c0, c1, split.width, vec, passes.gates(bh, a.g, gate_buf));
       unpack(buf, a.hT + st, 1.0f, D, split.width, c0, c1);
     });
   }
 }
+
+namespace {
+
+// dg of every head from the finished dq, dk and dh0 (this file's header): one head per thread.
+void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
+  const int T = p.seq, D = p.dim, width = p.gate_width();
+  const int threads = head_parallel_threads(p);
+  Workspace<float> sums(allocator, gate_gradient_floats(p));
+#pragma omp parallel num_threads(threads)
+  {
+    double* __restrict acc = reinterpret_cast<double*>(sums.data() + std::size_t(omp_get_thread_num()) * 2 * D);
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < long(p.heads_total()); ++bh) {
+      const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
+      const float *q = a.q + tok, *k = a.k + tok, *dq = a.dq + tok, *dk = a.dk + tok;
+      const float *dh0 = a.dh0 + st, *h0 = a.h0 + st;
+      float* dg = a.dg + bh * p.head_gate_elems();
+      for (int i = 0; i < D; ++i) {
+        double sum = 0;
+        for (int j = 0; j < D; ++j) sum += double(dh0[std::size_t(i) * D + j]) * h0[std::size_t(i) * D + j];
+        acc[i] = sum;
+      }
+      if (width == 1) {
+        double total = 0;
+        for (int i = 0; i < D; ++i) total += acc[i];
+        for (int t = 0; t < T; ++t) {
+          const std::size_t r = std::size_t(t) * D;
+          dg[t] = float(total);
+          double step = 0;
+#pragma omp simd reduction(+ : step)
+          for (int i = 0; i < D; ++i) step += double(q[r + i]) * dq[r + i] - double(k[r + i]) * dk[r + i];
+          total -= step;
+        }
+      } else {
+        for (int t = 0; t < T; ++t) {
+          const std::size_t r = std::size_t(t) * D;
+#pragma omp simd
+          for (int i = 0; i < D; ++i) {
+            dg[r + i] = float(acc[i]);
+            acc[i] -= double(q[r + i]) * dq[r + i] - double(k[r + i]) * dk[r + i];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
   const int D = p.dim;
@@ -237,19 +353,24 @@ void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& al
   const Vec vec = active_vec();
   const HeadPasses passes{p, float(attention_scale(D))};
   const std::size_t DD = p.head_state_elems();
-  Workspace<float> starts(allocator, p.heads_total() * DD);
-  Workspace<float> carried(allocator, std::size_t(split.threads) * DD);
-#pragma omp parallel num_threads(split.threads)
   {
-    float* G = carried.data() + omp_get_thread_num() * DD;
-    // Each thread packs the starting columns its own items read, so no barrier is needed.
-    for_each_share(split, [&](long bh, int c0, int c1) {
-      float* P = starts.data() + bh * DD;
-      pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
-      run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec);
-      passes.reverse(bh, a, G, P, c0, c1, split.width, vec);
-    });
+    const std::size_t per_thread = DD + gate_tile_floats(p);
+    Workspace<float> starts(allocator, p.heads_total() * DD);
+    Workspace<float> carried(allocator, std::size_t(split.threads) * per_thread);
+#pragma omp parallel num_threads(split.threads)
+    {
+      float* G = carried.data() + omp_get_thread_num() * per_thread;
+      float* gate_buf = G + DD;
+      // Each thread packs the starting columns its own items read, so no barrier is needed.
+      for_each_share(split, [&](long bh, int c0, int c1) {
+        float* P = starts.data() + bh * DD;
+        pack(a.h0 + bh * DD, true, P, D, split.width, c0, c1);
+        run_packed({{passes.dq(bh, a), P}}, c0, c1, split.width, vec, passes.gates(bh, a.g, gate_buf));
+        passes.reverse(bh, a, G, P, gate_buf, c0, c1, split.width, vec);
+      });
+    }
   }
+  if (gated(p.decay)) gate_gradient(p, a, allocator);
 }
 
 }  // namespace lattn::cpu

@@ -27,13 +27,14 @@ namespace lattn::cpu {
 namespace {
 
 
-// Token pointers of a group of U consecutive steps of the pass (in pass order).
+// Token pointers of a group of U consecutive steps of the pass (in pass order); a: the gates.
 template <int U>
 struct Group {
   const float* b[U];
   const float* c[U];
   const float* r[U];
   float* y[U];
+  const float* a[U];
 };
 
 template <int U>
@@ -46,6 +47,7 @@ Group<U> group_at(const ScanPass& p, int step) {
     g.c[u] = p.upd_col + off;
     g.r[u] = p.read_row + off;
     g.y[u] = p.out + off;
+    g.a[u] = p.gate ? p.gate + std::ptrdiff_t(t + p.gate_shift) * p.gate_stride : nullptr;
   }
   return g;
 }
@@ -103,19 +105,26 @@ void store_lanes(float* p, typename I::M m, typename I::V v) {
   else I::store(p, m, v);
 }
 
-// What a block walk is compiled for: U steps, NB registers of columns, R rows at a time, whether
-// the steps decay the state, whether the block is full width, whether it prefetches the next
-// group's row operands.
-template <int U_, int NB_, bool DECAY_, bool FULL_, bool PREFETCH_>
+// How the steps of a walk decay the state: not at all, by gamma, or by a gate (per token, per
+// row, per column).
+enum class Decays { none, gamma, scalar, rows, columns };
+
+// What a block walk is compiled for: U steps, NB registers of columns, R rows at a time, how the
+// steps decay the state, whether the block is full width, whether it prefetches the next group's
+// row operands.
+template <int U_, int NB_, Decays DECAY_, bool FULL_, bool PREFETCH_>
 struct Walk {
   static constexpr int U = U_, NB = NB_;
-  static constexpr bool DECAY = DECAY_, FULL = FULL_, PREFETCH = PREFETCH_;
+  static constexpr Decays DECAY = DECAY_;
+  static constexpr bool FULL = FULL_, PREFETCH = PREFETCH_;
 };
 
 // R consecutive rows of the block (row points at the first): U steps applied to them while they
 // are in registers.
+// A gate's factors come from memory in the loop (broadcast or vector operands of the multiply):
+// held in registers they would take U * NB of the 32 the walk already fills.
 template <class I, class K, int R>
-inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i, const typename I::M* m,
+inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i, int c0, const typename I::M* m,
                       const typename I::V (&c)[K::U][K::NB], typename I::V (&y)[K::U][K::NB], typename I::V gam) {
   using V = typename I::V;
   constexpr int U = K::U, NB = K::NB;
@@ -131,7 +140,11 @@ inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i
       const V b = I::set1(g.b[u][i + h]), r = I::set1(g.r[u][i + h]);
 #pragma GCC unroll 4
       for (int n = 0; n < NB; ++n) {
-        if constexpr (K::DECAY) s[h][n] = I::mul(s[h][n], gam);
+        if constexpr (K::DECAY == Decays::gamma) s[h][n] = I::mul(s[h][n], gam);
+        if constexpr (K::DECAY == Decays::scalar) s[h][n] = I::mul(s[h][n], I::set1(g.a[u][0]));
+        if constexpr (K::DECAY == Decays::rows) s[h][n] = I::mul(s[h][n], I::set1(g.a[u][i + h]));
+        if constexpr (K::DECAY == Decays::columns)
+          s[h][n] = I::mul(s[h][n], load_lanes<I, K::FULL>(m[n], g.a[u] + c0 + n * I::L));
         s[h][n] = I::fma(b, c[u][n], s[h][n]);
         y[u][n] = I::fma(r, s[h][n], y[u][n]);
       }
@@ -189,11 +202,11 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
   int i = 0;
   for (; i + R <= D; i += R, row += R * ld) {
     if ((i & 15) < R) prefetch_rows(i - (i & 15));
-    row_group<I, K, R>(g, row, ld, i, m, c, y, gam);
+    row_group<I, K, R>(g, row, ld, i, c0, m, c, y, gam);
   }
   for (; i < D; ++i, row += ld) {  // the rows left when R does not divide D
     if ((i & 15) == 0) prefetch_rows(i);
-    row_group<I, K, 1>(g, row, ld, i, m, c, y, gam);
+    row_group<I, K, 1>(g, row, ld, i, c0, m, c, y, gam);
   }
   const V os = I::set1(p.out_scale);
   if (K::FULL && p.stream_out) {
@@ -209,61 +222,93 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
     for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(g.y[u] + c0 + n * I::L, m[n], I::mul(y[u][n], os));
 }
 
-// Calls block_steps compiled for `left` steps (1 <= left <= U), and the pass's decay.
-template <class I, int NB, bool FULL, bool PREFETCH, int U = I::U>
+// Calls block_steps compiled for `left` steps (1 <= left <= U), and the pass's decay (or none).
+template <class I, int NB, Decays DECAY, bool FULL, bool PREFETCH, int U = I::U>
 void steps(const ScanPass& p, int step, int left, bool decay, int c0, const typename I::M* m) {
   if constexpr (U > 0) {
     if (left == U) {
-      if (decay) block_steps<I, Walk<U, NB, true, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
-      else block_steps<I, Walk<U, NB, false, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      if (decay) block_steps<I, Walk<U, NB, DECAY, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      else block_steps<I, Walk<U, NB, Decays::none, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
       return;
     }
-    steps<I, NB, FULL, PREFETCH, U - 1>(p, step, left, decay, c0, m);
+    steps<I, NB, DECAY, FULL, PREFETCH, U - 1>(p, step, left, decay, c0, m);
   }
 }
 
-template <class I, int NB, bool FULL, bool PREFETCH>
+template <class I, int NB, Decays DECAY, bool FULL, bool PREFETCH>
 void column_block(const ScanPass& p, int c0, int width) {
   typename I::M m[NB];
   for (int n = 0; n < NB; ++n) m[n] = I::mask(width - n * I::L);
-  const bool decay = p.gamma != 1.0f;
+  constexpr bool decay = DECAY != Decays::none;
   int step = 0;
   if (decay && !p.decay_first && p.T > 0) {
-    steps<I, NB, FULL, PREFETCH>(p, 0, 1, false, c0, m);
+    steps<I, NB, DECAY, FULL, PREFETCH>(p, 0, 1, false, c0, m);
     step = 1;
   }
-  for (; step < p.T; step += I::U) steps<I, NB, FULL, PREFETCH>(p, step, std::min(I::U, p.T - step), decay, c0, m);
+  for (; step < p.T; step += I::U)
+    steps<I, NB, DECAY, FULL, PREFETCH>(p, step, std::min(I::U, p.T - step), decay, c0, m);
 }
 
-template <class I, bool PREFETCH>
+template <class I, Decays DECAY, bool PREFETCH>
 void column_blocks(const ScanPass& p, int col_begin, int col_end) {
   constexpr int W = I::L * I::NV;
   for (int c0 = col_begin; c0 < col_end; c0 += W) {
     const int width = std::min(W, col_end - c0);
-    if (width == W) column_block<I, I::NV, true, PREFETCH>(p, c0, width);
-    else if (width > I::L) column_block<I, I::NV, false, PREFETCH>(p, c0, width);
-    else column_block<I, 1, false, PREFETCH>(p, c0, width);
+    if (width == W) column_block<I, I::NV, DECAY, true, PREFETCH>(p, c0, width);
+    else if (width > I::L) column_block<I, I::NV, DECAY, false, PREFETCH>(p, c0, width);
+    else column_block<I, 1, DECAY, false, PREFETCH>(p, c0, width);
+  }
+}
+
+Decays decays_of(const ScanPass& p) {
+  if (!p.gate) return p.gamma != 1.0f ? Decays::gamma : Decays::none;
+  switch (p.gate_scale) {
+    case GateScale::scalar: return Decays::scalar;
+    case GateScale::rows: return Decays::rows;
+    case GateScale::columns: return Decays::columns;
+  }
+  return Decays::scalar;
+}
+
+template <class I, bool PREFETCH>
+void run_decays(const ScanPass& p, int col_begin, int col_end) {
+  switch (decays_of(p)) {
+    case Decays::none: return column_blocks<I, Decays::none, PREFETCH>(p, col_begin, col_end);
+    case Decays::gamma: return column_blocks<I, Decays::gamma, PREFETCH>(p, col_begin, col_end);
+    case Decays::scalar: return column_blocks<I, Decays::scalar, PREFETCH>(p, col_begin, col_end);
+    case Decays::rows: return column_blocks<I, Decays::rows, PREFETCH>(p, col_begin, col_end);
+    case Decays::columns: return column_blocks<I, Decays::columns, PREFETCH>(p, col_begin, col_end);
   }
 }
 
 template <class I>
 void run_vectorised(const ScanPass& p, int col_begin, int col_end) {
-  if (p.prefetch_next_rows) column_blocks<I, true>(p, col_begin, col_end);
-  else column_blocks<I, false>(p, col_begin, col_end);
+  if (p.prefetch_next_rows) run_decays<I, true>(p, col_begin, col_end);
+  else run_decays<I, false>(p, col_begin, col_end);
 }
 
 // The portable form: one token at a time, the column loop left to the compiler's vectoriser.
 void run_generic(const ScanPass& p, int col_begin, int col_end) {
   const int D = p.D;
+  const Decays decays = decays_of(p);
   for (int step = 0; step < p.T; ++step) {
     const Group<1> g = group_at<1>(p, step);
-    const float gamma = (step == 0 && !p.decay_first) ? 1.0f : p.gamma;
+    const bool decay = step > 0 || p.decay_first;
+    const float* a = g.a[0];  // the gate, or null
     float* __restrict y = g.y[0];
     for (int j = col_begin; j < col_end; ++j) y[j] = 0.0f;
     for (int i = 0; i < D; ++i) {
       float* __restrict row = p.S + std::size_t(i) * p.ld - p.s_col0;
       const float b = p.upd_scale * g.b[0][i], r = g.r[0][i];
       const float* __restrict c = g.c[0];
+      float gamma = decay ? p.gamma : 1.0f;
+      if (decay && decays == Decays::scalar) gamma = a[0];
+      if (decay && decays == Decays::rows) gamma = a[i];
+      if (decay && decays == Decays::columns) {
+#pragma omp simd
+        for (int j = col_begin; j < col_end; ++j) row[j] *= a[j];
+        gamma = 1.0f;
+      }
 #pragma omp simd
       for (int j = col_begin; j < col_end; ++j) {
         row[j] = gamma * row[j] + b * c[j];

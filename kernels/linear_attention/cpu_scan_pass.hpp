@@ -2,18 +2,23 @@
 // the three passes of the backward):
 //
 //   for t in order (forward or reverse):
-//     S   <- gamma S + upd_scale * b_t c_t^T        (b_t = upd_row[t], c_t = upd_col[t])
+//     S   <- A_t S + upd_scale * b_t c_t^T          (b_t = upd_row[t], c_t = upd_col[t])
 //     y_t  = out_scale * S^T r_t                     (r_t = read_row[t], y_t written to out[t])
 //
-// The first step of a pass decays the entering state only when `decay_first` is set (the forward
-// recurrence does, the reverse one starts from dhT undecayed). Columns of S are independent, so a
-// pass is run on a column range: threads can split one head's columns.
+// A_t is gamma, or a gate: a scalar per token, or a vector per token that scales S's rows or its
+// columns (vector gates act on the key channels, which are the rows of S and G and the columns of
+// their transposes). The first step of a pass decays the entering state only when `decay_first`
+// is set (the forward recurrence does, the reverse one starts from dhT undecayed). Columns of S are
+// independent, so a pass is run on a column range: threads can split one head's columns.
 #pragma once
 
 #include "kernels/cpu/vec.hpp"
 
 namespace lattn::cpu {
 
+
+// How the gate of a gated pass scales the state: one factor per token, per row, or per column.
+enum class GateScale { scalar, rows, columns };
 
 struct ScanPass {
   int T = 0, D = 0;           // tokens, state dimension; token tensors are [T][D], S is [D][D]
@@ -27,6 +32,12 @@ struct ScanPass {
   int ld = 0;
   int s_col0 = 0;
   float gamma = 1.0f, upd_scale = 1.0f, out_scale = 1.0f;
+  // Gated passes: A_t's factors, exp(g) already taken, for step t (in token order, 0 .. T-1) at
+  // gate + (t + gate_shift) * gate_stride (gate_stride 1 for scalar gates, D for vector gates); the
+  // reverse recurrences decay by the gate of the token after (gate_shift 1). gamma is then unused.
+  const float* gate = nullptr;
+  GateScale gate_scale = GateScale::scalar;
+  int gate_stride = 1, gate_shift = 0;
   bool decay_first = true;
   bool reverse = false;
   // Whether the row operands come from memory (the first column block a thread walks over these

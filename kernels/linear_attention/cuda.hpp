@@ -24,6 +24,8 @@
 
 namespace lattn::cuda {
 
+// g: the log-gates of a gated decay, float32 whatever the dtype ([B][H][T] or [B][H][T][D]); null
+// otherwise. dg: their gradient.
 struct DeviceForward {
   const void* q;
   const void* k;
@@ -31,6 +33,7 @@ struct DeviceForward {
   const float* h0;
   float* o;
   float* hT;
+  const float* g = nullptr;
 };
 
 struct DeviceBackward {
@@ -44,6 +47,8 @@ struct DeviceBackward {
   float* dk;
   float* dv;
   float* dh0;
+  const float* g = nullptr;
+  float* dg = nullptr;
 };
 
 // The scan kernels handle dim <= kScanMaxDim (the state slice lives in registers).
@@ -84,6 +89,7 @@ struct ChunkedTiles {
 ChunkedTiles chunked_tiles(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 // Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
 std::optional<std::string> scan_unsupported(const Problem& problem);
+// The chunked kernels do not run gated decays (scalar, vector): this says so for those.
 std::optional<std::string> chunked_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 
 // The chunked form's kernels as a case launches them on the current device: threads and dynamic

@@ -4,6 +4,8 @@
 #include "kernels/linear_attention/op.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 #include "core/error.hpp"
 #include "core/random.hpp"
@@ -21,22 +23,72 @@ std::vector<std::size_t> tokens(const Case& c) {
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(c.dim)};
 }
+// The log-gates g (and dg): [B][H][T] for scalar gates, [B][H][T][D] for vector gates.
+std::vector<std::size_t> gates(const Case& c) {
+  std::vector<std::size_t> shape = {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
+  if (c.decay == "vector") shape.push_back(std::size_t(c.dim));
+  return shape;
+}
+bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
+
+// gate_norm's default (GLA's normaliser) and its largest value: past it the gates are 1 to float32.
+constexpr double kDefaultGateNorm = 16, kMaxGateNorm = 1e6;
+
+double gate_norm(const Case& c) {
+  const std::string text = c.option("gate_norm");
+  return text.empty() ? kDefaultGateNorm : std::stod(text);
+}
 
 // The forward is 4 D^2 flops per token and head (the state update and the readout, 2 D^2 each);
 // the backward's three recurrences (S for dq, G for dk and dv) add 10 D^2.
+// Gated (docs/performance.md): every pass also scales its state by the gate, D^2 per token, and
+// takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
+// the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
+// tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
 double scan_flops(const Case& c) {
-  const double D = c.dim;
-  return double(c.batch) * c.heads * c.seq * (c.mode == Mode::fwd ? 4.0 : 14.0) * D * D;
+  const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
+  if (!is_gated(c)) return tokens * (c.mode == Mode::fwd ? 4.0 : 14.0) * D * D;
+  const double W = c.decay == "vector" ? D : 1.0;
+  const double forward = 5.0 * D * D + W;
+  return tokens * (c.mode == Mode::fwd ? forward : forward + 15.0 * D * D + 2.0 * W + 4.0 * D);
 }
 
 // Per token and head: 4 D^2 for the inter-chunk products (Q S and the state update K^T V) and
 // 2 C D for the causal half of the intra-chunk products (Q K^T and P V over C rows); the
 // backward's products are twice the forward's.
+// Gated, what cpu_chunked_gated.cpp does (docs/performance.md has the derivation):
+//   scalar: the same products with the causal mask exp(b_i - b_j) made per chunk (C/2 exps and
+//     C/2 multiplies per token), the state scaled once per chunk (D^2 / C), 4 per token for the
+//     cumulative gates and the row weights; backward 8 D^2 + 5 C D (the scores recomputed) + C
+//     (the mask) + 2 D^2 / C (the state gradient's scaling and dg's rowsum(dS . S)) + 4 D (dg) + 4.
+//   vector: sub-chunks of c = kGateSubChunk rows; the scores between sub-chunks as products
+//     (C D (nb - 1) / nb), within a sub-chunk by hand (3 D per pair: 1.5 (c + 1) D per token),
+//     12 D of gate arithmetic per token (cumulative gates, exps, scaled operands), the state's
+//     rows scaled per chunk; backward: the scores again, dA, dQ and dK each with a block part
+//     (C D (nb - 1) / nb + the scaled copies they read, C D (nb - 1) / (2 c nb)) and a
+//     sub-chunk part by hand, P V^T, the state products (8 D^2), 30 D of elementwise gate work.
 double chunked_flops(const Case& c) {
   const double D = c.dim, C = std::min(c.chunk, c.seq);
-  const double forward = double(c.batch) * c.heads * c.seq * (4.0 * D * D + 2.0 * C * D);
+  const double tokens = double(c.batch) * c.heads * c.seq;
+  if (c.decay == "scalar") {
+    const double forward = 4.0 * D * D + 2.0 * C * D + C + D * D / C + 4.0;
+    const double backward = 8.0 * D * D + 5.0 * C * D + C + 2.0 * D * D / C + 4.0 * D + 4.0;
+    return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+  }
+  if (c.decay == "vector") {
+    const double sub = std::min<double>(kGateSubChunk, C), nb = std::ceil(C / sub), off = (nb - 1) / nb;
+    const double diagonal = 1.5 * (sub + 1) * D;
+    const double forward = 4.0 * D * D + D * D / C + C * D * off + C * D * off / (2 * sub) + C * D + diagonal + 12.0 * D;
+    const double backward = 8.0 * D * D + 3.0 * D * D / C + C * D * off * (3 + 3 / (2 * sub)) + 3.0 * C * D +
+                            3.0 * diagonal + 30.0 * D;
+    return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+  }
+  const double forward = tokens * (4.0 * D * D + 2.0 * C * D);
   return c.mode == Mode::fwd ? forward : 3.0 * forward;
 }
+
+// logsigmoid(z) = -log(1 + exp(-z)), without overflow for either sign.
+double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
 
 // Stream numbers of SPEC section 3 (core/random.hpp): fixed for good.
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
@@ -49,6 +101,13 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   } made[] = {{"q", Role::input, true, 1},      {"k", Role::input, true, 2},        {"v", Role::input, true, 3},
               {"h0", Role::input, false, 4},    {"dO", Role::cotangent, true, 5},   {"dhT", Role::cotangent, false, 6}};
   for (const auto& m : made) fill_normal(set.add(m.name, m.role, m.token ? tokens(c) : states(c)).data, seed, m.stream);
+  if (is_gated(c)) {
+    // g = logsigmoid(z) / gate_norm, z ~ N(0, 1) (SPEC section 3): log-gates <= 0.
+    auto& g = set.add("g", Role::input, gates(c)).data;
+    fill_normal(g, seed, 7);
+    const double norm = gate_norm(c);
+    for (float& x : g) x = float(log_sigmoid(double(x)) / norm);
+  }
   return set;
 }
 
@@ -60,13 +119,20 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   auto& hT = ref.values["hT"];
   o.assign(p.token_elems(), 0.0);
   hT.assign(p.state_elems(), 0.0);
-  reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data()});
+  const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
+  reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g.empty() ? nullptr : g.data()});
   if (backward) {
     const auto dO = widened(in, "dO"), dhT = widened(in, "dhT");
-    for (const char* g : {"dq", "dk", "dv"}) ref.values[g].assign(p.token_elems(), 0.0);
+    for (const char* name : {"dq", "dk", "dv"}) ref.values[name].assign(p.token_elems(), 0.0);
     ref.values["dh0"].assign(p.state_elems(), 0.0);
+    double* dg = nullptr;
+    if (!g.empty()) {
+      ref.values["dg"].assign(p.gate_elems(), 0.0);
+      dg = ref.values["dg"].data();
+    }
     reference::backward(p, {q.data(), k.data(), v.data(), h0.data(), dO.data(), dhT.data(), ref.values["dq"].data(),
-                            ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data()});
+                            ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data(),
+                            g.empty() ? nullptr : g.data(), dg});
     ref.has_backward = true;
   }
   return ref;
@@ -79,9 +145,25 @@ double tolerance(const std::string& dtype) {
   throw UsageError("dtype", "no tolerance known for '" + dtype + "'");
 }
 
+// gate_norm (SPEC section 3): a real in (0, 1e6], only for the gated decays, so that the plan does
+// not vary it and records leave it out for the others.
+Axis gate_norm_axis() {
+  Axis a{"gate_norm", Param::option, {"16"}, "gate strengths of the gated decays: g = logsigmoid(z) / gate_norm"};
+  a.kind = Kind::real;
+  a.real_lo = 0;
+  a.real_hi = kMaxGateNorm;
+  a.applies = is_gated;
+  return a;
+}
+
 }  // namespace
 
 const std::vector<std::string>& decay_names() {
+  static const std::vector<std::string> names = {"none", "retnet", "scalar", "vector"};
+  return names;
+}
+
+const std::vector<std::string>& ungated_decay_names() {
   static const std::vector<std::string> names = {"none", "retnet"};
   return names;
 }
@@ -109,7 +191,8 @@ const Op& linear_attention_op() {
         {"batch", Param::batch, {"2"}, "batch sizes", 1, kMaxBatch},
         {"heads", Param::heads, {"4"}, "head counts", 1, kMaxHeads},
         {"chunk", Param::chunk, {"128"}, "chunk sizes of the chunked form", 1, kMaxChunk},
-        {"decay", Param::decay, {"none"}, "decay modes (none, retnet)", 1, 0, decay_names()},
+        {"decay", Param::decay, {"none"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
+        gate_norm_axis(),
         {"dim", Param::dim, {"32", "64", "128"}, "head dims of the kernel suite", 1, kMaxDim},
         {"seq", Param::seq, {"512", "2048", "8192"}, "sequence lengths", 1, kMaxSeq},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},
@@ -123,6 +206,7 @@ const Op& linear_attention_op() {
         {"o", Role::output, tokens, false},     {"hT", Role::output, states, false},
         {"dq", Role::gradient, tokens, false},  {"dk", Role::gradient, tokens, false},
         {"dv", Role::gradient, tokens, false},  {"dh0", Role::gradient, states, false},
+        {"g", Role::input, gates, false, is_gated},  {"dg", Role::gradient, gates, false, is_gated},
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;

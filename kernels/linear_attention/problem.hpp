@@ -3,6 +3,8 @@
 // Layouts (row-major, contiguous):
 //   q, k, v, o, dO, dq, dk, dv : [batch][heads][seq][dim]   (row t is token t)
 //   h0, hT, dhT, dh0           : [batch][heads][dim][dim]   (rows: key dim, columns: value dim)
+//   g, dg (decay scalar)       : [batch][heads][seq]        (log-gates, one per token)
+//   g, dg (decay vector)       : [batch][heads][seq][dim]   (log-gates per token and key channel)
 // The mathematics is in docs/kernels.md (SPEC section 1). The op's table row (tensors, inputs,
 // flop model) is op.cpp beside this file.
 #pragma once
@@ -15,12 +17,18 @@
 
 namespace lattn {
 
-// How the state decays between tokens (SPEC section 1): `none` (gamma 1) or `retnet` (gamma_h =
-// 1 - 2^(-5-h) for head h).
-enum class Decay { none, retnet };
+// How the state decays between tokens (SPEC sections 1 and 1b): `none` (gamma 1), `retnet`
+// (gamma_h = 1 - 2^(-5-h) for head h), or data-dependent gates, an input g of log-gates <= 0:
+// `scalar` (A_t = exp(g_t) scales the whole state: Mamba2, simple GLA) or `vector` (A_t =
+// diag(exp(g_t)) scales the state's rows, the key channels: GLA, RWKV-6).
+enum class Decay { none, retnet, scalar, vector };
+
+inline bool gated(Decay decay) { return decay == Decay::scalar || decay == Decay::vector; }
 
 // The decays' names, in enum order: what configs and records write.
 const std::vector<std::string>& decay_names();
+// Those without gate inputs (none, retnet): the layer's linear branch offers only these.
+const std::vector<std::string>& ungated_decay_names();
 std::string to_string(Decay decay);
 // Throws RuntimeFailure for a name decay_names() does not hold.
 Decay decay_from(const std::string& name);
@@ -39,16 +47,27 @@ struct Problem {
   std::size_t head_token_elems() const { return std::size_t(seq) * dim; }
   std::size_t head_state_elems() const { return std::size_t(dim) * dim; }
   int chunks() const { return (seq + chunk - 1) / chunk; }
+  // Log-gates per token: dim for vector gates, one for scalar gates, none otherwise.
+  int gate_width() const { return decay == Decay::vector ? dim : decay == Decay::scalar ? 1 : 0; }
+  std::size_t gate_elems() const { return heads_total() * seq * std::size_t(gate_width()); }
+  std::size_t head_gate_elems() const { return std::size_t(seq) * gate_width(); }
 };
 
-// gamma_h of SPEC section 1: 1 for `none`, 1 - 2^(-5-h) for `retnet`.
+// gamma_h of SPEC section 1: 1 - 2^(-5-h) for `retnet`, 1 for the others (gated decays take their
+// decay from g instead).
 inline double decay_gamma(Decay decay, int head) {
-  return decay == Decay::none ? 1.0 : 1.0 - std::ldexp(1.0, -5 - head);
+  return decay == Decay::retnet ? 1.0 - std::ldexp(1.0, -5 - head) : 1.0;
 }
+
+// The chunked form with vector gates works in sub-chunks of this many rows (cpu_chunked_gated.cpp):
+// the scores between two sub-chunks are products of operands scaled relative to a point between
+// them, those within one are summed by hand.
+constexpr int kGateSubChunk = 32;
 
 inline double attention_scale(int dim) { return 1.0 / std::sqrt(double(dim)); }
 
-// Pointers of one forward call. Outputs are fully overwritten.
+// Pointers of one forward call. Outputs are fully overwritten. g: the log-gates of a gated decay
+// (null otherwise).
 template <class T>
 struct ForwardArgs {
   const T* q;
@@ -57,9 +76,11 @@ struct ForwardArgs {
   const T* h0;
   T* o;
   T* hT;
+  const T* g = nullptr;
 };
 
-// Pointers of one backward call: the forward's inputs, the cotangents, and the gradients (overwritten).
+// Pointers of one backward call: the forward's inputs, the cotangents, and the gradients
+// (overwritten). g and dg only for a gated decay.
 template <class T>
 struct BackwardArgs {
   const T* q;
@@ -72,6 +93,8 @@ struct BackwardArgs {
   T* dk;
   T* dv;
   T* dh0;
+  const T* g = nullptr;
+  T* dg = nullptr;
 };
 
 }  // namespace lattn

@@ -1,4 +1,5 @@
-// Float64 ground truth for rel_err: the scan form of SPEC section 1, forward and backward.
+// Float64 ground truth for rel_err: the scan form of SPEC sections 1 and 1b (every decay, gated
+// ones included), forward and backward.
 #pragma once
 
 #include "kernels/linear_attention/problem.hpp"
@@ -8,8 +9,9 @@ namespace lattn::reference {
 // Writes o and hT. Threads over batch x heads.
 void forward(const Problem& problem, const ForwardArgs<double>& args);
 
-// Writes dq, dk, dv, dh0 of L = <O, dO> + <hT, dhT>. Memory O(D^2) per head: the state is
-// recomputed by a forward recurrence for dq, then G runs in reverse for dk and dv.
+// Writes dq, dk, dv, dh0 (and dg for gated decays) of L = <O, dO> + <hT, dhT>. Memory
+// O(sqrt(T) D^2) per thread: states are checkpointed every sqrt(T) tokens and recomputed a segment
+// at a time while G runs in reverse (reference.cpp).
 void backward(const Problem& problem, const BackwardArgs<double>& args);
 
 }  // namespace lattn::reference

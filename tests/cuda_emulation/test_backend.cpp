@@ -58,10 +58,13 @@ void run_table_row(const std::string& op) {
             << " launch as under H100's and did not run again");
   else
     CHECK(run.checked_by_op.count(op) == 1);
+  // What the CUDA backend declines, and nothing else: the layer's bf16 cases, and the gated
+  // decays in the chunked kernels (the scan runs them).
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
-    CHECK(reason.find("layer") == 0);
-    CHECK(reason.find("float32 only") != std::string::npos);
+    const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
+    const bool chunked_gated = reason.find("linear_attention chunked") == 0 && reason.find("gated decays") != std::string::npos;
+    CHECK((layer_bf16 || chunked_gated));
   }
 }
 

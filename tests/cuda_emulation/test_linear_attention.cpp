@@ -29,25 +29,33 @@ namespace {
 
 enum class Kernel { scan, chunked };
 
-std::string describe(const Problem& p, Kernel form, cuda::Dtype dtype) {
+std::string describe(const Problem& p, Kernel form, cuda::Dtype dtype, const std::string& gate_norm = "16") {
   return std::string(form == Kernel::scan ? "scan" : "chunked") + (dtype == cuda::Dtype::f32 ? " float32" : " bf16") +
          " B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " T" + std::to_string(p.seq) + " D" +
-         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + (p.decay == Decay::retnet ? " retnet" : " none");
+         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + " " + to_string(p.decay) +
+         (gated(p.decay) ? " gate_norm " + gate_norm : "");
 }
 
 // One fwd_bwd in the emulation, every output held to the reference; returns the check.
-CheckResult run_case(const Problem& p, Kernel form, cuda::Dtype dtype, std::uint64_t seed = 7) {
-  const Case kase = test::kernel_case(p, form == Kernel::scan ? "scan" : "chunked", Mode::fwd_bwd, "cuda",
-                                     dtype == cuda::Dtype::f32 ? "float32" : "bf16");
+CheckResult run_case(const Problem& p, Kernel form, cuda::Dtype dtype, std::uint64_t seed = 7,
+                     const std::string& gate_norm = "16") {
+  Case kase = test::kernel_case(p, form == Kernel::scan ? "scan" : "chunked", Mode::fwd_bwd, "cuda",
+                                dtype == cuda::Dtype::f32 ? "float32" : "bf16");
+  if (gated(p.decay)) kase.options["gate_norm"] = gate_norm;
   const TensorSet in = make_case_inputs(kase, seed);  // bf16 cases: the token tensors rounded
   const DeviceBuffer q = upload_tokens(in.at("q").data, dtype), k = upload_tokens(in.at("k").data, dtype),
                      v = upload_tokens(in.at("v").data, dtype), dO = upload_tokens(in.at("dO").data, dtype),
                      h0 = upload(in.at("h0").data), dhT = upload(in.at("dhT").data);
   const DeviceBuffer o = output(p.token_elems()), hT = output(p.state_elems()), dq = output(p.token_elems()),
                      dk = output(p.token_elems()), dv = output(p.token_elems()), dh0 = output(p.state_elems());
+  // The gates (float32 whatever the dtype) and their gradient, for gated decays.
+  const bool gates = gated(p.decay);
+  const DeviceBuffer g = upload(gates ? in.at("g").data : std::vector<float>{0.0f});
+  const DeviceBuffer dg = output(gates ? p.gate_elems() : 1);
   CountingDeviceAllocator allocator;
-  const cuda::DeviceForward fwd{q.get(), k.get(), v.get(), h0.f(), o.f(), hT.f()};
-  const cuda::DeviceBackward bwd{q.get(), k.get(), v.get(), h0.f(), dO.get(), dhT.f(), dq.f(), dk.f(), dv.f(), dh0.f()};
+  const cuda::DeviceForward fwd{q.get(), k.get(), v.get(), h0.f(), o.f(), hT.f(), gates ? g.f() : nullptr};
+  const cuda::DeviceBackward bwd{q.get(), k.get(), v.get(), h0.f(), dO.get(), dhT.f(), dq.f(), dk.f(), dv.f(), dh0.f(),
+                                 gates ? g.f() : nullptr, gates ? dg.f() : nullptr};
   if (form == Kernel::scan) {
     cuda::scan_forward(p, dtype, fwd, allocator, nullptr);
     cuda::scan_backward(p, dtype, bwd, allocator, nullptr);
@@ -63,6 +71,7 @@ CheckResult run_case(const Problem& p, Kernel form, cuda::Dtype dtype, std::uint
   TensorSet out = make_case_outputs(kase);
   for (const auto& [name, buffer] : {std::pair{"o", &o}, {"hT", &hT}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dh0", &dh0}})
     out.at(name).data = buffer->floats();
+  if (gates) out.at("dg").data = dg.floats();
   return check_outputs(kase, out, kase.op->reference(kase, in, true));
 }
 
@@ -103,6 +112,25 @@ TEST_CASE("emulation: scan and chunked match the float64 reference", "[emulation
   for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
     for (const Problem& p : shapes)
       for (Kernel form : {Kernel::scan, Kernel::chunked}) expect_pass(p, form, dtype);
+}
+
+TEST_CASE("emulation: the gated scan matches the float64 reference", "[emulation][linear][gated]") {
+  // Scalar and vector gates at gate_norm 16 and 1 (strong): D = 1; D = 20 and 33 (idle lanes, a
+  // ragged last row group); D = 72 (a third, narrower column slice); T past several token stages
+  // and not a multiple of them; two heads, one batch of two. dg included.
+  const std::vector<Problem> shapes = {{1, 1, 9, 1, 4, Decay::scalar},   {1, 2, 37, 20, 16, Decay::vector},
+                                       {2, 1, 45, 33, 32, Decay::scalar}, {1, 1, 50, 72, 48, Decay::vector},
+                                       {1, 2, 7, 16, 1, Decay::vector},   {1, 1, 70, 32, 64, Decay::scalar}};
+  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+    for (const Problem& p : shapes)
+      for (const std::string gate_norm : {"16", "1"}) {
+        INFO(describe(p, Kernel::scan, dtype, gate_norm));
+        const CheckResult r = run_case(p, Kernel::scan, dtype, 7, gate_norm);
+        INFO(errors(r));
+        CHECK(r.per_output.count("dg") == 1);
+        CHECK(r.non_finite.empty());
+        CHECK(r.passed);
+      }
 }
 
 TEST_CASE("emulation: the chunked launch code's every tile choice, under this run's device limit",

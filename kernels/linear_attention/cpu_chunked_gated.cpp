@@ -1,0 +1,536 @@
+// The chunked form with gated decays (SPEC section 1b), float32, forward and backward, on the
+// tile products of tile_gemm.hpp (AVX-512 micro-tiles, or their portable form). Over 500 lines:
+// the forward and backward share the gates' operands, the sub-chunk layout and the buffers, and
+// read best side by side.
+//
+// Per chunk of n rows, b_i = g_0 + ... + g_i (cumulative log-gates from the chunk's start, summed
+// in double, per key channel for vector gates) and the state S entering it:
+//   o_i    = s ( (q_i . exp(b_i))^T S + sum_{j <= i} A_ij v_j ),  A_ij = sum_d q_id k_jd exp(b_id - b_jd)
+//   S_next = diag(exp(b_{n-1})) S + sum_j (k_j . exp(b_{n-1} - b_j)) v_j^T
+// Every factor is exp of a difference that is <= 0, formed in double before the float exp: the
+// naive factorisation exp(b_i) exp(-b_j) overflows float32 once a chunk's gates sum past -88
+// (gate_norm 1 reaches -50 to -100 over 128 tokens), and differences of two float cumulative sums
+// of that size lose digits. For the scores:
+//   scalar gates: A = (Q K^T) . M with M_ij = exp(b_i - b_j), a mask the tile products apply.
+//   vector gates: exp(b_id - b_jd) is not a mask, so the rows go in sub-chunks of c = 32 (GLA's
+//     secondary chunking). Between sub-chunks I > J, with r_I = b at the row before I and e_J = b
+//     at J's last row (r_I <= e_J), exp(b_i - b_j) = exp(b_i - r_I) exp(r_I - e_J) exp(e_J - b_j),
+//     three factors <= 1: Qh = Q . exp(b - r), Kb = K . exp(e - b), and f_IJ = exp(r_I - e_J) on
+//     the packed Kb^T's rows; one product per row block. Within a sub-chunk, A_ij is summed by hand
+//     with w = exp(b_i - b_j) = prod exp(g) kept as a running product (no exp per pair).
+// Backward, dS = the gradient of the state leaving the chunk (dhT for the last), walking chunks in
+// reverse (vector gates; scalar gates are the same with the mask, the factors per row, and the
+// products fused as in cpu_chunked_tiled.cpp):
+//   dA   = s (dO V^T) on and below the diagonal
+//   dV   = s A^T dO + (K . exp(b_{n-1} - b)) dS
+//   dQ_i = exp(b_i) . s (S dO_i) + exp(b_i - r_I) . sum_{J < I} dA_iJ (Kb_J . f_IJ) + the sub-chunk's own
+//   dK_j = exp(b_{n-1} - b_j) . (dS v_j) + exp(e_J - b_j) . sum_{I > J} dA_Ij^T (Qh_I . f_IJ) + its own
+//   dS  <- diag(exp(b_{n-1})) dS + s (Q . exp(b))^T dO
+//   dg_i = rowsum(dS_c . S_c) - sum_{tau < i} (q_tau . dq_tau - k_tau . dk_tau)   (dS_c, S_c: entering)
+// The last line is the chunk's share of L's dependence on its gates: shifting every b of the chunk
+// by delta scales S_c by exp(delta), and q, k enter only as q . exp(b), k . exp(-b) (docs/kernels.md).
+// Threads take whole heads; the states entering the chunks are kept by the forward (S^T panels,
+// as the tiled path keeps them) or recomputed per head by the backward.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/exp.hpp"
+#include "kernels/cpu/tile_gemm.hpp"
+#include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_chunked_tiled.hpp"
+
+namespace lattn::cpu {
+namespace {
+
+using tile::kNR;
+using tile::panel_cols;
+using tile::Product;
+using tile::Range;
+using tile::Segment;
+using tile::seg;
+
+int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
+std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * panel_cols(p.dim); }
+int score_ld(int C) { return C + 16; }  // as cpu_chunked_tiled.cpp: transposes read down columns
+
+// One thread's buffers, carved from its block; with base null, carve only counts (the closed form).
+struct Buffers {
+  double* b;        // cumulative gates, n x W
+  float *a, *EQ, *EK;  // exp(g), exp(b - r), exp(e - b): n x W
+  float *Qh, *Kb, *QL, *KG, *tmp, *rows;  // n x D
+  float *mask, *ones, *A, *dA;            // C x score_ld
+  float *Bp, *Vtp;                        // D x P(C) panels
+  float *Vp, *dOp, *Xp;                   // C x P(D) panels
+  float *Sp, *STp, *dSp, *dSTp, *states;  // packed D x P(D); states: chunks of them, when recomputed
+  float *f, *decay, *tmp_row;             // D
+  double* sums;                           // D (dg)
+  std::size_t used = 0;
+};
+
+Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
+  const std::size_t C = effective_chunk(p), D = p.dim, W = p.gate_width(), L = score_ld(int(C));
+  const std::size_t PD = panel_cols(p.dim), PC = panel_cols(int(C));
+  Buffers b;
+  auto take = [&](std::size_t n) {
+    float* out = base ? base + b.used : nullptr;
+    b.used += n;
+    return out;
+  };
+  auto take_doubles = [&](std::size_t n) { return reinterpret_cast<double*>(take(2 * n)); };
+  b.b = take_doubles(C * W);
+  b.sums = take_doubles(D);
+  for (float** x : {&b.a, &b.EQ, &b.EK}) *x = take(C * W);
+  for (float** x : {&b.Qh, &b.Kb, &b.QL, &b.KG}) *x = take(C * D);
+  for (float** x : {&b.mask, &b.A}) *x = take(C * L);
+  b.Bp = take(D * PC);
+  b.Vp = take(C * PD);
+  b.Sp = take(D * PD);
+  b.f = take(D);
+  b.decay = take(D);
+  b.tmp_row = take(D);
+  if (backward) {
+    for (float** x : {&b.tmp, &b.rows}) *x = take(C * D);
+    for (float** x : {&b.ones, &b.dA}) *x = take(C * L);
+    b.Vtp = take(D * PC);
+    for (float** x : {&b.dOp, &b.Xp}) *x = take(C * PD);
+    for (float** x : {&b.dSp, &b.dSTp}) *x = take(D * PD);
+    b.states = take(own_states ? std::size_t(p.chunks()) * state_floats(p) : 0);
+  }
+  b.used = (b.used + 15) / 16 * 16;  // each thread's block on a cache line (and its doubles aligned)
+  return b;
+}
+
+// An M x N row-major product into c (ld ldc).
+Product rows_product(float* c, long ldc, int M, int N, Segment s1, float alpha = 1.0f) {
+  Product u;
+  u.M = M;
+  u.N = N;
+  u.c = c;
+  u.ldc = ldc;
+  u.s1 = s1;
+  u.alpha = alpha;
+  return u;
+}
+
+// Y = beta Y + alpha X^T Z for a packed D x D state Y, X (n x D rows), Z packed n x D panels.
+void state_product(float* Yp, int D, int n, const float* X, const float* Zp, float alpha, float beta) {
+  Product u = rows_product(Yp, kNR, D, D, seg(Range::full, n, X, 1, D, Zp), alpha);
+  u.cps = long(D) * kNR;
+  u.beta = beta;
+  tile::run(u);
+}
+
+// Row d of a packed D x D state times w[d].
+void scale_state_rows(float* Yp, int D, const float* w) {
+  for (int panel = 0; panel < panel_cols(D) / kNR; ++panel)
+    for (int d = 0; d < D; ++d) {
+      float* row = Yp + (std::size_t(panel) * D + d) * kNR;
+#pragma omp simd
+      for (int j = 0; j < kNR; ++j) row[j] *= w[d];
+    }
+}
+
+// sum over columns of X . Y for packed X and Y^T panels, per row (into sums): rowsum(X . Y).
+void rowsum_product(const float* Xp, const float* YTp, int D, double* sums) {
+  for (int d = 0; d < D; ++d) {
+    double sum = 0;
+    for (int e = 0; e < D; ++e)
+      sum += double(Xp[(std::size_t(e / kNR) * D + d) * kNR + e % kNR]) * YTp[(std::size_t(d / kNR) * D + e) * kNR + d % kNR];
+    sums[d] = sum;
+  }
+}
+
+// The loops below keep to forms GCC vectorises: one statement kind per loop, contiguous floats.
+// x[d] = exp(x[d]) for x <= 0.
+void exp_in_place(float* __restrict x, int n) {
+#pragma omp simd
+  for (int d = 0; d < n; ++d) x[d] = exp_nonpositive(x[d]);
+}
+
+// out[d] = exp(a[d] - b[d]) (b null: exp(a[d])), the difference taken in double.
+void exp_of_difference(float* __restrict out, const double* a, const double* b, int n) {
+  if (b) {
+#pragma omp simd
+    for (int d = 0; d < n; ++d) out[d] = float(a[d] - b[d]);
+  } else {
+#pragma omp simd
+    for (int d = 0; d < n; ++d) out[d] = float(a[d]);
+  }
+  exp_in_place(out, n);
+}
+
+float dot(const float* __restrict x, const float* __restrict y, int n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int d = 0; d < n; ++d) sum += x[d] * y[d];
+  return sum;
+}
+
+void multiply(float* __restrict x, const float* __restrict y, int n) {
+#pragma omp simd
+  for (int d = 0; d < n; ++d) x[d] *= y[d];
+}
+
+struct Chunk {
+  int n;          // rows
+  std::size_t r;  // offset of its first row in a head's token tensor
+  std::size_t rg;  // and in the head's gates
+};
+
+Chunk chunk_at(const Problem& p, int c) {
+  const int C = effective_chunk(p), c0 = c * C;
+  return {std::min(C, p.seq - c0), std::size_t(c0) * p.dim, std::size_t(c0) * p.gate_width()};
+}
+
+// The sub-chunks of vector gates: block I is rows [I * c, min(n, (I + 1) * c)).
+int blocks_of(int n) { return (n + kGateSubChunk - 1) / kGateSubChunk; }
+
+// The gates' operands of one chunk: b, exp(g), and for vector gates Qh, Kb, QL = Q . exp(b) and
+// KG = K . exp(b_{n-1} - b); for scalar gates the mask exp(b_i - b_j), lam =
+// exp(b_i) (in EQ) and gam = exp(b_{n-1} - b_j) (in EK). decay: exp(b_{n-1}) per key channel.
+void gate_operands(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* g) {
+  const int D = p.dim, W = p.gate_width(), C = effective_chunk(p), L = score_ld(C);
+  for (int w = 0; w < W; ++w) B.b[w] = g[w];
+  for (int i = 1; i < n; ++i) {
+    double* bi = B.b + std::size_t(i) * W;
+    const float* gi = g + std::size_t(i) * W;
+#pragma omp simd
+    for (int w = 0; w < W; ++w) bi[w] = bi[w - W] + gi[w];
+  }
+  for (int e = 0; e < n * W; ++e) B.a[e] = g[e];
+  exp_in_place(B.a, n * W);
+  const double* last = B.b + std::size_t(n - 1) * W;
+  exp_of_difference(B.decay, last, nullptr, W);
+  if (p.decay == Decay::scalar) {
+    for (int w = 1; w < D; ++w) B.decay[w] = B.decay[0];
+    for (int i = 0; i < n; ++i) {
+      B.EQ[i] = exp_nonpositive(float(B.b[i]));
+      B.EK[i] = exp_nonpositive(float(last[0] - B.b[i]));
+      float* row = B.mask + std::size_t(i) * L;
+      const double bi = B.b[i];
+#pragma omp simd
+      for (int j = 0; j <= i; ++j) row[j] = float(bi - B.b[j]);
+      exp_in_place(row, i + 1);
+      std::fill(row + i + 1, row + C, 0.0f);
+    }
+    return;
+  }
+  for (int I = 0; I < blocks_of(n); ++I) {
+    const int i0 = I * kGateSubChunk, i1 = std::min(n, i0 + kGateSubChunk);
+    const double* r = i0 > 0 ? B.b + std::size_t(i0 - 1) * D : nullptr;  // b before the block (0)
+    const double* e = B.b + std::size_t(i1 - 1) * D;                     // b at its last row
+    // QL = Qh . exp(r), KG = Kb . exp(b_{n-1} - e): products of factors <= 1.
+    if (r) exp_of_difference(B.f, r, nullptr, D);  // exp(r)
+    else std::fill_n(B.f, D, 1.0f);
+    exp_of_difference(B.tmp_row, last, e, D);
+    for (int i = i0; i < i1; ++i) {
+      const double* bi = B.b + std::size_t(i) * D;
+      const std::size_t o = std::size_t(i) * D;
+      exp_of_difference(B.EQ + o, bi, r, D);
+      exp_of_difference(B.EK + o, e, bi, D);
+      float *__restrict Qh = B.Qh + o, *__restrict Kb = B.Kb + o, *__restrict QL = B.QL + o, *__restrict KG = B.KG + o;
+      const float *__restrict EQ = B.EQ + o, *__restrict EK = B.EK + o, *__restrict f = B.f, *__restrict h = B.tmp_row;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) {
+        Qh[d] = q[o + d] * EQ[d];
+        Kb[d] = k[o + d] * EK[d];
+        QL[d] = Qh[d] * f[d];
+        KG[d] = Kb[d] * h[d];
+      }
+    }
+  }
+}
+
+// f_IJ = exp(r_I - e_J) for vector gates (rows i0 of I, j1 of J's last row + 1).
+void block_factor(const Buffers& B, int D, int i0, int j1) {
+  exp_of_difference(B.f, B.b + std::size_t(i0 - 1) * D, B.b + std::size_t(j1 - 1) * D, D);
+}
+
+// A (ld score_ld) on and below the diagonal: the scores of one chunk, times alpha. Rows above a
+// vector-gate sub-chunk's diagonal within it are zeroed (the A V products read up to the 8-row
+// tile's end); the scalar gates' mask zeroes them.
+void scores(const Buffers& B, const Problem& p, int n, const float* q, const float* k, float alpha) {
+  const int D = p.dim, C = effective_chunk(p), L = score_ld(C);
+  if (p.decay == Decay::scalar) {
+    tile::pack(k, D, true, D, n, nullptr, B.Bp);
+    Product u = rows_product(B.A, L, n, n, seg(Range::full, D, q, D, 1, B.Bp), alpha);
+    u.mask = B.mask;
+    u.ldm = L;
+    u.mask_all = true;
+    u.lower = true;
+    tile::run(u);
+    return;
+  }
+  for (int I = 0; I < blocks_of(n); ++I) {
+    const int i0 = I * kGateSubChunk, i1 = std::min(n, i0 + kGateSubChunk);
+    if (i0 > 0) {
+      for (int J = 0; J < I; ++J) {
+        block_factor(B, D, i0, (J + 1) * kGateSubChunk);
+        tile::pack(B.Kb + std::size_t(J) * kGateSubChunk * D, D, true, D, kGateSubChunk, B.f,
+                   B.Bp + std::size_t(J) * D * kNR);
+      }
+      tile::run(rows_product(B.A + std::size_t(i0) * L, L, i1 - i0, i0,
+                             seg(Range::full, D, B.Qh + std::size_t(i0) * D, D, 1, B.Bp), alpha));
+    }
+    for (int i = i0; i < i1; ++i) {
+      float* row = B.A + std::size_t(i) * L;
+      std::fill(row + i + 1, row + std::min(C, i0 + kGateSubChunk), 0.0f);
+      float* qw = B.f;  // q_i . exp(b_i - b_j), j walking down from i
+      std::copy_n(q + std::size_t(i) * D, D, qw);
+      for (int j = i; j >= i0; --j) {
+        row[j] = alpha * dot(qw, k + std::size_t(j) * D, D);
+        multiply(qw, B.a + std::size_t(j) * D, D);
+      }
+    }
+  }
+}
+
+// O_c from the packed state S entering the chunk; leaves S as the state leaving it.
+void forward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                   const float* g, float* o) {
+  const int D = p.dim, L = score_ld(effective_chunk(p));
+  const bool scalar = p.decay == Decay::scalar;
+  gate_operands(B, p, n, q, k, g);
+  scores(B, p, n, q, k, 1.0f);
+  tile::pack(v, D, false, n, D, nullptr, B.Vp);
+  Product out = rows_product(o, D, n, D, seg(Range::full, D, scalar ? q : B.QL, D, 1, B.Sp),
+                             float(attention_scale(D)));
+  out.rs = scalar ? B.EQ : nullptr;
+  out.s2 = seg(Range::lower, n, B.A, L, 1, B.Vp);
+  tile::run(out);
+  if (scalar) {
+    tile::pack(v, D, false, n, D, B.EK, B.Vp);  // V rows weighted by gam
+    state_product(B.Sp, D, n, k, B.Vp, 1.0f, B.decay[0]);
+  } else {
+    scale_state_rows(B.Sp, D, B.decay);
+    state_product(B.Sp, D, n, B.KG, B.Vp, 1.0f, 1.0f);
+  }
+}
+
+// Rows [x0, x1) of X, each times f_{block of the row, K} (K the other side's block), packed as a
+// B operand (x1 - x0 rows of D): Kb . f_IJ for dQ, Qh . f_IJ for dK.
+void pack_block_scaled(const Buffers& B, const Problem& p, const float* X, int x0, int x1, int other, bool rows_later) {
+  const int D = p.dim;
+  for (int x = x0; x < x1;) {
+    const int blk = x / kGateSubChunk, end = std::min(x1, (blk + 1) * kGateSubChunk);
+    if (rows_later) block_factor(B, D, blk * kGateSubChunk, (other + 1) * kGateSubChunk);
+    else block_factor(B, D, other * kGateSubChunk, (blk + 1) * kGateSubChunk);
+    for (int i = x; i < end; ++i)
+#pragma omp simd
+      for (int d = 0; d < D; ++d) B.rows[std::size_t(i - x0) * D + d] = X[std::size_t(i) * D + d] * B.f[d];
+    x = end;
+  }
+  tile::pack(B.rows, D, false, x1 - x0, D, nullptr, B.Xp);
+}
+
+// dQ, dK, dV of one chunk from S^T entering it (panels STp) and dS leaving it (packed dSp); then
+// dS <- the gradient of the state entering the chunk, and dg from S entering it.
+void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                    const float* g, const float* dO, const float* STp, float* dq, float* dk, float* dv, float* dg) {
+  const int D = p.dim, L = score_ld(effective_chunk(p));
+  const float s = float(attention_scale(D));
+  const bool scalar = p.decay == Decay::scalar;
+  gate_operands(B, p, n, q, k, g);
+  scores(B, p, n, q, k, s);  // P = s A
+  tile::pack(v, D, true, D, n, nullptr, B.Vtp);
+  Product da = rows_product(B.dA, L, n, n, seg(Range::full, D, dO, D, 1, B.Vtp), s);
+  da.mask = scalar ? B.mask : B.ones;
+  da.ldm = L;
+  da.mask_all = scalar;
+  da.lower = true;
+  tile::run(da);
+  tile::transpose_packed(B.dSp, D, B.dSTp);
+  tile::pack(dO, D, false, n, D, nullptr, B.dOp);
+
+  // dV = P^T dO + KG dS (scalar: gam . (K dS)).
+  Product dvp = rows_product(dv, D, n, D, seg(Range::full, D, scalar ? k : B.KG, D, 1, B.dSp));
+  dvp.rs = scalar ? B.EK : nullptr;
+  dvp.s2 = seg(Range::upper, n, B.A, 1, L, B.dOp);
+  tile::run(dvp);
+  if (scalar) {
+    // dQ = s lam . (dO S^T) + dA K,  dK = gam . (V dS^T) + dA^T Q.
+    tile::pack(k, D, false, n, D, nullptr, B.Vp);
+    tile::pack(q, D, false, n, D, nullptr, B.Xp);
+    for (int i = 0; i < n; ++i) B.tmp[i] = s * B.EQ[i];
+    Product dqp = rows_product(dq, D, n, D, seg(Range::full, D, dO, D, 1, STp));
+    dqp.rs = B.tmp;
+    dqp.s2 = seg(Range::lower, n, B.dA, L, 1, B.Vp);
+    tile::run(dqp);
+    Product dkp = rows_product(dk, D, n, D, seg(Range::full, D, v, D, 1, B.dSTp));
+    dkp.rs = B.EK;
+    dkp.s2 = seg(Range::upper, n, B.dA, 1, L, B.Xp);
+    tile::run(dkp);
+  } else {
+    tile::run(rows_product(dq, D, n, D, seg(Range::full, D, dO, D, 1, STp), s));
+    tile::run(rows_product(dk, D, n, D, seg(Range::full, D, v, D, 1, B.dSTp)));
+    const double* last = B.b + std::size_t(n - 1) * D;
+    for (int i = 0; i < n; ++i) {
+      const double* bi = B.b + std::size_t(i) * D;
+      const std::size_t o = std::size_t(i) * D;
+      exp_of_difference(B.tmp_row, bi, nullptr, D);
+      multiply(dq + o, B.tmp_row, D);
+      exp_of_difference(B.tmp_row, last, bi, D);
+      multiply(dk + o, B.tmp_row, D);
+    }
+    for (int I = 0; I < blocks_of(n); ++I) {
+      const int i0 = I * kGateSubChunk, i1 = std::min(n, i0 + kGateSubChunk), m = i1 - i0;
+      if (i0 > 0) {  // dQ_I += EQ . (dA_{I, <I} (Kb . f))
+        pack_block_scaled(B, p, B.Kb, 0, i0, I, false);
+        tile::run(rows_product(B.tmp, D, m, D, seg(Range::full, i0, B.dA + std::size_t(i0) * L, L, 1, B.Xp)));
+        for (int e = 0; e < m * D; ++e) dq[std::size_t(i0) * D + e] += B.EQ[std::size_t(i0) * D + e] * B.tmp[e];
+      }
+      if (i1 < n) {  // dK_I += EK . (dA_{>I, I}^T (Qh . f))
+        pack_block_scaled(B, p, B.Qh, i1, n, I, true);
+        tile::run(rows_product(B.tmp, D, m, D, seg(Range::full, n - i1, B.dA + std::size_t(i1) * L + i0, 1, L, B.Xp)));
+        for (int e = 0; e < m * D; ++e) dk[std::size_t(i0) * D + e] += B.EK[std::size_t(i0) * D + e] * B.tmp[e];
+      }
+      // Within the sub-chunk, w = exp(b_i - b_j) as a running product.
+      for (int i = i0; i < i1; ++i) {
+        float* __restrict w = B.f;
+        std::fill_n(w, D, 1.0f);
+        float* __restrict dqi = dq + std::size_t(i) * D;
+        const float* qi = q + std::size_t(i) * D;
+        const float* dArow = B.dA + std::size_t(i) * L;
+        for (int j = i; j >= i0; --j) {
+          const float* kj = k + std::size_t(j) * D;
+          const float* aj = B.a + std::size_t(j) * D;
+          float* __restrict dkj = dk + std::size_t(j) * D;
+          const float x = dArow[j];
+#pragma omp simd
+          for (int d = 0; d < D; ++d) {
+            dqi[d] += x * kj[d] * w[d];
+            dkj[d] += x * qi[d] * w[d];
+            w[d] *= aj[d];
+          }
+        }
+      }
+    }
+  }
+
+  // dS_c = diag(exp(b_{n-1})) dS + s QL^T dO; then dg = rowsum(dS_c . S_c) - prefix(q dq - k dk).
+  if (scalar) {
+    tile::pack(dO, D, false, n, D, B.EQ, B.dOp);
+    state_product(B.dSp, D, n, q, B.dOp, s, B.decay[0]);
+  } else {
+    scale_state_rows(B.dSp, D, B.decay);
+    state_product(B.dSp, D, n, B.QL, B.dOp, s, 1.0f);
+  }
+  rowsum_product(B.dSp, STp, D, B.sums);
+  if (scalar) {
+    double total = 0;
+    for (int d = 0; d < D; ++d) total += B.sums[d];
+    B.sums[0] = total;
+  }
+  for (int i = 0; i < n; ++i) {
+    const std::size_t o = std::size_t(i) * D;
+    if (scalar) {
+      dg[i] = float(B.sums[0]);
+      double step = 0;
+#pragma omp simd reduction(+ : step)
+      for (int d = 0; d < D; ++d) step += double(q[o + d]) * dq[o + d] - double(k[o + d]) * dk[o + d];
+      B.sums[0] -= step;
+    } else {
+#pragma omp simd
+      for (int d = 0; d < D; ++d) {
+        dg[o + d] = float(B.sums[d]);
+        B.sums[d] -= double(q[o + d]) * dq[o + d] - double(k[o + d]) * dk[o + d];
+      }
+    }
+  }
+}
+
+std::size_t thread_floats(const Problem& p, bool backward, bool own_states) {
+  return carve(p, nullptr, backward, own_states).used;
+}
+
+int gated_threads(const Problem& p) { return head_parallel_threads(p); }
+
+// The 0/1 lower mask of dA for vector gates.
+void fill_ones(const Buffers& B, int C) {
+  for (int i = 0; i < C; ++i)
+    for (int j = 0; j < C; ++j) B.ones[std::size_t(i) * score_ld(C) + j] = j <= i ? 1.0f : 0.0f;
+}
+
+}  // namespace
+
+std::size_t chunked_gated_kept_states_floats(const Problem& p) {
+  return p.heads_total() * std::size_t(p.chunks()) * state_floats(p);
+}
+
+std::size_t chunked_gated_forward_floats(const Problem& p) {
+  return std::size_t(gated_threads(p)) * thread_floats(p, false, false);
+}
+
+std::size_t chunked_gated_backward_floats(const Problem& p, bool kept) {
+  return std::size_t(gated_threads(p)) * thread_floats(p, true, !kept);
+}
+
+void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
+  const int D = p.dim, chunks = p.chunks();
+  const std::size_t per_thread = thread_floats(p, false, false), SF = state_floats(p);
+  Workspace<float> scratch(allocator, std::size_t(gated_threads(p)) * per_thread);
+#pragma omp parallel num_threads(gated_threads(p))
+  {
+    const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false);
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < long(p.heads_total()); ++bh) {
+      const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
+      const float* g = a.g + bh * p.head_gate_elems();
+      tile::pack(a.h0 + st, D, false, D, D, nullptr, B.Sp);
+      for (int c = 0; c < chunks; ++c) {
+        const Chunk ch = chunk_at(p, c);
+        if (keep) tile::transpose_packed(B.Sp, D, keep + (bh * chunks + c) * SF);
+        forward_chunk(B, p, ch.n, a.q + tok + ch.r, a.k + tok + ch.r, a.v + tok + ch.r, g + ch.rg, a.o + tok + ch.r);
+      }
+      tile::unpack(B.Sp, D, D, a.hT + st, D);
+    }
+  }
+}
+
+void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator, const float* kept) {
+  const int D = p.dim, chunks = p.chunks();
+  const std::size_t per_thread = thread_floats(p, true, !kept), SF = state_floats(p);
+  Workspace<float> scratch(allocator, std::size_t(gated_threads(p)) * per_thread);
+#pragma omp parallel num_threads(gated_threads(p))
+  {
+    const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, true, !kept);
+    fill_ones(B, effective_chunk(p));
+#pragma omp for schedule(dynamic, 1)
+    for (long bh = 0; bh < long(p.heads_total()); ++bh) {
+      const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
+      const float *q = a.q + tok, *k = a.k + tok, *v = a.v + tok, *dO = a.dO + tok;
+      const float* g = a.g + bh * p.head_gate_elems();
+      float* dg = a.dg + bh * p.head_gate_elems();
+      const float* states = kept ? kept + bh * chunks * SF : B.states;  // S^T entering each chunk
+      if (!kept) {
+        // The forward's state products alone (the outputs are not needed): the scores are skipped.
+        tile::pack(a.h0 + st, D, false, D, D, nullptr, B.Sp);
+        for (int c = 0; c < chunks; ++c) {
+          const Chunk ch = chunk_at(p, c);
+          tile::transpose_packed(B.Sp, D, B.states + c * SF);
+          if (c + 1 == chunks) break;
+          gate_operands(B, p, ch.n, q + ch.r, k + ch.r, g + ch.rg);
+          if (p.decay == Decay::scalar) {
+            tile::pack(v + ch.r, D, false, ch.n, D, B.EK, B.Vp);
+            state_product(B.Sp, D, ch.n, k + ch.r, B.Vp, 1.0f, B.decay[0]);
+          } else {
+            tile::pack(v + ch.r, D, false, ch.n, D, nullptr, B.Vp);
+            scale_state_rows(B.Sp, D, B.decay);
+            state_product(B.Sp, D, ch.n, B.KG, B.Vp, 1.0f, 1.0f);
+          }
+        }
+      }
+      tile::pack(a.dhT + st, D, false, D, D, nullptr, B.dSp);
+      for (int c = chunks - 1; c >= 0; --c) {
+        const Chunk ch = chunk_at(p, c);
+        backward_chunk(B, p, ch.n, q + ch.r, k + ch.r, v + ch.r, g + ch.rg, dO + ch.r, states + c * SF,
+                       a.dq + tok + ch.r, a.dk + tok + ch.r, a.dv + tok + ch.r, dg + ch.rg);
+      }
+      tile::unpack(B.dSp, D, D, a.dh0 + st, D);
+    }
+  }
+}
+
+}  // namespace lattn::cpu
