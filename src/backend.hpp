@@ -18,6 +18,8 @@
 
 namespace lattn {
 
+struct LoadedPlugin;
+
 struct Availability {
   bool available = false;
   std::string reason;  // why not, when not
@@ -84,6 +86,8 @@ struct BackendOptions {
   // Chunked fwd_bwd: the forward keeps the chunk states for the backward where the backend can
   // (CPU tiled path), else the backward recomputes them. Records say which (`bwd_states`).
   bool keep_chunk_states = true;
+  // Loaded plugins (src/plugins.hpp): each backend's table gains a row per impl of its device.
+  std::vector<std::shared_ptr<const LoadedPlugin>> plugins = {};
 };
 
 // What the backends need the process environment to say before any library reads it (the CPU

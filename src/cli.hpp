@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "plugins.hpp"
 #include "runner.hpp"
 
 namespace lattn {
@@ -18,6 +19,8 @@ struct CliOutcome {
 // Throws UsageError for bad flags or config.
 CliOutcome parse_command_line(const std::vector<std::string>& argv);
 
-std::string list_capabilities();
+// With plugins, their impls beside the backends' own, and for each the planned cases of `config`
+// it declines, with the reasons.
+std::string list_capabilities(const Plugins& plugins = {}, const Config* config = nullptr);
 
 }  // namespace lattn
