@@ -1,6 +1,5 @@
 #include "plugin_call.hpp"
 
-#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -107,7 +106,7 @@ PluginCase::PluginCase(const Case& kase, const std::string& device, int threads)
   c_.seq = kase.seq;
   c_.dim = kase.dim;
   c_.chunk = kase.chunk;
-  c_.scale = 1.0 / std::sqrt(double(kase.dim));
+  c_.scale = attention_scale(kase.dim);
   c_.threads = device == "cpu" ? threads : 0;
 }
 
