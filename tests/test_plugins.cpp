@@ -129,6 +129,23 @@ TEST_CASE("a plugin impl named for the layer suite skips its cases", "[plugins]"
         "the cpu backend has no mine:scan impl of the layer op");
 }
 
+TEST_CASE("lattnbench keeps its side of the contract: what forward and backward see, saved, scratch", "[plugins]") {
+  const fs::path dir = test::fresh_dir("plugin-contract");
+  const auto result = lattnbench("--plugin " LATTN_PLUGIN_contract " --impl test_contract:checks --seq 16 "
+                                 "--mode fwd,fwd_bwd --decay none,retnet --out " + (dir / "r.json").string() + kSmall);
+  INFO(result.output);
+  CHECK(result.exit_status == 1);  // it writes zeros: the check fails, the calls do not
+  const auto records = records_of(read_json(dir / "r.json"), "test_contract:checks");
+  REQUIRE(records.size() == 4);
+  for (const auto& r : records) {
+    INFO(r.dump());
+    CHECK_FALSE(r.contains("error"));
+    CHECK(r["rel_err"].get<double>() == Approx(1.0));
+    // The forward's saved block (100 bytes), given back by the backward, is counted scratch.
+    if (r["mode"] == "fwd_bwd") CHECK(r["temp_mb"].get<double>() * 1024 * 1024 == Approx(100));
+  }
+}
+
 TEST_CASE("a wrong plugin fails its check and the run exits 1", "[plugins]") {
   const fs::path dir = test::fresh_dir("plugin-wrong");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_wrong " --impl test_wrong:zeros,scan --seq 13,16 --mode fwd "

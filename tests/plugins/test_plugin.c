@@ -44,7 +44,48 @@ static int crashes(const lattn_case* c, const lattn_tensors* t, const lattn_allo
   abort();
 }
 
-#if defined(VARIANT_wrong)
+/* Holds lattnbench to its side of the contract, returning what it broke as the error: the forward
+   sees no cotangent or gradient, the backward gets every tensor and the forward's saved pointer,
+   scratch is 256-byte aligned, the case's scale, threads and gamma are set. Writes zeros. */
+#define EXPECT(cond)                                               \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      snprintf(err, errlen, "contract broken: %s", #cond);         \
+      return 1;                                                    \
+    }                                                              \
+  } while (0)
+
+static int checks_forward(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                          void** saved, char* err, size_t errlen) {
+  EXPECT(t->dO == NULL && t->dhT == NULL && t->dq == NULL && t->dk == NULL && t->dv == NULL && t->dh0 == NULL);
+  EXPECT(t->q && t->k && t->v && t->h0 && t->o && t->hT && stream == NULL);
+  EXPECT((t->gamma != NULL) == (strcmp(c->decay, "retnet") == 0));
+  EXPECT(c->threads > 0 && c->scale * c->scale * (double)c->dim > 0.999999 && c->scale * c->scale * (double)c->dim < 1.000001);
+  zeros(c, t, alloc, stream, saved, err, errlen);
+  *saved = NULL;
+  if (strcmp(c->mode, "fwd_bwd") == 0) {
+    unsigned char* block = alloc->allocate(alloc->ctx, 100);
+    EXPECT(block != NULL && (size_t)block % 256 == 0);
+    block[0] = 42;
+    *saved = block;
+  }
+  return 0;
+}
+
+static int checks_backward(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                           void* saved, char* err, size_t errlen) {
+  (void)stream;
+  EXPECT(t->dO && t->dhT && t->dq && t->dk && t->dv && t->dh0 && t->q && t->o && t->hT);
+  EXPECT(saved != NULL && ((unsigned char*)saved)[0] == 42);
+  alloc->deallocate(alloc->ctx, saved, 100);
+  memset(t->dq, 0, (size_t)(c->batch * c->heads * c->seq * c->dim) * sizeof(float));
+  return 0;
+}
+
+#if defined(VARIANT_contract)
+static const lattn_impl impls[] = {{"checks", "cpu", NULL, checks_forward, checks_backward}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_contract", 1, impls};
+#elif defined(VARIANT_wrong)
 static const lattn_impl impls[] = {{"zeros", "cpu", runs_everything, zeros, NULL}};
 static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_wrong", 1, impls};
 #elif defined(VARIANT_fail)
