@@ -93,7 +93,7 @@ TEST_CASE("the example plugin runs beside the built-in impls, checked and report
   CHECK(plugins[0]["sha256"] == sha256_file_hex(LATTN_PLUGIN_mine));
 }
 
-TEST_CASE("--list shows plugin impls with their device and the planned cases they decline", "[plugins]") {
+TEST_CASE("the list (--list) shows plugin impls with their device and the planned cases they decline", "[plugins]") {
   const auto list = lattnbench("--list --plugin " LATTN_PLUGIN_mine " --plugin " LATTN_PLUGIN_wrong " --seq 13,16 --dim 8");
   INFO(list.output);
   CHECK(list.exit_status == 0);
