@@ -221,7 +221,7 @@ TEST_CASE("a config's plugins: are relative to the config file", "[plugins]") {
   CHECK(records_of(doc, "mine:scan")[0]["status"] == "ok");
 }
 
-TEST_CASE("a plugin that crashes loses no finished case; under --isolate it fails only its own", "[plugins][isolate]") {
+TEST_CASE("a plugin that crashes loses no finished case, and under --isolate fails only its own", "[plugins][isolate]") {
   const fs::path dir = test::fresh_dir("plugin-crash");
   const std::string plugins = "--plugin " LATTN_PLUGIN_mine " --plugin " LATTN_PLUGIN_crash " --seq 16 --mode fwd ";
   const auto crashed = lattnbench(plugins + "--impl mine:scan,test_crash:crashes --out " + (dir / "c.json").string() + kSmall);
