@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "interrupt.hpp"
 #include "record_json.hpp"
 
 namespace lattn {
@@ -77,6 +78,9 @@ Measurement run_isolated(const Case& kase, const std::function<Measurement()>& b
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  // SIGINT or SIGTERM reached the child too (one process group): the case is left out, as a case
+  // interrupted in this process is, not failed.
+  throw_if_interrupted();
   if (WIFSIGNALED(status))
     throw RuntimeFailure(fmt::format("{} crashed with {} (signal {}) in its isolated child process", kase.impl,
                                      signal_name(WTERMSIG(status)), WTERMSIG(status)));

@@ -17,7 +17,8 @@
 namespace lattn {
 
 // The measurement `body` takes in a child process. Throws RuntimeFailure with the child's error,
-// the signal that killed it, or how it ended without a record.
+// the signal that killed it, or how it ended without a record; Interrupted when SIGINT or SIGTERM
+// asked the run to stop meanwhile.
 Measurement run_isolated(const Case& kase, const std::function<Measurement()>& body);
 
 }  // namespace lattn
