@@ -11,6 +11,30 @@ const Form* Op::form(const std::string& impl) const {
   return nullptr;
 }
 
+const Form* Op::credited_form(const std::string& impl) const {
+  if (const Form* f = form(impl)) return f;
+  if (!is_plugin_impl_name(impl)) return nullptr;
+  if (const Form* f = form(plugin_impl_part(impl))) return f;
+  return forms.empty() ? nullptr : &forms.front();
+}
+
+bool is_plugin_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (char ch : name)
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_')) return false;
+  return true;
+}
+
+bool is_plugin_impl_name(const std::string& impl) {
+  const auto colon = impl.find(':');
+  return colon != std::string::npos && is_plugin_name(impl.substr(0, colon)) &&
+         is_plugin_name(impl.substr(colon + 1));
+}
+
+std::string plugin_impl_part(const std::string& impl) {
+  return is_plugin_impl_name(impl) ? impl.substr(impl.find(':') + 1) : std::string();
+}
+
 bool Op::has(Param param) const {
   for (const Axis& a : axes)
     if (a.param == param) return true;
@@ -18,7 +42,7 @@ bool Op::has(Param param) const {
 }
 
 double Op::flops(const Case& kase) const {
-  const Form* f = form(kase.impl);
+  const Form* f = credited_form(kase.impl);
   return f ? f->flops(kase) : 0.0;
 }
 

@@ -83,10 +83,22 @@ struct Op {
   std::vector<std::pair<std::string, long>> (*extra_identity)(const Case&) = nullptr;
 
   const Form* form(const std::string& impl) const;
+  // The form whose flop model an impl is credited with: its own form; for a plugin's impl
+  // (NAME:IMPL, is_plugin_impl_name) the form named IMPL, else the op's first form, since a
+  // plugin's algorithm is its own and the op's first form is its baseline; null otherwise.
+  const Form* credited_form(const std::string& impl) const;
   bool has(Param param) const;
-  // The form's flop model; 0 for an impl the op has no form of.
+  // The credited form's flop model; 0 for an impl it has none of.
   double flops(const Case& kase) const;
 };
+
+// Whether `name` is a plugin's or a plugin impl's name: [a-z0-9_]+.
+bool is_plugin_name(const std::string& name);
+// Whether `impl` is written as a plugin's impl is, NAME:IMPL with both parts [a-z0-9_]+ (docs/plugins.md;
+// src/plugins.hpp loads them). Only the name's form: whether a plugin provides it is the loader's.
+bool is_plugin_impl_name(const std::string& impl);
+// The IMPL part of a plugin's NAME:IMPL; "" for any other impl.
+std::string plugin_impl_part(const std::string& impl);
 
 // The op's inputs for `kase`, rounded to bf16 where the case's dtype says so.
 TensorSet make_case_inputs(const Case& kase, std::uint64_t seed);

@@ -18,7 +18,10 @@ import sys
 import zlib
 from dataclasses import dataclass
 
-import lattn_results as lr
+try:
+    from . import lattn_results as lr  # as part of the lattnbench Python package (python/)
+except ImportError:
+    import lattn_results as lr  # as the script, beside lattn_results.py
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1

@@ -18,6 +18,8 @@
 
 namespace lattn {
 
+struct LoadedPlugin;
+
 struct Availability {
   bool available = false;
   std::string reason;  // why not, when not
@@ -85,6 +87,8 @@ struct BackendOptions {
   // (the CPU tiled path; the CUDA kernel suite's chunked form), else the backward recomputes them.
   // Records say which (`bwd_states`).
   bool keep_chunk_states = true;
+  // Loaded plugins (src/plugins.hpp): each backend's table gains a row per impl of its device.
+  std::vector<std::shared_ptr<const LoadedPlugin>> plugins = {};
 };
 
 // What the backends need the process environment to say before any library reads it (the CPU

@@ -15,7 +15,7 @@
 
 namespace lattn {
 
-std::string list_capabilities() {
+std::string list_capabilities(const Plugins& plugins, const Config* config) {
   // Every plannable op's forms and decay kinds, each once.
   std::vector<std::string> impls, decays;
   auto add = [](std::vector<std::string>& names, const std::string& name) {
@@ -37,7 +37,9 @@ std::string list_capabilities() {
   out += "backends:\n";
   for (const auto& name : backend_names()) {
     try {
-      auto backend = make_backend(name, BackendOptions{});
+      BackendOptions options;
+      options.plugins = plugins;
+      auto backend = make_backend(name, options);
       const Availability a = backend->availability();
       // What the backend's table has, by suite: "kernel scan, chunked; layer scan, chunked".
       std::string rows;
@@ -55,6 +57,7 @@ std::string list_capabilities() {
       out += fmt::format("  {:<5} unavailable: {}\n", name, colon == std::string::npos ? why : why.substr(colon + 2));
     }
   }
+  if (config) out += describe_plugins(plugins, *config);
   return out;
 }
 

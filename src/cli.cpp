@@ -6,6 +6,7 @@
 #include "build_info.hpp"
 #include "config_values.hpp"
 #include "ops.hpp"
+#include "plugins.hpp"
 #include "core/error.hpp"
 
 namespace lattn {
@@ -14,7 +15,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   CLI::App app{"lattnbench: benchmark causal linear-attention kernels (scan vs chunked) on CPU and GPU", "lattnbench"};
   app.get_formatter()->column_width(32);
   std::string config_path, out_path, dump_dir, gbench_path, resume_path, format = "table", shard;
-  bool list = false, version = false, quiet = false, cold = false, force = false;
+  bool list = false, version = false, quiet = false, cold = false, force = false, isolate = false;
+  std::vector<std::string> plugin_paths;
   app.add_option("-c,--config", config_path, "suite config, YAML (.yaml/.yml) or JSON (.json); default: built-in");
   app.add_option("-o,--out", out_path, "result JSON (default results/lattnbench-<backend>-<UTC time>.json)");
   app.add_option("--dump", dump_dir, "also write each case's inputs and outputs as .npy files here");
@@ -26,6 +28,9 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   app.add_flag("--list", list, "list suites, impls, modes and backends (and whether each is available here)");
   app.add_flag("--version", version, "print the version and exit");
   app.add_flag("-q,--quiet", quiet, "no progress lines on stderr");
+  app.add_option("--plugin", plugin_paths, "load a kernel plugin, a shared library (repeatable; docs/plugins.md)")
+      ->allow_extra_args(false);
+  app.add_flag("--isolate", isolate, "run each plugin case on the CPU in a child process, so that a crash fails only that case");
   app.add_flag("--cold", cold, "flush the GPU's L2 cache before each timed call (CUDA; nvbench's cold measurement)");
 
   const std::vector<ConfigKey> keys = config_keys();
@@ -44,7 +49,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   }
 
   if (version) return {std::nullopt, fmt::format("lattnbench {} ({}{})\n", kVersion, kGitRevision, kGitDirty ? ", dirty" : ""), false};
-  if (list) return {std::nullopt, "", true};
+  // --list reads a config only when one is given or plugins are named (its `plugins:`).
+  if (list && config_path.empty() && plugin_paths.empty()) return {std::nullopt, "", true};
 
   RunRequest request;
   request.config = config_path.empty() ? embedded_default_config() : load_config_file(config_path);
@@ -53,6 +59,13 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
     if (app.get_option(keys[i].flag)->count() > 0) overrides.values[keys[i].key] = override_values[i];
   if (cold) overrides.values["cold"] = "true";
   apply_overrides(request.config, overrides);
+  for (const std::string& path : plugin_paths) request.config.plugins.push_back({path, "", ""});
+  request.plugins = load_plugins(request.config);
+  check_plugin_impls(request.config, request.plugins);
+  if (list) return {request, "", true};
+  if (isolate && request.config.run.backend != "cpu")
+    throw UsageError("--isolate", "isolates CPU cases only (a forked child cannot use its parent's CUDA context)");
+  request.isolate = isolate;
   request.argv = argv;
   request.out_path = out_path;
   request.dump_dir = dump_dir;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "plugins.hpp"
+#include "plugins.hpp"
 #include "runner.hpp"
 
 namespace lattn {
@@ -14,7 +16,9 @@ namespace lattn {
 struct CliOutcome {
   std::optional<RunRequest> request;  // empty when the command is answered without a run
   std::string output;                 // the answer to print on stdout (--help, --version)
-  bool list = false;                  // --list: print list_capabilities() (src/capabilities.hpp)
+  // --list: print list_capabilities() (src/capabilities.hpp), with `request`'s plugins and config
+  // when it holds them (a config or plugins were named), and run nothing.
+  bool list = false;
 };
 
 // Throws UsageError for bad flags or config.

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <set>
@@ -70,8 +72,11 @@ AxisValues parse_axis(const Op& op, const Axis& axis, const std::vector<Raw>& ra
   switch (kind_of(axis)) {
     case Kind::name: {
       const std::vector<std::string> choices = axis_choices(op, axis);
-      values.names =
-          parse_list<std::string>(raws, [&](const Raw& r) { return parse_choice(r, choices, what.c_str()); });
+      // A plugin's NAME:IMPL is held to the plugins once they are loaded (check_plugin_impls).
+      values.names = parse_list<std::string>(raws, [&](const Raw& r) -> std::string {
+        if (axis.param == Param::impl && is_plugin_impl_name(r.text)) return r.text;
+        return parse_choice(r, choices, what.c_str());
+      });
       break;
     }
     case Kind::integer:
@@ -145,6 +150,18 @@ const std::vector<Field>& top_fields() {
          c.run.bwd_states = parse_choice(raws[0], known_bwd_states(), "bwd_states");
        },
        "chunked fwd_bwd: kept (the forward keeps the chunk states) or recomputed"},
+      {"plugins", true,
+       [](Config& c, const std::vector<Raw>& raws) {
+         // Relative to the config file, so that a config and its plugins move together.
+         const std::filesystem::path base = std::filesystem::path(c.source).parent_path();
+         c.plugins.clear();
+         for (const std::string& path : parse_list<std::string>(raws, [](const Raw& r) {
+                if (r.text.empty()) throw UsageError(r.where, "expected a plugin's path, got an empty string");
+                return r.text;
+              }))
+           c.plugins.push_back({(base / path).lexically_normal().string(), "", ""});
+       },
+       ""},  // set by the flag --plugin (src/cli.cpp), which may be given more than once
   };
   return fields;
 }
@@ -379,6 +396,9 @@ nlohmann::json to_json(const Config& c) {
       {"cold", c.run.cold},
       {"bwd_states", c.run.bwd_states},
   };
+  // Only a run with plugins has the key, so that other runs' config blocks stay as they were.
+  for (const PluginFile& p : c.plugins)
+    out["plugins"].push_back({{"path", p.path}, {"name", p.name}, {"sha256", p.sha256}});
   for (const SuiteConfig& suite : c.suite_configs) {
     nlohmann::json keys = nlohmann::json::object();
     for (const Axis& axis : suite.op->axes) {

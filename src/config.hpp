@@ -43,6 +43,13 @@ struct SuiteConfig {
   const std::vector<std::string>& names(const std::string& key) const { return values.at(key).names; }
 };
 
+// A plugin the run loads (docs/plugins.md): its path (a config's is relative to the config file)
+// and, once loaded (src/plugins.hpp), its name and the SHA-256 of its file, which the config
+// block of the result file records.
+struct PluginFile {
+  std::string path, name, sha256;
+};
+
 struct Config {
   Config();  // the defaults: every suite with its axes' default values
 
@@ -50,6 +57,7 @@ struct Config {
   RunSettings run;
   std::vector<SuiteConfig> suite_configs;  // every suite's settings, selected or not
   std::string source = "<built-in>";       // where the config came from, for messages and the JSON
+  std::vector<PluginFile> plugins;         // the config's `plugins:`, then --plugin's
 
   const SuiteConfig& suite(const std::string& name) const;
   SuiteConfig& suite(const std::string& name);

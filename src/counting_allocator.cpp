@@ -5,8 +5,10 @@
 
 namespace lattn {
 
-RawMemory host_memory() {
-  constexpr std::size_t kAlignment = 64;
+namespace {
+// `bytes` reaches aligned_alloc rounded up to the alignment (CountingAllocator::rounded).
+template <std::size_t kAlignment>
+RawMemory aligned_host_memory() {
   return {kAlignment,
           [](std::size_t bytes) {
             void* ptr = std::aligned_alloc(kAlignment, bytes);
@@ -15,6 +17,10 @@ RawMemory host_memory() {
           },
           [](void* ptr) { std::free(ptr); }};
 }
+}  // namespace
+
+RawMemory host_memory() { return aligned_host_memory<64>(); }
+RawMemory host_memory_256() { return aligned_host_memory<256>(); }
 
 CountingAllocator::~CountingAllocator() { release_cache(); }
 

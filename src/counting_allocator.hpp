@@ -21,6 +21,9 @@ struct RawMemory {
 
 // 64-byte aligned host memory: a cache line, and an AVX-512 register.
 RawMemory host_memory();
+// 256-byte aligned host memory: what the plugin interface promises a plugin's scratch (SPEC
+// section 5), as cudaMalloc's alignment is on the GPU.
+RawMemory host_memory_256();
 
 class CountingAllocator final : public Allocator {
  public:

@@ -16,7 +16,11 @@ int main(int argc, char** argv) {
   lattn::prepare_process_environment(argv);
   try {
     const lattn::CliOutcome outcome = lattn::parse_command_line(std::vector<std::string>(argv, argv + argc));
-    if (outcome.list) fmt::print("{}", lattn::list_capabilities());
+    if (outcome.list) {
+      fmt::print("{}", outcome.request ? lattn::list_capabilities(outcome.request->plugins, &outcome.request->config)
+                                       : lattn::list_capabilities());
+      return 0;
+    }
     if (!outcome.request) {
       fmt::print("{}", outcome.output);
       return 0;

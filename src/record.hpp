@@ -54,6 +54,9 @@ struct Comparison {
   const CaseRecord* fastest = nullptr;
   const CaseRecord* other = nullptr;
   double speedup = 0;  // other's median over the fastest's
+  // With more than two impls of the shape (a plugin's beside the built-in ones): every impl, fastest
+  // first; empty otherwise.
+  std::vector<const CaseRecord*> ranking = {};
 };
 
 struct WinnerChange {

@@ -212,6 +212,8 @@ nlohmann::json to_json(const Summary& summary) {
     j["speedup"] = c.speedup;
     j["fastest_temp_mb"] = c.fastest->measured->temp_mb;
     j["other_temp_mb"] = c.other->measured->temp_mb;
+    for (const CaseRecord* r : c.ranking)
+      j["ranking"].push_back({{"impl", r->kase.impl}, {"median_ms", r->measured->median_ms}});
     comparisons.push_back(j);
   }
   for (const Crossover& x : summary.crossovers) {

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cerrno>
@@ -55,15 +57,18 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 }
 
 std::string format_table(const std::vector<CaseRecord>& records) {
-  std::string out = fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}\n",
-                                "suite", "impl", "mode", "B", "H", "seq", "D", "chunk", "W", "decay", "median_ms", "q1_ms",
+  // The impl column as wide as its longest name (a plugin's NAME:IMPL is longer than "chunked").
+  std::size_t impl_width = 8;
+  for (const CaseRecord& r : records) impl_width = std::max(impl_width, r.kase.impl.size());
+  std::string out = fmt::format("{:<7} {:<{}} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}\n",
+                                "suite", "impl", impl_width, "mode", "B", "H", "seq", "D", "chunk", "W", "decay", "median_ms", "q1_ms",
                                 "q3_ms", "GFLOP/s", "temp_MiB", "rel_err", "status");
   for (const CaseRecord& r : records) {
     const Case& c = r.kase;
     const Op& op = *c.op;
     // "-" for what the op does not have (the kernel suite has no window).
     auto param = [&](Param p, long value) { return op.has(p) ? std::to_string(value) : std::string("-"); };
-    out += fmt::format("{:<7} {:<8} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", op.suite, c.impl,
+    out += fmt::format("{:<7} {:<{}} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", op.suite, c.impl, impl_width,
                        to_string(c.mode), c.batch, c.heads, c.seq, c.dim, param(Param::chunk, c.chunk),
                        param(Param::window, c.window), op.has(Param::decay) ? c.decay : "-");
     if (r.status == Status::skipped || !r.measured) {

@@ -22,6 +22,7 @@
 #include "environment.hpp"
 #include "harness.hpp"
 #include "interrupt.hpp"
+#include "isolate.hpp"
 #include "journal.hpp"
 #include "npy.hpp"
 #include "plan.hpp"
@@ -259,8 +260,9 @@ int run_benchmarks(const RunRequest& request) {
                        resuming ? request.resume_path : journal_path_for(out_path)};
   check_run_files(files, resuming);
 
-  auto backend = make_backend(config.run.backend, BackendOptions{config.run.threads, config.run.device, config.run.cold,
-                                                                 config.run.bwd_states == "kept"});
+  BackendOptions options{config.run.threads, config.run.device, config.run.cold, config.run.bwd_states == "kept"};
+  options.plugins = request.plugins;
+  auto backend = make_backend(config.run.backend, options);
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
   RunDocument document;
@@ -328,7 +330,10 @@ int run_benchmarks(const RunRequest& request) {
       record.kase = c;
       try {
         const std::optional<double> peak_before = backend->peak_check ? backend->peak_check() : std::nullopt;
-        Measurement m = run_case(ctx, *row, c);
+        // --isolate: a plugin's case in a child process, its inputs and reference made here first.
+        const bool isolated = request.isolate && is_plugin_impl_name(c.impl);
+        if (isolated) ctx.cache.get(c, config.run.seed);
+        Measurement m = isolated ? run_isolated(c, [&] { return run_case(ctx, *row, c); }) : run_case(ctx, *row, c);
         const std::optional<double> peak_after = backend->peak_check ? backend->peak_check() : std::nullopt;
         if (peak_before && peak_after) {
           m.peak_gflops_now = std::max(*peak_before, *peak_after);

@@ -8,6 +8,7 @@
 
 #include "config.hpp"
 #include "formats.hpp"
+#include "plugins.hpp"
 #include "shard.hpp"
 
 namespace lattn {
@@ -23,6 +24,8 @@ struct RunRequest {
   OutputFormat stdout_format = OutputFormat::table;
   Shard shard;
   bool quiet = false;        // no progress lines
+  Plugins plugins;           // loaded (src/plugins.hpp); their impls are rows of the backend
+  bool isolate = false;      // each CPU plugin case in a child process (--isolate)
 };
 
 // Exit status of the run: 0 every case ran and passed its check (or was skipped), 1 some case

@@ -41,6 +41,7 @@ Summary build_summary(const std::vector<CaseRecord>& records) {
                      [](auto* a, auto* b) { return a->measured->median_ms < b->measured->median_ms; });
     Comparison c{shape[0], shape[1],
                  shape[1]->measured->median_ms / std::max(shape[0]->measured->median_ms, 1e-300)};
+    if (shape.size() > 2) c.ranking = shape;
     const std::string series = shape_key(c.fastest->kase, false);
     if (!by_series.count(series)) series_order.push_back(series);
     by_series[series].push_back(summary.comparisons.size());
@@ -87,11 +88,17 @@ std::string format_summary(const Summary& summary) {
   std::string out;
   if (summary.comparisons.empty()) return out;
   out += "\nFastest impl per shape and mode:\n";
-  for (const Comparison& c : summary.comparisons)
+  for (const Comparison& c : summary.comparisons) {
     out += fmt::format("  {}: {} is {:.2f}x faster than {} ({:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n",
                        label(c.fastest->kase, true), c.fastest->kase.impl, c.speedup, c.other->kase.impl,
                        c.fastest->measured->median_ms, c.other->measured->median_ms, c.fastest->measured->temp_mb,
                        c.other->measured->temp_mb);
+    for (std::size_t i = 2; i < c.ranking.size(); ++i)
+      out += fmt::format("    then {} ({:.4g} ms, {:.2f}x the fastest's time; temp {:.3g} MiB)\n", c.ranking[i]->kase.impl,
+                         c.ranking[i]->measured->median_ms,
+                         c.ranking[i]->measured->median_ms / std::max(c.fastest->measured->median_ms, 1e-300),
+                         c.ranking[i]->measured->temp_mb);
+  }
   if (!summary.crossovers.empty()) out += "Crossover in seq:\n";
   for (const Crossover& x : summary.crossovers) {
     if (x.changes.empty()) {

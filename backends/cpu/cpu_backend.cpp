@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "backends/cpu/host_case.hpp"
+#include "backends/cpu/plugin_rows.hpp"
 #include "backends/cpu/roofline.hpp"
 #include "core/op.hpp"
 #include "kernels/cpu/vec.hpp"
@@ -30,14 +31,6 @@ struct Settings {
   bool keep_chunk_states = true;
 };
 
-std::optional<std::string> float32_only(const Case& c) {
-  if (c.dtype != "float32") return "the CPU backend runs float32 only, not " + c.dtype;
-  return std::nullopt;
-}
-
-// The backend's copies of the case's tensors, plus the kernels' scratch.
-std::size_t tensor_bytes(const Case& c) { return (case_input_elems(c) + case_output_elems(c)) * sizeof(float); }
-
 // ---- linear attention (kernels/linear_attention) ----
 
 // The gated decays' log-gates g and their gradient dg are bound too.
@@ -55,7 +48,7 @@ BackwardArgs<float> backward_args(HostCase& h, const Problem& p) {
 // A training step: the whole forward, then the backward from what it saved. dO and dhT stand for
 // gradients that arrive after the forward (SPEC section 1), so no forward reads them.
 ImplRow scan_row() {
-  ImplRow row{"linear_attention", "scan", float32_only, nullptr, nullptr};
+  ImplRow row{"linear_attention", "scan", cpu_dtype_unsupported, nullptr, nullptr};
   row.prepare = [](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
@@ -75,7 +68,7 @@ ImplRow scan_row() {
     const Problem p = linear_problem(c);
     const std::size_t scratch = c.backward() ? std::max(scan_forward_workspace_bytes(p), scan_backward_workspace_bytes(p))
                                              : scan_forward_workspace_bytes(p);
-    return tensor_bytes(c) + scratch;
+    return host_tensor_bytes(c) + scratch;
   };
   return row;
 }
@@ -83,7 +76,7 @@ ImplRow scan_row() {
 // The backward takes the chunk states the forward kept, as a training step would, unless the run
 // asked for them recomputed (less memory) or the path cannot keep them.
 ImplRow chunked_row(const Settings& s) {
-  ImplRow row{"linear_attention", "chunked", float32_only, nullptr, nullptr};
+  ImplRow row{"linear_attention", "chunked", cpu_dtype_unsupported, nullptr, nullptr};
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
@@ -109,7 +102,7 @@ ImplRow chunked_row(const Settings& s) {
     if (c.backward())
       scratch = s.keep_chunk_states ? chunked_forward_backward_workspace_bytes(p)
                                     : std::max(scratch, chunked_backward_workspace_bytes(p));
-    return tensor_bytes(c) + scratch;
+    return host_tensor_bytes(c) + scratch;
   };
   return row;
 }
@@ -117,7 +110,7 @@ ImplRow chunked_row(const Settings& s) {
 // ---- sliding-window attention (kernels/sliding_window) ----
 
 ImplRow window_row() {
-  ImplRow row{"sliding_window", "blocked", float32_only, nullptr, nullptr};
+  ImplRow row{"sliding_window", "blocked", cpu_dtype_unsupported, nullptr, nullptr};
   row.prepare = [](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p{c.batch, c.heads, c.seq, c.dim, 1, Decay::none};
@@ -148,7 +141,7 @@ ImplRow window_row() {
         c.backward() ? p.heads_total() * std::size_t(p.seq) * sizeof(float) +
                            std::max(fwd, sliding_window_backward_workspace_bytes(p, c.window))
                      : fwd;
-    return tensor_bytes(c) + scratch;
+    return host_tensor_bytes(c) + scratch;
   };
   return row;
 }
@@ -156,7 +149,7 @@ ImplRow window_row() {
 // ---- the layer (kernels/layer): one row per form of its linear branch ----
 
 ImplRow layer_row(const std::string& form, const Settings& s) {
-  ImplRow row{"layer", form, float32_only, nullptr, nullptr};
+  ImplRow row{"layer", form, cpu_dtype_unsupported, nullptr, nullptr};
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
@@ -177,7 +170,7 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   };
   row.memory_estimate = [s](const Case& c) {
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
-    return tensor_bytes(c) +
+    return host_tensor_bytes(c) +
            (c.backward() ? layer_forward_backward_workspace_bytes(p) : layer_forward_workspace_bytes(p));
   };
   return row;
@@ -228,6 +221,7 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
     return info;
   };
   backend->impls = {scan_row(), chunked_row(s), window_row(), layer_row("scan", s), layer_row("chunked", s)};
+  for (ImplRow& row : plugin_rows(options.plugins, s.threads)) backend->impls.push_back(std::move(row));
   backend->memory_is_host = true;
   backend->memory_available = [] { return available_host_memory(); };
   // Best of ten products: ~25 ms with the warm-up, twice per case.

@@ -8,7 +8,14 @@
 
 namespace lattn::cpu {
 
-HostCase::HostCase(const Case& kase, const TensorSet& inputs) {
+std::optional<std::string> cpu_dtype_unsupported(const Case& c) {
+  if (c.dtype != "float32") return "the CPU backend runs float32 only, not " + c.dtype;
+  return std::nullopt;
+}
+
+std::size_t host_tensor_bytes(const Case& c) { return (case_input_elems(c) + case_output_elems(c)) * sizeof(float); }
+
+HostCase::HostCase(const Case& kase, const TensorSet& inputs, RawMemory scratch) : allocator_(scratch) {
   for (const Tensor& t : inputs) buffers_.push_back({t.name, false, {t.data.begin(), t.data.end()}});
   for (const Tensor& t : make_case_outputs(kase)) buffers_.push_back({t.name, true, {t.data.begin(), t.data.end()}});
 }

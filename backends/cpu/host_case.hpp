@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,12 +15,19 @@
 
 namespace lattn::cpu {
 
+// Why the CPU backend cannot run a case's dtype (it runs float32 only), or nothing.
+std::optional<std::string> cpu_dtype_unsupported(const Case& c);
+
+// The backend's copies of a case's tensors, in bytes (its rows' memory estimates add the scratch).
+std::size_t host_tensor_bytes(const Case& c);
+
 class HostCase final : public PreparedCase {
  public:
   // One call of the case's kernels, taking every temporary from the allocator.
   using Call = std::function<void(Allocator&)>;
 
-  HostCase(const Case& kase, const TensorSet& inputs);
+  // `scratch`: where the counted temporaries come from (a plugin's need 256-byte alignment).
+  HostCase(const Case& kase, const TensorSet& inputs, RawMemory scratch = host_memory());
 
   // A tensor's buffer, input or output (the output names are the op's).
   float* data(const std::string& name);

@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cublas.hpp"
 #include "backends/cuda/device_case.hpp"
+#include "backends/cuda/plugin_rows.hpp"
 #include "core/error.hpp"
 #include "core/op.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -342,6 +343,7 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   };
   backend->impls = {linear_row("scan", s), linear_row("chunked", s), window_row(s), layer_row("scan", s),
                     layer_row("chunked", s)};
+  for (ImplRow& row : plugin_rows(options.plugins, s.device, s.cold)) backend->impls.push_back(std::move(row));
   backend->memory_available = [device = s.device]() -> std::size_t {
     std::size_t free = 0, total = 0;
     if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {

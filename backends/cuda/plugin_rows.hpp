@@ -1,0 +1,13 @@
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "src/backend.hpp"
+
+namespace lattn::cuda {
+
+// One row per CUDA impl of the loaded plugins (NAME:IMPL), on GPU `device` (with --cold's flush).
+std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins, int device, bool cold);
+
+}  // namespace lattn::cuda

@@ -1,0 +1,1 @@
+../../scripts/lattn_results.py

@@ -1,0 +1,180 @@
+#include "plugin_call.hpp"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "kernels/linear_attention/problem.hpp"
+
+namespace lattn {
+namespace {
+
+// The backend's counting allocator behind a lattn_allocator. It keeps each live block's size, so
+// that a plugin that frees with a wrong size cannot skew temp_mb, and blocks still live when the
+// call returns are found (and given back) instead of growing the count call after call. The
+// backend's raw memory is at least 256-byte aligned (the interface's promise).
+class Scratch {
+ public:
+  explicit Scratch(Allocator& backing) : backing_(backing) {
+    c_.ctx = this;
+    c_.allocate = [](void* ctx, size_t bytes) { return static_cast<Scratch*>(ctx)->allocate(bytes); };
+    c_.deallocate = [](void* ctx, void* ptr, size_t) { static_cast<Scratch*>(ctx)->deallocate(ptr); };
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { release_all(); }
+
+  const lattn_allocator* get() const { return &c_; }
+
+  // Gives back every block still live; their total bytes.
+  std::size_t release_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t total = 0;
+    for (const auto& [ptr, bytes] : live_) {
+      backing_.deallocate(ptr, bytes);
+      total += bytes;
+    }
+    live_.clear();
+    return total;
+  }
+
+ private:
+  void* allocate(std::size_t bytes) noexcept {
+    if (bytes == 0) return nullptr;
+    try {
+      void* ptr = backing_.allocate(bytes);
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_[ptr] = bytes;
+      return ptr;
+    } catch (...) {
+      return nullptr;  // the interface's failure: never an exception through C code
+    }
+  }
+
+  void deallocate(void* ptr) noexcept {
+    if (!ptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = live_.find(ptr);
+    if (it == live_.end()) return;  // not ours, or freed twice: ignored rather than corrupting the pool
+    backing_.deallocate(ptr, it->second);
+    live_.erase(it);
+  }
+
+  Allocator& backing_;
+  lattn_allocator c_{};
+  std::mutex mutex_;
+  std::map<void*, std::size_t> live_;
+};
+
+std::string message(const char* err, int status) {
+  const std::string text(err, strnlen(err, 1024));
+  return text.empty() ? "returned " + std::to_string(status) + " (no message)" : text;
+}
+
+bool has_tensor(const Case& kase, const std::string& name) {
+  for (const TensorSpec& spec : kase.op->tensors)
+    if (spec.name == name) return spec.in(kase);
+  return false;
+}
+
+}  // namespace
+
+std::vector<PluginImplRef> plugin_impls_for(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins,
+                                            const std::string& device) {
+  std::vector<PluginImplRef> refs;
+  for (const auto& plugin : plugins)
+    for (const LoadedPlugin::Impl& impl : plugin->impls)
+      if (device == impl.impl->device) refs.push_back({plugin, impl.impl, impl.name});
+  return refs;
+}
+
+PluginCase::PluginCase(const Case& kase, const std::string& device, int threads)
+    : op_(kase.op->name), mode_(to_string(kase.mode)), decay_(kase.decay),
+      rule_(kase.option("rule").empty() ? "additive" : kase.option("rule")),
+      dtype_(kase.dtype == "bf16" ? "bfloat16" : kase.dtype), device_(device) {
+  c_.op = op_.c_str();
+  c_.mode = mode_.c_str();
+  c_.decay = decay_.c_str();
+  c_.rule = rule_.c_str();
+  c_.dtype = dtype_.c_str();
+  c_.device = device_.c_str();
+  c_.batch = kase.batch;
+  c_.heads = kase.heads;
+  c_.seq = kase.seq;
+  c_.dim = kase.dim;
+  c_.chunk = kase.chunk;
+  c_.scale = attention_scale(kase.dim);
+  c_.threads = device == "cpu" ? threads : 0;
+}
+
+std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Case& kase, const std::string& device,
+                                              int threads) {
+  if (kase.backward() && !ref.impl->backward) return ref.name + " has no backward (fwd only)";
+  if (!ref.impl->unsupported) return std::nullopt;
+  const PluginCase c(kase, device, threads);
+  if (const char* why = ref.impl->unsupported(&c.get())) return ref.name + ": " + why;
+  return std::nullopt;
+}
+
+lattn_tensors plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma) {
+  auto get = [&](const char* name) { return has_tensor(kase, name) ? data(name) : nullptr; };
+  auto floats = [&](const char* name) { return static_cast<float*>(get(name)); };
+  lattn_tensors t{};
+  t.q = get("q");
+  t.k = get("k");
+  t.v = get("v");
+  t.h0 = floats("h0");
+  t.g = floats("g");
+  t.beta = floats("beta");
+  t.gamma = gamma;
+  t.o = get("o");
+  t.hT = floats("hT");
+  t.dO = get("dO");
+  t.dhT = floats("dhT");
+  t.dq = get("dq");
+  t.dk = get("dk");
+  t.dv = get("dv");
+  t.dh0 = floats("dh0");
+  t.dg = floats("dg");
+  t.dbeta = floats("dbeta");
+  return t;
+}
+
+std::vector<float> plugin_gamma(const Case& kase) {
+  if (kase.decay != "retnet") return {};
+  std::vector<float> gamma(std::size_t(kase.heads));
+  for (int h = 0; h < kase.heads; ++h) gamma[std::size_t(h)] = float(decay_gamma(Decay::retnet, h));
+  return gamma;
+}
+
+void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tensors& tensors, Allocator& allocator,
+                 void* stream) {
+  Scratch scratch(allocator);
+  char err[1024] = "";
+  // The forward sees no cotangent and writes no gradient (SPEC section 1: they arrive later).
+  lattn_tensors forward = tensors;
+  forward.dO = nullptr;
+  forward.dhT = nullptr;
+  forward.dq = forward.dk = forward.dv = nullptr;
+  forward.dh0 = forward.dg = forward.dbeta = nullptr;
+  void* saved = nullptr;
+  if (const int status = ref.impl->forward(&c, &forward, scratch.get(), stream, &saved, err, sizeof err); status != 0) {
+    err[sizeof err - 1] = '\0';
+    throw RuntimeFailure(ref.name + " forward failed: " + message(err, status));
+  }
+  if (std::strcmp(c.mode, "fwd_bwd") == 0) {
+    if (const int status = ref.impl->backward(&c, &tensors, scratch.get(), stream, saved, err, sizeof err); status != 0) {
+      err[sizeof err - 1] = '\0';
+      throw RuntimeFailure(ref.name + " backward failed: " + message(err, status));
+    }
+  }
+  if (const std::size_t left = scratch.release_all(); left > 0)
+    throw RuntimeFailure(ref.name + " left " + std::to_string(left) +
+                         " bytes of scratch allocated after the call (the backward releases what the forward "
+                         "saved; a fwd case's forward keeps nothing)");
+}
+
+}  // namespace lattn

@@ -1,0 +1,156 @@
+#include "plugins.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "backend.hpp"
+#include "config_values.hpp"
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "plan.hpp"
+#include "sha256.hpp"
+#include "summary.hpp"
+
+namespace lattn {
+namespace {
+
+// The op a version-1 plugin implements (lattn_case.op).
+const char* const kPluginOp = "linear_attention";
+
+std::string text_or(const char* text, const char* absent) { return text ? text : absent; }
+
+// Loads and checks one file; `where` is "plugin PATH" for the error lines.
+std::shared_ptr<LoadedPlugin> load_one(const std::string& path) {
+  const std::string where = "plugin " + path;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw UsageError(where, "no such file");
+  if (!std::filesystem::is_regular_file(path, ec)) throw UsageError(where, "not a file");
+  auto loaded = std::make_shared<LoadedPlugin>();
+  loaded->path = path;
+  try {
+    loaded->sha256 = sha256_file_hex(path);
+  } catch (const RuntimeFailure&) {
+    throw UsageError(where, "cannot read the file");
+  }
+  // RTLD_NOW: a symbol the library lacks is an error here, not a crash in the middle of a run.
+  // RTLD_LOCAL: two plugins' own symbols never resolve to each other.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) throw UsageError(where, "not a shared library lattnbench can load (" + text_or(dlerror(), "dlopen failed") + ")");
+  dlerror();
+  void* symbol = dlsym(handle, "lattn_plugin_v1");
+  if (!symbol)
+    throw UsageError(where, "exports no lattn_plugin_v1 (not a lattnbench plugin, or a C++ one without extern \"C\")");
+  const auto entry = reinterpret_cast<const lattn_plugin* (*)()>(symbol);
+  const lattn_plugin* plugin = entry();
+  if (!plugin) throw UsageError(where, "lattn_plugin_v1() returned NULL");
+  if (plugin->abi != LATTN_PLUGIN_ABI)
+    throw UsageError(where, fmt::format("built for plugin ABI {}, this lattnbench loads ABI {}", plugin->abi, LATTN_PLUGIN_ABI));
+  const std::string name = text_or(plugin->name, "");
+  if (!is_plugin_name(name)) throw UsageError(where, "plugin name '" + name + "' is not [a-z0-9_]+");
+  if (plugin->impl_count < 0 || (plugin->impl_count > 0 && !plugin->impls))
+    throw UsageError(where, fmt::format("impl_count {} with impls {}", plugin->impl_count, plugin->impls ? "set" : "NULL"));
+  loaded->name = name;
+  loaded->plugin = plugin;
+  std::set<std::string> seen;
+  for (int i = 0; i < plugin->impl_count; ++i) {
+    const lattn_impl& impl = plugin->impls[i];
+    const std::string impl_name = text_or(impl.name, "");
+    if (!is_plugin_name(impl_name)) throw UsageError(where, "impl name '" + impl_name + "' is not [a-z0-9_]+");
+    if (!seen.insert(impl_name).second) throw UsageError(where, "two impls are named '" + impl_name + "'");
+    const std::string device = text_or(impl.device, "");
+    if (device != "cpu" && device != "cuda")
+      throw UsageError(where, "impl '" + impl_name + "' has device '" + device + "' (expected cpu or cuda)");
+    if (!impl.forward) throw UsageError(where, "impl '" + impl_name + "' has no forward");
+    loaded->impls.push_back({name + ":" + impl_name, &impl});
+  }
+  return loaded;
+}
+
+}  // namespace
+
+Plugins load_plugins(Config& config) {
+  Plugins plugins;
+  std::vector<PluginFile> files;
+  std::set<std::string> paths;
+  for (PluginFile file : config.plugins) {
+    file.path = std::filesystem::absolute(file.path).lexically_normal().string();
+    if (!paths.insert(file.path).second) continue;  // the same file from the config and a flag
+    auto loaded = load_one(file.path);
+    for (const auto& other : plugins)
+      if (other->name == loaded->name)
+        throw UsageError("plugin " + file.path, "plugin name '" + loaded->name + "' is taken by " + other->path);
+    file.name = loaded->name;
+    file.sha256 = loaded->sha256;
+    files.push_back(file);
+    plugins.push_back(std::move(loaded));
+  }
+  config.plugins = files;
+  return plugins;
+}
+
+void check_plugin_impls(const Config& config, const Plugins& plugins) {
+  std::vector<std::string> provided;
+  for (const auto& p : plugins)
+    for (const auto& impl : p->impls) provided.push_back(impl.name);
+  for (const SuiteConfig& suite : config.suite_configs)
+    for (const Axis& axis : suite.op->axes) {
+      if (axis.param != Param::impl) continue;
+      for (const std::string& impl : suite.names(axis.key)) {
+        if (!is_plugin_impl_name(impl)) continue;
+        const std::string where = config.source + ": " + suite.op->suite + "." + axis.key;
+        if (std::find(provided.begin(), provided.end(), impl) == provided.end())
+          throw UsageError(where, "no loaded plugin provides '" + impl + "' (" +
+                                      (provided.empty() ? std::string("no plugin is loaded: --plugin PATH or plugins:")
+                                                        : "loaded: " + join(provided)) + ")");
+      }
+    }
+}
+
+std::string describe_plugins(const Plugins& plugins, const Config& config) {
+  std::string out;
+  if (plugins.empty()) return out;
+  // The backend the config runs on, with the plugins' rows; none when it is not built here.
+  std::unique_ptr<Backend> backend;
+  try {
+    BackendOptions options;
+    options.threads = config.run.threads;
+    options.plugins = plugins;
+    backend = make_backend(config.run.backend, options);
+  } catch (const UsageError&) {
+  }
+  // Each planned kernel shape once, whatever impl the config names for it.
+  std::vector<Case> shapes;
+  std::set<std::string> seen;
+  for (const Case& c : expand_plan(config))
+    if (c.op->name == kPluginOp && seen.insert(shape_key(c, true)).second) shapes.push_back(c);
+
+  out += "plugins:\n";
+  for (const auto& p : plugins) {
+    out += fmt::format("  {} {} (sha256 {})\n", p->name, p->path, p->sha256);
+    for (const auto& impl : p->impls) {
+      out += fmt::format("    {:<24} {}", impl.name, impl.impl->device);
+      if (!backend || shapes.empty()) {
+        out += "\n";
+        continue;
+      }
+      std::map<std::string, int> declined;
+      for (Case c : shapes) {
+        c.impl = impl.name;
+        if (auto why = backend->unsupported(c)) ++declined[*why];
+      }
+      int count = 0;
+      for (const auto& [why, n] : declined) count += n;
+      out += fmt::format(": runs {} of the {} planned kernel cases on {}\n", shapes.size() - count, shapes.size(),
+                         config.run.backend);
+      for (const auto& [why, n] : declined) out += fmt::format("      declines {}: {}\n", n, why);
+    }
+  }
+  return out;
+}
+
+}  // namespace lattn

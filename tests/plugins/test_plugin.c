@@ -1,0 +1,126 @@
+/* Plugins that misbehave on purpose, one per VARIANT (tests/CMakeLists.txt builds each), for
+   tests/test_plugins.cpp: what lattnbench must refuse at load time (another ABI, no entry point,
+   a malformed or duplicate name), and what must fail a case without stopping the run (a wrong
+   result, an error returned, scratch left allocated, a crash under --isolate). */
+#include <lattn/plugin.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Declines one length, so that a test sees a plugin's own reason recorded as the skip reason. */
+static const char* runs_everything(const lattn_case* c) {
+  return c->seq == 13 ? "test plugins decline seq 13" : NULL;
+}
+
+/* Writes zeros: every output's rel_err is 1. */
+static int zeros(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                 void** saved, char* err, size_t errlen) {
+  (void)alloc, (void)stream, (void)err, (void)errlen;
+  memset(t->o, 0, (size_t)(c->batch * c->heads * c->seq * c->dim) * sizeof(float));
+  memset(t->hT, 0, (size_t)(c->batch * c->heads * c->dim * c->dim) * sizeof(float));
+  *saved = NULL;
+  return 0;
+}
+
+static int refuses(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                   void** saved, char* err, size_t errlen) {
+  (void)c, (void)t, (void)alloc, (void)stream, (void)saved;
+  snprintf(err, errlen, "test_fail refuses seq %lld on purpose", (long long)c->seq);
+  return 7;
+}
+
+static int leaks(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                 void** saved, char* err, size_t errlen) {
+  zeros(c, t, alloc, stream, saved, err, errlen);
+  return alloc->allocate(alloc->ctx, 4096) ? 0 : 1;
+}
+
+/* abort(), not a stray pointer: AddressSanitizer (scripts/test.sh's second build) turns a SIGSEGV
+   into a report and exit status 1, but leaves SIGABRT to kill the process. */
+static int crashes(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                   void** saved, char* err, size_t errlen) {
+  (void)c, (void)t, (void)alloc, (void)stream, (void)saved, (void)err, (void)errlen;
+  abort();
+}
+
+/* Holds lattnbench to its side of the contract, returning what it broke as the error: the forward
+   sees no cotangent or gradient, the backward gets every tensor and the forward's saved pointer,
+   scratch is 256-byte aligned, the case's scale, threads and gamma are set. Writes zeros. */
+#define EXPECT(cond)                                               \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      snprintf(err, errlen, "contract broken: %s", #cond);         \
+      return 1;                                                    \
+    }                                                              \
+  } while (0)
+
+static int checks_forward(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                          void** saved, char* err, size_t errlen) {
+  EXPECT(t->dO == NULL && t->dhT == NULL && t->dq == NULL && t->dk == NULL && t->dv == NULL && t->dh0 == NULL);
+  EXPECT(t->q && t->k && t->v && t->h0 && t->o && t->hT && stream == NULL);
+  EXPECT((t->gamma != NULL) == (strcmp(c->decay, "retnet") == 0));
+  EXPECT(c->threads > 0 && c->scale * c->scale * (double)c->dim > 0.999999 && c->scale * c->scale * (double)c->dim < 1.000001);
+  zeros(c, t, alloc, stream, saved, err, errlen);
+  *saved = NULL;
+  if (strcmp(c->mode, "fwd_bwd") == 0) {
+    unsigned char* block = alloc->allocate(alloc->ctx, 100);
+    EXPECT(block != NULL && (size_t)block % 256 == 0);
+    block[0] = 42;
+    *saved = block;
+  }
+  return 0;
+}
+
+static int checks_backward(const lattn_case* c, const lattn_tensors* t, const lattn_allocator* alloc, void* stream,
+                           void* saved, char* err, size_t errlen) {
+  (void)stream;
+  EXPECT(t->dO && t->dhT && t->dq && t->dk && t->dv && t->dh0 && t->q && t->o && t->hT);
+  EXPECT(saved != NULL && ((unsigned char*)saved)[0] == 42);
+  alloc->deallocate(alloc->ctx, saved, 100);
+  memset(t->dq, 0, (size_t)(c->batch * c->heads * c->seq * c->dim) * sizeof(float));
+  return 0;
+}
+
+#if defined(VARIANT_contract)
+static const lattn_impl impls[] = {{"checks", "cpu", NULL, checks_forward, checks_backward}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_contract", 1, impls};
+#elif defined(VARIANT_wrong)
+static const lattn_impl impls[] = {{"zeros", "cpu", runs_everything, zeros, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_wrong", 1, impls};
+#elif defined(VARIANT_fail)
+static const lattn_impl impls[] = {{"refuses", "cpu", runs_everything, refuses, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_fail", 1, impls};
+#elif defined(VARIANT_leak)
+static const lattn_impl impls[] = {{"leaks", "cpu", runs_everything, leaks, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_leak", 1, impls};
+#elif defined(VARIANT_crash)
+static const lattn_impl impls[] = {{"crashes", "cpu", runs_everything, crashes, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_crash", 1, impls};
+#elif defined(VARIANT_abi)
+static const lattn_impl impls[] = {{"zeros", "cpu", runs_everything, zeros, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI + 1, "test_abi", 1, impls};
+#elif defined(VARIANT_badname)
+static const lattn_impl impls[] = {{"zeros", "cpu", runs_everything, zeros, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "Test-Name", 1, impls};
+#elif defined(VARIANT_dupimpl)
+static const lattn_impl impls[] = {{"zeros", "cpu", runs_everything, zeros, NULL},
+                                   {"zeros", "cpu", runs_everything, zeros, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_dupimpl", 2, impls};
+#elif defined(VARIANT_dupname)
+/* The example plugin's name (examples/plugins/mine.c). */
+static const lattn_impl impls[] = {{"zeros", "cpu", runs_everything, zeros, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "mine", 1, impls};
+#elif defined(VARIANT_nosymbol)
+/* Exports another entry point than lattn_plugin_v1. */
+static const lattn_impl impls[] = {{"zeros", "cpu", runs_everything, zeros, NULL}};
+static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_nosymbol", 1, impls};
+const lattn_plugin* lattn_plugin_v0(void) { return &plugin; }
+#define NO_ENTRY_POINT
+#else
+#error "VARIANT_<name> is not set"
+#endif
+
+#ifndef NO_ENTRY_POINT
+const lattn_plugin* lattn_plugin_v1(void) { return &plugin; }
+#endif
