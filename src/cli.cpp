@@ -5,6 +5,8 @@
 
 #include "build_info.hpp"
 #include "config_values.hpp"
+#include "install_paths.hpp"
+#include "plan.hpp"
 #include "ops.hpp"
 #include "plugins.hpp"
 #include "core/error.hpp"
@@ -15,22 +17,30 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   CLI::App app{"lattnbench: benchmark causal linear-attention kernels (scan vs chunked) on CPU and GPU", "lattnbench"};
   app.get_formatter()->column_width(32);
   std::string config_path, out_path, dump_dir, gbench_path, resume_path, format = "table", shard;
-  bool list = false, version = false, quiet = false, cold = false, force = false, isolate = false;
+  std::string filter;
+  bool list = false, list_cases = false, version = false, quiet = false, cold = false, force = false, isolate = false;
+  bool interleave = false;
   std::vector<std::string> plugin_paths;
-  app.add_option("-c,--config", config_path, "suite config, YAML (.yaml/.yml) or JSON (.json); default: built-in");
+  app.add_option("-c,--config", config_path,
+                 "suite config, YAML (.yaml/.yml) or JSON (.json), a path or the name of an installed one (smoke, gated); "
+                 "default: built-in");
   app.add_option("-o,--out", out_path, "result JSON (default results/lattnbench-<backend>-<UTC time>.json)");
   app.add_option("--dump", dump_dir, "also write each case's inputs and outputs as .npy files here");
-  app.add_option("--format", format, "stdout: table (default), json, csv or md");
+  app.add_option("--format", format, "stdout: table, json, csv or md")->capture_default_str();
   app.add_option("--gbench-out", gbench_path, "also write a Google Benchmark JSON export here");
   app.add_option("--shard", shard, "run the K-th of N cost-balanced slices of the plan (K/N, 1 <= K <= N)");
   app.add_option("--resume", resume_path, "continue the interrupted run whose journal this is (same command line)");
   app.add_flag("--force", force, "start over although an unfinished run's journal is at --out's journal path");
+  app.add_option("--filter", filter, "run only the cases whose name (as --list-cases shows it) this regular expression matches");
   app.add_flag("--list", list, "list suites, impls, modes and backends (and whether each is available here)");
+  app.add_flag("--list-cases", list_cases, "list the planned cases (after --filter and --shard) with their estimated times; run nothing");
   app.add_flag("--version", version, "print the version and exit");
   app.add_flag("-q,--quiet", quiet, "no progress lines on stderr");
   app.add_option("--plugin", plugin_paths, "load a kernel plugin, a shared library (repeatable; docs/plugins.md)")
       ->allow_extra_args(false);
   app.add_flag("--isolate", isolate, "run each plugin case on the CPU in a child process, so that a crash fails only that case");
+  app.add_flag("--interleave,!--no-interleave", interleave,
+               "take the samples in rounds over the cases (default), or each case's samples together");
   app.add_flag("--cold", cold, "flush the GPU's L2 cache before each timed call (CUDA; nvbench's cold measurement)");
 
   const std::vector<ConfigKey> keys = config_keys();
@@ -53,11 +63,12 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   if (list && config_path.empty() && plugin_paths.empty()) return {std::nullopt, "", true};
 
   RunRequest request;
-  request.config = config_path.empty() ? embedded_default_config() : load_config_file(config_path);
+  request.config = config_path.empty() ? embedded_default_config() : load_config_file(resolve_config_path(config_path));
   Overrides overrides;
   for (std::size_t i = 0; i < keys.size(); ++i)
     if (app.get_option(keys[i].flag)->count() > 0) overrides.values[keys[i].key] = override_values[i];
   if (cold) overrides.values["cold"] = "true";
+  if (app.get_option("--interleave")->count() > 0) overrides.values["interleave"] = interleave ? "true" : "false";
   apply_overrides(request.config, overrides);
   for (const std::string& path : plugin_paths) request.config.plugins.push_back({path, "", ""});
   request.plugins = load_plugins(request.config);
@@ -74,6 +85,9 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   request.force = force;
   request.stdout_format = parse_output_format(format, "--format");
   if (!shard.empty()) request.shard = parse_shard(shard);
+  request.filter = filter;
+  filter_plan({}, filter);  // a bad expression is refused before anything runs
+  request.list_cases = list_cases;
   request.quiet = quiet;
   return {request, "", false};
 }

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "plugins.hpp"
-#include "plugins.hpp"
 #include "runner.hpp"
 
 namespace lattn {

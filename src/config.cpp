@@ -30,6 +30,7 @@ namespace {
 // Run settings beyond these are refused; each op's axes carry their own ranges (kernels/<op>/op.cpp).
 constexpr long kMaxDevice = 1023;
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
+constexpr double kMaxNoisePct = 100, kMaxTimeoutS = 86400, kMaxSlowdownPct = 1000;
 
 // Threads of a run: at most 4 per logical core (and kMaxThreads). More only slow a run down, and
 // thousands of OpenMP threads sit in start-up for minutes or exhaust OpenBLAS's buffers.
@@ -134,15 +135,29 @@ const std::vector<Field>& top_fields() {
        [](Config& c, const std::vector<Raw>& raws) { c.run.warmup = int(parse_int(raws[0], 0, kMaxWarmup)); },
        "warm-up calls after the cold one"},
       {"reps", false, [](Config& c, const std::vector<Raw>& raws) { c.run.reps = int(parse_int(raws[0], 1, kMaxReps)); },
-       "timed samples per case"},
+       "the most timed samples per case"},
+      {"min_samples", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.min_samples = int(parse_int(raws[0], 1, kMaxReps)); },
+       "the fewest timed samples per case before --max-noise may stop it (at most reps)"},
+      {"max_noise", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.max_noise = parse_number_or_zero(raws[0], kMaxNoisePct); },
+       "stop sampling a case once its median's noise (95% CI half-width) is at most this % (0: take reps samples)"},
+      {"timeout", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.timeout = parse_number_or_zero(raws[0], kMaxTimeoutS); },
+       "stop sampling a case after this many seconds of its own measuring (0: no limit)"},
       {"min_sample_ms", false,
        [](Config& c, const std::vector<Raw>& raws) { c.run.min_sample_ms = parse_positive_number(raws[0], 60000); },
        "a sample lasts at least this long (ms)"},
+      {"interleave", false, [](Config& c, const std::vector<Raw>& raws) { c.run.interleave = parse_bool(raws[0]); },
+       ""},  // set by the flags --interleave and --no-interleave (src/cli.cpp), which take no value
+      {"slowdown", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.slowdown = parse_number_or_zero(raws[0], kMaxSlowdownPct); },
+       "testing aid for the regression gate: make every call this % slower by a spin (docs/harness.md)"},
       {"seed", false, [](Config& c, const std::vector<Raw>& raws) { c.run.seed = parse_seed(raws[0]); },
        "seed of the inputs"},
       {"device", false,
        [](Config& c, const std::vector<Raw>& raws) { c.run.device = int(parse_int(raws[0], 0, kMaxDevice)); },
-       "GPU index of the CUDA backend (default 0)"},
+       "GPU index of the CUDA backend"},
       {"cold", false, [](Config& c, const std::vector<Raw>& raws) { c.run.cold = parse_bool(raws[0]); },
        ""},  // set by the flag --cold (src/cli.cpp), which takes no value
       {"bwd_states", false,
@@ -365,12 +380,46 @@ nlohmann::json axis_value_json(const Axis& axis, const std::string& text) {
   return text;
 }
 
+namespace {
+
+// A default as --help shows it: a list as a comma list, like the flag takes it.
+std::string shown(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_float()) return fmt::format("{}", value.get<double>());  // 25, not 25.0
+  if (!value.is_array()) return value.dump();
+  std::vector<std::string> items;
+  for (const auto& item : value) items.push_back(shown(item));
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
+
+// The key's defaults (the built-in Config's, which configs/default.yaml repeats): one value, or
+// each suite's where the suites differ.
+std::string default_of(const nlohmann::json& defaults, const std::string& key) {
+  if (defaults.contains(key)) return shown(defaults[key]);
+  std::vector<std::pair<std::string, std::string>> per_suite;
+  for (const std::string& suite : known_suites())
+    if (defaults.contains(suite) && defaults[suite].contains(key)) per_suite.emplace_back(suite, shown(defaults[suite][key]));
+  if (per_suite.empty()) return "";
+  bool same = true;
+  for (const auto& [suite, value] : per_suite) same = same && value == per_suite.front().second;
+  if (same) return per_suite.front().second;
+  std::string out;
+  for (const auto& [suite, value] : per_suite) out += (out.empty() ? "" : "; ") + suite + " " + value;
+  return out;
+}
+
+}  // namespace
+
 std::vector<ConfigKey> config_keys() {
+  const nlohmann::json defaults = to_json(Config());
   std::vector<ConfigKey> keys;
   auto add = [&](const std::string& key, const std::string& help, bool is_list) {
     for (const ConfigKey& k : keys)
       if (k.key == key) return;
-    keys.push_back({key, flag_of(key), help + (is_list ? ", comma list" : "")});
+    const std::string value = default_of(defaults, key);
+    keys.push_back({key, flag_of(key), help + (is_list ? ", comma list" : "") + (value.empty() ? "" : " [default: " + value + "]")});
   };
   const auto& top = top_fields();
   add(top.front().key, top.front().help + " (" + join(known_suites()) + ")", true);
@@ -391,6 +440,11 @@ nlohmann::json to_json(const Config& c) {
       {"warmup", c.run.warmup},
       {"reps", c.run.reps},
       {"min_sample_ms", c.run.min_sample_ms},
+      {"min_samples", c.run.min_samples},
+      {"max_noise", c.run.max_noise},
+      {"timeout", c.run.timeout},
+      {"interleave", c.run.interleave},
+      {"slowdown", c.run.slowdown},
       {"seed", c.run.seed},
       {"device", c.run.device},
       {"cold", c.run.cold},

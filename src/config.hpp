@@ -20,8 +20,13 @@ struct RunSettings {
   std::string dtype = "float32";
   int threads = 0;  // 0: every core
   int warmup = 2;
-  int reps = 10;
+  int reps = 10;            // the most samples a case takes
   double min_sample_ms = 25.0;
+  int min_samples = 5;      // the fewest before the noise target may stop a case (at most reps)
+  double max_noise = 1.0;   // percent: stop a case once its median's noise is at most this; 0: never
+  double timeout = 60.0;    // seconds of a case's own measuring time; 0: no limit
+  bool interleave = true;   // take the cases' samples in rounds over the cases (docs/harness.md)
+  double slowdown = 0.0;    // testing aid: percent added to every call by a spin (docs/harness.md)
   std::uint64_t seed = 0;
   int device = 0;     // GPU index (CUDA backend)
   bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)

@@ -28,14 +28,30 @@ long parse_int(const Raw& raw, long lo, long hi) {
   return value;
 }
 
-double parse_positive_number(const Raw& raw, double hi) {
+namespace {
+
+// The text as a number (a quoted string, trailing characters or no digits are refused).
+double read_number(const Raw& raw) {
   double value = 0;
   std::istringstream in(raw.text);
   in >> value;
   if (raw.quoted || raw.text.empty() || in.fail() || !in.eof())
     throw UsageError(raw.where, "expected a number, got '" + raw.text + "'");
+  return value;
+}
+
+}  // namespace
+
+double parse_positive_number(const Raw& raw, double hi) {
+  const double value = read_number(raw);
   if (!(value > 0 && value <= hi))
     throw UsageError(raw.where, "expected a number in (0, " + std::to_string(long(hi)) + "], got " + raw.text);
+  return value;
+}
+
+double parse_number_or_zero(const Raw& raw, double hi) {
+  const double value = read_number(raw);
+  if (!(value >= 0 && value <= hi)) throw UsageError(raw.where, fmt::format("expected a number in [0, {}], got {}", hi, raw.text));
   return value;
 }
 
@@ -63,11 +79,7 @@ const std::string& parse_choice(const Raw& raw, const std::vector<std::string>& 
 
 // A real in (lo, hi]: NaN and infinities are refused by the range.
 double parse_real(const Raw& raw, double lo, double hi) {
-  double value = 0;
-  std::istringstream in(raw.text);
-  in >> value;
-  if (raw.quoted || raw.text.empty() || in.fail() || !in.eof())
-    throw UsageError(raw.where, "expected a number, got '" + raw.text + "'");
+  const double value = read_number(raw);
   if (!(value > lo && value <= hi))
     throw UsageError(raw.where, fmt::format("expected a number in ({}, {}], got {}", lo, hi, raw.text));
   return value;

@@ -22,6 +22,7 @@ std::string join(const std::vector<std::string>& items);  // "a, b, c"
 
 long parse_int(const Raw& raw, long lo, long hi);
 double parse_positive_number(const Raw& raw, double hi);  // in (0, hi]
+double parse_number_or_zero(const Raw& raw, double hi);   // in [0, hi] (0 often turns a setting off)
 double parse_real(const Raw& raw, double lo, double hi);  // in (lo, hi]: NaN and infinities refused
 std::uint64_t parse_seed(const Raw& raw);
 bool parse_bool(const Raw& raw);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "interrupt.hpp"
 
@@ -58,43 +59,146 @@ double warm_up(PreparedCase& kase, int calls) {
 
 }  // namespace
 
-Timing measure(PreparedCase& kase, const TimingSettings& settings) {
-  Timing timing;
-  const auto cold_start = std::chrono::steady_clock::now();
-  kase.run();
-  timing.compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - cold_start).count();
+std::string to_string(StopReason reason) {
+  switch (reason) {
+    case StopReason::samples: return "samples";
+    case StopReason::noise: return "noise";
+    case StopReason::timeout: return "timeout";
+  }
+  return "?";
+}
+
+double median_noise_pct(const std::vector<double>& samples) {
+  const std::size_t n = samples.size();
+  if (n < 2) return 0.0;
+  std::vector<double> sorted = samples;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = quantile_sorted(sorted, 0.5);
+  if (!(median > 0)) return 0.0;
+  // The interval [x_(l), x_(n+1-l)] (1-based) misses the median with probability 2 P(X < l),
+  // X ~ Binomial(n, 1/2); l is the largest with 2 P(X < l) <= 5%, at least 1 (the whole range).
+  std::size_t l = 1;
+  double below = 0, term = std::pow(0.5, double(n));  // P(X = k), from k = 0
+  for (std::size_t k = 0; k + 1 < n; ++k) {
+    below += term;  // P(X <= k) = P(X < k + 1)
+    if (2 * below > 0.05) break;
+    l = k + 1;
+    term = term * double(n - k) / double(k + 1);
+  }
+  return (sorted[n - l] - sorted[l - 1]) / 2 / median * 100;
+}
+
+Sampler::Sampler(PreparedCase& kase, const TimingSettings& settings) : kase_(kase), settings_(settings) {}
+
+void Sampler::start() {
+  const auto start = std::chrono::steady_clock::now();
+  kase_.run();
+  timing_.compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // The warm-up calls double as the first estimate of a call's time; a second pass at the chosen
   // inner count corrects it, since tiny cases run faster in a loop than alone.
-  double per_call_ms = timing.compile_s * 1e3;
-  if (settings.warmup > 0) per_call_ms = warm_up(kase, settings.warmup);
-  timing.inner = calibrate_inner(per_call_ms, settings.min_sample_ms);
-  if (timing.inner > 1) {
-    const double trial_ms = kase.time_ms(timing.inner);
-    if (trial_ms < settings.min_sample_ms)
-      timing.inner = calibrate_inner(trial_ms / timing.inner, settings.min_sample_ms * 1.1);
+  double per_call_ms = timing_.compile_s * 1e3;
+  if (settings_.warmup > 0) per_call_ms = warm_up(kase_, settings_.warmup);
+  timing_.inner = calibrate_inner(per_call_ms, settings_.min_sample_ms);
+  if (timing_.inner > 1) {
+    const double trial_ms = kase_.time_ms(timing_.inner);
+    if (trial_ms < settings_.min_sample_ms)
+      timing_.inner = calibrate_inner(trial_ms / timing_.inner, settings_.min_sample_ms * 1.1);
   }
+  timing_.samples_ms.reserve(std::size_t(settings_.reps));
+  own_time_ += std::chrono::steady_clock::now() - start;
+}
 
-  // The samples keep the promise of a minimum length: one slow warm-up call can make inner 1 for
-  // a case whose steady calls are far shorter, and no trial above re-checks that.
-  timing.samples_ms.reserve(std::size_t(settings.reps));
-  int recalibrations = 0;
-  while (int(timing.samples_ms.size()) < settings.reps) {
-    throw_if_stop_requested();  // a stop request lets the sample under way finish, then ends the case
-    const double sample_ms = kase.time_ms(timing.inner);
-    if (sample_ms < settings.min_sample_ms) {
-      if (recalibrations < kMaxRecalibrations) {
-        ++recalibrations;
-        timing.inner = std::max(timing.inner + 1, calibrate_inner(sample_ms / timing.inner, settings.min_sample_ms * 1.1));
-        timing.samples_ms.clear();
-        continue;
-      }
-      ++timing.short_samples;
+// The samples keep the promise of a minimum length: one slow warm-up call can make inner 1 for a
+// case whose steady calls are far shorter, and no trial in start() re-checks that.
+void Sampler::sample() {
+  throw_if_stop_requested();  // a stop request lets the sample under way finish, then ends the case
+  const auto start = std::chrono::steady_clock::now();
+  const double sample_ms = kase_.time_ms(timing_.inner);
+  own_time_ += std::chrono::steady_clock::now() - start;
+  if (sample_ms < settings_.min_sample_ms) {
+    if (recalibrations_ < kMaxRecalibrations) {
+      ++recalibrations_;
+      timing_.inner = std::max(timing_.inner + 1, calibrate_inner(sample_ms / timing_.inner, settings_.min_sample_ms * 1.1));
+      timing_.samples_ms.clear();
+      timing_.short_samples = 0;
+      decide();
+      return;
     }
-    timing.samples_ms.push_back(sample_ms / timing.inner);
+    ++timing_.short_samples;
   }
-  timing.stats = summarize(timing.samples_ms);
-  return timing;
+  timing_.samples_ms.push_back(sample_ms / timing_.inner);
+  decide();
+}
+
+// After each sample: the noise target once the fewest samples are in, then the most samples,
+// then the timeout (which may end a case below its fewest samples, but never before one sample).
+void Sampler::decide() {
+  const int n = int(timing_.samples_ms.size());
+  const int fewest = std::min(settings_.min_samples, settings_.reps);
+  timing_.noise_pct = median_noise_pct(timing_.samples_ms);
+  if (settings_.max_noise_pct > 0 && n >= fewest && n >= 2 && timing_.noise_pct <= settings_.max_noise_pct) {
+    timing_.stopped_on = StopReason::noise;
+    done_ = true;
+  } else if (n >= settings_.reps) {
+    timing_.stopped_on = StopReason::samples;
+    done_ = true;
+  } else if (settings_.timeout_s > 0 && n >= 1 && std::chrono::duration<double>(own_time_).count() >= settings_.timeout_s) {
+    timing_.stopped_on = StopReason::timeout;
+    done_ = true;
+  }
+}
+
+Timing Sampler::timing() const {
+  Timing t = timing_;
+  t.stats = summarize(t.samples_ms);
+  return t;
+}
+
+Timing measure(PreparedCase& kase, const TimingSettings& settings) {
+  Sampler sampler(kase, settings);
+  sampler.start();
+  while (!sampler.done()) sampler.sample();
+  return sampler.timing();
+}
+
+namespace {
+
+void spin_for(std::chrono::steady_clock::duration how_long) {
+  const auto until = std::chrono::steady_clock::now() + how_long;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+class SlowedCase final : public PreparedCase {
+ public:
+  SlowedCase(std::unique_ptr<PreparedCase> kase, double pct) : kase_(std::move(kase)), fraction_(pct / 100) {}
+  void run() override {
+    const auto start = std::chrono::steady_clock::now();
+    kase_->run();
+    spin_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>((std::chrono::steady_clock::now() - start) * fraction_));
+  }
+  // The calls' time by the backend's clock, and the spin's by the host's, as it ran.
+  double time_ms(int calls) override {
+    const double ms = kase_->time_ms(calls);
+    const auto start = std::chrono::steady_clock::now();
+    spin_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms * fraction_)));
+    return ms + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  MemoryUsage memory() const override { return kase_->memory(); }
+  void read_outputs(TensorSet& outputs) override { kase_->read_outputs(outputs); }
+  std::string bwd_states() const override { return kase_->bwd_states(); }
+
+ private:
+  std::unique_ptr<PreparedCase> kase_;
+  double fraction_;
+};
+
+}  // namespace
+
+std::unique_ptr<PreparedCase> with_slowdown(std::unique_ptr<PreparedCase> kase, double pct) {
+  if (!(pct > 0)) return kase;
+  return std::make_unique<SlowedCase>(std::move(kase), pct);
 }
 
 }  // namespace lattn

@@ -93,7 +93,7 @@ void cut_partial_line(const std::string& path, const JournalContents& contents) 
 std::map<std::size_t, CaseRecord> resumed_records(const JournalContents& journal, const nlohmann::json& header,
                                                   const std::vector<Case>& full_plan, const std::vector<Case>& plan,
                                                   const std::string& path) {
-  for (const char* key : {"config", "shard", "plan_size", "schema_version"}) {
+  for (const char* key : {"config", "shard", "filter", "plan_size", "schema_version"}) {
     const nlohmann::json theirs = journal.header.value(key, nlohmann::json());
     if (theirs != header.value(key, nlohmann::json()))
       throw UsageError(path, std::string("the journal's ") + key + " differs from this run's" +

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
       fmt::print("{}", outcome.output);
       return 0;
     }
+    if (outcome.request->list_cases) {
+      fmt::print("{}", lattn::list_cases(*outcome.request));
+      return 0;
+    }
     return lattn::run_benchmarks(*outcome.request);
   } catch (const lattn::UsageError& e) {
     fmt::print(stderr, "lattnbench: error: {}\n", e.what());

@@ -2,8 +2,11 @@
 // slowest), and the checks that need the whole config (sizes no machine here could hold).
 #include "plan.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <functional>
+#include <regex>
 
 #include "core/error.hpp"
 
@@ -102,6 +105,31 @@ std::vector<Case> expand_plan(const Config& c) {
       plan.push_back(std::move(kase));
     }
   return plan;
+}
+
+std::string case_slug(const Case& c) {
+  const Op& op = *c.op;
+  std::string slug = fmt::format("{:03d}-{}-{}-{}-b{}h{}t{}d{}", c.plan_index, op.suite, c.impl, to_string(c.mode),
+                                 c.batch, c.heads, c.seq, c.dim);
+  if (op.has(Param::chunk)) slug += fmt::format("c{}", c.chunk);
+  if (op.has(Param::window)) slug += fmt::format("w{}", c.window);
+  if (op.has(Param::decay)) slug += "-" + c.decay;
+  for (const auto& [name, value] : c.options) slug += "-" + name + value;
+  return slug;
+}
+
+std::vector<Case> filter_plan(const std::vector<Case>& plan, const std::string& filter) {
+  if (filter.empty()) return plan;
+  std::regex pattern;
+  try {
+    pattern = std::regex(filter, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw UsageError("--filter", "not a regular expression: '" + filter + "' (" + e.what() + ")");
+  }
+  std::vector<Case> kept;
+  for (const Case& c : plan)
+    if (std::regex_search(case_slug(c), pattern)) kept.push_back(c);
+  return kept;
 }
 
 }  // namespace lattn

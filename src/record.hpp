@@ -23,8 +23,10 @@ std::string to_string(Status status);
 // The figures of a case that ran.
 struct Measurement {
   double compile_s = 0;
-  int warmup = 0, inner = 1, reps = 0;
+  int warmup = 0, inner = 1, reps = 0;  // reps: the samples taken (samples_ms' length)
   std::vector<double> samples_ms;
+  double noise_pct = 0;    // the median's noise the samples reached (docs/harness.md)
+  std::string stopped_on;  // why no more samples were taken: "samples", "noise" or "timeout"
   double median_ms = 0, q1_ms = 0, q3_ms = 0, min_ms = 0, max_ms = 0, mean_ms = 0;
   int short_samples = 0;
   double rel_err = 0;  // +inf when an output held NaN or Inf
@@ -81,6 +83,7 @@ Summary build_summary(const std::vector<CaseRecord>& records);
 
 struct Totals {
   std::size_t cases = 0, ok = 0, failed = 0, skipped = 0;
+  std::size_t not_planned = 0;  // cases of the config that --filter left out
 };
 
 struct RunDocument {
@@ -94,6 +97,7 @@ struct RunDocument {
   std::vector<std::string> warnings;
   std::optional<std::pair<int, int>> shard;  // (index, count)
   std::string interrupted_by;                // "SIGINT" / "SIGTERM" when interrupted
+  std::string filter;                        // --filter's expression, when given
 };
 
 }  // namespace lattn

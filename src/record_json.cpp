@@ -76,6 +76,7 @@ constexpr DoubleKey kDoubles[] = {
     {"mean_ms", &Measurement::mean_ms},     {"tolerance", &Measurement::tolerance}, {"temp_mb", &Measurement::temp_mb},
     {"arg_mb", &Measurement::arg_mb},       {"out_mb", &Measurement::out_mb},       {"flops", &Measurement::flops},
     {"gflops", &Measurement::gflops},       {"bytes", &Measurement::bytes},         {"gbytes_per_s", &Measurement::gbytes_per_s},
+    {"noise_pct", &Measurement::noise_pct},
 };
 constexpr IntKey kInts[] = {{"warmup", &Measurement::warmup},
                             {"inner", &Measurement::inner},
@@ -86,7 +87,8 @@ constexpr OptionalKey kOptionals[] = {
     {"roofline_gflops", &Measurement::roofline_gflops}, {"roofline_fraction", &Measurement::roofline_fraction},
     {"peak_gflops_now", &Measurement::peak_gflops_now}, {"peak_fraction_now", &Measurement::peak_fraction_now},
 };
-constexpr TextKey kTexts[] = {{"check_failure", &Measurement::check_failure},
+constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
+                              {"check_failure", &Measurement::check_failure},
                               {"bwd_states", &Measurement::bwd_states},
                               {"timer_warning", &Measurement::timer_warning}};
 
@@ -245,6 +247,10 @@ nlohmann::json to_json(const RunDocument& doc) {
       {"summary", to_json(build_summary(doc.results))},
       {"warnings", doc.warnings},
   };
+  if (!doc.filter.empty()) {
+    j["filter"] = doc.filter;
+    j["totals"]["not_planned"] = doc.totals.not_planned;
+  }
   if (doc.shard) j["shard"] = {{"index", doc.shard->first}, {"count", doc.shard->second}};
   if (!doc.interrupted_by.empty()) {
     j["interrupted"] = true;
@@ -314,6 +320,8 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
     if (!is_input(spec.role) && spec.in(planned)) outputs.insert(spec.name);
   for (const auto& [name, e] : m.rel_errs) recorded.insert(name);
   if (recorded != outputs) throw UsageError(where, "the journal record's rel_errs do not name this case's outputs");
+  if (m.stopped_on != "samples" && m.stopped_on != "noise" && m.stopped_on != "timeout")
+    throw UsageError(where, "the journal record's stopped_on '" + m.stopped_on + "' is not samples, noise or timeout");
   m.cold = optional_field<bool>(line, "cold", where).value_or(false);
   if (int(m.samples_ms.size()) != m.reps)
     throw UsageError(where, "the journal record has " + std::to_string(m.samples_ms.size()) + " samples for reps " +

@@ -15,7 +15,7 @@
 #include <set>
 
 #include "backend.hpp"
-#include "check.hpp"
+#include "case_run.hpp"
 #include "core/error.hpp"
 #include "core/op.hpp"
 #include "cost.hpp"
@@ -24,7 +24,6 @@
 #include "interrupt.hpp"
 #include "isolate.hpp"
 #include "journal.hpp"
-#include "npy.hpp"
 #include "plan.hpp"
 #include "record_json.hpp"
 #include "report.hpp"
@@ -33,8 +32,6 @@
 
 namespace lattn {
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
 
 std::string utc_now(const char* format) {
   const std::time_t now = std::time(nullptr);
@@ -45,188 +42,49 @@ std::string utc_now(const char* format) {
   return buffer;
 }
 
-std::string describe(const Case& c) {
-  const Op& op = *c.op;
-  std::string out = fmt::format("{} {} {} B{} H{} T{} D{}", op.suite, c.impl, to_string(c.mode), c.batch, c.heads,
-                                c.seq, c.dim);
-  if (op.has(Param::chunk)) out += fmt::format(" C{}", c.chunk);
-  if (op.has(Param::window)) out += fmt::format(" W{}", c.window);
-  if (op.has(Param::decay)) out += " decay=" + c.decay;
-  for (const auto& [name, value] : c.options) out += " " + name + "=" + value;
-  return out;
-}
-
-// The case's folder name under --dump: its plan index and identity.
-std::string case_slug(const Case& c) {
-  const Op& op = *c.op;
-  std::string slug = fmt::format("{:03d}-{}-{}-{}-b{}h{}t{}d{}", c.plan_index, op.suite, c.impl, to_string(c.mode),
-                                 c.batch, c.heads, c.seq, c.dim);
-  if (op.has(Param::chunk)) slug += fmt::format("c{}", c.chunk);
-  if (op.has(Param::window)) slug += fmt::format("w{}", c.window);
-  if (op.has(Param::decay)) slug += "-" + c.decay;
-  for (const auto& [name, value] : c.options) slug += "-" + name + value;
-  return slug;
-}
-
 std::string format_duration(double seconds) {
   const long s = std::lround(seconds);
   return s >= 3600 ? fmt::format("{}:{:02d}:{:02d}", s / 3600, (s / 60) % 60, s % 60)
                    : fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-// What a case's inputs and float64 reference depend on: its op, shape, decay, window, options, dtype;
-// never its impl, mode or chunk (every form computes the same thing).
-std::string reference_key(const Case& c) {
-  std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.op->name, c.batch, c.heads, c.seq, c.dim, c.window,
-                                c.decay, c.dtype);
-  for (const auto& [name, value] : c.options) key += "|" + name + "=" + value;
-  return key;
-}
-
-// Inputs and the float64 reference for the key last seen: the forms and modes of one shape come
-// one after another in the plan and share them. The first case of a key computes the gradients
-// too when any case of that key needs them, so that the (slow) float64 reference runs once.
-class ReferenceCache {
- public:
-  struct Entry {
-    TensorSet inputs;  // every input and cotangent (fwd_bwd's superset)
-    Reference reference;
-  };
-
-  explicit ReferenceCache(const std::vector<Case>& plan) {
-    for (const Case& c : plan)
-      if (c.backward()) backward_keys_.insert(reference_key(c));
-  }
-
-  const Entry& get(const Case& c, std::uint64_t seed) {
-    const std::string key = reference_key(c);
-    const bool backward = c.backward() || backward_keys_.count(key);
-    if (!entry_ || key != key_ || (backward && !entry_->reference.has_backward)) {
-      entry_.reset();  // free the old shape's tensors before making the new ones
-      auto entry = std::make_unique<Entry>();
-      entry->inputs = make_case_inputs(c, seed);
-      entry->reference = c.op->reference(c, entry->inputs, backward);
-      entry_ = std::move(entry);
-      key_ = key;
-    }
-    return *entry_;
-  }
-
- private:
-  std::set<std::string> backward_keys_;
-  std::string key_;
-  std::unique_ptr<Entry> entry_;
-};
-
-// Host bytes the run itself holds for a case beyond the backend: the cached inputs (float32), their
-// float64 copies and the case's own input copy; the float64 reference outputs and the outputs read
-// back. Counted for fwd_bwd's tensors whatever the mode, as the cache holds them.
-std::size_t host_estimate(const Case& c) {
-  return case_input_elems(c, true) * (4 + 8 + 4) + case_output_elems(c, true) * (8 + 4);
-}
-
-std::optional<std::string> memory_guard(const Backend& backend, const ImplRow& row, const Case& c) {
-  const double backend_need = row.memory_estimate ? double(row.memory_estimate(c)) : 0.0;
-  const double host_need = double(host_estimate(c)) + (backend.memory_is_host ? backend_need : 0.0);
-  const double host_free = double(available_host_memory());
-  if (host_need > host_free)
-    return fmt::format("needs about {:.0f} MiB of host memory, {:.0f} MiB available", host_need / kMiB, host_free / kMiB);
-  if (!backend.memory_is_host && backend.memory_available) {
-    const double free = double(backend.memory_available());
-    if (backend_need > free)
-      return fmt::format("needs about {:.0f} MiB of {} memory, {:.0f} MiB free", backend_need / kMiB, backend.name,
-                         free / kMiB);
-  }
-  return std::nullopt;
-}
-
-void dump_case(const std::string& dir, const Case& c, const TensorSet& inputs, const TensorSet& outputs) {
-  const std::filesystem::path folder = std::filesystem::path(dir) / case_slug(c);
-  std::error_code ec;
-  std::filesystem::create_directories(folder, ec);
-  if (ec) throw_file_error("cannot make the dump folder " + folder.string(), ec.value());
-  for (const TensorSet* set : {&inputs, &outputs})
-    for (const Tensor& t : *set) write_npy((folder / (t.name + ".npy")).string(), t.data.data(), t.shape);
-}
-
-struct RunContext {
-  const RunRequest& request;
-  Backend& backend;
-  const DeviceInfo& device;
-  ReferenceCache cache;
-  TimerInfo timer;
-};
-
-// Times, checks and measures one case the row can run: the record of SPEC section 4.
-Measurement run_case(RunContext& ctx, const ImplRow& row, const Case& c) {
-  const auto& run = ctx.request.config.run;
-  const auto& shared = ctx.cache.get(c, run.seed);
-  throw_if_stop_requested();
-  const TensorSet inputs = shared.inputs.inputs_for(c.mode);
-  auto prepared = row.prepare(c, inputs);
-  const Timing timing = measure(*prepared, TimingSettings{run.warmup, run.reps, run.min_sample_ms});
-  TensorSet outputs = make_case_outputs(c);
-  prepared->read_outputs(outputs);
-  const CheckResult check = check_outputs(c, outputs, shared.reference);
-  const MemoryUsage memory = prepared->memory();
-
-  Measurement m;
-  m.check_failure = check.failure();
-  m.compile_s = timing.compile_s;
-  m.warmup = run.warmup;
-  m.inner = timing.inner;
-  m.reps = run.reps;
-  m.samples_ms = timing.samples_ms;
-  m.median_ms = timing.stats.median;
-  m.q1_ms = timing.stats.q1;
-  m.q3_ms = timing.stats.q3;
-  m.min_ms = timing.stats.min;
-  m.max_ms = timing.stats.max;
-  m.mean_ms = timing.stats.mean;
-  m.short_samples = timing.short_samples;
-  m.rel_err = check.rel_err;
-  m.rel_errs = check.per_output;
-  m.tolerance = check.tolerance;
-  m.temp_mb = double(memory.temp_bytes) / kMiB;
-  m.arg_mb = double(memory.arg_bytes) / kMiB;
-  m.out_mb = double(memory.out_bytes) / kMiB;
-  const double seconds = timing.stats.median * 1e-3;
-  m.flops = c.op->flops(c);
-  m.bytes = case_min_bytes(memory);
-  m.gflops = seconds > 0 ? m.flops / seconds * 1e-9 : 0.0;
-  m.gbytes_per_s = seconds > 0 ? m.bytes / seconds * 1e-9 : 0.0;
-  m.bwd_states = prepared->bwd_states();
-  if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
-    m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
-                                  timing.stats.median * 1e6, ctx.timer.resolution_ns);
-  m.cold = run.cold;
-
-  // Against the start-up peak, and the roofline: the rate a case of this arithmetic intensity can
-  // reach at the measured bandwidth, if that is below the compute peak (memory-bound: small D,
-  // long sequences).
-  const double peak = ctx.device.peak_gflops(), stream = ctx.device.stream_gbytes_per_s();
-  if (peak > 0) {
-    m.peak_gflops = peak;
-    m.peak_fraction = m.gflops / peak;
-    if (stream > 0 && m.bytes > 0 && m.flops > 0) {
-      const double roof = std::min(peak, m.flops / m.bytes * stream);
-      m.roofline_gflops = roof;
-      m.roofline_fraction = m.gflops / roof;
-    }
-  }
-  if (!ctx.request.dump_dir.empty()) dump_case(ctx.request.dump_dir, c, inputs, outputs);
-  return m;
-}
-
-CaseRecord skipped(const Case& c, std::string why) {
-  CaseRecord r;
-  r.kase = c;
-  r.status = Status::skipped;
-  r.skip_reason = std::move(why);
-  return r;
+BackendOptions backend_options(const RunRequest& request) {
+  const RunSettings& run = request.config.run;
+  BackendOptions options{run.threads, run.device, run.cold, run.bwd_states == "kept"};
+  options.plugins = request.plugins;
+  return options;
 }
 
 }  // namespace
+
+std::string list_cases(const RunRequest& request) {
+  const Config& config = request.config;
+  const std::vector<Case> full_plan = expand_plan(config);
+  const std::vector<Case> chosen = filter_plan(full_plan, request.filter);
+  const std::vector<Case> plan = select_shard(chosen, request.shard);
+  auto backend = make_backend(config.run.backend, backend_options(request));
+  const Availability availability = backend->availability();
+  // The quick re-measurement of the peak the runner takes around each case, not the device block's.
+  const std::optional<double> peak =
+      availability.available && backend->peak_check ? backend->peak_check() : std::optional<double>();
+  std::string out = fmt::format("{} cases", plan.size());
+  if (full_plan.size() != plan.size()) out += fmt::format(" of the config's {}", full_plan.size());
+  if (!request.filter.empty()) out += fmt::format("; {} not planned (--filter {})", full_plan.size() - chosen.size(), request.filter);
+  if (request.shard.active()) out += fmt::format("; shard {}/{}", request.shard.index, request.shard.count);
+  out += peak ? fmt::format("; estimated at the sgemm peak of {:.1f} GFLOP/s (best of 10 products)\n", *peak)
+              : fmt::format("; no sgemm peak measured ({}): estimated from min_sample_ms alone\n",
+                            availability.available ? "the backend has none" : availability.reason);
+  double total = 0;
+  for (const Case& c : plan) {
+    const TimeEstimate e = estimate_case_time(c, config.run, peak.value_or(0.0));
+    total += e.total_s();
+    const std::optional<std::string> why = availability.available ? backend->unsupported(c) : std::nullopt;
+    out += fmt::format("{}  {:>8.1f} s  {:>10.4g} GFLOP{}\n", case_slug(c), e.total_s(), c.op->flops(c) * 1e-9,
+                       why ? "  (skipped here: " + *why + ")" : "");
+  }
+  out += fmt::format("estimated total {} (the float64 references and checks not counted)\n", format_duration(total));
+  return out;
+}
 
 std::string default_out_path(const std::string& backend, const std::string& utc_compact) {
   return "results/lattnbench-" + backend + "-" + utc_compact + ".json";
@@ -260,9 +118,7 @@ int run_benchmarks(const RunRequest& request) {
                        resuming ? request.resume_path : journal_path_for(out_path)};
   check_run_files(files, resuming);
 
-  BackendOptions options{config.run.threads, config.run.device, config.run.cold, config.run.bwd_states == "kept"};
-  options.plugins = request.plugins;
-  auto backend = make_backend(config.run.backend, options);
+  auto backend = make_backend(config.run.backend, backend_options(request));
   const Availability availability = backend->availability();
   if (!availability.available) throw UsageError("--backend " + config.run.backend, availability.reason);
   RunDocument document;
@@ -270,13 +126,15 @@ int run_benchmarks(const RunRequest& request) {
   const DeviceInfo& device = document.device;
 
   const std::vector<Case> full_plan = expand_plan(config);
-  const std::vector<Case> plan = select_shard(full_plan, request.shard);
+  const std::vector<Case> chosen = filter_plan(full_plan, request.filter);
+  const std::vector<Case> plan = select_shard(chosen, request.shard);
   const nlohmann::json shard_json =
       request.shard.active() ? nlohmann::json{{"index", request.shard.index}, {"count", request.shard.count}} : nlohmann::json();
 
   nlohmann::json header = {{"journal", "lattnbench"}, {"schema_version", kSchemaVersion}, {"created_utc", started},
                            {"argv", argv},           {"out_path", out_path},            {"config", to_json(config)},
-                           {"shard", shard_json},     {"plan_size", full_plan.size()},   {"device", device_fingerprint(device)}};
+                           {"shard", shard_json},     {"plan_size", full_plan.size()},   {"device", device_fingerprint(device)},
+                           {"filter", request.filter}};
   // From here on the run writes: its folders, then the lock, then the journal.
   PreparedFolders folders(files);
   const RunLock lock(files);
@@ -296,68 +154,47 @@ int run_benchmarks(const RunRequest& request) {
   const double peak_gflops = device.peak_gflops(), sgemm_median_gflops = device.sgemm_median_gflops();
   std::vector<std::string> warnings = environment_warnings(device.host.build_type);
   if (std::string w = peak_spread_warning(peak_gflops, sgemm_median_gflops); !w.empty()) warnings.push_back(std::move(w));
+  if (config.run.slowdown > 0)
+    warnings.push_back(fmt::format("--slowdown {}: every call was made {}% slower on purpose (a testing aid of the "
+                                   "regression gate, docs/harness.md); these times are not the kernels'",
+                                   config.run.slowdown, config.run.slowdown));
   for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
 
   RunContext ctx{request, *backend, device, ReferenceCache(plan), measure_steady_clock()};
-  double total_cost = 0, done_cost = 0;
-  for (const auto& c : plan) total_cost += case_cost_estimate(c);
+  // The ETA starts from the cost model (docs/cli.md) and moves to what the cases take.
+  std::map<std::size_t, TimeEstimate> estimates;
+  std::map<std::size_t, double> advanced;  // the estimated seconds each case has counted so far
+  double total_estimate = 0;
+  for (const auto& c : plan)
+    if (!done.count(c.plan_index)) total_estimate += (estimates[c.plan_index] = estimate_case_time(c, config.run, peak_gflops)).total_s();
+  Progress progress(total_estimate);
+  const auto advance = [&](const Case& c, double seconds) {
+    progress.advance(seconds);
+    advanced[c.plan_index] += seconds;
+  };
 
   install_interrupt_handlers();
   std::vector<CaseRecord>& results = document.results;
   results.reserve(plan.size());
   document.totals.cases = plan.size();
+  document.totals.not_planned = full_plan.size() - chosen.size();
   const auto run_start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count(); };
+  const auto timing_note = [&] {
+    return fmt::format("elapsed {}, ETA {}", format_duration(elapsed()), format_duration(progress.eta_s(elapsed())));
+  };
+  if (!request.quiet) {
+    fmt::print(stderr, "lattnbench: {} cases{}, estimated {} (cost model: each call's flops at the sgemm peak, "
+               "each sample at least min_sample_ms){}\n", plan.size(),
+               document.totals.not_planned ? fmt::format(" ({} not planned: --filter)", document.totals.not_planned) : "",
+               format_duration(total_estimate), config.run.interleave ? "; samples in rounds over the cases" : "");
+    std::fflush(stderr);
+  }
   bool any_failed = false;
-  std::size_t position = 0;
   std::string write_failure;  // what the disk refused (EnvironmentError): the run stops there
 
-  for (const Case& c : plan) {
-    ++position;
-    if (stop_requested()) break;
-    CaseRecord record;
-    std::string note;
-    const ImplRow* row = backend->find(c.op->name, c.impl);
-    if (auto it = done.find(c.plan_index); it != done.end()) {
-      record = it->second;
-      note = "from the journal";
-    } else if (auto why = backend->unsupported(c)) {
-      record = skipped(c, *why);
-      note = "skipped: " + *why;
-    } else if (auto too_big = memory_guard(*backend, *row, c)) {
-      record = skipped(c, "memory: " + *too_big);
-      note = "skipped: memory: " + *too_big;
-    } else {
-      record.kase = c;
-      try {
-        const std::optional<double> peak_before = backend->peak_check ? backend->peak_check() : std::nullopt;
-        // --isolate: a plugin's case in a child process, its inputs and reference made here first.
-        const bool isolated = request.isolate && is_plugin_impl_name(c.impl);
-        if (isolated) ctx.cache.get(c, config.run.seed);
-        Measurement m = isolated ? run_isolated(c, [&] { return run_case(ctx, *row, c); }) : run_case(ctx, *row, c);
-        const std::optional<double> peak_after = backend->peak_check ? backend->peak_check() : std::nullopt;
-        if (peak_before && peak_after) {
-          m.peak_gflops_now = std::max(*peak_before, *peak_after);
-          m.peak_fraction_now = m.gflops / *m.peak_gflops_now;
-        }
-        record.status = m.check_failure.empty() ? Status::ok : Status::failed;
-        note = fmt::format("median {:.4f} ms, rel_err {:.2e}", m.median_ms, m.rel_err);
-        if (record.status == Status::failed) note += " FAILED: " + m.check_failure;
-        record.measured = std::move(m);
-      } catch (const Interrupted&) {
-        break;
-      } catch (const EnvironmentError& e) {  // its dump did not fit: the case runs again on --resume
-        write_failure = e.what();
-        break;
-      } catch (const std::bad_alloc&) {
-        record = skipped(c, "memory: an allocation failed");
-        note = "skipped: memory: an allocation failed";
-      } catch (const std::exception& e) {
-        record.status = Status::failed;
-        record.error = e.what();
-        record.measured.reset();
-        note = std::string("FAILED: ") + e.what();
-      }
-    }
+  // A case's end: its journal line (unless it came from the journal), its totals and progress line.
+  const auto finished = [&](const Case& c, CaseRecord record, const std::string& note) -> bool {
     if (!done.count(c.plan_index)) {
       try {
         journal.append(to_json(record));
@@ -372,17 +209,93 @@ int run_benchmarks(const RunRequest& request) {
     }
     any_failed = any_failed || record.status == Status::failed;
     results.push_back(std::move(record));
-    if (!write_failure.empty()) break;
-
-    done_cost += case_cost_estimate(c);
+    if (const auto it = estimates.find(c.plan_index); it != estimates.end()) advance(c, it->second.total_s() - advanced[c.plan_index]);
     if (!request.quiet) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-      const double eta = done_cost > 0 ? elapsed * (total_cost - done_cost) / done_cost : 0.0;
-      fmt::print(stderr, "[{}/{}] {}: {} (elapsed {}, ETA {})\n", position, plan.size(), describe(c), note,
-                 format_duration(elapsed), format_duration(eta));
+      fmt::print(stderr, "[{}/{}] {}: {} ({})\n", results.size(), plan.size(), case_slug(c), note, timing_note());
       std::fflush(stderr);
     }
+    return write_failure.empty();
+  };
+  BatchEvents events;
+  events.finished = finished;
+  events.started = [&](const Case& c) { advance(c, estimates.at(c.plan_index).start_s); };
+  events.sampled = [&](const Case& c) { advance(c, estimates.at(c.plan_index).sample_s); };
+  std::vector<const Case*> batch;
+  events.round_done = [&](int round, std::size_t sampling) {
+    if (request.quiet || batch.size() < 2) return;
+    fmt::print(stderr, "round {}: {} of the batch's {} cases still sampling ({})\n", round, sampling, batch.size(),
+               timing_note());
+    std::fflush(stderr);
+  };
+
+  // Batches of cases whose samples are taken in rounds: with --interleave, consecutive cases while
+  // their memory fits in half of what is free when the batch starts; else one case at a time.
+  MemoryNeed budget, held;
+  const auto run_pending = [&]() -> bool {
+    if (batch.empty()) return true;
+    try {
+      run_batch(ctx, batch, events);
+    } catch (const Interrupted&) {
+      return false;
+    } catch (const EnvironmentError& e) {  // a dump did not fit: the case runs again on --resume
+      write_failure = e.what();
+      return false;
+    }
+    batch.clear();
+    held = MemoryNeed{};
+    return write_failure.empty() && !stop_requested();
+  };
+  bool going = true;
+  for (const Case& c : plan) {
+    if (stop_requested()) {
+      going = false;
+      break;
+    }
+    const ImplRow* row = backend->find(c.op->name, c.impl);
+    if (auto it = done.find(c.plan_index); it != done.end()) {
+      going = finished(c, it->second, "from the journal");
+    } else if (auto why = backend->unsupported(c)) {
+      going = finished(c, skipped(c, *why), "skipped: " + *why);
+    } else if (auto too_big = memory_guard(*backend, *row, c)) {
+      going = finished(c, skipped(c, "memory: " + *too_big), "skipped: memory: " + *too_big);
+    } else if (request.isolate && is_plugin_impl_name(c.impl)) {
+      // --isolate: a plugin's case alone in a child process, its inputs and reference made here first.
+      if (!(going = run_pending())) break;
+      try {
+        const std::optional<double> before = backend->peak_check ? backend->peak_check() : std::nullopt;
+        ctx.cache.get(c, config.run.seed);
+        Measurement m = run_isolated(c, [&] { return run_case(ctx, *row, c); });
+        const std::optional<double> after = backend->peak_check ? backend->peak_check() : std::nullopt;
+        std::string note;
+        CaseRecord record = measured_record(c, std::move(m), before, after, note);
+        going = finished(c, std::move(record), note);
+      } catch (const Interrupted&) {
+        going = false;
+      } catch (const EnvironmentError& e) {
+        write_failure = e.what();
+        going = false;
+      } catch (...) {
+        std::string note;
+        CaseRecord record = failure_record(c, std::current_exception(), note);
+        going = finished(c, std::move(record), note);
+      }
+    } else {
+      const MemoryNeed need = memory_need(*backend, *row, c);
+      const bool fits = held.host + need.host <= budget.host && (budget.device == 0 || held.device + need.device <= budget.device);
+      if (!batch.empty() && (!config.run.interleave || !fits) && !(going = run_pending())) break;
+      if (batch.empty()) {
+        budget.host = double(available_host_memory()) / 2;
+        budget.device = !backend->memory_is_host && backend->memory_available ? double(backend->memory_available()) / 2 : 0;
+      }
+      batch.push_back(&c);
+      held.host += need.host;
+      held.device += need.device;
+    }
+    if (!going) break;
   }
+  if (going) run_pending();
+  std::sort(results.begin(), results.end(),
+            [](const CaseRecord& a, const CaseRecord& b) { return a.kase.plan_index < b.kase.plan_index; });
 
   if (const std::string w = above_peak_warning(results, peak_gflops, sgemm_median_gflops); !w.empty()) {
     warnings.push_back(w);
@@ -396,6 +309,7 @@ int run_benchmarks(const RunRequest& request) {
   document.argv = argv;
   document.config = to_json(config);
   document.warnings = warnings;
+  document.filter = request.filter;
   if (request.shard.active()) document.shard = std::make_pair(request.shard.index, request.shard.count);
   if (!write_failure.empty()) document.interrupted_by = "write error";
   else if (signal) document.interrupted_by = signal == SIGINT ? "SIGINT" : "SIGTERM";
@@ -418,7 +332,12 @@ int run_benchmarks(const RunRequest& request) {
   if (!signal) std::filesystem::remove(files.journal);
 
   fmt::print("{}", render(document, request.stdout_format));
-  if (request.stdout_format == OutputFormat::table) fmt::print("results: {}\n", out_path);
+  if (request.stdout_format == OutputFormat::table) {
+    const Totals& t = document.totals;
+    fmt::print("cases: {} ok, {} failed, {} skipped of {}{}\nresults: {}\n", t.ok, t.failed, t.skipped, t.cases,
+               request.filter.empty() ? "" : fmt::format("; {} not planned (--filter {})", t.not_planned, request.filter),
+               out_path);
+  }
   if (signal) {
     fmt::print(stderr, "lattnbench: interrupted after {} of {} cases; resume with --resume {}\n", results.size(),
                plan.size(), files.journal);

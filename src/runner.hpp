@@ -26,6 +26,8 @@ struct RunRequest {
   bool quiet = false;        // no progress lines
   Plugins plugins;           // loaded (src/plugins.hpp); their impls are rows of the backend
   bool isolate = false;      // each CPU plugin case in a child process (--isolate)
+  std::string filter;        // --filter: only the cases whose name this regular expression matches
+  bool list_cases = false;   // --list-cases: print the plan with estimated times, run nothing
 };
 
 // Exit status of the run: 0 every case ran and passed its check (or was skipped), 1 some case
@@ -33,6 +35,10 @@ struct RunRequest {
 // must fix, EnvironmentError when the disk would not take the journal, a dump or the result file
 // (the finished cases are kept in the journal for --resume).
 int run_benchmarks(const RunRequest& request);
+
+// --list-cases: the plan (after --filter and --shard), each case's name and estimated time from the
+// cost model, and their total; nothing is run or written.
+std::string list_cases(const RunRequest& request);
 
 std::string default_out_path(const std::string& backend, const std::string& utc_compact);
 std::string journal_path_for(const std::string& out_path);

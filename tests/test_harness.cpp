@@ -3,7 +3,10 @@
 
 #include "src/harness.hpp"
 
+#include <chrono>
 #include <cmath>
+#include <memory>
+#include <thread>
 
 using namespace lattn;
 
@@ -56,7 +59,9 @@ class SyntheticCase final : public PreparedCase {
 
 TEST_CASE("measure runs cold, warm-up, calibrated samples, and reports per-call times", "[harness]") {
   SyntheticCase kase(0.5);
-  const Timing t = measure(kase, TimingSettings{3, 7, 10.0});
+  TimingSettings settings{3, 7, 10.0};
+  settings.max_noise_pct = 0;  // all seven samples, though the first five already agree
+  const Timing t = measure(kase, settings);
   CHECK(t.inner == 20);
   REQUIRE(t.samples_ms.size() == 7);
   for (double s : t.samples_ms) CHECK(s == Approx(0.5));
@@ -115,4 +120,80 @@ TEST_CASE("samples that stay short after the re-calibrations are counted", "[har
   for (double s : t.samples_ms) short_by_hand += s * t.inner < 10.0;
   CHECK(short_by_hand == 4);
   CHECK(t.short_samples == short_by_hand);
+}
+
+TEST_CASE("the median's noise is the half-width of its order-statistic 95% interval", "[harness][noise]") {
+  CHECK(median_noise_pct({}) == 0);
+  CHECK(median_noise_pct({3.0}) == 0);
+  // Five samples have no 95% interval of order statistics (the range covers 93.75%): the half-range.
+  CHECK(median_noise_pct({10, 11, 9, 10, 12}) == Approx((12.0 - 9.0) / 2 / 10 * 100));
+  // Ten: P(X <= 1) = 11/1024, P(X <= 2) = 56/1024, so [x_(2), x_(9)] (97.9%) is the interval.
+  CHECK(median_noise_pct({1, 2, 3, 4, 5, 6, 7, 8, 9, 100}) == Approx((9.0 - 2.0) / 2 / 5.5 * 100));
+  CHECK(median_noise_pct(std::vector<double>(20, 4.0)) == 0);
+}
+
+TEST_CASE("a quiet case stops on the noise target once it has its fewest samples", "[harness][noise]") {
+  SyntheticCase kase(0.5);
+  TimingSettings settings{1, 50, 5.0};
+  settings.min_samples = 6;
+  settings.max_noise_pct = 1;
+  const Timing t = measure(kase, settings);
+  CHECK(t.samples_ms.size() == 6);
+  CHECK(t.stopped_on == StopReason::noise);
+  CHECK(t.noise_pct == 0);
+  CHECK(to_string(t.stopped_on) == "noise");
+}
+
+TEST_CASE("without a noise target a case takes reps samples; the fewest never exceed reps", "[harness][noise]") {
+  SyntheticCase kase(0.5);
+  TimingSettings settings{1, 7, 5.0};
+  settings.max_noise_pct = 0;
+  Timing t = measure(kase, settings);
+  CHECK(t.samples_ms.size() == 7);
+  CHECK(t.stopped_on == StopReason::samples);
+  settings.reps = 3;  // min_samples 5 > reps 3: reps wins
+  settings.max_noise_pct = 50;
+  t = measure(kase, settings);
+  CHECK(t.samples_ms.size() == 3);
+}
+
+namespace {
+// A case whose calls take real time: each batch sleeps `ms` per call (the timeout counts real time).
+class SleepingCase final : public PreparedCase {
+ public:
+  explicit SleepingCase(double ms) : ms_(ms) {}
+  void run() override { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms_)); }
+  double time_ms(int n) override {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) run();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  MemoryUsage memory() const override { return {}; }
+  void read_outputs(TensorSet&) override {}
+
+ private:
+  double ms_;
+};
+}  // namespace
+
+TEST_CASE("the timeout ends a case's samples, after one sample at least", "[harness][noise]") {
+  SleepingCase kase(20);
+  TimingSettings settings{0, 100000, 1.0};
+  settings.max_noise_pct = 0;
+  settings.timeout_s = 0.05;  // three calls of 20 ms or more pass it
+  const Timing t = measure(kase, settings);
+  CHECK(t.stopped_on == StopReason::timeout);
+  CHECK(t.samples_ms.size() >= 1);
+  CHECK(t.samples_ms.size() < 100000);
+}
+
+TEST_CASE("the slowdown testing aid spins a share of each call's time inside the timed region", "[harness][slowdown]") {
+  auto slowed = with_slowdown(std::make_unique<SyntheticCase>(10.0), 20);
+  // The synthetic calls take no real time but report 10 ms each; the spin adds 20% of that, really
+  // spent, to what the batch reports.
+  CHECK(slowed->time_ms(1) >= 12.0);
+  CHECK(slowed->time_ms(2) >= 24.0);
+  auto plain = std::make_unique<SyntheticCase>(10.0);
+  PreparedCase* raw = plain.get();
+  CHECK(with_slowdown(std::move(plain), 0).get() == raw);
 }

@@ -97,3 +97,19 @@ TEST_CASE("SIGTERM while a long case's inputs and float64 reference are made sto
   check_stops_within_a_second(pid, dir / "log");
   fs::remove_all(dir);
 }
+
+TEST_CASE("SIGTERM during an interleaved batch's rounds stops the run within a second", "[signals][stop][interleave]") {
+  const fs::path dir = fresh_dir("stop-rounds");
+  const fs::path out = dir / "r.json";
+  // Four cases of ~1 ms calls sampled in rounds that never end by themselves (no noise target, no
+  // timeout, 100000 samples of 20 ms each).
+  const pid_t pid = start_case({binary(), "--suite", "kernel", "--seq", "3000", "--dim", "48", "--batch", "1", "--heads", "4",
+                                "--reps", "100000", "--max-noise", "0", "--timeout", "0", "--min-sample-ms", "20",
+                                "--interleave", "--threads", "1", "--quiet", "--out", out.string()},
+                               out, dir / "log", std::chrono::milliseconds(2500));
+  check_stops_within_a_second(pid, dir / "log");
+  const auto doc = read_json(out);
+  CHECK(doc["interrupted"] == true);
+  CHECK(doc["results"].empty());  // no case had taken its last sample: none is recorded
+  fs::remove_all(dir);
+}
