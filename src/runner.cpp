@@ -97,6 +97,8 @@ int run_benchmarks(const RunRequest& request) {
   std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
   std::vector<std::string> argv = request.argv;
   const bool resuming = !request.resume_path.empty();
+  const std::vector<Case> full_plan = expand_plan(config);
+  const std::vector<Case> chosen = filter_plan(full_plan, request.filter);  // a bad --filter: exit 2 before any write
   if (resuming && request.force)
     throw UsageError("--force", "starts over, and --resume continues the journal: give one of them");
 
@@ -125,8 +127,6 @@ int run_benchmarks(const RunRequest& request) {
   document.device = backend->describe();
   const DeviceInfo& device = document.device;
 
-  const std::vector<Case> full_plan = expand_plan(config);
-  const std::vector<Case> chosen = filter_plan(full_plan, request.filter);
   const std::vector<Case> plan = select_shard(chosen, request.shard);
   const nlohmann::json shard_json =
       request.shard.active() ? nlohmann::json{{"index", request.shard.index}, {"count", request.shard.count}} : nlohmann::json();

@@ -23,6 +23,21 @@ ProcessResult lattnbench(const std::string& args) { return run_process(binary() 
 const std::string kSmall = "--suite kernel --seq 16,24 --dim 4 --chunk 8 --batch 1 --heads 1 --warmup 1 "
                            "--min-sample-ms 0.5 --threads 1";
 
+// The small cases with `args` in a fresh folder of `name`, writing `out`; it must exit 0.
+struct SmallRun {
+  fs::path dir, out;
+  ProcessResult result;
+};
+SmallRun run_small(const std::string& name, const std::string& args) {
+  SmallRun run;
+  run.dir = fresh_dir(name);
+  run.out = run.dir / "r.json";
+  run.result = lattnbench(kSmall + " " + args + " --out " + run.out.string());
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_status == 0);
+  return run;
+}
+
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
@@ -73,11 +88,7 @@ TEST_CASE("--list-cases lists the plan after --filter and --shard, with estimate
 }
 
 TEST_CASE("--filter runs the matching cases only and the summary line says how many were not planned", "[cli][plan]") {
-  const fs::path dir = fresh_dir("filter");
-  const fs::path out = dir / "r.json";
-  const auto result = lattnbench(kSmall + " --reps 3 --filter 'chunked-fwd-.*t24' --out " + out.string());
-  INFO(result.output);
-  REQUIRE(result.exit_status == 0);
+  const auto [dir, out, result] = run_small("filter", "--reps 3 --filter 'chunked-fwd-.*t24'");
   CHECK_THAT(result.output, Contains("7 not planned (--filter chunked-fwd-.*t24)"));
   const auto doc = read_json(out);
   REQUIRE(doc["results"].size() == 1);
@@ -91,15 +102,16 @@ TEST_CASE("--filter runs the matching cases only and the summary line says how m
   const auto bad = lattnbench(kSmall + " --reps 3 --filter '(' --out " + out.string());
   CHECK(bad.exit_status == 2);
   CHECK_THAT(bad.output, Contains("lattnbench: error: --filter: not a regular expression"));
+  CHECK_FALSE(fs::exists(journal_of(out)));  // refused before the run opened anything
+  const auto long_filter = lattnbench(kSmall + " --reps 3 --filter " + std::string(300, 'a') + " --out " + out.string());
+  CHECK(long_filter.exit_status == 2);
+  CHECK_THAT(long_filter.output, Contains("lattnbench: error: --filter: longer than 256 characters"));
   fs::remove_all(dir);
 }
 
 TEST_CASE("records carry the noise they reached and why they stopped; the ETA starts from the cost model", "[cli][noise]") {
-  const fs::path dir = fresh_dir("noise-records");
-  const fs::path out = dir / "r.json";
-  const auto result = lattnbench(kSmall + " --reps 6 --min-samples 3 --max-noise 0 --out " + out.string());
+  const auto [dir, out, result] = run_small("noise-records", "--reps 6 --min-samples 3 --max-noise 0");
   INFO(result.output);
-  REQUIRE(result.exit_status == 0);
   // Before any case has finished, the run says what it expects from the cost model.
   const auto estimate = result.output.find("cases, estimated ");
   REQUIRE(estimate != std::string::npos);

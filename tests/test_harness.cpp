@@ -1,6 +1,7 @@
 // Harness statistics and calibration on synthetic samples and a synthetic clock.
 #include <catch2/catch.hpp>
 
+#include "src/cost.hpp"
 #include "src/harness.hpp"
 
 #include <chrono>
@@ -196,4 +197,16 @@ TEST_CASE("the slowdown testing aid spins a share of each call's time inside the
   auto plain = std::make_unique<SyntheticCase>(10.0);
   PreparedCase* raw = plain.get();
   CHECK(with_slowdown(std::move(plain), 0).get() == raw);
+}
+
+TEST_CASE("the ETA starts from the cost model and moves to the measured pace", "[harness][eta]") {
+  Progress progress(100);
+  // Before any work is done: the model's total, whatever a first slow moment took.
+  CHECK(progress.eta_s(0) == Approx(100));
+  CHECK(progress.eta_s(5) == Approx(100 * (5 + 10) / 10.0));
+  // Half the work done in twice its estimate: the model weighs as much as a tenth of the run.
+  progress.advance(50);
+  CHECK(progress.eta_s(100) == Approx(50 * (100 + 10) / (50 + 10.0)));
+  progress.advance(50);
+  CHECK(progress.eta_s(200) == 0);
 }

@@ -28,6 +28,17 @@ Config small_config(int reps) {
   return config;
 }
 
+// Every case of the plan in one batch; `events.finished` keeps each record in `records`.
+void run_plan(RunContext& ctx, const std::vector<Case>& plan, BatchEvents& events, std::map<std::size_t, CaseRecord>& records) {
+  events.finished = [&](const Case& c, CaseRecord r, const std::string&) {
+    records[c.plan_index] = std::move(r);
+    return true;
+  };
+  std::vector<const Case*> batch;
+  for (const Case& c : plan) batch.push_back(&c);
+  run_batch(ctx, batch, events);
+}
+
 }  // namespace
 
 TEST_CASE("a batch takes its cases' samples in rounds, each round over every case still sampling", "[interleave]") {
@@ -53,13 +64,7 @@ TEST_CASE("a batch takes its cases' samples in rounds, each round over every cas
     CHECK(round == int(round_ends.size()) + 1);
     round_ends.push_back(sampled.size());
   };
-  events.finished = [&](const Case& c, CaseRecord r, const std::string&) {
-    records[c.plan_index] = std::move(r);
-    return true;
-  };
-  std::vector<const Case*> batch;
-  for (const Case& c : plan) batch.push_back(&c);
-  run_batch(ctx, batch, events);
+  run_plan(ctx, plan, events, records);
 
   CHECK(started.size() == 4);
   REQUIRE(records.size() == 4);
@@ -94,13 +99,7 @@ TEST_CASE("a case that stops on its noise leaves the rounds; the others go on", 
   RunContext ctx{request, *backend, device, ReferenceCache(plan), TimerInfo{}};
   std::map<std::size_t, CaseRecord> records;
   BatchEvents events;
-  events.finished = [&](const Case& c, CaseRecord r, const std::string&) {
-    records[c.plan_index] = std::move(r);
-    return true;
-  };
-  std::vector<const Case*> batch;
-  for (const Case& c : plan) batch.push_back(&c);
-  run_batch(ctx, batch, events);
+  run_plan(ctx, plan, events, records);
   REQUIRE(records.size() == plan.size());
   for (const auto& [index, r] : records) {
     REQUIRE(r.measured);
