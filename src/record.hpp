@@ -26,7 +26,7 @@ struct Measurement {
   int warmup = 0, inner = 1, reps = 0;  // reps: the samples taken (samples_ms' length)
   std::vector<double> samples_ms;
   double noise_pct = 0;    // the median's noise the samples reached (docs/harness.md)
-  std::string stopped_on;  // why no more samples were taken: "samples", "noise" or "timeout"
+  std::string stopped_on = "samples";  // why no more samples were taken: "samples", "noise" or "timeout"
   double median_ms = 0, q1_ms = 0, q3_ms = 0, min_ms = 0, max_ms = 0, mean_ms = 0;
   int short_samples = 0;
   double rel_err = 0;  // +inf when an output held NaN or Inf

@@ -27,10 +27,12 @@ extern char** environ;
 
 namespace lattn::test {
 
-// Twelve cases of a few hundred milliseconds each.
+// Twelve cases of a few hundred milliseconds each, one after another: the journal tests wait for
+// the k-th record and then act while the run goes on, and interleaved rounds would journal all
+// twelve at the end of their one batch.
 inline std::vector<std::string> slow_run_args(const std::filesystem::path& out) {
   return {binary(), "--suite", "kernel", "--seq", "3000,3001,3002", "--dim", "48", "--batch", "1", "--heads", "4", "--reps", "4",
-          "--min-sample-ms", "20", "--threads", "1", "--quiet", "--out", out.string()};
+          "--min-sample-ms", "20", "--no-interleave", "--threads", "1", "--quiet", "--out", out.string()};
 }
 
 inline std::string journal_of(const std::filesystem::path& out) { return out.string() + ".journal.jsonl"; }

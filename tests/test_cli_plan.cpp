@@ -47,7 +47,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("--help shows every config key's flag with its default, and the new flags", "[cli][help]") {
+TEST_CASE("the help shows every config key's flag with its default, and the new flags", "[cli][help]") {
   const auto help = lattnbench("--help");
   REQUIRE(help.exit_status == 0);
   for (const ConfigKey& key : config_keys()) {
@@ -62,7 +62,7 @@ TEST_CASE("--help shows every config key's flag with its default, and the new fl
   CHECK_THAT(help.output, Contains("kernel 512,2048,8192; layer 512,2048"));
 }
 
-TEST_CASE("--list-cases lists the plan after --filter and --shard, with estimates, and runs nothing", "[cli][plan]") {
+TEST_CASE("listing the cases shows the plan after --filter and --shard, with estimates, and runs nothing", "[cli][plan]") {
   const fs::path dir = fresh_dir("list-cases");
   const auto all = lattnbench(kSmall + " --reps 3 --list-cases --out " + (dir / "r.json").string());
   INFO(all.output);
@@ -87,7 +87,7 @@ TEST_CASE("--list-cases lists the plan after --filter and --shard, with estimate
   CHECK_THAT(filtered.output, Contains("6 not planned (--filter scan-fwd-)") && Contains("shard 1/2"));
 }
 
-TEST_CASE("--filter runs the matching cases only and the summary line says how many were not planned", "[cli][plan]") {
+TEST_CASE("a filtered run runs the matching cases only and the summary line says how many were not planned", "[cli][plan]") {
   const auto [dir, out, result] = run_small("filter", "--reps 3 --filter 'chunked-fwd-.*t24'");
   CHECK_THAT(result.output, Contains("7 not planned (--filter chunked-fwd-.*t24)"));
   const auto doc = read_json(out);
@@ -109,7 +109,7 @@ TEST_CASE("--filter runs the matching cases only and the summary line says how m
   fs::remove_all(dir);
 }
 
-TEST_CASE("records carry the noise they reached and why they stopped; the ETA starts from the cost model", "[cli][noise]") {
+TEST_CASE("records carry the noise they reached and why they stopped, and the ETA starts from the cost model", "[cli][noise]") {
   const auto [dir, out, result] = run_small("noise-records", "--reps 6 --min-samples 3 --max-noise 0");
   INFO(result.output);
   // Before any case has finished, the run says what it expects from the cost model.
@@ -134,7 +134,7 @@ TEST_CASE("records carry the noise they reached and why they stopped; the ETA st
   fs::remove_all(dir);
 }
 
-TEST_CASE("--config finds an installed config by name, with or without its extension", "[cli][install]") {
+TEST_CASE("a config is found by its installed name, with or without its extension", "[cli][install]") {
   for (const char* name : {"smoke", "smoke.yaml"}) {
     INFO(name);
     const auto listed = lattnbench(std::string("--config ") + name + " --list-cases");
@@ -146,7 +146,7 @@ TEST_CASE("--config finds an installed config by name, with or without its exten
   CHECK_THAT(missing.output, Contains("no-such-suite"));
 }
 
-TEST_CASE("--no-interleave and --interleave set the config's interleave", "[cli][interleave]") {
+TEST_CASE("the interleave flags set the config's interleave", "[cli][interleave]") {
   const fs::path dir = fresh_dir("interleave-flag");
   const fs::path out = dir / "r.json";
   for (const auto& [flag, expected] : std::vector<std::pair<std::string, bool>>{{"--no-interleave", false}, {"--interleave", true}}) {

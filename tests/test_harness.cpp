@@ -145,7 +145,7 @@ TEST_CASE("a quiet case stops on the noise target once it has its fewest samples
   CHECK(to_string(t.stopped_on) == "noise");
 }
 
-TEST_CASE("without a noise target a case takes reps samples; the fewest never exceed reps", "[harness][noise]") {
+TEST_CASE("without a noise target a case takes reps samples, and the fewest never exceed reps", "[harness][noise]") {
   SyntheticCase kase(0.5);
   TimingSettings settings{1, 7, 5.0};
   settings.max_noise_pct = 0;

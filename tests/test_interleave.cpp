@@ -88,7 +88,7 @@ TEST_CASE("a batch takes its cases' samples in rounds, each round over every cas
   }
 }
 
-TEST_CASE("a case that stops on its noise leaves the rounds; the others go on", "[interleave][noise]") {
+TEST_CASE("a case that stops on its noise leaves the rounds while the others go on", "[interleave][noise]") {
   RunRequest request;
   request.config = small_config(6);
   request.config.run.max_noise = 100;  // every case meets it at its fewest samples

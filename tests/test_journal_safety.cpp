@@ -17,7 +17,7 @@ using namespace lattn::test;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
-TEST_CASE("a plain rerun refuses an unfinished run's journal; --force starts over", "[journal][rerun]") {
+TEST_CASE("a plain rerun refuses an unfinished run's journal, and --force starts over", "[journal][rerun]") {
   const fs::path dir = fresh_dir("rerun");
   const fs::path out = dir / "r.json";
   REQUIRE(killed_after(out, 3, dir / "log1"));
