@@ -9,8 +9,10 @@ binary=$1
 python=${2:-python3}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+# --max-noise 0: all 9 samples, the repetitions compare.py asks for, though a quiet machine would
+# meet the noise target at 5.
 for run in a b; do
-  "$binary" --suite kernel --seq 64 --dim 8 --batch 1 --heads 1 --impl scan,chunked --mode fwd --reps 9 \
+  "$binary" --suite kernel --seq 64 --dim 8 --batch 1 --heads 1 --impl scan,chunked --mode fwd --reps 9 --max-noise 0 \
     --warmup 1 --min-sample-ms 1 --quiet --out "$dir/$run.json" --gbench-out "$dir/$run-gbench.json" >/dev/null
 done
 "$python" "$compare" benchmarks "$dir/a-gbench.json" "$dir/b-gbench.json" | tee "$dir/report.txt"
