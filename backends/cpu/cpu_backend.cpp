@@ -33,16 +33,18 @@ struct Settings {
 
 // ---- linear attention (kernels/linear_attention) ----
 
-// The gated decays' log-gates g and their gradient dg are bound too.
+// The gated decays' log-gates g and their gradient dg are bound too, and the delta rule's beta
+// and dbeta.
 ForwardArgs<float> forward_args(HostCase& h, const Problem& p) {
   return {h.data("q"), h.data("k"), h.data("v"), h.data("h0"), h.data("o"), h.data("hT"),
-          gated(p.decay) ? h.data("g") : nullptr};
+          gated(p.decay) ? h.data("g") : nullptr, p.delta() ? h.data("beta") : nullptr};
 }
 
 BackwardArgs<float> backward_args(HostCase& h, const Problem& p) {
   return {h.data("q"),  h.data("k"),  h.data("v"),  h.data("h0"), h.data("dO"),
           h.data("dhT"), h.data("dq"), h.data("dk"), h.data("dv"), h.data("dh0"),
-          gated(p.decay) ? h.data("g") : nullptr, gated(p.decay) ? h.data("dg") : nullptr};
+          gated(p.decay) ? h.data("g") : nullptr, gated(p.decay) ? h.data("dg") : nullptr,
+          p.delta() ? h.data("beta") : nullptr, p.delta() ? h.data("dbeta") : nullptr};
 }
 
 // A training step: the whole forward, then the backward from what it saved. dO and dhT stand for
@@ -76,7 +78,10 @@ ImplRow scan_row() {
 // The backward takes the chunk states the forward kept, as a training step would, unless the run
 // asked for them recomputed (less memory) or the path cannot keep them.
 ImplRow chunked_row(const Settings& s) {
-  ImplRow row{"linear_attention", "chunked", cpu_dtype_unsupported, nullptr, nullptr};
+  ImplRow row{"linear_attention", "chunked", [](const Case& c) -> std::optional<std::string> {
+                if (c.option("rule") == "delta") return "the CPU chunked form has no delta rule yet";
+                return cpu_dtype_unsupported(c);
+              }, nullptr, nullptr};
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
