@@ -78,10 +78,7 @@ ImplRow scan_row() {
 // The backward takes the chunk states the forward kept, as a training step would, unless the run
 // asked for them recomputed (less memory) or the path cannot keep them.
 ImplRow chunked_row(const Settings& s) {
-  ImplRow row{"linear_attention", "chunked", [](const Case& c) -> std::optional<std::string> {
-                if (c.option("rule") == "delta") return "the CPU chunked form has no delta rule yet";
-                return cpu_dtype_unsupported(c);
-              }, nullptr, nullptr};
+  ImplRow row{"linear_attention", "chunked", cpu_dtype_unsupported, nullptr, nullptr};
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
