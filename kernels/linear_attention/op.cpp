@@ -51,7 +51,21 @@ double gate_norm(const Case& c) {
 // takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
 // the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
 // tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
+// Delta rule (cpu_scan_delta.cpp, docs/performance.md): the forward's walk per token applies the
+// pending update (2 D^2), decays (D^2, not for none) and reads out S'^T k and S'^T q (4 D^2), with
+// 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
+// (6 D^2 + decay each), 15 D of per-token vector work, and for gates 6 D (dg) and 3 W exps.
+double scan_delta_flops(const Case& c) {
+  const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
+  const double decay = c.decay == "none" ? 0.0 : 1.0;
+  const double W = c.decay == "vector" ? D : c.decay == "scalar" ? 1.0 : 0.0;
+  const double forward = (6.0 + decay) * D * D + 7.0 * D + W;
+  const double backward = (22.0 + 4.0 * decay) * D * D + 15.0 * D + (is_gated(c) ? 6.0 * D + 3.0 * W : 0.0);
+  return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+}
+
 double scan_flops(const Case& c) {
+  if (is_delta(c)) return scan_delta_flops(c);
   const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
   if (!is_gated(c)) return tokens * (c.mode == Mode::fwd ? 4.0 : 14.0) * D * D;
   const double W = c.decay == "vector" ? D : 1.0;
@@ -73,7 +87,31 @@ double scan_flops(const Case& c) {
 //     rows scaled per chunk; backward: the scores again, dA, dQ and dK each with a block part
 //     (C D (nb - 1) / nb + the scaled copies they read, C D (nb - 1) / (2 c nb)) and a
 //     sub-chunk part by hand, P V^T, the state products (8 D^2), 30 D of elementwise gate work.
+// Delta rule, the WY form of cpu_chunked_delta.cpp (docs/performance.md derives each term), per
+// token: the state products (K.G) S, (Q.G) S and the state update, 6 D^2 (+ D^2 / C for the decay);
+// the causal halves of the scores A_qk, A_kk and of T R and A_qk W, (C + 1) D each, or for vector
+// gates the scores by hand (6 D per pair: 3 (C + 1) D); the inverse T by forward substitution,
+// C^2 / 3; gate and elementwise work. The backward recomputes the chunk's scores, T and W, then
+// dW, T^T dW, dO W^T, dR W^T, the state-side products (dO S^T, dV S^T, W dS^T: 6 D^2) and the
+// score sides, the state gradient (4 D^2), dbeta and dg.
+double chunked_delta_flops(const Case& c) {
+  const double D = c.dim, C = std::min(c.chunk, c.seq);
+  const double tokens = double(c.batch) * c.heads * c.seq;
+  const double solve = C * C / 3.0, half = (C + 1) * D;
+  double forward = 0, backward = 0;
+  if (c.decay == "vector") {
+    forward = 6.0 * D * D + D * D / C + 3.0 * half + 2.0 * half + solve + 12.0 * D;
+    backward = 14.0 * D * D + 3.0 * D * D / C + 13.0 * half + solve + C + 25.0 * D;
+  } else {
+    forward = 6.0 * D * D + D * D / C + 2.0 * C * D + 2.0 * half + solve + C + 2.0 * D + 3.0;
+    backward = 14.0 * D * D + D * D / C + 2.0 * C * D + 9.0 * half + solve + 2.0 * C + 6.0 * D + 5.0 +
+               (is_gated(c) ? 2.0 * D * D / C + 6.0 * D : 0.0);
+  }
+  return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+}
+
 double chunked_flops(const Case& c) {
+  if (is_delta(c)) return chunked_delta_flops(c);
   const double D = c.dim, C = std::min(c.chunk, c.seq);
   const double tokens = double(c.batch) * c.heads * c.seq;
   if (c.decay == "scalar") {
