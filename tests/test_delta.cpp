@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "src/counting_allocator.hpp"
+#include "src/plan.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "test_util.hpp"
 
@@ -229,6 +230,17 @@ TEST_CASE("delta rule config keys are validated in one line naming where", "[del
   CHECK(layer_rule.find("suite.yaml:3") != std::string::npos);
   CHECK(layer_rule.find("rule") != std::string::npos);
   CHECK(test::config_error("kernel:\n  rule: [additive, delta]\n  normalize_keys: [true, false]\n").empty());
+
+  // Planned: rule for every decay, recorded in every case; normalize_keys varied for delta only.
+  const Config c = parse_config("suites: [kernel]\nkernel:\n  seq: 16\n  dim: 8\n  impl: scan\n  mode: fwd\n"
+                                "  decay: [none, vector]\n  rule: [additive, delta]\n  normalize_keys: [true, false]\n",
+                                "p.yaml");
+  const auto plan = expand_plan(c);
+  REQUIRE(plan.size() == 2 * (1 + 2));
+  for (const Case& kase : plan) {
+    CHECK(kase.options.count("rule") == 1);
+    CHECK(kase.options.count("normalize_keys") == (kase.option("rule") == "delta" ? 1u : 0u));
+  }
 
   // Through the binary: exit 2 with one line.
   const auto dir = test::fresh_dir("delta-config");

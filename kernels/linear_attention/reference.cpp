@@ -64,13 +64,11 @@ void step(double* S, const Decays& A, int t, const double* kt, const double* vt,
     double* row = S + std::size_t(i) * D;
     for (int j = 0; j < D; ++j) row[j] *= a;
   }
-  for (int j = 0; j < D; ++j) w[j] = vt[j];
-  if (beta) {
-    for (int j = 0; j < D; ++j) {
-      double u = 0;
-      for (int i = 0; i < D; ++i) u += S[std::size_t(i) * D + j] * kt[i];
-      w[j] = beta[t] * (vt[j] - u);
-    }
+  for (int j = 0; j < D; ++j) w[j] = beta ? 0.0 : vt[j];
+  if (beta) {  // u = S'^T k, summed row by row (the rows are contiguous), then w = beta (v - u)
+    for (int i = 0; i < D; ++i)
+      for (int j = 0; j < D; ++j) w[j] += S[std::size_t(i) * D + j] * kt[i];
+    for (int j = 0; j < D; ++j) w[j] = beta[t] * (vt[j] - w[j]);
   }
   for (int i = 0; i < D; ++i) {
     double* row = S + std::size_t(i) * D;
@@ -163,21 +161,18 @@ void backward(const Problem& p, const BackwardArgs<double>& a) {
             for (int j = 0; j < D; ++j) acc += after[std::size_t(i) * D + j] * dO[r + j];
             dq[r + i] = s * acc;
           }
-          for (int j = 0; j < D; ++j) {  // w_t (v for additive) and dw_t = G_t^T k_t
-            double u = 0, acc = 0;
-            for (int i = 0; i < D; ++i) {
-              u += decayed[std::size_t(i) * D + j] * k[r + i];
-              acc += G[std::size_t(i) * D + j] * k[r + i];
+          // w_t (v for additive), u_t = S'^T k_t (into e) and dw_t = G_t^T k_t, summed row by row.
+          std::fill(e.begin(), e.end(), 0.0);
+          std::fill(dw.begin(), dw.end(), 0.0);
+          for (int i = 0; i < D; ++i)
+            for (int j = 0; j < D; ++j) {
+              e[j] += decayed[std::size_t(i) * D + j] * k[r + i];
+              dw[j] += G[std::size_t(i) * D + j] * k[r + i];
             }
-            dw[j] = acc;
-            if (beta) {
-              e[j] = v[r + j] - u;
-              w[j] = beta[t] * e[j];
-              dv[r + j] = beta[t] * acc;
-            } else {
-              w[j] = v[r + j];
-              dv[r + j] = acc;
-            }
+          for (int j = 0; j < D; ++j) {
+            e[j] = v[r + j] - e[j];  // v_t - u_t
+            w[j] = beta ? beta[t] * e[j] : v[r + j];
+            dv[r + j] = beta ? beta[t] * dw[j] : dw[j];
           }
           if (beta) {
             double db = 0;
