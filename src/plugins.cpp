@@ -18,9 +18,6 @@
 namespace lattn {
 namespace {
 
-// The op a version-1 plugin implements (lattn_case.op).
-const char* const kPluginOp = "linear_attention";
-
 std::string text_or(const char* text, const char* absent) { return text ? text : absent; }
 
 // Loads and checks one file; `where` is "plugin PATH" for the error lines.
