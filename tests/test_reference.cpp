@@ -31,7 +31,7 @@ Tensors random_tensors(const Problem& p, std::uint64_t seed, double gate_norm = 
   std::mt19937_64 rng(seed);
   Tensors t{random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng),
             random_vector(p.state_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.state_elems(), rng),
-            random_vector(p.gate_elems(), rng)};
+            random_vector(p.gate_elems(), rng), {}};
   for (double& z : t.g) z = -std::log1p(std::exp(-z)) / gate_norm;
   return t;
 }
@@ -114,6 +114,29 @@ TEST_CASE("reference forward with gates equals the closed form of gated linear a
   }
 }
 
+namespace {
+
+// The largest error of `grad` against central differences of `objective` over each element of
+// `x` (relative where the derivative exceeds 1, absolute below).
+template <class Objective>
+double worst_fd_error(std::vector<double>& x, const std::vector<double>& grad, Objective objective) {
+  const double eps = 1e-6;
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + eps;
+    const double plus = objective();
+    x[i] = saved - eps;
+    const double minus = objective();
+    x[i] = saved;
+    const double numeric = (plus - minus) / (2 * eps);
+    worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
+  }
+  return worst;
+}
+
+}  // namespace
+
 TEST_CASE("reference gradients match central finite differences", "[reference][grad]") {
   struct Shape {
     Problem p;
@@ -131,19 +154,8 @@ TEST_CASE("reference gradients match central finite differences", "[reference][g
     std::vector<double> dg(p.gate_elems());
     reference::backward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(), t.dhT.data(), dq.data(),
                             dk.data(), dv.data(), dh0.data(), t.gates(), dg.empty() ? nullptr : dg.data()});
-    const double eps = 1e-6;
     auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      double worst = 0;
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        const double saved = x[i];
-        x[i] = saved + eps;
-        const double plus = loss(p, t);
-        x[i] = saved - eps;
-        const double minus = loss(p, t);
-        x[i] = saved;
-        const double numeric = (plus - minus) / (2 * eps);
-        worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
-      }
+      const double worst = worst_fd_error(x, grad, [&] { return loss(p, t); });
       INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
     };
@@ -235,19 +247,8 @@ TEST_CASE("delta rule reference gradients match central finite differences", "[r
     reference::backward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(), t.dhT.data(), dq.data(),
                             dk.data(), dv.data(), dh0.data(), t.gates(), dg.empty() ? nullptr : dg.data(), t.betas(),
                             dbeta.data()});
-    const double eps = 1e-6;
     auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      double worst = 0;
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        const double saved = x[i];
-        x[i] = saved + eps;
-        const double plus = loss(p, t);
-        x[i] = saved - eps;
-        const double minus = loss(p, t);
-        x[i] = saved;
-        const double numeric = (plus - minus) / (2 * eps);
-        worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
-      }
+      const double worst = worst_fd_error(x, grad, [&] { return loss(p, t); });
       worst_all = std::max(worst_all, worst);
       INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
