@@ -23,13 +23,17 @@ SUPPORTED_SCHEMA_MAJOR = 1
 
 EXIT_BAD_INPUT = 2
 
-IDENTITY_KEYS = ("suite", "impl", "mode", "backend", "dtype", "decay",
+# rule, gate_norm and normalize_keys are the kernel op's own keys (docs/config.md): cases that differ
+# only in them are different cases (the delta rule against the additive one, strong gates against
+# weak ones), so they are part of the identity.
+IDENTITY_KEYS = ("suite", "impl", "mode", "backend", "dtype", "decay", "rule", "gate_norm", "normalize_keys",
                  "batch", "heads", "seq", "dim", "chunk", "window", "head_dim")
 
 # Short names for printing a case; values equal to the default are left out to keep rows short.
 _LABEL_PREFIX = {"batch": "B=", "heads": "H=", "seq": "T=", "dim": "D=", "chunk": "C=",
-                 "window": "W=", "head_dim": "Dh=", "decay": "decay=", "dtype": ""}
-_LABEL_DEFAULTS = {"decay": "none", "dtype": "float32"}
+                 "window": "W=", "head_dim": "Dh=", "decay": "decay=", "rule": "rule=", "gate_norm": "gate_norm=",
+                 "normalize_keys": "normalize_keys=", "dtype": ""}
+_LABEL_DEFAULTS = {"decay": "none", "rule": "additive", "normalize_keys": True, "dtype": "float32"}
 
 _REFERENCE_KEY_NAMES = {"xla_temp_mb": "temp_mb", "xla_arg_mb": "arg_mb", "xla_out_mb": "out_mb"}
 
@@ -153,6 +157,9 @@ def _normalise(record, default_backend, is_reference):
             r[new] = r[old]
     r.setdefault("backend", default_backend)
     r.setdefault("decay", "none")
+    # Files from before the delta rule (and the reference file) ran the additive rule only.
+    if r.get("suite") == "kernel":
+        r.setdefault("rule", "additive")
     r.setdefault("dtype", "float32")
     # The reference records only cases that ran and passed its own checks.
     r.setdefault("status", "ok")

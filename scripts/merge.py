@@ -81,8 +81,8 @@ def merged_records(files):
 
 # src/summary.cpp: the keys that make two records the same shape, apart from impl (and, for the
 # crossovers, seq).
-SUMMARY_SHAPE_KEYS = ("suite", "mode", "backend", "dtype", "decay", "batch", "heads", "dim", "chunk",
-                      "window", "head_dim", "seq")
+SUMMARY_SHAPE_KEYS = ("suite", "mode", "backend", "dtype", "decay", "rule", "gate_norm", "normalize_keys",
+                      "batch", "heads", "dim", "chunk", "window", "head_dim", "seq")
 
 
 def _sorted_object(pairs):

@@ -70,19 +70,28 @@ def header(run):
     return f"{run.path}: {run.device_label}; " + ", ".join(parts)
 
 
+def variant(record):
+    """The case's rule and decay where they are not the plain form's ('delta scalar', 'retnet'), else ''."""
+    parts = [record.get("rule") if record.get("rule") not in (None, "additive") else None,
+             record.get("decay") if record.get("decay") not in (None, "none") else None]
+    return " ".join(p for p in parts if p)
+
+
 def sort_key(record):
     def part(value):
         return (0, "") if value is None else (1, value) if isinstance(value, (int, float)) else (2, str(value))
-    return tuple(part(v) for v in (record.get("suite"), record.get("seq"), head_dim(record), record.get("impl"),
-                                   record.get("mode")))
+    return tuple(part(v) for v in (record.get("suite"), record.get("seq"), head_dim(record), variant(record),
+                                   record.get("impl"), record.get("mode")))
 
 
-def rows(run, one_thread, reference):
+def rows(run, one_thread, reference, with_variant):
     one = lr.index_by_case(one_thread, ignore={"backend"}) if one_thread else {}
     ref = lr.index_by_case(reference, ignore={"backend"}) if reference else {}
     for r in sorted(run.records, key=sort_key):
         cells = [str(r.get("suite", "-")), str(r.get("impl", "-")), str(r.get("mode", "-")),
                  str(r.get("seq", "-")), str(head_dim(r) if head_dim(r) is not None else "-")]
+        if with_variant:
+            cells.append(variant(r) or "-")
         if r.get("status") != "ok":
             yield cells + [str(r.get("status", "-"))] + [""] * 6
             continue
@@ -103,10 +112,13 @@ def main(argv):
     run = load(args.run)
     one_thread = load(args.threads1) if args.threads1 else None
     reference = load(args.reference) if args.reference else None
-    table = list(rows(run, one_thread, reference))
+    # A run of several rules or decays gets a column saying which row is which.
+    with_variant = any(variant(r) for r in run.records)
+    columns = COLUMNS[:5] + ("variant",) + COLUMNS[5:] if with_variant else COLUMNS
+    table = list(rows(run, one_thread, reference, with_variant))
     print(header(run) + "\n")
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|---|---|---|" + "---:|" * (len(COLUMNS) - 3))
+    print("| " + " | ".join(columns) + " |")
+    print("|---|---|---|" + "---:|" * 2 + ("---|" if with_variant else "") + "---:|" * (len(COLUMNS) - 5))
     for cells in table:
         print("| " + " | ".join(cells) + " |")
     return 0

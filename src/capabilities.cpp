@@ -6,14 +6,67 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
+#include <memory>
+#include <map>
 
 #include "backend.hpp"
 #include "config.hpp"
 #include "config_values.hpp"
 #include "ops.hpp"
+#include "summary.hpp"
+#include "plan.hpp"
 #include "core/error.hpp"
 
 namespace lattn {
+namespace {
+
+// Each plugin (name, path, digest) and its impls with their devices, and for each impl the planned
+// cases of `config` it declines on the config's backend, counted by reason. SPEC section 5's
+// version 1 has one op, linear attention.
+std::string describe_plugins(const Plugins& plugins, const Config& config) {
+  std::string out;
+  if (plugins.empty()) return out;
+  // The backend the config runs on, with the plugins' rows; none when it is not built here.
+  std::unique_ptr<Backend> backend;
+  try {
+    BackendOptions options;
+    options.threads = config.run.threads;
+    options.plugins = plugins;
+    backend = make_backend(config.run.backend, options);
+  } catch (const UsageError&) {
+  }
+  // Each planned kernel shape once, whatever impl the config names for it.
+  std::vector<Case> shapes;
+  std::set<std::string> seen;
+  for (const Case& c : expand_plan(config))
+    if (c.op->name == "linear_attention" && seen.insert(shape_key(c, true)).second) shapes.push_back(c);
+
+  out += "plugins:\n";
+  for (const auto& p : plugins) {
+    out += fmt::format("  {} {} (sha256 {})\n", p->name, p->path, p->sha256);
+    for (const auto& impl : p->impls) {
+      out += fmt::format("    {:<24} {}", impl.name, impl.impl->device);
+      if (!backend || shapes.empty()) {
+        out += "\n";
+        continue;
+      }
+      std::map<std::string, int> declined;
+      for (Case c : shapes) {
+        c.impl = impl.name;
+        if (auto why = backend->unsupported(c)) ++declined[*why];
+      }
+      int count = 0;
+      for (const auto& [why, n] : declined) count += n;
+      out += fmt::format(": runs {} of the {} planned kernel cases on {}\n", shapes.size() - count, shapes.size(),
+                         config.run.backend);
+      for (const auto& [why, n] : declined) out += fmt::format("      declines {}: {}\n", n, why);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string list_capabilities(const Plugins& plugins, const Config* config) {
   // Every plannable op's forms and decay kinds, each once.

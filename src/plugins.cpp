@@ -8,7 +8,6 @@
 #include <map>
 #include <set>
 
-#include "backend.hpp"
 #include "config_values.hpp"
 #include "core/error.hpp"
 #include "core/op.hpp"
@@ -18,9 +17,6 @@
 
 namespace lattn {
 namespace {
-
-// The op a version-1 plugin implements (lattn_case.op).
-const char* const kPluginOp = "linear_attention";
 
 std::string text_or(const char* text, const char* absent) { return text ? text : absent; }
 
@@ -111,46 +107,5 @@ void check_plugin_impls(const Config& config, const Plugins& plugins) {
     }
 }
 
-std::string describe_plugins(const Plugins& plugins, const Config& config) {
-  std::string out;
-  if (plugins.empty()) return out;
-  // The backend the config runs on, with the plugins' rows; none when it is not built here.
-  std::unique_ptr<Backend> backend;
-  try {
-    BackendOptions options;
-    options.threads = config.run.threads;
-    options.plugins = plugins;
-    backend = make_backend(config.run.backend, options);
-  } catch (const UsageError&) {
-  }
-  // Each planned kernel shape once, whatever impl the config names for it.
-  std::vector<Case> shapes;
-  std::set<std::string> seen;
-  for (const Case& c : expand_plan(config))
-    if (c.op->name == kPluginOp && seen.insert(shape_key(c, true)).second) shapes.push_back(c);
-
-  out += "plugins:\n";
-  for (const auto& p : plugins) {
-    out += fmt::format("  {} {} (sha256 {})\n", p->name, p->path, p->sha256);
-    for (const auto& impl : p->impls) {
-      out += fmt::format("    {:<24} {}", impl.name, impl.impl->device);
-      if (!backend || shapes.empty()) {
-        out += "\n";
-        continue;
-      }
-      std::map<std::string, int> declined;
-      for (Case c : shapes) {
-        c.impl = impl.name;
-        if (auto why = backend->unsupported(c)) ++declined[*why];
-      }
-      int count = 0;
-      for (const auto& [why, n] : declined) count += n;
-      out += fmt::format(": runs {} of the {} planned kernel cases on {}\n", shapes.size() - count, shapes.size(),
-                         config.run.backend);
-      for (const auto& [why, n] : declined) out += fmt::format("      declines {}: {}\n", n, why);
-    }
-  }
-  return out;
-}
 
 }  // namespace lattn

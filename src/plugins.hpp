@@ -41,8 +41,5 @@ Plugins load_plugins(Config& config);
 // its cases are skipped, no backend having a row for them.)
 void check_plugin_impls(const Config& config, const Plugins& plugins);
 
-// For --list: each plugin (name, path, digest) and its impls with their devices, and for each impl
-// the planned cases of `config` it declines on the config's backend, counted by reason.
-std::string describe_plugins(const Plugins& plugins, const Config& config);
 
 }  // namespace lattn

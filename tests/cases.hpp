@@ -15,14 +15,16 @@ namespace lattn::test {
 
 inline std::string describe(const Problem& p) {
   return "B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " T" + std::to_string(p.seq) + " D" +
-         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + " " + to_string(p.decay);
+         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + " " + to_string(p.decay) + " " + to_string(p.rule);
 }
 
 inline std::string describe(const Case& c) {
   return c.op->name + " " + c.impl + " " + to_string(c.mode) + " " + c.dtype + " B" + std::to_string(c.batch) + " H" +
          std::to_string(c.heads) + " T" + std::to_string(c.seq) + " D" + std::to_string(c.dim) + " C" +
          std::to_string(c.chunk) + " W" + std::to_string(c.window) + " " + c.decay +
-         (c.options.count("gate_norm") ? " gate_norm " + c.option("gate_norm") : "");
+         (c.options.count("gate_norm") ? " gate_norm " + c.option("gate_norm") : "") +
+         (c.options.count("rule") ? " rule " + c.option("rule") : "") +
+         (c.options.count("normalize_keys") ? " normalize_keys " + c.option("normalize_keys") : "");
 }
 
 // A linear-attention case of `p`.
@@ -41,6 +43,8 @@ inline Case kernel_case(const Problem& p, const std::string& impl, Mode mode, co
   c.chunk = p.chunk;
   c.decay = to_string(p.decay);
   if (gated(p.decay)) c.options["gate_norm"] = "16";
+  c.options["rule"] = to_string(p.rule);
+  if (p.delta()) c.options["normalize_keys"] = "true";
   return c;
 }
 
@@ -91,18 +95,20 @@ inline std::vector<LayerProblem> layer_test_shapes() {
 
 // Shapes every kernel test covers: D = 1 and D = 128, T < C, T not a multiple of C, T = 1, C = 1,
 // D not a multiple of the vector width; every decay, gated ones included (the test table adds
-// strong gates, gate_norm 1, to each gated shape).
+// strong gates, gate_norm 1, to each gated shape), under both rules (delta: DeltaNet, Gated
+// DeltaNet, KDA and the delta rule with retnet's decay).
 inline std::vector<Problem> kernel_test_shapes() {
   std::vector<Problem> shapes;
-  for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
-    shapes.push_back({1, 1, 1, 1, 4, decay});
-    shapes.push_back({1, 2, 9, 1, 4, decay});
-    shapes.push_back({2, 3, 20, 8, 64, decay});     // T < C
-    shapes.push_back({1, 4, 100, 16, 32, decay});   // ragged last chunk
-    shapes.push_back({2, 1, 64, 5, 16, decay});     // T a multiple of C, odd D
-    shapes.push_back({1, 2, 37, 12, 1, decay});     // C = 1
-    shapes.push_back({1, 2, 300, 128, 128, decay}); // D = 128, ragged
-  }
+  for (Rule rule : {Rule::additive, Rule::delta})
+    for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
+      shapes.push_back({1, 1, 1, 1, 4, decay, rule});
+      shapes.push_back({1, 2, 9, 1, 4, decay, rule});
+      shapes.push_back({2, 3, 20, 8, 64, decay, rule});     // T < C
+      shapes.push_back({1, 4, 100, 16, 32, decay, rule});   // ragged last chunk
+      shapes.push_back({2, 1, 64, 5, 16, decay, rule});     // T a multiple of C, odd D
+      shapes.push_back({1, 2, 37, 12, 1, decay, rule});     // C = 1
+      shapes.push_back({1, 2, 300, 128, 128, decay, rule}); // D = 128, ragged
+    }
   return shapes;
 }
 

@@ -221,13 +221,14 @@ kernel:
   // none and retnet once each, without the key; scalar and vector once per gate_norm.
   REQUIRE(plan.size() == 1 + 3 + 1 + 3);
   CHECK(plan[0].decay == "none");
-  CHECK(plan[0].options.empty());
+  const std::map<std::string, std::string> additive_only = {{"rule", "additive"}};  // rule always applies
+  CHECK(plan[0].options == additive_only);
   CHECK(plan[1].decay == "scalar");
   CHECK(plan[1].option("gate_norm") == "16");
   CHECK(plan[2].option("gate_norm") == "0.25");
   CHECK(plan[3].option("gate_norm") == "1");
   CHECK(plan[4].decay == "retnet");
-  CHECK(plan[4].options.empty());
+  CHECK(plan[4].options == additive_only);
   CHECK(plan[7].decay == "vector");
   CHECK(plan[7].option("gate_norm") == "1");
 

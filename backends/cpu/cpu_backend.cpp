@@ -33,16 +33,18 @@ struct Settings {
 
 // ---- linear attention (kernels/linear_attention) ----
 
-// The gated decays' log-gates g and their gradient dg are bound too.
+// The gated decays' log-gates g and their gradient dg are bound too, and the delta rule's beta
+// and dbeta.
 ForwardArgs<float> forward_args(HostCase& h, const Problem& p) {
   return {h.data("q"), h.data("k"), h.data("v"), h.data("h0"), h.data("o"), h.data("hT"),
-          gated(p.decay) ? h.data("g") : nullptr};
+          gated(p.decay) ? h.data("g") : nullptr, p.delta() ? h.data("beta") : nullptr};
 }
 
 BackwardArgs<float> backward_args(HostCase& h, const Problem& p) {
   return {h.data("q"),  h.data("k"),  h.data("v"),  h.data("h0"), h.data("dO"),
           h.data("dhT"), h.data("dq"), h.data("dk"), h.data("dv"), h.data("dh0"),
-          gated(p.decay) ? h.data("g") : nullptr, gated(p.decay) ? h.data("dg") : nullptr};
+          gated(p.decay) ? h.data("g") : nullptr, gated(p.decay) ? h.data("dg") : nullptr,
+          p.delta() ? h.data("beta") : nullptr, p.delta() ? h.data("dbeta") : nullptr};
 }
 
 // A training step: the whole forward, then the backward from what it saved. dO and dhT stand for

@@ -97,6 +97,9 @@ ImplRow linear_row(const std::string& form, const Settings& s) {
     const auto shared = shared_memory(s.device);
     if (!shared) return no_shared_memory(s.device);
     const Problem p = linear_problem(c);
+    if (chunked && p.delta())
+      return "the CUDA chunked kernels have no delta rule: its WY form needs a triangular solve per chunk that "
+             "the chunk-parallel kernels do not have; the CUDA scan runs it";
     if (chunked && gated(p.decay))
       return "the CUDA chunked kernels have no gated decays (scalar, vector): their scores would need the gates' "
              "cumulative sums within each tile; the CUDA scan runs them";
@@ -106,15 +109,16 @@ ImplRow linear_row(const std::string& form, const Settings& s) {
     auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
     const Problem p = linear_problem(c);
     const Dtype dtype = dtype_of(c.dtype);
-    const bool gates = gated(p.decay);
+    const bool gates = gated(p.decay), delta = p.delta();
     const DeviceForward fwd{d->data("q"),      d->data("k"),      d->data("v"),
                             d->floats("h0"),   d->floats("o"),    d->floats("hT"),
-                            gates ? d->floats("g") : nullptr};
+                            gates ? d->floats("g") : nullptr, delta ? d->floats("beta") : nullptr};
     DeviceBackward bwd{};
     if (c.backward())
       bwd = {d->data("q"),    d->data("k"),     d->data("v"),      d->floats("h0"),   d->data("dO"),
              d->floats("dhT"), d->floats("dq"), d->floats("dk"),   d->floats("dv"),   d->floats("dh0"),
-             gates ? d->floats("g") : nullptr, gates ? d->floats("dg") : nullptr};
+             gates ? d->floats("g") : nullptr, gates ? d->floats("dg") : nullptr,
+             delta ? d->floats("beta") : nullptr, delta ? d->floats("dbeta") : nullptr};
     DeviceCase* self = d.get();
     const bool backward = c.backward(), keep = keeps_states(c, chunked, s);
     d->bind(

@@ -1,7 +1,7 @@
 // Chunkwise-parallel form on the CPU, float32, forward and backward: the entry points, which pick
 // the register-tiled AVX-512 implementation (chunked_tiled.cpp) or the OpenBLAS one
 // (chunked_blas.cpp), and for gated decays cpu_chunked_gated.cpp (its own header has the
-// mathematics with gates).
+// mathematics with gates), and for the delta rule cpu_chunked_delta.cpp (the WY form).
 //
 // For a chunk of n rows (the last may be shorter than C) and the state S entering it
 // (SPEC section 1; M the causal decay mask, lam_i = gamma^(i+1), gam_j = gamma^(n-1-j)):
@@ -21,6 +21,7 @@
 
 #include "kernels/linear_attention/cpu_chunked_tiled.hpp"
 #include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_delta.hpp"
 #include "kernels/linear_attention/cpu_scan_pass.hpp"
 
 namespace lattn::cpu {
@@ -28,17 +29,20 @@ namespace lattn::cpu {
 bool chunked_uses_tiles() { return tiles_active(); }
 
 std::size_t chunked_kept_states_bytes(const Problem& p) {
+  if (p.delta()) return chunked_delta_kept_states_floats(p) * sizeof(float);
   if (gated(p.decay)) return chunked_gated_kept_states_floats(p) * sizeof(float);
   return chunked_uses_tiles() ? chunked_tiled_kept_states_floats(p) * sizeof(float) : 0;
 }
 
 std::size_t chunked_forward_workspace_bytes(const Problem& p, bool keep) {
+  if (p.delta()) return chunked_delta_forward_floats(p) * sizeof(float);
   if (gated(p.decay)) return chunked_gated_forward_floats(p) * sizeof(float);
   if (chunked_uses_tiles()) return chunked_tiled_forward_floats(p, keep) * sizeof(float);
   return std::size_t(head_parallel_threads(p)) * chunked_blas_forward_floats(p) * sizeof(float);
 }
 
 std::size_t chunked_backward_workspace_bytes(const Problem& p, bool kept) {
+  if (p.delta()) return chunked_delta_backward_floats(p, kept) * sizeof(float);
   if (gated(p.decay)) return chunked_gated_backward_floats(p, kept) * sizeof(float);
   if (chunked_uses_tiles()) return chunked_tiled_backward_floats(p, kept) * sizeof(float);
   return std::size_t(head_parallel_threads(p)) * chunked_blas_backward_floats(p) * sizeof(float);
@@ -50,14 +54,16 @@ std::size_t chunked_forward_backward_workspace_bytes(const Problem& p) {
 }
 
 void chunked_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
-  if (gated(p.decay)) chunked_gated_forward(p, a, allocator, keep);
+  if (p.delta()) chunked_delta_forward(p, a, allocator, keep);
+  else if (gated(p.decay)) chunked_gated_forward(p, a, allocator, keep);
   else if (chunked_uses_tiles()) chunked_tiled_forward(p, a, allocator, keep);
   else if (keep) throw std::logic_error("chunked_forward: the OpenBLAS path keeps no chunk states");
   else chunked_blas_forward(p, a, allocator);
 }
 
 void chunked_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator, const float* kept) {
-  if (gated(p.decay)) chunked_gated_backward(p, a, allocator, kept);
+  if (p.delta()) chunked_delta_backward(p, a, allocator, kept);
+  else if (gated(p.decay)) chunked_gated_backward(p, a, allocator, kept);
   else if (chunked_uses_tiles()) chunked_tiled_backward(p, a, allocator, kept);
   else if (kept) throw std::logic_error("chunked_backward: the OpenBLAS path takes no kept chunk states");
   else chunked_blas_backward(p, a, allocator);

@@ -40,6 +40,7 @@
 #include "kernels/cpu/tile_gemm.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/linear_attention/cpu_chunked_tiled.hpp"
+#include "kernels/linear_attention/cpu_chunk_products.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -102,36 +103,6 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
   return b;
 }
 
-// An M x N row-major product into c (ld ldc).
-Product rows_product(float* c, long ldc, int M, int N, Segment s1, float alpha = 1.0f) {
-  Product u;
-  u.M = M;
-  u.N = N;
-  u.c = c;
-  u.ldc = ldc;
-  u.s1 = s1;
-  u.alpha = alpha;
-  return u;
-}
-
-// Y = beta Y + alpha X^T Z for a packed D x D state Y, X (n x D rows), Z packed n x D panels.
-void state_product(float* Yp, int D, int n, const float* X, const float* Zp, float alpha, float beta) {
-  Product u = rows_product(Yp, kNR, D, D, seg(Range::full, n, X, 1, D, Zp), alpha);
-  u.cps = long(D) * kNR;
-  u.beta = beta;
-  tile::run(u);
-}
-
-// Row d of a packed D x D state times w[d].
-void scale_state_rows(float* Yp, int D, const float* w) {
-  for (int panel = 0; panel < panel_cols(D) / kNR; ++panel)
-    for (int d = 0; d < D; ++d) {
-      float* row = Yp + (std::size_t(panel) * D + d) * kNR;
-#pragma omp simd
-      for (int j = 0; j < kNR; ++j) row[j] *= w[d];
-    }
-}
-
 // sum over columns of X . Y for packed X and Y^T panels, per row (into sums): rowsum(X . Y).
 void rowsum_product(const float* Xp, const float* YTp, int D, double* sums) {
   for (int d = 0; d < D; ++d) {
@@ -140,37 +111,6 @@ void rowsum_product(const float* Xp, const float* YTp, int D, double* sums) {
       sum += double(Xp[(std::size_t(e / kNR) * D + d) * kNR + e % kNR]) * YTp[(std::size_t(d / kNR) * D + e) * kNR + d % kNR];
     sums[d] = sum;
   }
-}
-
-// The loops below keep to forms GCC vectorises: one statement kind per loop, contiguous floats.
-// x[d] = exp(x[d]) for x <= 0.
-void exp_in_place(float* __restrict x, int n) {
-#pragma omp simd
-  for (int d = 0; d < n; ++d) x[d] = exp_nonpositive(x[d]);
-}
-
-// out[d] = exp(a[d] - b[d]) (b null: exp(a[d])), the difference taken in double.
-void exp_of_difference(float* __restrict out, const double* a, const double* b, int n) {
-  if (b) {
-#pragma omp simd
-    for (int d = 0; d < n; ++d) out[d] = float(a[d] - b[d]);
-  } else {
-#pragma omp simd
-    for (int d = 0; d < n; ++d) out[d] = float(a[d]);
-  }
-  exp_in_place(out, n);
-}
-
-float dot(const float* __restrict x, const float* __restrict y, int n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int d = 0; d < n; ++d) sum += x[d] * y[d];
-  return sum;
-}
-
-void multiply(float* __restrict x, const float* __restrict y, int n) {
-#pragma omp simd
-  for (int d = 0; d < n; ++d) x[d] *= y[d];
 }
 
 struct Chunk {

@@ -39,7 +39,9 @@
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_delta.hpp"
 #include "kernels/linear_attention/cpu_scan_pass.hpp"
+#include "kernels/linear_attention/cpu_scan_split.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -51,59 +53,6 @@ namespace {
 int tile_tokens(Vec vec) {
   const int u = scan_tokens_per_walk(vec);
   return (32 + u - 1) / u * u + (u > 2 ? 2 * u : 0);
-}
-
-struct Split {
-  int dim;
-  int width;   // columns per item
-  int blocks;  // items per head
-  long items;
-  int threads;
-};
-
-Split scan_split(const Problem& p) {
-  Split s;
-  s.dim = p.dim;
-  s.width = scan_column_block(active_vec());
-  s.blocks = (p.dim + s.width - 1) / s.width;
-  s.items = long(p.heads_total()) * s.blocks;
-  s.threads = int(std::max(1L, std::min<long>(omp_get_max_threads(), s.items)));
-  return s;
-}
-
-// This thread's contiguous share of [0, n).
-std::pair<long, long> share(long n) {
-  const long nt = omp_get_num_threads(), id = omp_get_thread_num();
-  return {n * id / nt, n * (id + 1) / nt};
-}
-
-// Calls f(head, c0, c1) for each run of consecutive items in [first, last) that share a head.
-template <class F>
-void for_each_head_range(const Split& split, long first, long last, F&& f) {
-  for (long item = first; item < last;) {
-    const long bh = item / split.blocks;
-    const long end = std::min(last, (bh + 1) * split.blocks);
-    const int c0 = int(item % split.blocks) * split.width;
-    const int c1 = std::min(int(end - bh * split.blocks) * split.width, split.dim);
-    f(bh, c0, c1);
-    item = end;
-  }
-}
-
-// Runs f(head, c0, c1) over this thread's work inside a parallel region. With at least as many
-// heads as threads, whole heads are handed out one at a time (dynamic: on a machine shared with
-// other jobs, a thread that is descheduled for a time slice does not hold the others at the
-// end); otherwise each thread takes a contiguous share of the (head, column block) items.
-template <class F>
-void for_each_share(const Split& split, F&& f) {
-  const long heads = split.items / split.blocks;
-  if (heads >= split.threads) {
-#pragma omp for schedule(dynamic, 1) nowait
-    for (long bh = 0; bh < heads; ++bh) for_each_head_range(split, bh * split.blocks, (bh + 1) * split.blocks, f);
-  } else {
-    const auto [first, last] = share(split.items);
-    for_each_head_range(split, first, last, f);
-  }
 }
 
 // Packs columns [c0, c1) of src (D x D, or its transpose) into the block layout above.
@@ -190,7 +139,7 @@ int head_parallel_threads(const Problem& p) {
   return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), p.heads_total()));
 }
 
-int scan_threads(const Problem& p) { return scan_split(p).threads; }
+int scan_threads(const Problem& p) { return scan_split(p, scan_column_block(active_vec())).threads; }
 
 // A thread's gate buffer (TileGates), 0 without gates.
 std::size_t gate_tile_floats(const Problem& p) {
@@ -198,6 +147,7 @@ std::size_t gate_tile_floats(const Problem& p) {
 }
 
 std::size_t scan_forward_workspace_bytes(const Problem& p) {
+  if (p.delta()) return scan_delta_forward_floats(p) * sizeof(float);
   return std::size_t(scan_threads(p)) * (p.head_state_elems() + gate_tile_floats(p)) * sizeof(float);
 }
 
@@ -208,6 +158,7 @@ std::size_t gate_gradient_floats(const Problem& p) {
 }
 
 std::size_t scan_backward_workspace_bytes(const Problem& p) {
+  if (p.delta()) return scan_delta_backward_floats(p) * sizeof(float);
   const std::size_t passes = p.heads_total() * p.head_state_elems() +
                              std::size_t(scan_threads(p)) * (p.head_state_elems() + gate_tile_floats(p));
   return std::max(passes, gate_gradient_floats(p)) * sizeof(float);
@@ -280,8 +231,9 @@ struct HeadPasses {
 }  // namespace
 
 void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
+  if (p.delta()) return scan_delta_forward(p, a, allocator);
   const int D = p.dim;
-  const Split split = scan_split(p);
+  const Split split = scan_split(p, scan_column_block(active_vec()));
   const Vec vec = active_vec();
   const HeadPasses passes{p, float(attention_scale(D))};
   const std::size_t per_thread = p.head_state_elems() + gate_tile_floats(p);
@@ -348,8 +300,9 @@ void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& al
 }  // namespace
 
 void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
+  if (p.delta()) return scan_delta_backward(p, a, allocator);
   const int D = p.dim;
-  const Split split = scan_split(p);
+  const Split split = scan_split(p, scan_column_block(active_vec()));
   const Vec vec = active_vec();
   const HeadPasses passes{p, float(attention_scale(D))};
   const std::size_t DD = p.head_state_elems();

@@ -4,8 +4,8 @@
 // 16-bit patterns) by `dtype`; states (h0, dhT) and every output are float32, and every product
 // accumulates in float32. Each function only enqueues work on `stream` (asynchronous).
 //
-// The scan needs no scratch: its backward runs a forward recurrence for dq and a reverse one for
-// dk, dv. The chunked form keeps the state entering every chunk (and in the backward the gradient
+// The scan needs no scratch for the additive rule: its backward runs a forward recurrence for dq
+// and a reverse one for dk, dv (the delta rule's backward keeps a token tensor, below). The chunked form keeps the state entering every chunk (and in the backward the gradient
 // of the state leaving it) in scratch from the allocator, one D x D matrix per (batch x head,
 // chunk) in the token dtype; the *_workspace_bytes closed forms are held to the allocator's count
 // by the tests.
@@ -34,6 +34,7 @@ struct DeviceForward {
   float* o;
   float* hT;
   const float* g = nullptr;
+  const float* beta = nullptr;  // the delta rule's, float32 whatever the dtype
 };
 
 struct DeviceBackward {
@@ -49,6 +50,8 @@ struct DeviceBackward {
   float* dh0;
   const float* g = nullptr;
   float* dg = nullptr;
+  const float* beta = nullptr;
+  float* dbeta = nullptr;
 };
 
 // The scan kernels handle dim <= kScanMaxDim (the state slice lives in registers).
@@ -66,8 +69,18 @@ void chunked_forward(const Problem& problem, Dtype dtype, const DeviceForward& a
 void chunked_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                       cudaStream_t stream, const void* kept_states = nullptr);
 
+// The delta rule's scan (cuda_scan_delta.cu, called by scan_forward/backward for rule delta): its
+// backward keeps e_t = v_t - u_t of every token (a token tensor of floats) and, for scalar gates,
+// dg's per-channel sums (another).
+void scan_delta_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, cudaStream_t stream);
+void scan_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
+                         cudaStream_t stream);
+
 inline std::size_t scan_forward_workspace_bytes(const Problem&) { return 0; }
-inline std::size_t scan_backward_workspace_bytes(const Problem&) { return 0; }
+inline std::size_t scan_backward_workspace_bytes(const Problem& p) {
+  if (!p.delta()) return 0;
+  return (p.decay == Decay::scalar ? 2 : 1) * p.token_elems() * sizeof(float);
+}
 // One set of chunk states: B * H * chunks * D * D elements of the token dtype.
 std::size_t chunked_states_bytes(const Problem& problem, Dtype dtype);
 // What chunked_forward (without kept states) and chunked_backward take from the allocator: one set,

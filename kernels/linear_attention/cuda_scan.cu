@@ -253,6 +253,7 @@ std::optional<std::string> scan_unsupported(const Problem& p) {
 }
 
 void scan_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator&, cudaStream_t stream) {
+  if (p.delta()) return scan_delta_forward(p, dtype, a, stream);
   const float s = float(attention_scale(p.dim));
   ScanParams f{};
   f.row = a.k, f.col = a.v, f.query = a.q, f.s0 = a.h0, f.s0_transposed = false;
@@ -261,7 +262,8 @@ void scan_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocat
   launch(p, dtype, f, stream, a.g, false, 0);
 }
 
-void scan_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator&, cudaStream_t stream) {
+void scan_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator& allocator, cudaStream_t stream) {
+  if (p.delta()) return scan_delta_backward(p, dtype, a, allocator, stream);
   const float s = float(attention_scale(p.dim));
   ScanParams dq{};  // forward recurrence of S^T: dq_t = s S_t dO_t
   dq.row = a.v, dq.col = a.k, dq.query = a.dO, dq.s0 = a.h0, dq.s0_transposed = true;

@@ -30,6 +30,12 @@ std::vector<std::size_t> gates(const Case& c) {
   return shape;
 }
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
+// The delta rule (SPEC section 1b): its beta and dbeta exist only there. A case without the option
+// (a plugin's or a test's, built by hand) is additive.
+bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
+std::vector<std::size_t> betas(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
+}
 
 // gate_norm's default (GLA's normaliser) and its largest value: past it the gates are 1 to float32.
 constexpr double kDefaultGateNorm = 16, kMaxGateNorm = 1e6;
@@ -45,7 +51,21 @@ double gate_norm(const Case& c) {
 // takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
 // the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
 // tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
+// Delta rule (cpu_scan_delta.cpp, docs/performance.md): the forward's walk per token applies the
+// pending update (2 D^2), decays (D^2, not for none) and reads out S'^T k and S'^T q (4 D^2), with
+// 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
+// (6 D^2 + decay each), 15 D of per-token vector work, and for gates 6 D (dg) and 3 W exps.
+double scan_delta_flops(const Case& c) {
+  const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
+  const double decay = c.decay == "none" ? 0.0 : 1.0;
+  const double W = c.decay == "vector" ? D : c.decay == "scalar" ? 1.0 : 0.0;
+  const double forward = (6.0 + decay) * D * D + 7.0 * D + W;
+  const double backward = (22.0 + 4.0 * decay) * D * D + 15.0 * D + (is_gated(c) ? 6.0 * D + 3.0 * W : 0.0);
+  return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+}
+
 double scan_flops(const Case& c) {
+  if (is_delta(c)) return scan_delta_flops(c);
   const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
   if (!is_gated(c)) return tokens * (c.mode == Mode::fwd ? 4.0 : 14.0) * D * D;
   const double W = c.decay == "vector" ? D : 1.0;
@@ -67,7 +87,31 @@ double scan_flops(const Case& c) {
 //     rows scaled per chunk; backward: the scores again, dA, dQ and dK each with a block part
 //     (C D (nb - 1) / nb + the scaled copies they read, C D (nb - 1) / (2 c nb)) and a
 //     sub-chunk part by hand, P V^T, the state products (8 D^2), 30 D of elementwise gate work.
+// Delta rule, the WY form of cpu_chunked_delta.cpp (docs/performance.md derives each term), per
+// token: the state products (K.G) S, (Q.G) S and the state update, 6 D^2 (+ D^2 / C for the decay);
+// the causal halves of the scores A_qk, A_kk and of T R and A_qk W, (C + 1) D each, or for vector
+// gates the scores by hand (6 D per pair: 3 (C + 1) D); the inverse T by forward substitution,
+// C^2 / 3; gate and elementwise work. The backward recomputes the chunk's scores, T and W, then
+// dW, T^T dW, dO W^T, dR W^T, the state-side products (dO S^T, dV S^T, W dS^T: 6 D^2) and the
+// score sides, the state gradient (4 D^2), dbeta and dg.
+double chunked_delta_flops(const Case& c) {
+  const double D = c.dim, C = std::min(c.chunk, c.seq);
+  const double tokens = double(c.batch) * c.heads * c.seq;
+  const double solve = C * C / 3.0, half = (C + 1) * D;
+  double forward = 0, backward = 0;
+  if (c.decay == "vector") {
+    forward = 6.0 * D * D + D * D / C + 3.0 * half + 2.0 * half + solve + 12.0 * D;
+    backward = 14.0 * D * D + 3.0 * D * D / C + 13.0 * half + solve + C + 25.0 * D;
+  } else {
+    forward = 6.0 * D * D + D * D / C + 2.0 * C * D + 2.0 * half + solve + C + 2.0 * D + 3.0;
+    backward = 14.0 * D * D + D * D / C + 2.0 * C * D + 9.0 * half + solve + 2.0 * C + 6.0 * D + 5.0 +
+               (is_gated(c) ? 2.0 * D * D / C + 6.0 * D : 0.0);
+  }
+  return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+}
+
 double chunked_flops(const Case& c) {
+  if (is_delta(c)) return chunked_delta_flops(c);
   const double D = c.dim, C = std::min(c.chunk, c.seq);
   const double tokens = double(c.batch) * c.heads * c.seq;
   if (c.decay == "scalar") {
@@ -90,6 +134,19 @@ double chunked_flops(const Case& c) {
 // logsigmoid(z) = -log(1 + exp(-z)), without overflow for either sign.
 double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
 
+// Whether the delta rule's keys are L2-normalised (SPEC section 3; `normalize_keys`, default true).
+bool normalizes_keys(const Case& c) { return is_delta(c) && c.option("normalize_keys") != "false"; }
+
+// Each row of k divided by its L2 norm, in double (a zero row stays zero).
+void normalize_rows(std::vector<float>& k, std::size_t dim) {
+  for (std::size_t r = 0; r + dim <= k.size(); r += dim) {
+    double sum = 0;
+    for (std::size_t d = 0; d < dim; ++d) sum += double(k[r + d]) * k[r + d];
+    const double inv = sum > 0 ? 1.0 / std::sqrt(sum) : 0.0;
+    for (std::size_t d = 0; d < dim; ++d) k[r + d] = float(k[r + d] * inv);
+  }
+}
+
 // Stream numbers of SPEC section 3 (core/random.hpp): fixed for good.
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
@@ -108,6 +165,13 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     const double norm = gate_norm(c);
     for (float& x : g) x = float(log_sigmoid(double(x)) / norm);
   }
+  if (is_delta(c)) {
+    // beta = sigmoid(z'), z' ~ N(0, 1), stream 8; keys L2-normalised unless the case says not.
+    auto& beta = set.add("beta", Role::input, betas(c)).data;
+    fill_normal(beta, seed, 8);
+    for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
+    if (normalizes_keys(c)) normalize_rows(set.at("k").data, std::size_t(c.dim));
+  }
   return set;
 }
 
@@ -120,19 +184,26 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   o.assign(p.token_elems(), 0.0);
   hT.assign(p.state_elems(), 0.0);
   const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
-  reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g.empty() ? nullptr : g.data()});
+  const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
+  const double* g_or_null = g.empty() ? nullptr : g.data();
+  const double* beta_or_null = beta.empty() ? nullptr : beta.data();
+  reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null});
   if (backward) {
     const auto dO = widened(in, "dO"), dhT = widened(in, "dhT");
     for (const char* name : {"dq", "dk", "dv"}) ref.values[name].assign(p.token_elems(), 0.0);
     ref.values["dh0"].assign(p.state_elems(), 0.0);
-    double* dg = nullptr;
+    double *dg = nullptr, *dbeta = nullptr;
     if (!g.empty()) {
       ref.values["dg"].assign(p.gate_elems(), 0.0);
       dg = ref.values["dg"].data();
     }
+    if (!beta.empty()) {
+      ref.values["dbeta"].assign(p.beta_elems(), 0.0);
+      dbeta = ref.values["dbeta"].data();
+    }
     reference::backward(p, {q.data(), k.data(), v.data(), h0.data(), dO.data(), dhT.data(), ref.values["dq"].data(),
-                            ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data(),
-                            g.empty() ? nullptr : g.data(), dg});
+                            ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data(), g_or_null, dg,
+                            beta_or_null, dbeta});
     ref.has_backward = true;
   }
   return ref;
@@ -156,6 +227,24 @@ Axis gate_norm_axis() {
   return a;
 }
 
+// rule (SPEC section 1b): additive or delta, for every decay; it always applies, so every record
+// says which rule ran.
+Axis rule_axis() {
+  Axis a{"rule", Param::option, {"additive"}, "update rules (additive, delta)"};
+  a.kind = Kind::name;
+  a.choices = rule_names();
+  return a;
+}
+
+// normalize_keys (SPEC section 3): the delta rule's keys are L2-normalised unless false (a test
+// switch: with raw keys the delta rule's state can grow without bound).
+Axis normalize_keys_axis() {
+  Axis a{"normalize_keys", Param::option, {"true"}, "delta rule only: L2-normalise the keys (true, false)"};
+  a.kind = Kind::boolean;
+  a.applies = is_delta;
+  return a;
+}
+
 }  // namespace
 
 const std::vector<std::string>& decay_names() {
@@ -170,6 +259,19 @@ const std::vector<std::string>& ungated_decay_names() {
 
 std::string to_string(Decay decay) { return decay_names()[std::size_t(decay)]; }
 
+const std::vector<std::string>& rule_names() {
+  static const std::vector<std::string> names = {"additive", "delta"};
+  return names;
+}
+
+std::string to_string(Rule rule) { return rule_names()[std::size_t(rule)]; }
+
+Rule rule_from(const std::string& name) {
+  for (std::size_t i = 0; i < rule_names().size(); ++i)
+    if (rule_names()[i] == name) return Rule(i);
+  throw RuntimeFailure("no rule '" + name + "'");
+}
+
 Decay decay_from(const std::string& name) {
   for (std::size_t i = 0; i < decay_names().size(); ++i)
     if (decay_names()[i] == name) return Decay(i);
@@ -177,7 +279,9 @@ Decay decay_from(const std::string& name) {
 }
 
 Problem linear_problem(const Case& c) {
-  return Problem{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay)};
+  const std::string rule = c.option("rule");
+  return Problem{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay),
+                 rule.empty() ? Rule::additive : rule_from(rule)};
 }
 
 const Op& linear_attention_op() {
@@ -192,7 +296,9 @@ const Op& linear_attention_op() {
         {"heads", Param::heads, {"4"}, "head counts", 1, kMaxHeads},
         {"chunk", Param::chunk, {"128"}, "chunk sizes of the chunked form", 1, kMaxChunk},
         {"decay", Param::decay, {"none"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
+        rule_axis(),
         gate_norm_axis(),
+        normalize_keys_axis(),
         {"dim", Param::dim, {"32", "64", "128"}, "head dims of the kernel suite", 1, kMaxDim},
         {"seq", Param::seq, {"512", "2048", "8192"}, "sequence lengths", 1, kMaxSeq},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},
@@ -207,6 +313,7 @@ const Op& linear_attention_op() {
         {"dq", Role::gradient, tokens, false},  {"dk", Role::gradient, tokens, false},
         {"dv", Role::gradient, tokens, false},  {"dh0", Role::gradient, states, false},
         {"g", Role::input, gates, false, is_gated},  {"dg", Role::gradient, gates, false, is_gated},
+        {"beta", Role::input, betas, false, is_delta}, {"dbeta", Role::gradient, betas, false, is_delta},
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;

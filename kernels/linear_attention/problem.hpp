@@ -5,6 +5,7 @@
 //   h0, hT, dhT, dh0           : [batch][heads][dim][dim]   (rows: key dim, columns: value dim)
 //   g, dg (decay scalar)       : [batch][heads][seq]        (log-gates, one per token)
 //   g, dg (decay vector)       : [batch][heads][seq][dim]   (log-gates per token and key channel)
+//   beta, dbeta (rule delta)   : [batch][heads][seq]        (write strengths in (0, 1), one per token)
 // The mathematics is in docs/kernels.md (SPEC section 1). The op's table row (tensors, inputs,
 // flop model) is op.cpp beside this file.
 #pragma once
@@ -25,6 +26,17 @@ enum class Decay { none, retnet, scalar, vector };
 
 inline bool gated(Decay decay) { return decay == Decay::scalar || decay == Decay::vector; }
 
+// How token t is written into the state (SPEC section 1b): `additive` (S_t = S'_t + k_t v_t^T) or
+// `delta` (S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T: DeltaNet, with the gates Gated DeltaNet and
+// KDA), S'_t = A_t S_{t-1} being the decayed state. An input beta [B][H][T] exists for `delta` only.
+enum class Rule { additive, delta };
+
+// The rules' names, in enum order: what configs and records write.
+const std::vector<std::string>& rule_names();
+std::string to_string(Rule rule);
+// Throws RuntimeFailure for a name rule_names() does not hold.
+Rule rule_from(const std::string& name);
+
 // The decays' names, in enum order: what configs and records write.
 const std::vector<std::string>& decay_names();
 // Those without gate inputs (none, retnet): the layer's linear branch offers only these.
@@ -40,7 +52,9 @@ struct Problem {
   int dim = 1;
   int chunk = 64;  // only the chunked form reads it
   Decay decay = Decay::none;
+  Rule rule = Rule::additive;
 
+  bool delta() const { return rule == Rule::delta; }
   std::size_t heads_total() const { return std::size_t(batch) * heads; }
   std::size_t token_elems() const { return heads_total() * seq * dim; }   // one of q, k, v, o
   std::size_t state_elems() const { return heads_total() * dim * dim; }  // one of h0, hT
@@ -51,6 +65,7 @@ struct Problem {
   int gate_width() const { return decay == Decay::vector ? dim : decay == Decay::scalar ? 1 : 0; }
   std::size_t gate_elems() const { return heads_total() * seq * std::size_t(gate_width()); }
   std::size_t head_gate_elems() const { return std::size_t(seq) * gate_width(); }
+  std::size_t beta_elems() const { return heads_total() * seq; }  // beta, dbeta (rule delta)
 };
 
 // gamma_h of SPEC section 1: 1 - 2^(-5-h) for `retnet`, 1 for the others (gated decays take their
@@ -67,7 +82,7 @@ constexpr int kGateSubChunk = 32;
 inline double attention_scale(int dim) { return 1.0 / std::sqrt(double(dim)); }
 
 // Pointers of one forward call. Outputs are fully overwritten. g: the log-gates of a gated decay
-// (null otherwise).
+// (null otherwise); beta: the delta rule's write strengths (null for the additive rule).
 template <class T>
 struct ForwardArgs {
   const T* q;
@@ -77,10 +92,11 @@ struct ForwardArgs {
   T* o;
   T* hT;
   const T* g = nullptr;
+  const T* beta = nullptr;
 };
 
 // Pointers of one backward call: the forward's inputs, the cotangents, and the gradients
-// (overwritten). g and dg only for a gated decay.
+// (overwritten). g and dg only for a gated decay, beta and dbeta only for the delta rule.
 template <class T>
 struct BackwardArgs {
   const T* q;
@@ -95,6 +111,8 @@ struct BackwardArgs {
   T* dh0;
   const T* g = nullptr;
   T* dg = nullptr;
+  const T* beta = nullptr;
+  T* dbeta = nullptr;
 };
 
 }  // namespace lattn

@@ -1,5 +1,6 @@
 """scripts/merge.py, run as a subprocess on shards cut from the fixture."""
 
+import copy
 import json
 import os
 import sys
@@ -71,6 +72,35 @@ class MergeTest(unittest.TestCase):
         proc = self.merge(*self.shards)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertNotIn("shard", self.merged()["config"])
+
+    def test_the_op_options_tell_cases_apart(self):
+        # rule, normalize_keys and gate_norm (the kernel op's own keys) are part of a case's
+        # identity: records that differ only in one of them are different cases, merged side by
+        # side and summarised apart, not one case recorded twice.
+        kernel = next(r for r in self.shards[0]["results"] if r["suite"] == "kernel" and "median_ms" in r)
+        variants = [{"rule": "delta", "normalize_keys": True}, {"rule": "delta", "normalize_keys": False},
+                    {"decay": "scalar", "gate_norm": 1.0}, {"decay": "scalar", "gate_norm": 16.0}]
+        top = max(r["plan_index"] for shard in self.shards for r in shard["results"])
+        for i, extra in enumerate(variants):
+            for j, impl in enumerate(("scan", "chunked")):
+                record = copy.deepcopy(kernel)
+                record.update(extra, impl=impl)
+                record["plan_index"] = top + 1 + 2 * i + j
+                self.shards[j]["results"].append(record)
+        proc = self.merge(*self.shards)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        merged = self.merged()["results"]
+        self.assertEqual(len(merged), 19 + 2 * len(variants))
+        for extra in variants:
+            self.assertEqual(len([r for r in merged if all(r.get(k) == v for k, v in extra.items())]), 2, extra)
+        # The summary compares scan and chunked within each variant, never across them.
+        comparisons = merge.build_summary(merged)["comparisons"]
+        for extra in variants:
+            shapes = [c for c in comparisons if all(c.get(k) == v for k, v in extra.items())]
+            self.assertEqual(len(shapes), 1, (extra, comparisons))
+        # A record without a rule (an older file, the reference file) is the additive rule's.
+        key = merge.lr.case_key(merge.lr._normalise({"suite": "kernel", "impl": "scan"}, "cpu", False))
+        self.assertEqual(merge.lr.key_as_dict(key)["rule"], "additive")
 
     def test_duplicate_case_is_refused(self):
         self.shards[1]["results"].append(self.shards[0]["results"][0])

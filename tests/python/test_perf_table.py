@@ -56,6 +56,25 @@ class PerfTableTest(unittest.TestCase):
         self.assertEqual([r[4] for r in layer], ["64", "64"])
         self.assertTrue(all(r[11] for r in layer))
 
+    def test_rules_and_decays_get_a_column_saying_which_row_is_which(self):
+        doc = copy.deepcopy(self.base_doc)
+        kernel = [r for r in doc["results"] if r.get("suite") == "kernel" and r.get("status") == "ok"]
+        twin = copy.deepcopy(kernel[0])
+        twin.update(rule="delta", decay="scalar", gate_norm=16.0, normalize_keys=True, median_ms=7.0)
+        doc["results"].append(twin)
+        proc = fx.run_script("perf_table.py", self.write("mixed.json", doc))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+        self.assertTrue(lines[0].startswith("| suite | impl | mode | seq | D | variant | median_ms |"), lines[0])
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
+        self.assertEqual(len(rows), len(doc["results"]))
+        delta = [r for r in rows if r[5] == "delta scalar"]
+        self.assertEqual(len(delta), 1)
+        self.assertEqual(delta[0][:5], [str(kernel[0][k]) for k in ("suite", "impl", "mode", "seq", "dim")])
+        self.assertEqual(delta[0][6], "7.000")
+        # A plain run has no such column (the other tests read it).
+        self.assertTrue(all(r[5] != "delta scalar" for r in self.table(fx.BASE_PATH)[1]))
+
     def test_the_reference_file_as_the_run(self):
         ref = self.write("ref.json", fx.reference_format(self.base_doc))
         text, rows = self.table(ref)
