@@ -1,5 +1,7 @@
 #include "core/op.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "core/random.hpp"
 
@@ -44,6 +46,17 @@ bool Op::has(Param param) const {
 double Op::flops(const Case& kase) const {
   const Form* f = credited_form(kase.impl);
   return f ? f->flops(kase) : 0.0;
+}
+
+std::vector<std::pair<std::string, std::string>> distinguishing_options(const Case& kase) {
+  std::vector<std::pair<std::string, std::string>> shown;
+  for (const auto& [name, value] : kase.options) {
+    const auto axis = std::find_if(kase.op->axes.begin(), kase.op->axes.end(),
+                                   [&](const Axis& a) { return a.param == Param::option && a.key == name; });
+    const bool at_default = axis != kase.op->axes.end() && axis->defaults.size() == 1 && axis->defaults[0] == value;
+    if (!at_default) shown.emplace_back(name, value);
+  }
+  return shown;
 }
 
 TensorSet make_case_inputs(const Case& kase, std::uint64_t seed) {

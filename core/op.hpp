@@ -100,6 +100,12 @@ bool is_plugin_impl_name(const std::string& impl);
 // The IMPL part of a plugin's NAME:IMPL; "" for any other impl.
 std::string plugin_impl_part(const std::string& impl);
 
+// The case's options that set it apart from the op's plain form: those not at their key's one
+// default value (the additive rule, keys normalised, gate_norm 16). Case names, Google Benchmark
+// names and the summary's lines show only these, so that a case is named as it was before a key
+// with a default was added, and a plain case's name does not spell out every default.
+std::vector<std::pair<std::string, std::string>> distinguishing_options(const Case& kase);
+
 // The op's inputs for `kase`, rounded to bf16 where the case's dtype says so.
 TensorSet make_case_inputs(const Case& kase, std::uint64_t seed);
 

@@ -98,7 +98,7 @@ std::string gbench_name(const Case& c) {
   if (op.has(Param::chunk)) name += fmt::format("/chunk:{}", c.chunk);
   if (op.has(Param::window)) name += fmt::format("/window:{}", c.window);
   name += "/decay:" + (op.has(Param::decay) ? c.decay : std::string("none"));
-  for (const auto& [key, value] : c.options) name += "/" + key + ":" + value;
+  for (const auto& [key, value] : distinguishing_options(c)) name += "/" + key + ":" + value;
   return name + "/" + c.dtype;
 }
 

@@ -114,7 +114,7 @@ std::string case_slug(const Case& c) {
   if (op.has(Param::chunk)) slug += fmt::format("c{}", c.chunk);
   if (op.has(Param::window)) slug += fmt::format("w{}", c.window);
   if (op.has(Param::decay)) slug += "-" + c.decay;
-  for (const auto& [name, value] : c.options) slug += "-" + name + value;
+  for (const auto& [name, value] : distinguishing_options(c)) slug += "-" + name + value;
   return slug;
 }
 

@@ -77,7 +77,7 @@ std::string label(const Case& c, bool with_seq) {
   if (op.has(Param::chunk)) out += fmt::format(" chunk={}", c.chunk);
   if (op.has(Param::window)) out += fmt::format(" window={}", c.window);
   if (op.has(Param::decay) && c.decay != "none") out += " decay=" + c.decay;
-  for (const auto& [name, value] : c.options) out += " " + name + "=" + value;
+  for (const auto& [name, value] : distinguishing_options(c)) out += " " + name + "=" + value;
   if (c.dtype != "float32") out += " " + c.dtype;
   return out;
 }

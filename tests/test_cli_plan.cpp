@@ -116,13 +116,14 @@ TEST_CASE("records carry the noise they reached and why they stopped, and the ET
   const auto estimate = result.output.find("cases, estimated ");
   REQUIRE(estimate != std::string::npos);
   CHECK(estimate < result.output.find("[1/8]"));
-  for (const auto& r : read_json(out)["results"]) {
+  const auto doc = read_json(out);  // held: a range-for over a temporary's member would dangle
+  for (const auto& r : doc["results"]) {
     CHECK(r["stopped_on"] == "samples");
     CHECK(r["samples_ms"].size() == 6);
     CHECK(r["reps"] == 6);
     CHECK(r["noise_pct"].get<double>() >= 0);
   }
-  const auto config = read_json(out)["config"];
+  const auto& config = doc["config"];
   CHECK(config["min_samples"] == 3);
   CHECK(config["max_noise"] == 0);
   CHECK(config["interleave"] == true);

@@ -82,7 +82,7 @@ TEST_CASE("the Google Benchmark export has every sample as a repetition and the 
   }
   CHECK(names.size() == 4 * 4);  // each case's name and its three aggregates'
   const auto& first = gbench["benchmarks"][0];
-  CHECK(first["name"] == "kernel/scan/fwd/batch:2/heads:4/seq:512/dim:64/chunk:128/decay:none/rule:additive/float32");
+  CHECK(first["name"] == "kernel/scan/fwd/batch:2/heads:4/seq:512/dim:64/chunk:128/decay:none/float32");
   CHECK(first["run_type"] == "iteration");
   CHECK(first["repetition_index"] == 0);
   CHECK(first["real_time"].get<double>() == Approx(1.0e6));  // 1 ms
