@@ -50,11 +50,13 @@ double Op::flops(const Case& kase) const {
 
 std::vector<std::pair<std::string, std::string>> distinguishing_options(const Case& kase) {
   std::vector<std::pair<std::string, std::string>> shown;
-  for (const auto& [name, value] : kase.options) {
+  for (const auto& option : kase.options) {
+    const std::string& key = option.first;
     const auto axis = std::find_if(kase.op->axes.begin(), kase.op->axes.end(),
-                                   [&](const Axis& a) { return a.param == Param::option && a.key == name; });
-    const bool at_default = axis != kase.op->axes.end() && axis->defaults.size() == 1 && axis->defaults[0] == value;
-    if (!at_default) shown.emplace_back(name, value);
+                                   [&](const Axis& a) { return a.param == Param::option && a.key == key; });
+    const bool at_default =
+        axis != kase.op->axes.end() && axis->defaults.size() == 1 && axis->defaults[0] == option.second;
+    if (!at_default) shown.push_back(option);
   }
   return shown;
 }

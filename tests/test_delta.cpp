@@ -240,6 +240,14 @@ TEST_CASE("delta rule config keys are validated in one line naming where", "[del
   for (const Case& kase : plan) {
     CHECK(kase.options.count("rule") == 1);
     CHECK(kase.options.count("normalize_keys") == (kase.option("rule") == "delta" ? 1u : 0u));
+    // Its name shows the options off their default only: a delta case its rule and raw keys, a
+    // plain additive case neither.
+    const std::string name = case_slug(kase);
+    INFO(name);
+    CHECK((name.find("-ruledelta") != std::string::npos) == (kase.option("rule") == "delta"));
+    CHECK((name.find("normalize_keysfalse") != std::string::npos) == (kase.option("normalize_keys") == "false"));
+    CHECK(name.find("ruleadditive") == std::string::npos);
+    CHECK(name.find("normalize_keystrue") == std::string::npos);
   }
 
   // Through the binary: exit 2 with one line.

@@ -49,7 +49,6 @@ using tile::kNR;
 using tile::panel_cols;
 using tile::Product;
 using tile::Range;
-using tile::Segment;
 using tile::seg;
 
 int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }

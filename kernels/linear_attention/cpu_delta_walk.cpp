@@ -17,7 +17,7 @@ namespace {
 template <class I, int NV, WalkDecay DEC, bool U1, int NA, bool U2, bool RB>
 void walk(const DeltaWalk& w) {
   using V = typename I::V;
-  constexpr int L = I::L, W = L * NV;
+  constexpr std::ptrdiff_t L = I::L, W = L * NV;  // pointer offsets: n * L in ptrdiff_t
   V c1[NV], c2[NV], ac[NV];
   for (int n = 0; n < NV; ++n) {
     if constexpr (U1) c1[n] = I::loadu(w.c1 + n * L);
