@@ -59,6 +59,46 @@ inline void exp_of_difference(float* __restrict out, const double* a, const doub
   exp_in_place(out, n);
 }
 
+// Rows a lane_scores call takes at once: two zmm (four ymm) of sums per source.
+constexpr int kLaneRows = 32;
+
+// A gated chunk's scores with the rows in the lanes. For rows [i0, i1) (at most kLaneRows) and the
+// columns m from i1 - 1 down to m0, with m <= i:
+//   out[s][i][m] = alpha[s] sum_d x[s]_id k_md prod_{l = m+1 .. i} a_ld
+// for each source s (q for A_qk; k too for the delta rule's A_kk). lanes[s][d][i - i0] holds
+// x[s]_id times the product of a_d down to the column being made, so a column is D multiply-adds of
+// a broadcast k_md for all the rows at once: no horizontal sum per pair (summing each pair's dot
+// product by hand needs one, and that bounded the by-hand scores). Row m joins the lanes at column
+// m; lanes of rows above the diagonal are computed and not stored. a holds exp(g) per row and
+// channel, each factor <= 1, so the running products only shrink. lanes: S x D x kLaneRows floats.
+template <int S>
+void lane_scores(int D, int i0, int i1, int m0, const float* k, const float* a, const float* const (&x)[S],
+                 const float (&alpha)[S], float* const (&out)[S], long ld, float* lanes) {
+  constexpr int R = kLaneRows;
+  std::fill_n(lanes, std::size_t(S) * D * R, 0.0f);
+  for (int m = i1 - 1; m >= m0; --m) {
+    if (m >= i0)
+      for (int s = 0; s < S; ++s)
+        for (int d = 0; d < D; ++d) lanes[(std::size_t(s) * D + d) * R + (m - i0)] = x[s][std::size_t(m) * D + d];
+    const float* km = k + std::size_t(m) * D;
+    const float* am = a + std::size_t(m) * D;
+    alignas(64) float acc[S][R] = {};
+    for (int d = 0; d < D; ++d) {
+      const float kd = km[d], ad = am[d];
+      for (int s = 0; s < S; ++s) {
+        float* __restrict row = lanes + (std::size_t(s) * D + d) * R;
+        float* __restrict sum = acc[s];
+#pragma omp simd
+        for (int r = 0; r < R; ++r) sum[r] += row[r] * kd;
+#pragma omp simd
+        for (int r = 0; r < R; ++r) row[r] *= ad;
+      }
+    }
+    for (int s = 0; s < S; ++s)
+      for (int i = std::max(m, i0); i < i1; ++i) out[s][std::size_t(i) * ld + m] = alpha[s] * acc[s][i - i0];
+  }
+}
+
 inline float dot(const float* __restrict x, const float* __restrict y, int n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

@@ -64,6 +64,7 @@ struct Buffers {
   float *Bp, *WTp;                     // D x P(C): K^T, W^T panels
   float *Rp, *Wp, *Wep;                // C x P(D) panels
   float *Sp;                           // packed state, D x P(D)
+  float *lanes;                        // vector gates: 2 x D x kLaneRows, the scores' rows in lanes
   // backward
   float *dPqk, *dPkk;                  // C x score_ld
   float *dW, *dKr, *dKw;               // C x D
@@ -96,6 +97,7 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
   for (float** x : {&b.Bp, &b.WTp}) *x = take(D * PC);
   for (float** x : {&b.Rp, &b.Wp, &b.Wep}) *x = take(C * PD);
   b.Sp = take(D * PD);
+  b.lanes = take(vector ? 2 * D * kLaneRows : 0);
   if (backward) {
     for (float** x : {&b.dPqk, &b.dPkk}) *x = take(C * L);
     for (float** x : {&b.dW, &b.dKr, &b.dKw}) *x = take(C * D);
@@ -178,20 +180,13 @@ void scores(const Buffers& B, const Problem& p, const Chunk& c, float alpha) {
     for (int i = 0; i < n; ++i) B.Akk[std::size_t(i) * L + i] = 0.0f;
     return;
   }
-  float *qw = B.row, *kw = B.X;  // q_i . exp(b_i - b_m), k_i . exp(b_i - b_m) as m walks down (X is free)
+  // Rows in blocks of kLaneRows, each against every column up to its last row.
+  for (int i0 = 0; i0 < n; i0 += kLaneRows)
+    lane_scores<2>(D, i0, std::min(n, i0 + kLaneRows), 0, c.k, B.a, {c.q, c.k}, {alpha, 1.0f}, {B.Aqk, B.Akk}, L,
+                   B.lanes);
   for (int i = 0; i < n; ++i) {
-    float *aq = B.Aqk + std::size_t(i) * L, *ak = B.Akk + std::size_t(i) * L;
-    std::copy_n(c.q + std::size_t(i) * D, D, qw);
-    std::copy_n(c.k + std::size_t(i) * D, D, kw);
-    for (int m = i; m >= 0; --m) {
-      const float* km = c.k + std::size_t(m) * D;
-      aq[m] = alpha * dot(qw, km, D);
-      ak[m] = m < i ? dot(kw, km, D) : 0.0f;
-      multiply(qw, B.a + std::size_t(m) * D, D);
-      multiply(kw, B.a + std::size_t(m) * D, D);
-    }
-    std::fill(aq + i + 1, aq + C, 0.0f);
-    std::fill(ak + i, ak + C, 0.0f);
+    std::fill(B.Aqk + std::size_t(i) * L + i + 1, B.Aqk + std::size_t(i) * L + C, 0.0f);
+    std::fill(B.Akk + std::size_t(i) * L + i, B.Akk + std::size_t(i) * L + C, 0.0f);  // A_kk: strictly lower
   }
 }
 

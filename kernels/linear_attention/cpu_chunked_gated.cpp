@@ -65,7 +65,7 @@ struct Buffers {
   float *Vp, *dOp, *Xp;                   // C x P(D) panels
   float *Sp, *STp, *dSp, *dSTp, *states;  // packed D x P(D); states: chunks of them, when recomputed
   float *f, *decay, *tmp_row;             // D
-  float* lanes;                           // D x kGateSubChunk: a sub-chunk's q rows in lanes (vector gates)
+  float* lanes;                           // D x kLaneRows: a sub-chunk's q rows in lanes (vector gates)
   double* sums;                           // D (dg)
   std::size_t used = 0;
 };
@@ -91,7 +91,7 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
   b.f = take(D);
   b.decay = take(D);
   b.tmp_row = take(D);
-  b.lanes = take(p.decay == Decay::vector ? D * kGateSubChunk : 0);
+  b.lanes = take(p.decay == Decay::vector ? D * kLaneRows : 0);
   if (backward) {
     for (float** x : {&b.tmp, &b.rows}) *x = take(C * D);
     for (float** x : {&b.ones, &b.dA}) *x = take(C * L);
@@ -189,36 +189,6 @@ void block_factor(const Buffers& B, int D, int i0, int j1) {
   exp_of_difference(B.f, B.b + std::size_t(i0 - 1) * D, B.b + std::size_t(j1 - 1) * D, D);
 }
 
-// The scores within one vector-gate sub-chunk, rows and columns [i0, i1): for j <= i,
-// A_ij = alpha sum_d q_id k_jd prod_{l = j+1 .. i} exp(g_ld). The sub-chunk's rows go in the lanes:
-// lanes[d][i - i0] holds q_id times the product of exp(g_d) down to the column j being made, so
-// column j of every row is D multiply-adds of a broadcast k_jd (no horizontal sum per pair, which
-// summing each pair's dot product by hand needs), after which the lanes take exp(g_j) for column
-// j - 1. Row j joins the lanes at column j; lanes of rows above the diagonal are computed and not
-// stored.
-void subchunk_scores(const Buffers& B, int D, int i0, int i1, const float* q, const float* k, float alpha, float* A,
-                     int L) {
-  constexpr int R = kGateSubChunk;
-  float* lanes = B.lanes;
-  std::fill_n(lanes, std::size_t(D) * R, 0.0f);
-  for (int j = i1 - 1; j >= i0; --j) {
-    const float* qj = q + std::size_t(j) * D;
-    for (int d = 0; d < D; ++d) lanes[std::size_t(d) * R + (j - i0)] = qj[d];
-    const float* kj = k + std::size_t(j) * D;
-    const float* aj = B.a + std::size_t(j) * D;
-    alignas(64) float acc[R] = {};
-    for (int d = 0; d < D; ++d) {
-      float* __restrict row = lanes + std::size_t(d) * R;
-      const float kd = kj[d], ad = aj[d];
-#pragma omp simd
-      for (int x = 0; x < R; ++x) acc[x] += row[x] * kd;
-#pragma omp simd
-      for (int x = 0; x < R; ++x) row[x] *= ad;
-    }
-    for (int i = j; i < i1; ++i) A[std::size_t(i) * L + j] = alpha * acc[i - i0];
-  }
-}
-
 // A (ld score_ld) on and below the diagonal: the scores of one chunk, times alpha. Rows above a
 // vector-gate sub-chunk's diagonal within it are zeroed (the A V products read up to the 8-row
 // tile's end); the scalar gates' mask zeroes them.
@@ -249,7 +219,7 @@ void scores(const Buffers& B, const Problem& p, int n, const float* q, const flo
       float* row = B.A + std::size_t(i) * L;
       std::fill(row + i + 1, row + std::min(C, i0 + kGateSubChunk), 0.0f);
     }
-    subchunk_scores(B, D, i0, i1, q, k, alpha, B.A, L);
+    lane_scores<1>(D, i0, i1, i0, k, B.a, {q}, {alpha}, {B.A}, L, B.lanes);
   }
 }
 
