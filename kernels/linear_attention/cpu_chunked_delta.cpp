@@ -14,9 +14,10 @@
 //   S_next = exp(b_{n-1}) S + (K . exp(b_{n-1} - b))^T W
 // Every gate factor is exp of a difference <= 0 (formed in double where the gated form does), so
 // strong gates stay finite. Scalar gates make exp(b_i - b_m) a mask the tile products apply; vector
-// gates cannot be a mask (the factor is per channel inside the dot product), and their scores and
-// the scores' gradients are summed by hand with a running product of exp(g) (the gated form's
-// sub-chunk products are not used here yet: docs/kernels.md).
+// gates cannot be a mask (the factor is per channel inside the dot product): their scores come from
+// lane_scores (cpu_chunk_products.hpp: a running product of exp(g), the rows in the vector lanes)
+// and the scores' gradients are summed pair by pair (the gated form's products between sub-chunks
+// are not used here yet: docs/kernels.md).
 //
 // Backward, walking the chunks in reverse with dS the gradient of the state leaving the chunk:
 //   dW    = s A_qk^T dO + (K . exp(b_{n-1} - b)) dS

@@ -16,8 +16,9 @@
 //     secondary chunking). Between sub-chunks I > J, with r_I = b at the row before I and e_J = b
 //     at J's last row (r_I <= e_J), exp(b_i - b_j) = exp(b_i - r_I) exp(r_I - e_J) exp(e_J - b_j),
 //     three factors <= 1: Qh = Q . exp(b - r), Kb = K . exp(e - b), and f_IJ = exp(r_I - e_J) on
-//     the packed Kb^T's rows; one product per row block. Within a sub-chunk, A_ij is summed by hand
-//     with w = exp(b_i - b_j) = prod exp(g) kept as a running product (no exp per pair).
+//     the packed Kb^T's rows; one product per row block. Within a sub-chunk, lane_scores
+//     (cpu_chunk_products.hpp) makes A_ij with the rows in the vector lanes and w = exp(b_i - b_j)
+//     = prod exp(g) kept as a running product (no exp per pair).
 // Backward, dS = the gradient of the state leaving the chunk (dhT for the last), walking chunks in
 // reverse (vector gates; scalar gates are the same with the mask, the factors per row, and the
 // products fused as in cpu_chunked_tiled.cpp):
