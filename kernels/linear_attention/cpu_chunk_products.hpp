@@ -7,8 +7,26 @@
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/tile_gemm.hpp"
+#include "kernels/linear_attention/problem.hpp"
 
 namespace lattn::cpu {
+
+// The rows of a full chunk: a chunk longer than the sequence is one chunk of seq rows.
+inline int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
+
+// Floats of one packed D x P(D) state.
+inline std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * tile::panel_cols(p.dim); }
+
+// The leading dimension of a chunk's C x C score tiles, as cpu_chunked_tiled.cpp's: transposes read
+// down columns.
+inline int score_ld(int C) { return C + 16; }
+
+// The 0/1 lower-triangular C x C mask (ld score_ld(C)) that products apply where no decay weighs
+// the scores.
+inline void fill_lower_ones(float* ones, int C) {
+  for (int i = 0; i < C; ++i)
+    for (int j = 0; j < C; ++j) ones[std::size_t(i) * score_ld(C) + j] = j <= i ? 1.0f : 0.0f;
+}
 
 // An M x N row-major product into c (ld ldc).
 inline tile::Product rows_product(float* c, long ldc, int M, int N, tile::Segment s1, float alpha = 1.0f) {

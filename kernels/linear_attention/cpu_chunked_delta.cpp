@@ -51,10 +51,6 @@ using tile::Product;
 using tile::Range;
 using tile::seg;
 
-int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
-std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * panel_cols(p.dim); }
-int score_ld(int C) { return C + 16; }
-
 // One thread's buffers, carved from its block; with base null, carve only counts.
 struct Buffers {
   double *b, *sums;                    // cumulative log-gates, C x gw; dg's sums, D
@@ -442,13 +438,6 @@ Chunk chunk_of(const Problem& p, long bh, int index, const float* q, const float
   return c;
 }
 
-void fill_ones(const Buffers& B, const Problem& p) {
-  if (!B.ones) return;
-  const int C = effective_chunk(p), L = score_ld(C);
-  for (int i = 0; i < C; ++i)
-    for (int j = 0; j < C; ++j) B.ones[std::size_t(i) * L + j] = j <= i ? 1.0f : 0.0f;
-}
-
 }  // namespace
 
 std::size_t chunked_delta_kept_states_floats(const Problem& p) {
@@ -491,7 +480,7 @@ void chunked_delta_backward(const Problem& p, const BackwardArgs<float>& a, Allo
 #pragma omp parallel num_threads(threads)
   {
     const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, true, !kept);
-    fill_ones(B, p);
+    if (B.ones) fill_lower_ones(B.ones, C);
 #pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < long(p.heads_total()); ++bh) {
       const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();

@@ -52,10 +52,6 @@ using tile::Product;
 using tile::Range;
 using tile::seg;
 
-int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); }
-std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * panel_cols(p.dim); }
-int score_ld(int C) { return C + 16; }  // as cpu_chunked_tiled.cpp: transposes read down columns
-
 // One thread's buffers, carved from its block; with base null, carve only counts (the closed form).
 struct Buffers {
   double* b;        // cumulative gates, n x W
@@ -384,12 +380,6 @@ std::size_t thread_floats(const Problem& p, bool backward, bool own_states) {
 
 int gated_threads(const Problem& p) { return head_parallel_threads(p); }
 
-// The 0/1 lower mask of dA for vector gates.
-void fill_ones(const Buffers& B, int C) {
-  for (int i = 0; i < C; ++i)
-    for (int j = 0; j < C; ++j) B.ones[std::size_t(i) * score_ld(C) + j] = j <= i ? 1.0f : 0.0f;
-}
-
 }  // namespace
 
 std::size_t chunked_gated_kept_states_floats(const Problem& p) {
@@ -433,7 +423,7 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
 #pragma omp parallel num_threads(gated_threads(p))
   {
     const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, true, !kept);
-    fill_ones(B, effective_chunk(p));
+    fill_lower_ones(B.ones, effective_chunk(p));  // dA's mask for vector gates
 #pragma omp for schedule(dynamic, 1)
     for (long bh = 0; bh < long(p.heads_total()); ++bh) {
       const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
