@@ -2,13 +2,15 @@
 """Compare two lattnbench result files case by case, and say whether NEW regressed against BASE.
 
     compare.py BASE.json NEW.json [--threshold 10%] [--alpha 0.05] [--bootstrap 10000] [--strict]
-               [--metric median_ms] [--ignore-device] [--ignore-backend] [--md FILE] [--json FILE]
+               [--allow-gone] [--allow-new] [--metric median_ms] [--ignore-device] [--ignore-backend]
+               [--md FILE] [--json FILE]
 
 A case is SLOWER or FASTER only when its change is past the threshold and so is the whole
 confidence interval of NEW/BASE (a seeded bootstrap over the two records' samples_ms); SAME only
 when that interval lies inside the threshold; UNSURE otherwise, or when too few samples were
-recorded to tell. Exit status: 0 no SLOWER and no FAILED case (speed-ups never fail; UNSURE fails
-only under --strict), 1 at least one SLOWER or FAILED case, 2 bad input. Rules: docs/compare.md.
+recorded to tell. Exit status: 0 no SLOWER, FAILED, GONE or NEW case (speed-ups never fail; UNSURE
+fails only under --strict; GONE and NEW pass under --allow-gone and --allow-new), 1 otherwise, 2 bad
+input. Rules: docs/compare.md.
 """
 
 import argparse
@@ -84,6 +86,10 @@ class Comparison:
     rows: list
     winners: list
     crossovers: list
+    # A case only in BASE (GONE) or only in NEW (NEW) fails the gate unless allowed: a run that
+    # silently lost cases must not pass.
+    allow_gone: bool = False
+    allow_new: bool = False
 
     @property
     def counts(self):
@@ -101,8 +107,15 @@ class Comparison:
         return any(row.verdict == "UNSURE" for row in self.rows)
 
     @property
+    def unmatched(self):
+        """The verdicts, GONE and NEW, that fail the gate here."""
+        return [v for v, allowed in (("GONE", self.allow_gone), ("NEW", self.allow_new))
+                if not allowed and any(row.verdict == v for row in self.rows)]
+
+    @property
     def exit_status(self):
-        return EXIT_REGRESSION if self.regressed or (self.strict and self.unsure) else EXIT_OK
+        failing = self.regressed or self.unmatched or (self.strict and self.unsure)
+        return EXIT_REGRESSION if failing else EXIT_OK
 
     @property
     def matched_ratios(self):
@@ -120,9 +133,13 @@ class Comparison:
 
     def summary(self):
         counts = self.counts
-        shown = ", ".join(f"{counts[v]} {v}" for v in VERDICT_ORDER if counts[v] or v in REGRESSIONS)
+        shown = ", ".join(f"{counts[v]} {v}" for v in VERDICT_ORDER
+                          if counts[v] or v in REGRESSIONS or v in self.unmatched)
         if self.regressed:
             head = "REGRESSION"
+        elif self.unmatched:
+            flags = " or ".join(f"--allow-{v.lower()}" for v in self.unmatched)
+            head = f"CASES {' AND '.join(self.unmatched)} (not allowed without {flags})"
         elif self.unsure:
             head = "UNSURE (--strict)" if self.strict else "no significant regression, some cases UNSURE"
         else:
@@ -362,7 +379,7 @@ def crossovers(winners, ignore):
     return found
 
 
-def compare(base, new, options, ignore_backend, ignore_device, strict=False):
+def compare(base, new, options, ignore_backend, ignore_device, strict=False, allow_gone=False, allow_new=False):
     if not base.same_device(new) and not ignore_device:
         raise lr.ResultFileError(f"devices differ: BASE is {base.fingerprint}, NEW is {new.fingerprint} "
                                  "(pass --ignore-device to compare anyway)")
@@ -381,7 +398,7 @@ def compare(base, new, options, ignore_backend, ignore_device, strict=False):
     # True only under --ignore-device: differing devices were refused above otherwise.
     devices_differ = not base.same_device(new)
     return Comparison(base, new, options.metric, options.threshold, options.alpha, options.bootstrap, strict,
-                      reason, devices_differ, rows, winners, crossovers(winners, ignore))
+                      reason, devices_differ, rows, winners, crossovers(winners, ignore), allow_gone, allow_new)
 
 
 # ---- output ------------------------------------------------------------------------------------
@@ -541,7 +558,8 @@ def render_json(comparison):
         "metric": comparison.metric, "threshold_pct": comparison.threshold * 100,
         "alpha": comparison.alpha, "confidence_pct": (1 - comparison.alpha) * 100,
         "bootstrap": comparison.bootstrap, "bootstrap_seed": BOOTSTRAP_SEED, "min_samples": MIN_SAMPLES,
-        "strict": comparison.strict, "backend_ignored_because": comparison.backend_ignored_because,
+        "strict": comparison.strict, "allow_gone": comparison.allow_gone, "allow_new": comparison.allow_new,
+        "backend_ignored_because": comparison.backend_ignored_because,
         "devices_differ": comparison.devices_differ,
         "cases": [{
             "case": lr.key_as_dict(r.key), "label": r.label, "verdict": r.verdict,
@@ -571,6 +589,10 @@ def main(argv):
     parser.add_argument("--bootstrap", type=parse_bootstrap, default=DEFAULT_BOOTSTRAP, metavar="N",
                         help=f"resamples per bootstrap interval (default {DEFAULT_BOOTSTRAP})")
     parser.add_argument("--strict", action="store_true", help="exit 1 on an UNSURE case too")
+    parser.add_argument("--allow-gone", action="store_true",
+                        help="cases of BASE missing from NEW (GONE) do not fail the run")
+    parser.add_argument("--allow-new", action="store_true",
+                        help="cases of NEW missing from BASE (NEW) do not fail the run")
     parser.add_argument("--metric", choices=TIME_METRICS, default="median_ms")
     parser.add_argument("--ignore-device", action="store_true", help="compare files from different devices")
     parser.add_argument("--ignore-backend", action="store_true", help="match cases across backends")
@@ -580,7 +602,7 @@ def main(argv):
 
     options = Options(args.metric, args.threshold, args.alpha, args.bootstrap)
     comparison = compare(lr.load(args.base), lr.load(args.new), options, args.ignore_backend,
-                         args.ignore_device, args.strict)
+                         args.ignore_device, args.strict, args.allow_gone, args.allow_new)
     sys.stdout.write(render_text(comparison))
     if args.md:
         lr.write_text_atomic(args.md, render_markdown(comparison))

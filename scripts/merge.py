@@ -1,7 +1,11 @@
 #!/usr/bin/python3
 """Merge the shard files of one sharded lattnbench run into the file an unsharded run would write.
 
-    merge.py OUT.json IN1.json IN2.json ...
+    merge.py -o OUT.json IN1.json IN2.json ... [--force]
+
+The output is named by -o/--out, never by position: a forgotten output argument cannot make an
+input the output. The merge refuses (exit 2) an output that is one of the inputs, and an existing
+file unless --force.
 
 Each input carries a top-level `shard: {"index": K, "count": N}` and the same `config` (apart
 from any `shard` key), schema major version and device. The merge refuses (exit 2) a case that
@@ -161,11 +165,27 @@ def merge(files, names):
     return out
 
 
+def check_output(out, inputs, force):
+    """The output is never an input, and an existing file is replaced only with --force."""
+    if out is None:
+        raise lr.ResultFileError("no output named: give it with -o OUT.json (the inputs are never written)")
+    for path in inputs:
+        same_path = os.path.realpath(out) == os.path.realpath(path)
+        if same_path or (os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path)):
+            raise lr.ResultFileError(f"-o {out}: is also an input; name a new file for the merge")
+    if os.path.isdir(out):
+        raise lr.ResultFileError(f"-o {out}: is a folder, expected a file name")
+    if os.path.lexists(out) and not force:
+        raise lr.ResultFileError(f"-o {out}: exists; give --force to replace it")
+
+
 def main(argv):
     parser = lr.ArgumentParser(description="Merge the shard files of one lattnbench run.")
-    parser.add_argument("out", metavar="OUT.json")
+    parser.add_argument("-o", "--out", metavar="OUT.json", help="the merged file (never one of the inputs)")
+    parser.add_argument("--force", action="store_true", help="replace OUT.json when it exists")
     parser.add_argument("inputs", metavar="IN.json", nargs="+")
     args = parser.parse_args(argv)
+    check_output(args.out, args.inputs, args.force)
     files = [lr.load(path) for path in args.inputs]
     merged = merge(files, [os.path.basename(path) for path in args.inputs])
     lr.write_text_atomic(args.out, json.dumps(merged, indent=2) + "\n")

@@ -39,7 +39,7 @@ submit() {
   # 3. The merge, once every shard has ended (a failed shard leaves a partial merge and a warning).
   merge=$(sbatch --parsable "${extra[@]}" --dependency="afterany:$array" --job-name=lattnbench-merge \
     --nodes=1 --time=00:10:00 --output="$out_dir/merge-%j.log" \
-    --wrap "set -e; $setup; cd '$root'; scripts/merge.py '$out_dir/merged.json' '$out_dir'/shard-*-of-$count.json")
+    --wrap "set -e; $setup; cd '$root'; scripts/merge.py -o '$out_dir/merged.json' '$out_dir'/shard-*-of-$count.json")
   echo "build $build, shards $array (1-$count), merge $merge: $out_dir"
 }
 

@@ -128,16 +128,46 @@ class CompareTest(unittest.TestCase):
         self.assertEqual((slow["verdict"], slow["interval_kind"]), ("SLOWER", "IQR"))
         self.assertTrue(slow["test"].startswith("IQR +"), slow["test"])
 
-    def test_gone_and_new_cases_do_not_fail(self):
+    def changed(self, remove=False, add=False):
         doc = fx.variant(self.base_doc, seed=8)
-        removed = fx.find(doc, fx.is_case(impl="scan", mode="fwd", seq=512, dim=32))
-        doc["results"].remove(removed)
-        added = dict(fx.find(doc, fx.is_case(impl="chunked", mode="fwd", seq=512, dim=32)), chunk=64)
-        doc["results"].append(added)
-        proc, result = self.compare(self.base, self.write("changed.json", doc))
+        if remove:
+            doc["results"].remove(fx.find(doc, fx.is_case(impl="scan", mode="fwd", seq=512, dim=32)))
+        if add:
+            doc["results"].append(dict(fx.find(doc, fx.is_case(impl="chunked", mode="fwd", seq=512, dim=32)), chunk=64))
+        return self.write("changed.json", doc)
+
+    def test_gone_cases_fail_the_gate_unless_allowed(self):
+        proc, result = self.compare(self.base, self.changed(remove=True))
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        self.assertEqual((result["counts"]["GONE"], result["counts"]["NEW"]), (1, 0))
+        self.assertEqual(result["exit_status"], 1)
+        self.assertIn("CASES GONE (not allowed without --allow-gone)", proc.stdout.splitlines()[-1])
+        proc, result = self.compare(self.base, self.changed(remove=True), "--allow-gone")
         self.assertEqual(proc.returncode, 0, proc.stdout)
-        self.assertEqual(result["counts"]["GONE"], 1)
-        self.assertEqual(result["counts"]["NEW"], 1)
+        self.assertTrue(result["allow_gone"])
+        # --allow-new does not let a GONE case through.
+        proc, _ = self.compare(self.base, self.changed(remove=True), "--allow-new")
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+
+    def test_new_cases_fail_the_gate_unless_allowed(self):
+        proc, result = self.compare(self.base, self.changed(add=True))
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        self.assertEqual((result["counts"]["GONE"], result["counts"]["NEW"]), (0, 1))
+        proc, _ = self.compare(self.base, self.changed(add=True), "--allow-gone")
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        proc, _ = self.compare(self.base, self.changed(add=True), "--allow-new")
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        proc, result = self.compare(self.base, self.changed(remove=True, add=True), "--allow-gone", "--allow-new")
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertEqual((result["counts"]["GONE"], result["counts"]["NEW"]), (1, 1))
+
+    def test_allowing_gone_and_new_does_not_pass_a_slowdown(self):
+        planted = fx.is_case(impl="chunked", mode="fwd", seq=2048, dim=32)
+        doc = fx.variant(self.base_doc, seed=1, scale=1.2, only=planted)
+        doc["results"].remove(fx.find(doc, fx.is_case(impl="scan", mode="fwd", seq=512, dim=32)))
+        proc, result = self.compare(self.base, self.write("slow.json", doc), "--allow-gone", "--allow-new")
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        self.assertEqual(result["counts"]["SLOWER"], 1)
 
     def test_fastest_impl_and_crossover_are_reported(self):
         proc, result = self.compare(self.base, self.write("same.json", fx.variant(self.base_doc, seed=9)))

@@ -23,7 +23,7 @@ class MergeTest(unittest.TestCase):
 
     def merge(self, *docs):
         paths = [fx.write(self.tmp.name, f"shard-{i}.json", doc) for i, doc in enumerate(docs)]
-        return fx.run_script("merge.py", self.out, *paths)
+        return fx.run_script("merge.py", "-o", self.out, *paths)
 
     def merged(self):
         with open(self.out, encoding="utf-8") as f:
@@ -153,6 +153,41 @@ class MergeTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("missing", proc.stderr)
         self.assertEqual(self.merged()["totals"]["cases"], len(self.shards[0]["results"]))
+
+    def test_a_forgotten_output_overwrites_no_input(self):
+        # The old positional form with its output forgotten: the first shard would have been the output.
+        first = fx.write(self.tmp.name, "s1copy.json", self.shards[0])
+        second = fx.write(self.tmp.name, "s2.json", self.shards[1])
+        with open(first, "rb") as f:
+            before = f.read()
+        proc = fx.run_script("merge.py", first, second)
+        self.assert_refused(proc, "-o OUT.json")
+        with open(first, "rb") as f:
+            self.assertEqual(f.read(), before)
+
+    def test_an_input_as_the_output_is_refused_even_with_force(self):
+        first = fx.write(self.tmp.name, "s1.json", self.shards[0])
+        second = fx.write(self.tmp.name, "s2.json", self.shards[1])
+        with open(first, "rb") as f:
+            before = f.read()
+        for extra in ((), ("--force",)):
+            proc = fx.run_script("merge.py", "--out", os.path.join(self.tmp.name, ".", "s1.json"), *extra, first, second)
+            self.assert_refused(proc, "is also an input")
+            with open(first, "rb") as f:
+                self.assertEqual(f.read(), before)
+
+    def test_an_existing_output_is_replaced_only_with_force(self):
+        with open(self.out, "w", encoding="utf-8") as f:
+            f.write("keep me\n")
+        proc = self.merge(*self.shards)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("--force", proc.stderr)
+        with open(self.out, encoding="utf-8") as f:
+            self.assertEqual(f.read(), "keep me\n")
+        paths = [fx.write(self.tmp.name, f"shard-{i}.json", doc) for i, doc in enumerate(self.shards)]
+        proc = fx.run_script("merge.py", "-o", self.out, "--force", *paths)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(self.merged()["results"], self.base_doc["results"])
 
 
 if __name__ == "__main__":
