@@ -1,4 +1,4 @@
-"""lattnbench's result files as pandas DataFrames (docs/plugins.md, "Python").
+"""lattnbench's result files as pandas DataFrames (docs/python.md lists load()'s columns).
 
     import lattnbench
     df = lattnbench.load("results/mine.json")      # one row per record, with device.* and config.* columns
@@ -9,16 +9,25 @@ package's lattn_results.py and compare.py are those files), so the package and t
 disagree; only the DataFrames are made here.
 """
 
-import json
-import os
+# The modules this one uses are imported under private names, so that `dir(lattnbench)` and
+# tab completion show the package's own names only.
+import json as _json
+import os as _os
 
-import pandas as pd
+import pandas as _pd
 
 from . import compare as _compare
 from . import lattn_results as _results
 from .lattn_results import ResultFileError
 
-__all__ = ["load", "compare", "ResultFileError"]
+# Importing the submodules made them attributes of the package; only the functions are its API.
+del lattn_results  # noqa: F821 (bound by the relative import above)
+
+# lattnbench's version (CMakeLists.txt's project VERSION and pyproject.toml's, kept equal by
+# tests/python/test_package.py).
+__version__ = "0.1.0"
+
+__all__ = ["load", "compare", "ResultFileError", "__version__"]
 
 
 def _flat(prefix, block):
@@ -38,24 +47,24 @@ def load(path):
     one row per record with its keys normalised as compare.py reads them, plus the file's `device`
     block as device.* columns and its `config` block as config.* columns (config.plugins: each
     plugin's path, name and sha256), and `file`. Raises ResultFileError for a bad file."""
-    result = _results.load(os.fspath(path))
+    result = _results.load(_os.fspath(path))
     shared = {"file": result.path, **_flat("device", result.device), **_flat("config", result.raw.get("config"))}
     rows = [{**record, **shared} for record in result.records]
-    return pd.DataFrame(rows)
+    return _pd.DataFrame(rows)
 
 
 def compare(base, new, threshold="10%", alpha=0.05, bootstrap=10000, metric="median_ms", strict=False,
-            ignore_backend=False, ignore_device=False):
+            ignore_backend=False, ignore_device=False, allow_gone=False, allow_new=False):
     """compare.py's verdicts of NEW against BASE (paths) as a DataFrame, one row per case: the case's
     identity (case.* columns), label, verdict (SLOWER, FAILED, UNSURE, FASTER, SAME, NEW, GONE,
     SKIPPED), base and new values of `metric`, change_pct, the interval and its kind, temp_mb on
     both sides and the note. The run's summary line, exit status (what compare.py would exit with)
     and fastest impls are in the frame's attrs. Arguments as compare.py's flags (docs/compare.md)."""
     options = _compare.Options(metric, _compare.parse_threshold(str(threshold)), alpha, bootstrap)
-    comparison = _compare.compare(_results.load(os.fspath(base)), _results.load(os.fspath(new)), options,
-                                  ignore_backend, ignore_device, strict)
-    doc = json.loads(_compare.render_json(comparison))
-    frame = pd.json_normalize(doc["cases"]) if doc["cases"] else pd.DataFrame()
+    comparison = _compare.compare(_results.load(_os.fspath(base)), _results.load(_os.fspath(new)), options,
+                                  ignore_backend, ignore_device, strict, allow_gone, allow_new)
+    doc = _json.loads(_compare.render_json(comparison))
+    frame = _pd.json_normalize(doc["cases"]) if doc["cases"] else _pd.DataFrame()
     frame.attrs.update(summary=doc["summary"], exit_status=doc["exit_status"], winners=doc["winners"],
                        crossovers=doc["crossovers"], counts=doc["counts"])
     return frame

@@ -3,6 +3,7 @@ device and config columns, and compare() giving exactly compare.py's verdicts (t
 
 import json
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -74,6 +75,33 @@ class PackageTest(unittest.TestCase):
         frame = lattnbench.compare(fx.BASE_PATH, new, threshold="50%", metric="min_ms")
         self.assertNotIn("FASTER", set(frame["verdict"]))  # 30% is inside a 50% threshold
         self.assertIn("min_ms", frame.attrs["summary"])
+
+    def test_version_matches_the_project_and_the_package_metadata(self):
+        with open(os.path.join(fx.REPO, "CMakeLists.txt"), encoding="utf-8") as f:
+            cmake = re.search(r"project\(lattnbench VERSION ([0-9.]+)", f.read()).group(1)
+        with open(os.path.join(fx.REPO, "python", "pyproject.toml"), encoding="utf-8") as f:
+            pyproject = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+        self.assertEqual(lattnbench.__version__, cmake)
+        self.assertEqual(lattnbench.__version__, pyproject)
+
+    def test_the_namespace_holds_the_api_only(self):
+        self.assertEqual(set(lattnbench.__all__), {"load", "compare", "ResultFileError", "__version__"})
+        public = {name for name in dir(lattnbench) if not name.startswith("_")}
+        self.assertEqual(public, set(lattnbench.__all__) - {"__version__"})
+        for leaked in ("json", "os", "pd", "lattn_results"):
+            self.assertNotIn(leaked, dir(lattnbench))
+
+    def test_docs_list_every_column_load_gives(self):
+        with open(os.path.join(fx.REPO, "docs", "python.md"), encoding="utf-8") as f:
+            documented = set(re.findall(r"`([a-z_0-9.<>]+)`", f.read()))
+        for path in (fx.REAL_PATH, fx.BASE_PATH):
+            columns = lattnbench.load(path).columns
+            for column in columns:
+                prefix = column.split(".")[0]
+                if prefix in ("device", "config"):
+                    self.assertIn(f"{prefix}.<key>", documented)
+                else:
+                    self.assertIn(column, documented, f"load()'s column {column} is not in docs/python.md")
 
 
 if __name__ == "__main__":
