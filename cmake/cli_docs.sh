@@ -55,15 +55,31 @@ END { flush() }')
 } >"$man_out"
 
 flags=$(printf '%s\n' "$options" | cut -f1 | tr ',' '\n' | sed 's/^ *//; s/[ {].*//' | grep '^-' | tr '\n' ' ')
+# The values of each flag that takes one of a list, "FLAG|FLAG WORD...", from the lists the
+# binary's parser checks against (its hidden --completion-words).
+words=$("$binary" --completion-words)
 {
-  printf '# bash completion of lattnbench %s, generated from its --help (cmake/cli_docs.sh)\n' "$version"
+  printf '# bash completion of lattnbench %s, generated from its --help and --completion-words (cmake/cli_docs.sh)\n' "$version"
   printf '_lattnbench() {\n'
-  printf '  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}\n'
+  printf '  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} list=\n'
   printf '  case $prev in\n'
-  printf '    -c|--config) COMPREPLY=($(compgen -W "%s" -- "$cur") $(compgen -f -- "$cur")); return ;;\n' "$*"
-  printf '    -o|--out|--dump|--gbench-out|--resume|--plugin) COMPREPLY=($(compgen -f -- "$cur")); return ;;\n'
-  printf '    --format) COMPREPLY=($(compgen -W "table json csv md" -- "$cur")); return ;;\n'
+  printf '%s\n' "$words" | awk '{
+    flags = $1; values = ""
+    for (i = 2; i <= NF; i++) values = values (i > 2 ? " " : "") $i
+    # A config NAME or a path; the others are comma lists or single names: complete the word after
+    # the last comma, keeping what comes before it.
+    if (flags ~ /--config/) { printf "    %s) COMPREPLY=($(compgen -W \"%s\" -- \"$cur\") $(compgen -f -- \"$cur\")); return ;;\n", flags, values; next }
+    printf "    %s) list=\"%s\" ;;\n", flags, values
+  }'
+  printf '    -o|--out|--gbench-out|--resume|--plugin) COMPREPLY=($(compgen -f -- "$cur")); return ;;\n'
+  printf '    --dump) COMPREPLY=($(compgen -d -- "$cur")); return ;;\n'
   printf '  esac\n'
+  printf '  if [[ -n $list ]]; then\n'
+  printf '    local head= last=$cur\n'
+  printf '    [[ $cur == *,* ]] && head=${cur%%,*}, last=${cur##*,}\n'
+  printf '    COMPREPLY=($(compgen -P "$head" -W "$list" -- "$last"))\n'
+  printf '    return\n'
+  printf '  fi\n'
   printf '  COMPREPLY=($(compgen -W "%s" -- "$cur"))\n' "$flags"
   printf '}\n'
   printf 'complete -F _lattnbench lattnbench\n'

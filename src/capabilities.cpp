@@ -13,6 +13,7 @@
 #include "backend.hpp"
 #include "config.hpp"
 #include "config_values.hpp"
+#include "install_paths.hpp"
 #include "ops.hpp"
 #include "summary.hpp"
 #include "plan.hpp"
@@ -71,6 +72,7 @@ std::string describe_plugins(const Plugins& plugins, const Config& config) {
 std::string list_capabilities(const Plugins& plugins, const Config* config) {
   // Every plannable op's forms and decay kinds, each once.
   std::vector<std::string> impls, decays;
+  std::vector<std::pair<std::string, std::vector<std::string>>> named_options;  // rule: additive, delta
   auto add = [](std::vector<std::string>& names, const std::string& name) {
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   };
@@ -78,15 +80,23 @@ std::string list_capabilities(const Plugins& plugins, const Config* config) {
     if (op->suite.empty()) continue;
     for (const Form& f : op->forms) add(impls, f.name);
     for (const Axis& a : op->axes)
-      if (a.param == Param::decay)
+      if (a.param == Param::decay) {
         for (const std::string& d : a.choices) add(decays, d);
+      } else if (a.param == Param::option && a.kind == Kind::name) {
+        auto it = std::find_if(named_options.begin(), named_options.end(), [&](const auto& o) { return o.first == a.key; });
+        if (it == named_options.end()) it = named_options.insert(named_options.end(), {a.key, {}});
+        for (const std::string& choice : a.choices) add(it->second, choice);
+      }
   }
   std::string out;
   out += "suites:   " + join(known_suites()) + "\n";
   out += "impls:    " + join(impls) + "\n";
   out += "modes:    " + join(mode_names()) + "\n";
   out += "decays:   " + join(decays) + "\n";
+  for (const auto& [key, choices] : named_options) out += fmt::format("{:<9} {}\n", key + "s:", join(choices));
   out += "dtypes:   " + join(known_dtypes()) + "\n";
+  if (const std::vector<std::string> configs = installed_config_names(); !configs.empty())
+    out += "configs:  " + join(configs) + " (--config NAME)\n";
   out += "backends:\n";
   for (const auto& name : backend_names()) {
     try {

@@ -88,6 +88,7 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.inner = timing.inner;
   m.reps = int(timing.samples_ms.size());
   m.samples_ms = timing.samples_ms;
+  m.samples_cpu_ms = timing.samples_cpu_ms;
   m.noise_pct = timing.noise_pct;
   m.stopped_on = to_string(timing.stopped_on);
   m.median_ms = timing.stats.median;

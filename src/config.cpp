@@ -121,8 +121,7 @@ const std::vector<Field>& top_fields() {
        "suites to run"},
       {"backend", false,
        [](Config& c, const std::vector<Raw>& raws) {
-         static const std::vector<std::string> backends = {"cpu", "cuda"};
-         c.run.backend = parse_choice(raws[0], backends, "backend");
+         c.run.backend = parse_choice(raws[0], known_backends(), "backend");
        },
        "cpu or cuda"},
       {"dtype", false,
@@ -280,6 +279,11 @@ const std::vector<std::string>& known_bwd_states() {
   return v;
 }
 
+const std::vector<std::string>& known_backends() {
+  static const std::vector<std::string> v = {"cpu", "cuda"};
+  return v;
+}
+
 const std::vector<std::string>& known_dtypes() {
   static const std::vector<std::string> v = {"float32", "bf16"};
   return v;
@@ -412,21 +416,55 @@ std::string default_of(const nlohmann::json& defaults, const std::string& key) {
 
 }  // namespace
 
+namespace {
+
+// How --help names a run setting's value, and the names it accepts (for completion): the same
+// lists the setting's parser above takes.
+std::pair<std::string, std::vector<std::string>> field_value(const std::string& key) {
+  if (key == "suites") return {"NAME", known_suites()};
+  if (key == "backend") return {"NAME", known_backends()};
+  if (key == "dtype") return {"NAME", known_dtypes()};
+  if (key == "bwd_states") return {"NAME", known_bwd_states()};
+  if (key == "max_noise" || key == "slowdown") return {"PCT", {}};
+  if (key == "timeout") return {"SECONDS", {}};
+  if (key == "min_sample_ms") return {"MS", {}};
+  return {"INT", {}};  // threads, warmup, reps, min_samples, seed, device
+}
+
+std::pair<std::string, std::vector<std::string>> axis_value(const Op& op, const Axis& axis) {
+  switch (kind_of(axis)) {
+    case Kind::name: return {"NAME", axis_choices(op, axis)};
+    case Kind::boolean: return {"BOOL", {"true", "false"}};
+    case Kind::real: return {"NUMBER", {}};
+    case Kind::integer: break;
+  }
+  return {"INT", {}};
+}
+
+}  // namespace
+
 std::vector<ConfigKey> config_keys() {
   const nlohmann::json defaults = to_json(Config());
   std::vector<ConfigKey> keys;
-  auto add = [&](const std::string& key, const std::string& help, bool is_list) {
-    for (const ConfigKey& k : keys)
-      if (k.key == key) return;
+  auto add = [&](const std::string& key, const std::string& help, bool is_list,
+                 const std::pair<std::string, std::vector<std::string>>& value_kind) {
+    const std::string type = value_kind.first + (is_list ? ",..." : "");
+    for (ConfigKey& k : keys)
+      if (k.key == key) {  // a key of several suites (impl): the names any of them accepts
+        for (const std::string& choice : value_kind.second)
+          if (std::find(k.choices.begin(), k.choices.end(), choice) == k.choices.end()) k.choices.push_back(choice);
+        return;
+      }
     const std::string value = default_of(defaults, key);
-    keys.push_back({key, flag_of(key), help + (is_list ? ", comma list" : "") + (value.empty() ? "" : " [default: " + value + "]")});
+    keys.push_back({key, flag_of(key), help + (is_list ? ", comma list" : "") + (value.empty() ? "" : " [default: " + value + "]"),
+                    type, value_kind.second});
   };
   const auto& top = top_fields();
-  add(top.front().key, top.front().help + " (" + join(known_suites()) + ")", true);
+  add(top.front().key, top.front().help + " (" + join(known_suites()) + ")", true, field_value(top.front().key));
   for (const SuiteConfig& suite : Config().suite_configs)
-    for (const Axis& axis : suite.op->axes) add(axis.key, axis.help, true);
+    for (const Axis& axis : suite.op->axes) add(axis.key, axis.help, true, axis_value(*suite.op, axis));
   for (const Field& f : top)
-    if (!f.help.empty()) add(f.key, f.help, f.is_list);
+    if (!f.help.empty()) add(f.key, f.help, f.is_list, field_value(f.key));
   return keys;
 }
 

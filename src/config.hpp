@@ -71,11 +71,15 @@ struct Config {
 // The names the config accepts, for --list and for messages.
 std::vector<std::string> known_suites();
 const std::vector<std::string>& known_dtypes();
+const std::vector<std::string>& known_backends();
 const std::vector<std::string>& known_bwd_states();
 
-// A key the command line can set (a flag per key: "seq" -> --seq), with its help line.
+// A key the command line can set (a flag per key: "seq" -> --seq), with its help line, its
+// value's type as --help shows it ("INT,...", "NAME") and the names it accepts (empty for numbers).
 struct ConfigKey {
   std::string key, flag, help;
+  std::string type;
+  std::vector<std::string> choices;
 };
 // The run settings' keys and every suite's, each once.
 std::vector<ConfigKey> config_keys();

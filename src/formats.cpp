@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "core/op.hpp"
@@ -63,6 +65,9 @@ const std::vector<Column>& columns() {
       measured("q1_ms", [](const Measurement& m) { return number(m.q1_ms); }),
       measured("q3_ms", [](const Measurement& m) { return number(m.q3_ms); }),
       measured("inner", [](const Measurement& m) { return std::to_string(m.inner); }),
+      measured("reps", [](const Measurement& m) { return std::to_string(m.samples_ms.size()); }),
+      measured("noise_pct", [](const Measurement& m) { return number(m.noise_pct); }),
+      measured("stopped_on", [](const Measurement& m) { return m.stopped_on; }),
       measured("gflops", [](const Measurement& m) { return number(m.gflops); }),
       measured("peak_fraction", [](const Measurement& m) { return number(m.peak_fraction); }),
       measured("peak_fraction_now", [](const Measurement& m) { return number(m.peak_fraction_now); }),
@@ -81,6 +86,23 @@ const Column& column(const std::string& key) {
   for (const Column& c : columns())
     if (key == c.key) return c;
   throw RuntimeFailure("no column " + key);
+}
+
+// An op option's cell (rule, gate_norm, normalize_keys), empty where the case has no such option.
+Column option_column(const std::string& key) {
+  return {nullptr, [key](const CaseRecord& r) { return r.kase.option(key); }};
+}
+
+// The CSV's columns: the fixed ones, with every op option any record has after head_dim, so that
+// a file's columns depend on the ops it ran and not on which values varied.
+std::vector<std::pair<std::string, Column>> csv_columns(const std::vector<CaseRecord>& records) {
+  std::vector<std::pair<std::string, Column>> out;
+  for (const Column& c : columns()) {
+    out.emplace_back(c.key, c);
+    if (std::string(c.key) == "head_dim")
+      for (const std::string& key : option_keys(records)) out.emplace_back(key, option_column(key));
+  }
+  return out;
 }
 
 std::string csv_escape(const std::string& s) {
@@ -120,31 +142,95 @@ OutputFormat format_for_path(const std::string& path, const std::string& flag) {
   throw UsageError(flag, "cannot tell the format of '" + path + "' (expected a .json, .csv or .md file)");
 }
 
+std::vector<std::string> option_keys(const std::vector<CaseRecord>& records) {
+  std::vector<std::string> keys;
+  for (const CaseRecord& r : records)
+    for (const Axis& axis : r.kase.op->axes)
+      if (axis.param == Param::option && !r.kase.option(axis.key).empty() &&
+          std::find(keys.begin(), keys.end(), axis.key) == keys.end())
+        keys.push_back(axis.key);
+  return keys;
+}
+
+std::vector<std::string> varying_keys(const std::vector<CaseRecord>& records) {
+  // A key varies when two records that have it hold different values: the delta rule's
+  // normalize_keys, absent from additive records, varies only when both true and false ran.
+  const auto varies = [&](const std::function<std::string(const CaseRecord&)>& value) {
+    std::string seen;
+    for (const CaseRecord& r : records) {
+      const std::string v = value(r);
+      if (v.empty()) continue;
+      if (seen.empty()) seen = v;
+      else if (v != seen) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> keys;
+  if (varies([](const CaseRecord& r) { return r.kase.dtype; })) keys.push_back("dtype");
+  if (varies([](const CaseRecord& r) { return r.kase.backend; })) keys.push_back("backend");
+  for (const std::string& key : option_keys(records))
+    if (varies([&](const CaseRecord& r) { return r.kase.option(key); })) keys.push_back(key);
+  return keys;
+}
+
+bool is_stdout_path(const std::string& path) { return path == "-" || path == "/dev/stdout"; }
+
+std::vector<Output> parse_outputs(const std::vector<std::string>& paths) {
+  std::vector<Output> outputs;
+  for (const std::string& path : paths) {
+    if (path.empty()) continue;
+    Output o;
+    if (!is_stdout_path(path)) {
+      o.path = path;
+      o.format = format_for_path(path, "--out");
+    }
+    for (const Output& earlier : outputs)
+      if (earlier.path == o.path)
+        throw UsageError("--out", o.to_stdout() ? "stdout ('-' or /dev/stdout) is given twice"
+                                                : "'" + path + "' is given twice");
+    outputs.push_back(o);
+  }
+  return outputs;
+}
+
 std::string to_csv(const std::vector<CaseRecord>& records) {
+  const auto all = csv_columns(records);
   std::string out;
-  for (const Column& c : columns()) out += (out.empty() ? "" : ",") + std::string(c.key);
+  for (std::size_t i = 0; i < all.size(); ++i) out += (i ? "," : "") + all[i].first;
   out += "\n";
   for (const CaseRecord& r : records) {
     std::string row;
-    for (std::size_t i = 0; i < columns().size(); ++i) row += (i ? "," : "") + csv_escape(columns()[i].cell(r));
+    for (std::size_t i = 0; i < all.size(); ++i) row += (i ? "," : "") + csv_escape(all[i].second.cell(r));
     out += row + "\n";
   }
   return out;
 }
 
 std::string to_markdown(const std::vector<CaseRecord>& records) {
-  static const std::vector<std::string> keys = {"suite",     "impl",  "mode",  "batch",  "heads",         "seq",
-                                                "dim",       "chunk", "decay", "median_ms", "q1_ms",     "q3_ms",
-                                                "gflops",    "peak_fraction", "peak_fraction_now", "temp_mb",
-                                                "rel_err",   "status"};
+  // The case's identity (with what varies in this run), then the figures, right-aligned.
+  std::vector<std::pair<std::string, Column>> shown;
+  for (const char* key : {"suite", "impl", "mode", "batch", "heads", "seq", "dim", "chunk", "decay"})
+    shown.emplace_back(key, column(key));
+  bool layer = false;
+  for (const CaseRecord& r : records) layer = layer || r.kase.op->has(Param::window);
+  if (layer) {
+    shown.emplace_back("window", column("window"));
+    shown.emplace_back("head_dim", column("head_dim"));
+  }
+  for (const std::string& key : varying_keys(records))
+    shown.emplace_back(key, key == "dtype" || key == "backend" ? column(key) : option_column(key));
+  const std::size_t identity = shown.size();
+  for (const char* key : {"median_ms", "q1_ms", "q3_ms", "noise_pct", "reps", "gflops", "peak_fraction",
+                          "peak_fraction_now", "temp_mb", "rel_err", "status"})
+    shown.emplace_back(key, column(key));
   std::string out = "|";
-  for (const auto& k : keys) out += " " + k + " |";
+  for (const auto& [key, c] : shown) out += " " + key + " |";
   out += "\n|";
-  for (std::size_t i = 0; i < keys.size(); ++i) out += i < 9 ? "---|" : "---:|";
+  for (std::size_t i = 0; i < shown.size(); ++i) out += i < identity ? "---|" : "---:|";
   out += "\n";
   for (const CaseRecord& r : records) {
     out += "|";
-    for (const auto& k : keys) out += " " + column(k).cell(r) + " |";
+    for (const auto& [key, c] : shown) out += " " + c.cell(r) + " |";
     out += "\n";
   }
   return out;
@@ -166,6 +252,25 @@ nlohmann::json gbench_caches(const HostInfo& host) {
 }
 
 double to_ns(double ms) { return ms * 1e6; }
+
+// google/benchmark's aggregates of a case's samples: mean, median, and the sample stddev.
+struct Aggregates {
+  double mean = 0, median = 0, stddev = 0;
+};
+
+Aggregates aggregates(std::vector<double> samples) {
+  Aggregates a;
+  if (samples.empty()) return a;
+  const double n = double(samples.size());
+  for (double x : samples) a.mean += x / n;
+  double sum_sq = 0;
+  for (double x : samples) sum_sq += (x - a.mean) * (x - a.mean);
+  a.stddev = samples.size() > 1 ? std::sqrt(sum_sq / (n - 1)) : 0.0;
+  std::sort(samples.begin(), samples.end());
+  const std::size_t mid = samples.size() / 2;
+  a.median = samples.size() % 2 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
+  return a;
+}
 
 }  // namespace
 
@@ -189,7 +294,9 @@ nlohmann::json to_gbench(const RunDocument& doc) {
   // As google/benchmark writes --benchmark_repetitions: every sample a repetition (so that its
   // tools/compare.py runs its U test), then the mean, median and stddev aggregates. Times in ns,
   // the one unit both files of a comparison share, whatever the case: a 40 us case is 40000, not
-  // a rounded 0 ms. lattnbench measures wall time only, so cpu_time repeats real_time.
+  // a rounded 0 ms. cpu_time is the process CPU time of the same calls, every thread's (as
+  // google/benchmark's MeasureProcessCPUTime), omitted for a record from a journal written before
+  // lattnbench took it: a copy of real_time would claim a figure nobody measured.
   nlohmann::json benchmarks = nlohmann::json::array();
   long family = 0;
   for (const CaseRecord& r : doc.results) {
@@ -209,13 +316,14 @@ nlohmann::json to_gbench(const RunDocument& doc) {
                                {"rel_err", std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr)}};
     if (m.peak_fraction) counters["peak_fraction"] = *m.peak_fraction;
     const std::string error = !m.check_failure.empty() ? m.check_failure : r.error;
-    auto entry = [&](nlohmann::json e, double ms) {
+    const bool has_cpu = m.samples_cpu_ms.size() == m.samples_ms.size() && !m.samples_ms.empty();
+    auto entry = [&](nlohmann::json e, double ms, double cpu_ms) {
       e.update(base);
       e.update(counters);
       e["iterations"] = m.inner;
       e["repetitions"] = int(m.samples_ms.size());
       e["real_time"] = to_ns(ms);
-      e["cpu_time"] = to_ns(ms);
+      if (has_cpu) e["cpu_time"] = to_ns(cpu_ms);
       if (!error.empty()) {
         e["error_occurred"] = true;
         e["error_message"] = error;
@@ -223,12 +331,12 @@ nlohmann::json to_gbench(const RunDocument& doc) {
       return e;
     };
     for (std::size_t i = 0; i < m.samples_ms.size(); ++i)
-      benchmarks.push_back(entry({{"run_type", "iteration"}, {"repetition_index", i}}, m.samples_ms[i]));
-    double sum_sq = 0;
-    for (double x : m.samples_ms) sum_sq += (x - m.mean_ms) * (x - m.mean_ms);
-    const double stddev = m.samples_ms.size() > 1 ? std::sqrt(sum_sq / double(m.samples_ms.size() - 1)) : 0.0;
-    for (const auto& [aggregate, ms] : {std::pair{"mean", m.mean_ms}, {"median", m.median_ms}, {"stddev", stddev}}) {
-      nlohmann::json e = entry({{"run_type", "aggregate"}, {"aggregate_name", aggregate}, {"aggregate_unit", "time"}}, ms);
+      benchmarks.push_back(entry({{"run_type", "iteration"}, {"repetition_index", i}}, m.samples_ms[i],
+                                 has_cpu ? m.samples_cpu_ms[i] : 0.0));
+    const Aggregates wall = aggregates(m.samples_ms), cpu = aggregates(m.samples_cpu_ms);
+    for (const auto& [aggregate, ms, cpu_ms] : {std::tuple{"mean", m.mean_ms, cpu.mean}, {"median", m.median_ms, cpu.median},
+                                               {"stddev", wall.stddev, cpu.stddev}}) {
+      nlohmann::json e = entry({{"run_type", "aggregate"}, {"aggregate_name", aggregate}, {"aggregate_unit", "time"}}, ms, cpu_ms);
       e["name"] = name + "_" + aggregate;
       benchmarks.push_back(e);
     }

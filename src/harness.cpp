@@ -1,5 +1,7 @@
 #include "harness.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -88,6 +90,17 @@ double median_noise_pct(const std::vector<double>& samples) {
   return (sorted[n - l] - sorted[l - 1]) / 2 / median * 100;
 }
 
+namespace {
+
+// The CPU time the process has used, every thread's, in ms.
+double process_cpu_ms() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
+}
+
+}  // namespace
+
 Sampler::Sampler(PreparedCase& kase, const TimingSettings& settings) : kase_(kase), settings_(settings) {}
 
 void Sampler::start() {
@@ -114,13 +127,16 @@ void Sampler::start() {
 void Sampler::sample() {
   throw_if_stop_requested();  // a stop request lets the sample under way finish, then ends the case
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start_ms = process_cpu_ms();
   const double sample_ms = kase_.time_ms(timing_.inner);
+  const double sample_cpu_ms = process_cpu_ms() - cpu_start_ms;
   own_time_ += std::chrono::steady_clock::now() - start;
   if (sample_ms < settings_.min_sample_ms) {
     if (recalibrations_ < kMaxRecalibrations) {
       ++recalibrations_;
       timing_.inner = std::max(timing_.inner + 1, calibrate_inner(sample_ms / timing_.inner, settings_.min_sample_ms * 1.1));
       timing_.samples_ms.clear();
+      timing_.samples_cpu_ms.clear();
       timing_.short_samples = 0;
       decide();
       return;
@@ -128,6 +144,7 @@ void Sampler::sample() {
     ++timing_.short_samples;
   }
   timing_.samples_ms.push_back(sample_ms / timing_.inner);
+  timing_.samples_cpu_ms.push_back(sample_cpu_ms / timing_.inner);
   decide();
 }
 

@@ -46,6 +46,9 @@ struct Timing {
   double compile_s = 0;             // the first, cold call
   int inner = 1;                    // calls per sample
   std::vector<double> samples_ms;   // per-call time of each sample
+  // Per-call process CPU time of each sample (all threads together): the Google Benchmark
+  // export's cpu_time. Above samples_ms when several threads work, below it while a call waits.
+  std::vector<double> samples_cpu_ms;
   SampleStats stats;
   // Samples that lasted less than min_sample_ms although inner was re-calibrated (a machine whose
   // speed kept changing under the case); 0 when the minimum held for every sample.

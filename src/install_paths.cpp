@@ -1,5 +1,6 @@
 #include "install_paths.hpp"
 
+#include <set>
 #include <system_error>
 
 namespace lattn {
@@ -20,6 +21,18 @@ std::vector<fs::path> config_dirs() {
   if (fs::is_directory(LATTN_SOURCE_CONFIG_DIR, ec)) dirs.emplace_back(LATTN_SOURCE_CONFIG_DIR);
 #endif
   return dirs;
+}
+
+std::vector<std::string> installed_config_names() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const fs::path& dir : config_dirs())
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+      const std::string ext = entry.path().extension().string();
+      if ((ext == ".yaml" || ext == ".yml" || ext == ".json") && entry.is_regular_file(ec))
+        names.insert(entry.path().stem().string());
+    }
+  return {names.begin(), names.end()};
 }
 
 std::string resolve_config_path(const std::string& name) {

@@ -18,4 +18,8 @@ std::vector<std::filesystem::path> config_dirs();
 // fails with the usual message).
 std::string resolve_config_path(const std::string& name);
 
+// The NAMEs --config finds: the .yaml, .yml and .json files of config_dirs(), without their
+// extension, each once, sorted.
+std::vector<std::string> installed_config_names();
+
 }  // namespace lattn

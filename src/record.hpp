@@ -25,6 +25,7 @@ struct Measurement {
   double compile_s = 0;
   int warmup = 0, inner = 1, reps = 0;  // reps: the samples taken (samples_ms' length)
   std::vector<double> samples_ms;
+  std::vector<double> samples_cpu_ms;  // per-call process CPU time of each sample; empty in older journals
   double noise_pct = 0;    // the median's noise the samples reached (docs/harness.md)
   std::string stopped_on = "samples";  // why no more samples were taken: "samples", "noise" or "timeout"
   double median_ms = 0, q1_ms = 0, q3_ms = 0, min_ms = 0, max_ms = 0, mean_ms = 0;

@@ -99,6 +99,7 @@ void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const TextKey& k : kTexts)
     if (!(m.*k.member).empty()) r[k.key] = m.*k.member;
   r["samples_ms"] = m.samples_ms;
+  if (!m.samples_cpu_ms.empty()) r["samples_cpu_ms"] = m.samples_cpu_ms;
   r["rel_err"] = error_value(m.rel_err);
   nlohmann::json errors = nlohmann::json::object();
   for (const auto& [name, e] : m.rel_errs) errors[name] = error_value(e);
@@ -311,6 +312,10 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
   for (const OptionalKey& k : kOptionals) m.*k.member = optional_field<double>(line, k.key, where);
   for (const TextKey& k : kTexts) m.*k.member = optional_field<std::string>(line, k.key, where).value_or("");
   m.samples_ms = field<std::vector<double>>(line, "samples_ms", where);
+  m.samples_cpu_ms = optional_field<std::vector<double>>(line, "samples_cpu_ms", where).value_or(std::vector<double>{});
+  if (!m.samples_cpu_ms.empty() && m.samples_cpu_ms.size() != m.samples_ms.size())
+    throw UsageError(where, "the journal record has " + std::to_string(m.samples_cpu_ms.size()) +
+                                " samples_cpu_ms for " + std::to_string(m.samples_ms.size()) + " samples_ms");
   if (!line.contains("rel_err") || !line.contains("rel_errs") || !line["rel_errs"].is_object())
     throw UsageError(where, "the journal record has no rel_err and rel_errs");
   m.rel_err = error_from(line["rel_err"], where);

@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "core/op.hpp"
+#include "formats.hpp"
 
 namespace lattn {
 namespace fs = std::filesystem;
@@ -56,13 +57,36 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
   }
 }
 
+void write_output_files(const std::vector<Output>& outputs, const RunDocument& document) {
+  for (const Output& o : outputs)
+    if (!o.to_stdout()) write_file_atomically(o.path, render(document, o.format));
+}
+
 std::string format_table(const std::vector<CaseRecord>& records) {
-  // The impl column as wide as its longest name (a plugin's NAME:IMPL is longer than "chunked").
+  // The impl column as wide as its longest name (a plugin's NAME:IMPL is longer than "chunked"),
+  // and a column for each option that varies in the run (rule, gate_norm, dtype, ...), as wide as
+  // its name or its widest value, so that no two rows look alike.
   std::size_t impl_width = 8;
   for (const CaseRecord& r : records) impl_width = std::max(impl_width, r.kase.impl.size());
-  std::string out = fmt::format("{:<7} {:<{}} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}\n",
-                                "suite", "impl", impl_width, "mode", "B", "H", "seq", "D", "chunk", "W", "decay", "median_ms", "q1_ms",
-                                "q3_ms", "GFLOP/s", "temp_MiB", "rel_err", "status");
+  struct Varying {
+    std::string key;
+    std::size_t width;
+  };
+  const auto value_of = [](const CaseRecord& r, const std::string& key) {
+    const std::string v = key == "dtype" ? r.kase.dtype : key == "backend" ? r.kase.backend : r.kase.option(key);
+    return v.empty() ? std::string("-") : v;
+  };
+  std::vector<Varying> varying;
+  for (const std::string& key : varying_keys(records)) {
+    std::size_t width = key.size();
+    for (const CaseRecord& r : records) width = std::max(width, value_of(r, key).size());
+    varying.push_back({key, width});
+  }
+  std::string out = fmt::format("{:<7} {:<{}} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", "suite", "impl", impl_width,
+                                "mode", "B", "H", "seq", "D", "chunk", "W", "decay");
+  for (const Varying& v : varying) out += fmt::format("{:<{}} ", v.key, v.width);
+  out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>9} {:>9}  {}\n", "median_ms", "q1_ms", "q3_ms", "noise%",
+                     "samples", "GFLOP/s", "temp_MiB", "rel_err", "status");
   for (const CaseRecord& r : records) {
     const Case& c = r.kase;
     const Op& op = *c.op;
@@ -71,14 +95,15 @@ std::string format_table(const std::vector<CaseRecord>& records) {
     out += fmt::format("{:<7} {:<{}} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", op.suite, c.impl, impl_width,
                        to_string(c.mode), c.batch, c.heads, c.seq, c.dim, param(Param::chunk, c.chunk),
                        param(Param::window, c.window), op.has(Param::decay) ? c.decay : "-");
+    for (const Varying& v : varying) out += fmt::format("{:<{}} ", value_of(r, v.key), v.width);
     if (r.status == Status::skipped || !r.measured) {
-      out += fmt::format("{:>10} {:>10} {:>10} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-",
-                         to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);
+      out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", "-",
+                         "-", to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);
       continue;
     }
     const Measurement& m = *r.measured;
-    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms, m.q1_ms, m.q3_ms,
-                       m.gflops, m.temp_mb, m.rel_err, to_string(r.status));
+    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>6.1f} {:>7} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms, m.q1_ms,
+                       m.q3_ms, m.noise_pct, m.samples_ms.size(), m.gflops, m.temp_mb, m.rel_err, to_string(r.status));
   }
   return out;
 }

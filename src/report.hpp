@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "formats.hpp"
 #include "record.hpp"
 
 namespace lattn {
@@ -24,5 +25,9 @@ inline void write_file_atomically(const std::string& path, std::string_view cont
 
 // The results as an aligned text table, one row per record.
 std::string format_table(const std::vector<CaseRecord>& records);
+
+// Writes the document to each output that is a file, atomically, in its format (the stdout one
+// is the caller's to print, after the files). Throws as write_file_atomically.
+void write_output_files(const std::vector<Output>& outputs, const RunDocument& document);
 
 }  // namespace lattn

@@ -25,7 +25,9 @@ struct Target {
 };
 
 std::vector<Target> targets(const RunFiles& f) {
-  std::vector<Target> out = {{"--out", f.out}, {"the journal", f.journal}, {"the journal's lock", f.lock()}};
+  std::vector<Target> out = {{"the journal", f.journal}, {"the journal's lock", f.lock()}};
+  if (!f.out.empty()) out.insert(out.begin(), {"--out", f.out});
+  for (const std::string& path : f.more_outs) out.push_back({"--out", path});
   if (!f.gbench.empty()) out.push_back({"--gbench-out", f.gbench});
   if (!f.dump.empty()) out.push_back({"--dump", f.dump, true});
   return out;
@@ -76,7 +78,9 @@ void PreparedFolders::remove_made() {
 }
 
 PreparedFolders::PreparedFolders(const RunFiles& files) {
-  std::vector<std::pair<std::string, std::string>> folders = {{"--out", folder_of(files.out)}};
+  // The journal is beside the first result file, or in the current folder when none is written.
+  std::vector<std::pair<std::string, std::string>> folders = {{"--out", folder_of(files.out.empty() ? files.journal : files.out)}};
+  for (const std::string& path : files.more_outs) folders.push_back({"--out", folder_of(path)});
   if (!files.gbench.empty()) folders.push_back({"--gbench-out", folder_of(files.gbench)});
   if (!files.dump.empty()) folders.push_back({"--dump", files.dump});
   const auto undo = [&] { remove_made(); };
@@ -139,7 +143,7 @@ RunLock::RunLock(const RunFiles& files) : path_(files.lock()) {
       std::string holder = n > 0 ? std::string(pid, std::size_t(n)) : "";
       while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
       throw UsageError(files.journal, "another run (pid " + (holder.empty() ? "unknown" : holder) +
-                                          ") is writing this journal and " + files.out +
+                                          ") is writing this journal" + (files.out.empty() ? "" : " and " + files.out) +
                                           ": wait for it to end, or give this run another --out");
     }
     struct stat held {}, now {};

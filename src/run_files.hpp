@@ -11,7 +11,9 @@
 namespace lattn {
 
 struct RunFiles {
-  std::string out, gbench, dump, journal;  // gbench and dump empty when not asked for
+  std::string out, gbench, dump, journal;  // out empty when no result file is written (--out -);
+                                           // gbench and dump empty when not asked for
+  std::vector<std::string> more_outs;      // the further --out files
   std::string lock() const { return journal + ".lock"; }
 };
 

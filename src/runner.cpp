@@ -75,12 +75,15 @@ std::string list_cases(const RunRequest& request) {
               : fmt::format("; no sgemm peak measured ({}): estimated from min_sample_ms alone\n",
                             availability.available ? "the backend has none" : availability.reason);
   double total = 0;
+  std::size_t name_width = 4;  // the names differ in length: the figures aligned after the longest
+  for (const Case& c : plan) name_width = std::max(name_width, case_slug(c).size());
+  if (!plan.empty()) out += fmt::format("{:<{}}  {:>10}  {:>16}\n", "case", name_width, "estimated", "work");
   for (const Case& c : plan) {
     const TimeEstimate e = estimate_case_time(c, config.run, peak.value_or(0.0));
     total += e.total_s();
     const std::optional<std::string> why = availability.available ? backend->unsupported(c) : std::nullopt;
-    out += fmt::format("{}  {:>8.1f} s  {:>10.4g} GFLOP{}\n", case_slug(c), e.total_s(), c.op->flops(c) * 1e-9,
-                       why ? "  (skipped here: " + *why + ")" : "");
+    out += fmt::format("{:<{}}  {:>8.1f} s  {:>10.4g} GFLOP{}\n", case_slug(c), name_width, e.total_s(),
+                       c.op->flops(c) * 1e-9, why ? "  (skipped here: " + *why + ")" : "");
   }
   out += fmt::format("estimated total {} (the float64 references and checks not counted)\n", format_duration(total));
   return out;
@@ -114,10 +117,24 @@ int run_benchmarks(const RunRequest& request) {
                                     ": resume it with that --out (or none)");
     if (out_path.empty()) out_path = theirs;
   }
-  if (out_path.empty()) out_path = default_out_path(config.run.backend, utc_now("%Y%m%dT%H%M%SZ"));
-  const OutputFormat out_format = format_for_path(out_path, "--out");
-  const RunFiles files{out_path, request.gbench_path, request.dump_dir,
-                       resuming ? request.resume_path : journal_path_for(out_path)};
+  // Without --out the default file, unless stdout carries the results already (--format json, csv, md).
+  const std::string default_path = default_out_path(config.run.backend, utc_now("%Y%m%dT%H%M%SZ"));
+  if (out_path.empty() && request.stdout_format == OutputFormat::table) out_path = default_path;
+  std::vector<std::string> out_paths = {out_path};
+  out_paths.insert(out_paths.end(), request.more_out_paths.begin(), request.more_out_paths.end());
+  const std::vector<Output> outputs = parse_outputs(out_paths);
+  std::vector<std::string> out_files;
+  for (const Output& o : outputs)
+    if (!o.to_stdout()) out_files.push_back(o.path);
+  const bool json_on_stdout = out_files.size() < outputs.size();
+  // The journal beside the first result file; with none, in the current folder under the default
+  // file's name, so that a finished run leaves nothing behind (an interrupted one its journal).
+  const std::string journal_of =
+      out_files.empty() ? std::filesystem::path(default_path).filename().string() : out_files.front();
+  const RunFiles files{out_files.empty() ? "" : out_files.front(), request.gbench_path, request.dump_dir,
+                       resuming ? request.resume_path : journal_path_for(journal_of),
+                       out_files.size() > 1 ? std::vector<std::string>(out_files.begin() + 1, out_files.end())
+                                            : std::vector<std::string>()};
   check_run_files(files, resuming);
 
   auto backend = make_backend(config.run.backend, backend_options(request));
@@ -319,7 +336,7 @@ int run_benchmarks(const RunRequest& request) {
   else if (signal) document.interrupted_by = signal == SIGINT ? "SIGINT" : "SIGTERM";
   std::string output_failure;  // the result file or the export did not fit
   try {
-    write_file_atomically(out_path, render(document, out_format));
+    write_output_files(outputs, document);
     if (!request.gbench_path.empty()) write_file_atomically(request.gbench_path, to_gbench(document).dump(2) + "\n");
   } catch (const EnvironmentError& e) {
     output_failure = e.what();
@@ -335,12 +352,14 @@ int run_benchmarks(const RunRequest& request) {
   // A complete run needs its journal no more; an interrupted one keeps it for --resume.
   if (!signal) std::filesystem::remove(files.journal);
 
-  fmt::print("{}", render(document, request.stdout_format));
-  if (request.stdout_format == OutputFormat::table) {
+  fmt::print("{}", render(document, json_on_stdout ? OutputFormat::json : request.stdout_format));
+  if (!json_on_stdout && request.stdout_format == OutputFormat::table) {
     const Totals& t = document.totals;
+    std::string written;
+    for (const std::string& path : out_files) written += (written.empty() ? "" : ", ") + path;
     fmt::print("cases: {} ok, {} failed, {} skipped of {}{}\nresults: {}\n", t.ok, t.failed, t.skipped, t.cases,
                request.filter.empty() ? "" : fmt::format("; {} not planned (--filter {})", t.not_planned, request.filter),
-               out_path);
+               written);
   }
   if (signal) {
     fmt::print(stderr, "lattnbench: interrupted after {} of {} cases; resume with --resume {}\n", results.size(),

@@ -16,7 +16,10 @@ namespace lattn {
 struct RunRequest {
   Config config;
   std::vector<std::string> argv;
-  std::string out_path;      // empty: results/lattnbench-<backend>-<UTC time>.json (format by extension)
+  // The first --out (format by extension; "-" or /dev/stdout: the JSON on stdout); empty: with the
+  // table on stdout, results/lattnbench-<backend>-<UTC time>.json, else no result file.
+  std::string out_path;
+  std::vector<std::string> more_out_paths;  // the further --out paths, each as out_path
   std::string gbench_path;   // empty: no Google Benchmark export
   std::string dump_dir;      // empty: no .npy dump
   std::string resume_path;   // a journal to continue

@@ -73,7 +73,11 @@ std::string label(const Case& c, bool with_seq) {
   const Op& op = *c.op;
   std::string out = fmt::format("{} {} batch={} heads={}", op.suite, to_string(c.mode), c.batch, c.heads);
   if (with_seq) out += fmt::format(" seq={}", c.seq);
-  out += fmt::format(" dim={}", c.dim);
+  // The head dim under its suite's own key: the layer's is head_dim (its dim is the model width).
+  std::string dim_key = "dim";
+  for (const Axis& axis : op.axes)
+    if (axis.param == Param::dim) dim_key = axis.key;
+  out += fmt::format(" {}={}", dim_key, c.dim);
   if (op.has(Param::chunk)) out += fmt::format(" chunk={}", c.chunk);
   if (op.has(Param::window)) out += fmt::format(" window={}", c.window);
   if (op.has(Param::decay) && c.decay != "none") out += " decay=" + c.decay;
@@ -84,15 +88,27 @@ std::string label(const Case& c, bool with_seq) {
 
 }  // namespace
 
+bool is_tie(const Comparison& c) {
+  // compare.py's interval of the factor from quartiles: runner-up q1 over fastest q3 at its low
+  // end. At or below 1 the two middle halves overlap, and the order is within the noise.
+  return c.other->measured->q1_ms <= c.fastest->measured->q3_ms;
+}
+
 std::string format_summary(const Summary& summary) {
   std::string out;
   if (summary.comparisons.empty()) return out;
   out += "\nFastest impl per shape and mode:\n";
   for (const Comparison& c : summary.comparisons) {
-    out += fmt::format("  {}: {} is {:.2f}x faster than {} ({:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n",
-                       label(c.fastest->kase, true), c.fastest->kase.impl, c.speedup, c.other->kase.impl,
-                       c.fastest->measured->median_ms, c.other->measured->median_ms, c.fastest->measured->temp_mb,
-                       c.other->measured->temp_mb);
+    if (is_tie(c))
+      out += fmt::format("  {}: {} and {} tie (quartiles overlap; medians {:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n",
+                         label(c.fastest->kase, true), c.fastest->kase.impl, c.other->kase.impl,
+                         c.fastest->measured->median_ms, c.other->measured->median_ms, c.fastest->measured->temp_mb,
+                         c.other->measured->temp_mb);
+    else
+      out += fmt::format("  {}: {} is {:.2f}x faster than {} ({:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n",
+                         label(c.fastest->kase, true), c.fastest->kase.impl, c.speedup, c.other->kase.impl,
+                         c.fastest->measured->median_ms, c.other->measured->median_ms, c.fastest->measured->temp_mb,
+                         c.other->measured->temp_mb);
     for (std::size_t i = 2; i < c.ranking.size(); ++i)
       out += fmt::format("    then {} ({:.4g} ms, {:.2f}x the fastest's time; temp {:.3g} MiB)\n", c.ranking[i]->kase.impl,
                          c.ranking[i]->measured->median_ms,

@@ -14,6 +14,10 @@ namespace lattn {
 // records of one shape have the same key.
 std::string shape_key(const Case& kase, bool with_seq);
 
+// Whether the fastest and the runner-up of a comparison are within noise: their quartile ranges
+// overlap (compare.py's "tie" from the same figures). The summary then says "tie", not "1.01x".
+bool is_tie(const Comparison& comparison);
+
 std::string format_summary(const Summary& summary);
 
 // A warning when records ran above the start-up peak (`peak_fraction` > 1): the peak was then

@@ -57,7 +57,8 @@ TEST_CASE("the help shows every config key's flag with its default, and the new 
   for (const char* flag : {"--filter", "--list-cases", "--min-samples", "--max-noise", "--timeout", "--interleave",
                            "--no-interleave", "--slowdown"})
     CHECK_THAT(help.output, Contains(flag));
-  CHECK_THAT(help.output, Contains("[default: 10]") && Contains("[default: 25]") && Contains("--format TEXT=table"));
+  CHECK_THAT(help.output, Contains("[default: 10]") && Contains("[default: 25]") && Contains("--format NAME") &&
+                              Contains("[default: table]"));
   // Where the suites differ, each one's default.
   CHECK_THAT(help.output, Contains("kernel 512,2048,8192; layer 512,2048"));
 }

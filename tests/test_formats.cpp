@@ -6,8 +6,10 @@
 #include <limits>
 #include <set>
 
+#include "cases.hpp"
 #include "src/formats.hpp"
 #include "src/record_json.hpp"
+#include "src/report.hpp"
 #include "src/summary.hpp"
 #include "test_util.hpp"
 
@@ -27,6 +29,8 @@ CaseRecord record(const char* impl, int seq, double median, double temp_mb, std:
   m.inner = 3;
   m.reps = 2;
   m.samples_ms = {median, median};
+  m.samples_cpu_ms = {median * 1.9, median * 2.1};  // two threads working through each call
+  m.noise_pct = 3.5;
   m.gflops = 1.0;
   m.temp_mb = temp_mb;
   m.rel_err = 1e-7;
@@ -86,24 +90,49 @@ TEST_CASE("the Google Benchmark export has every sample as a repetition and the 
   CHECK(first["run_type"] == "iteration");
   CHECK(first["repetition_index"] == 0);
   CHECK(first["real_time"].get<double>() == Approx(1.0e6));  // 1 ms
+  // cpu_time is each sample's own process CPU time, not a copy of real_time.
+  CHECK(first["cpu_time"].get<double>() == Approx(1.9e6));
+  CHECK(gbench["benchmarks"][1]["cpu_time"].get<double>() == Approx(2.1e6));
   CHECK(gbench["benchmarks"][2]["run_type"] == "aggregate");
   CHECK(gbench["benchmarks"][2]["aggregate_name"] == "mean");
+  CHECK(gbench["benchmarks"][2]["cpu_time"].get<double>() == Approx(2.0e6));
+  CHECK(gbench["benchmarks"][3]["cpu_time"].get<double>() == Approx(2.0e6));  // median
   CHECK(gbench["benchmarks"][4]["aggregate_name"] == "stddev");
   CHECK(gbench["benchmarks"][4]["real_time"] == 0.0);  // two equal samples
+  CHECK(gbench["benchmarks"][4]["cpu_time"].get<double>() == Approx(std::sqrt(2.0) * 0.1e6));
   // The failed check is an error with its message, on every entry of that case.
   CHECK_FALSE(first.contains("error_occurred"));
   CHECK(gbench["benchmarks"][5]["error_occurred"] == true);
   CHECK(gbench["benchmarks"][5]["error_message"] == "o rel_err 1e-2 over tolerance 1e-4");
 }
 
+TEST_CASE("a record without process CPU times has no cpu_time in the export, rather than a copy", "[formats]") {
+  RunDocument doc = sample_document();
+  for (CaseRecord& r : doc.results)
+    if (r.measured) r.measured->samples_cpu_ms.clear();  // a record from a journal written before they were taken
+  const nlohmann::json gbench = to_gbench(doc);
+  REQUIRE(gbench["benchmarks"].size() == 4 * 5);
+  for (const auto& b : gbench["benchmarks"]) {
+    CHECK(b.contains("real_time"));
+    CHECK_FALSE(b.contains("cpu_time"));
+  }
+}
+
 TEST_CASE("CSV and markdown have a header and a row per record", "[formats]") {
   const RunDocument doc = sample_document();
   const std::string csv = to_csv(doc.results);
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 6);
-  CHECK(csv.rfind("suite,impl,mode", 0) == 0);
-  CHECK(csv.find("kernel,scan,fwd,cpu,float32,none,2,4,512,64,128,,,ok,1,0.9,1.1,3,1,") != std::string::npos);
+  CHECK(csv.rfind("suite,impl,mode,backend,dtype,decay,batch,heads,seq,dim,chunk,window,head_dim,rule,status,median_ms,"
+                  "q1_ms,q3_ms,inner,reps,noise_pct,stopped_on,", 0) == 0);
+  CHECK(csv.find("kernel,scan,fwd,cpu,float32,none,2,4,512,64,128,,,additive,ok,1,0.9,1.1,3,2,3.5,samples,1,")
+        != std::string::npos);
   const std::string md = to_markdown(doc.results);
   CHECK(std::count(md.begin(), md.end(), '\n') == 7);
+  CHECK(md.find("| noise_pct | reps |") != std::string::npos);
+  CHECK(md.find("| 3.5 | 2 |") != std::string::npos);
+  // The dtype varies in this document (one bf16 case): a column, so that no two rows look alike.
+  CHECK(md.find("| dtype |") != std::string::npos);
+  CHECK(md.find("| rule |") == std::string::npos);  // additive throughout: no column
   CHECK(format_for_path("a/b.csv", "--out") == OutputFormat::csv);
   CHECK(format_for_path("b.json", "--out") == OutputFormat::json);
   CHECK_THROWS(format_for_path("b.txt", "--out"));
@@ -129,6 +158,65 @@ TEST_CASE("the summary names the fastest impl, its factor and memory, and the cr
   CHECK(change["by_seq"] == 2048);
   const std::string text = format_summary(build_summary(doc.results));
   CHECK(text.find("scan wins up to seq 512, chunked from seq 2048") != std::string::npos);
+  CHECK(text.find("scan is 2.00x faster than chunked") != std::string::npos);
+}
+
+TEST_CASE("every option that varies in a run is a column of the table, CSV and markdown", "[formats][columns]") {
+  // --rule additive,delta --decay scalar --gate-norm 1,16: four cases alike but for rule and gate_norm.
+  std::vector<CaseRecord> records;
+  for (const Rule rule : {Rule::additive, Rule::delta})
+    for (const char* gate_norm : {"1", "16"}) {
+      CaseRecord r = record("scan", 512, 1.0, 0.0, records.size());
+      r.kase = test::gated_case({2, 4, 512, 64, 128, Decay::scalar, rule}, gate_norm, "scan", Mode::fwd);
+      records.push_back(r);
+    }
+  CHECK(varying_keys(records) == std::vector<std::string>{"rule", "gate_norm"});  // normalize_keys: true throughout
+  const std::string table = format_table(records);
+  const std::string header = table.substr(0, table.find('\n'));
+  CHECK_THAT(header, Catch::Matchers::Contains(" rule ") && Catch::Matchers::Contains(" gate_norm ") &&
+                         Catch::Matchers::Contains(" noise% ") && Catch::Matchers::Contains(" samples "));
+  CHECK_THAT(header, !Catch::Matchers::Contains("normalize_keys"));
+  // Each row's identity, everything before the figures, is its own.
+  const std::size_t figures = header.find("median_ms") - 1;
+  std::set<std::string> identities;
+  std::size_t start = table.find('\n') + 1;
+  while (start < table.size()) {
+    const std::size_t end = table.find('\n', start);
+    const std::string row = table.substr(start, end - start);
+    identities.insert(row.substr(0, figures));
+    CHECK_THAT(row, Catch::Matchers::Contains("    3.5       2 "));  // noise% and samples
+    start = end + 1;
+  }
+  CHECK(identities.size() == 4);
+  const std::string md = to_markdown(records);
+  CHECK(md.find("| decay | rule | gate_norm |") != std::string::npos);
+  CHECK(md.find("| scalar | delta | 1 |") != std::string::npos);
+  const std::string csv = to_csv(records);
+  CHECK(csv.find(",head_dim,rule,gate_norm,normalize_keys,status,") != std::string::npos);
+  CHECK(csv.find(",,,delta,1,true,ok,") != std::string::npos);
+  CHECK(csv.find(",,,additive,16,,ok,") != std::string::npos);
+}
+
+TEST_CASE("the summary says tie where the quartiles overlap, and names the layer's head dim", "[formats][summary]") {
+  // Medians 1.00 and 1.05 ms with quartiles 0.9-1.1 and 0.945-1.155: compare.py's IQR interval
+  // of the factor reaches below 1, so neither is faster.
+  std::vector<CaseRecord> records = {record("scan", 512, 1.0, 0.0, 0), record("chunked", 512, 1.05, 0.5, 1)};
+  std::string text = format_summary(build_summary(records));
+  CHECK_THAT(text, Catch::Matchers::Contains("scan and chunked tie (quartiles overlap; medians 1 vs 1.05 ms)"));
+  CHECK_THAT(text, !Catch::Matchers::Contains("faster"));
+  records[1].measured->q1_ms = 1.11;  // now above the fastest's q3
+  text = format_summary(build_summary(records));
+  CHECK_THAT(text, Catch::Matchers::Contains("scan is 1.05x faster than chunked"));
+
+  std::vector<CaseRecord> layer;
+  for (const bool chunked : {false, true}) {
+    CaseRecord r = record(chunked ? "chunked" : "scan", 512, chunked ? 2.0 : 1.0, 0.0, layer.size());
+    r.kase = test::layer_case({{2, 8, 512, 64, 128}, 128, chunked}, Mode::fwd);
+    layer.push_back(r);
+  }
+  text = format_summary(build_summary(layer));
+  CHECK_THAT(text, Catch::Matchers::Contains("layer fwd batch=2 heads=8 seq=512 head_dim=64 "));
+  CHECK_THAT(text, !Catch::Matchers::Contains(" dim=64"));
 }
 
 TEST_CASE("a record's JSON reads back as the same record, and one of another case is refused", "[formats][journal]") {
@@ -154,4 +242,11 @@ TEST_CASE("a record's JSON reads back as the same record, and one of another cas
   nlohmann::json few_samples = j;
   few_samples["samples_ms"] = {1.0};
   CHECK_THROWS_WITH(record_from_json(few_samples, r.kase, "journal:4"), Catch::Matchers::Contains("1 samples"));
+  CHECK(back.measured->samples_cpu_ms == r.measured->samples_cpu_ms);
+  nlohmann::json few_cpu = j;
+  few_cpu["samples_cpu_ms"] = {1.0};
+  CHECK_THROWS_WITH(record_from_json(few_cpu, r.kase, "journal:5"), Catch::Matchers::Contains("1 samples_cpu_ms for 2"));
+  nlohmann::json older = j;  // a journal from before the CPU times: read, without them
+  older.erase("samples_cpu_ms");
+  CHECK(record_from_json(older, r.kase, "journal:6").measured->samples_cpu_ms.empty());
 }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The bash completion the build writes (build/lattnbench.bash, cmake/cli_docs.sh), run as bash
+# runs it: after each flag that takes one of a list (--impl, --suite, --decay, --rule, --backend,
+# ...), it offers exactly the values the binary's parser accepts, completes the word after the
+# last comma of a comma list, and every value it offers is accepted by the binary.
+#   completion_test.sh LATTNBENCH COMPLETION_FILE
+set -euo pipefail
+binary=$1
+completion=$2
+fail() { echo "completion_test: $*" >&2; exit 1; }
+[[ -f $completion ]] || fail "no completion file $completion"
+# shellcheck disable=SC1090
+source "$completion"
+
+# COMPREPLY for the command line "lattnbench WORDS... CUR", sorted, one line.
+complete_words() {
+  COMP_WORDS=(lattnbench "$@")
+  COMP_CWORD=$(($# ))
+  COMPREPLY=()
+  _lattnbench
+  printf '%s\n' "${COMPREPLY[@]}" | sort | tr '\n' ' '
+}
+
+words=$("$binary" --completion-words)
+for flag in --impl --suite --decay --rule --backend --mode --dtype --format --config --bwd-states; do
+  grep -q -E -- "(^|\|)$flag( |$)" <<<"$words" || fail "--completion-words has no values for $flag: $words"
+done
+
+small=(--suite kernel --seq 16 --dim 4 --batch 1 --heads 1 --chunk 8)
+checked=0
+while read -r flags values; do
+  flag=${flags##*|}
+  expected=$(tr ' ' '\n' <<<"$values" | sort | tr '\n' ' ')
+  offered=$(complete_words "$flag" "")
+  if [[ $flag == --config ]]; then
+    # Config names and, beside them, the files of the folder: every name must be among them.
+    for name in $values; do [[ " $offered " == *" $name "* ]] || fail "$flag: '$name' not offered: $offered"; done
+  else
+    [[ $offered == "$expected" ]] || fail "after $flag: offered '$offered', the parser's list is '$expected'"
+  fi
+  for value in $values; do
+    # The parser takes the value: --list-cases parses and plans, and runs nothing.
+    case $flag in
+      --config) args=(--config "$value") ;;
+      --format) args=("${small[@]}" --format "$value") ;;
+      --suite) args=(--suite "$value") ;;
+      *) args=("${small[@]}" "$flag" "$value") ;;
+    esac
+    "$binary" "${args[@]}" --list-cases >/dev/null 2>"${TMPDIR:-/tmp}/completion_test.err" ||
+      fail "the completion offers '$flag $value', which the binary refuses: $(cat "${TMPDIR:-/tmp}/completion_test.err")"
+    checked=$((checked + 1))
+  done
+done <<<"$words"
+
+# A comma list: the word after the last comma is completed, what comes before it kept.
+offered=$(complete_words --decay "none,sc")
+[[ $offered == "none,scalar " ]] || fail "--decay none,sc: offered '$offered'"
+offered=$(complete_words --impl "scan,")
+[[ $offered == "scan,chunked scan,scan " ]] || fail "--impl scan,: offered '$offered'"
+# A value the parser refuses names the same list the completion offers.
+refused=$("$binary" --decay nonsense --list-cases 2>&1 || true)
+for decay in $(complete_words --decay ""); do
+  [[ $refused == *"$decay"* ]] || fail "the parser's message for a bad --decay does not list '$decay': $refused"
+done
+echo "completion_test: ok ($checked values, each accepted by the binary)"
