@@ -418,27 +418,21 @@ std::string default_of(const nlohmann::json& defaults, const std::string& key) {
 
 namespace {
 
-// How --help names a run setting's value, and the names it accepts (for completion): the same
-// lists the setting's parser above takes.
-std::pair<std::string, std::vector<std::string>> field_value(const std::string& key) {
-  if (key == "suites") return {"NAME", known_suites()};
-  if (key == "backend") return {"NAME", known_backends()};
-  if (key == "dtype") return {"NAME", known_dtypes()};
-  if (key == "bwd_states") return {"NAME", known_bwd_states()};
-  if (key == "max_noise" || key == "slowdown") return {"PCT", {}};
-  if (key == "timeout") return {"SECONDS", {}};
-  if (key == "min_sample_ms") return {"MS", {}};
-  return {"INT", {}};  // threads, warmup, reps, min_samples, seed, device
+// How --help names a value, and the names it accepts (for completion): the lists the parsers take.
+using ValueKind = std::pair<std::string, std::vector<std::string>>;
+ValueKind field_value(const std::string& key) {
+  const std::map<std::string, ValueKind> kinds = {
+      {"suites", {"NAME", known_suites()}}, {"backend", {"NAME", known_backends()}}, {"dtype", {"NAME", known_dtypes()}},
+      {"bwd_states", {"NAME", known_bwd_states()}}, {"max_noise", {"PCT", {}}}, {"slowdown", {"PCT", {}}},
+      {"timeout", {"SECONDS", {}}}, {"min_sample_ms", {"MS", {}}}};
+  return kinds.count(key) ? kinds.at(key) : ValueKind{"INT", {}};  // threads, warmup, reps, min_samples, seed, device
 }
 
-std::pair<std::string, std::vector<std::string>> axis_value(const Op& op, const Axis& axis) {
-  switch (kind_of(axis)) {
-    case Kind::name: return {"NAME", axis_choices(op, axis)};
-    case Kind::boolean: return {"BOOL", {"true", "false"}};
-    case Kind::real: return {"NUMBER", {}};
-    case Kind::integer: break;
-  }
-  return {"INT", {}};
+ValueKind axis_value(const Op& op, const Axis& axis) {
+  const Kind kind = kind_of(axis);
+  if (kind == Kind::name) return {"NAME", axis_choices(op, axis)};
+  if (kind == Kind::boolean) return {"BOOL", {"true", "false"}};
+  return {kind == Kind::real ? "NUMBER" : "INT", {}};
 }
 
 }  // namespace
@@ -446,9 +440,7 @@ std::pair<std::string, std::vector<std::string>> axis_value(const Op& op, const 
 std::vector<ConfigKey> config_keys() {
   const nlohmann::json defaults = to_json(Config());
   std::vector<ConfigKey> keys;
-  auto add = [&](const std::string& key, const std::string& help, bool is_list,
-                 const std::pair<std::string, std::vector<std::string>>& value_kind) {
-    const std::string type = value_kind.first + (is_list ? ",..." : "");
+  auto add = [&](const std::string& key, const std::string& help, bool is_list, const ValueKind& value_kind) {
     for (ConfigKey& k : keys)
       if (k.key == key) {  // a key of several suites (impl): the names any of them accepts
         for (const std::string& choice : value_kind.second)
@@ -457,7 +449,7 @@ std::vector<ConfigKey> config_keys() {
       }
     const std::string value = default_of(defaults, key);
     keys.push_back({key, flag_of(key), help + (is_list ? ", comma list" : "") + (value.empty() ? "" : " [default: " + value + "]"),
-                    type, value_kind.second});
+                    value_kind.first + (is_list ? ",..." : ""), value_kind.second});
   };
   const auto& top = top_fields();
   add(top.front().key, top.front().help + " (" + join(known_suites()) + ")", true, field_value(top.front().key));

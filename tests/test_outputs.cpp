@@ -46,7 +46,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("--out - and --out /dev/stdout put the result JSON on stdout and write no result file", "[outputs][stdout]") {
+TEST_CASE("an --out of '-' or /dev/stdout puts the result JSON on stdout and writes no result file", "[outputs][stdout]") {
   for (const char* target : {"-", "/dev/stdout"}) {
     const fs::path dir = fresh_dir("out-stdout");
     const ProcessResult r = in_dir(dir, kQuick + " --out " + target);
@@ -61,7 +61,7 @@ TEST_CASE("--out - and --out /dev/stdout put the result JSON on stdout and write
   }
 }
 
-TEST_CASE("--format json without --out prints the JSON and writes no default result file", "[outputs][stdout]") {
+TEST_CASE("a --format json run without --out prints the JSON and writes no default result file", "[outputs][stdout]") {
   const fs::path dir = fresh_dir("format-json");
   const ProcessResult r = in_dir(dir, kQuick + " -q --format json");
   INFO(r.output);
@@ -162,7 +162,7 @@ TEST_CASE("the table, CSV and markdown of a run show what varies in it, and the 
   CHECK_THAT(md[0], Contains("| decay | rule | gate_norm |") && Contains("| noise_pct | reps |"));
 }
 
-TEST_CASE("--help types every value and lists the installed configs; --list and --list-cases line up", "[outputs][help]") {
+TEST_CASE("the help types every value and lists the installed configs, and --list and --list-cases line up", "[outputs][help]") {
   const ProcessResult help = run_process(binary() + " --help");
   REQUIRE(help.exit_status == 0);
   CHECK_THAT(help.output, !Contains(" TEXT") && !Contains("{false}") && !Contains("Excludes"));
