@@ -56,7 +56,55 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
   }
 }
 
-std::string format_table(const std::vector<CaseRecord>& records) {
+namespace {
+
+// The table of every other case: GFLOP/s.
+std::string format_compute_table(const std::vector<CaseRecord>& records);
+
+// The cases of an op with a byte model (core/op.hpp: the decode step), whose figures are bandwidth
+// and tokens rather than GFLOP/s: B, H, tokens per sequence, D, rule, decay and snapshots; the
+// median, GB/s, its fraction of the run's measured bandwidth and the roof (dram or llc), tokens
+// per second and microseconds per token.
+std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records) {
+  std::string out = fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} {:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}\n",
+                                "suite", "impl", "B", "H", "T", "D", "rule", "decay", "K", "median_ms", "GB/s",
+                                "bw_frac", "roof", "tokens/s", "us/token", "temp_MiB", "rel_err", "status");
+  for (const CaseRecord* r : records) {
+    const Case& c = r->kase;
+    const std::string kept = c.option("snapshots");
+    out += fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} ", c.op->suite, c.impl, c.batch, c.heads,
+                       c.seq, c.dim, c.option("rule"), c.decay, kept.empty() ? "-" : kept);
+    if (r->status == Status::skipped || !r->measured) {
+      out += fmt::format("{:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", "-",
+                         "-", to_string(r->status), r->skip_reason.empty() ? r->error : r->skip_reason);
+      continue;
+    }
+    const Measurement& m = *r->measured;
+    out += fmt::format("{:>10.4f} {:>8.2f} {:>6.2f} {:<4} {:>11.4g} {:>9.3f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms,
+                       m.gbytes_per_s, m.bandwidth_fraction.value_or(0.0), m.bandwidth_roof, m.tokens_per_s.value_or(0.0),
+                       m.us_per_token.value_or(0.0), m.temp_mb, m.rel_err, to_string(r->status));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string format_table(const std::vector<CaseRecord>& all) {
+  std::vector<CaseRecord> records;
+  std::vector<const CaseRecord*> bandwidth;
+  for (const CaseRecord& r : all) {
+    if (r.kase.op && r.kase.op->bytes) bandwidth.push_back(&r);
+    else records.push_back(r);
+  }
+  std::string tail = bandwidth.empty() ? std::string() : format_bandwidth_table(bandwidth);
+  if (records.empty() && !bandwidth.empty()) return tail;
+  if (!tail.empty()) tail = "\n" + tail;
+  return format_compute_table(records) + tail;
+}
+
+namespace {
+
+std::string format_compute_table(const std::vector<CaseRecord>& records) {
   // The impl column as wide as its longest name (a plugin's NAME:IMPL is longer than "chunked").
   std::size_t impl_width = 8;
   for (const CaseRecord& r : records) impl_width = std::max(impl_width, r.kase.impl.size());
@@ -82,5 +130,7 @@ std::string format_table(const std::vector<CaseRecord>& records) {
   }
   return out;
 }
+
+}  // namespace
 
 }  // namespace lattn
