@@ -156,7 +156,7 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
 // Shapes every decode test covers, under every rule and decay: one token and several, snapshots
 // 1, fewer than the tokens and more, D = 1, D not a multiple of any vector width, D over one strip
 // with a ragged last strip, D = 128; few heads (a thread's work item is one strip) and many (a
-// whole head).
+// whole head); states over 4 MiB (the CPU walks them in strips as wide as the rows).
 inline std::vector<DecodeProblem> decode_test_shapes() {
   std::vector<DecodeProblem> shapes;
   for (Rule rule : {Rule::additive, Rule::delta})
@@ -168,6 +168,9 @@ inline std::vector<DecodeProblem> decode_test_shapes() {
       shapes.push_back({1, 2, 8, 128, 3, decay, rule});
       shapes.push_back({4, 8, 2, 40, 2, decay, rule});    // 32 heads: a work item is a head
       shapes.push_back({3, 1, 2, 5, 2, decay, rule});     // odd D
+      // States over 4 MiB, which the CPU walks in strips as wide as the rows (cpu_step.cpp)
+      shapes.push_back({4, 17, 2, 128, 2, decay, rule});
+      shapes.push_back({8, 17, 1, 100, 1, decay, rule});  // a ragged wide strip
     }
   return shapes;
 }

@@ -3,9 +3,11 @@
 //
 // A value column of the state evolves alone (SPEC section 1b: the decay scales rows, the delta
 // rule's read-out S'^T k and its write are per column), so the walk takes the state in strips of
-// 32 columns (16 for AVX2) and runs all of the step's tokens over one strip before the next: a
-// strip (16 KiB at dim 128) stays in L1 between the tokens and between a token's two walks, and
-// the state is streamed from memory once and written back once per step. Per token and strip:
+// columns and runs all of the step's tokens over one strip before the next: a strip stays in the
+// core's cache between the tokens and between a token's two walks, and the state is streamed from
+// memory once and written back once per step. The strips are narrow (32 columns, 16 on AVX2: 16
+// KiB at dim 128, in L1) for a state in the caches, as wide as the rows (128 and 32) for a state
+// streamed from memory (kernel_for). Per token and strip:
 //   additive: one walk, row by row: r = a_i S_i + k_i v; y += (s q_i) r; store r.
 //   delta:    a read walk, u = sum (a_i k_i) S_i and y = sum (s a_i q_i) S_i (the decay folded into
 //             the row weights, S' = A S never stored), then w = v - u, o = y + s beta (k.q) w, and
@@ -50,6 +52,9 @@ void walk_strip(const HeadStep& h, int c0) {
   using V = typename I::V;
   using M = typename I::M;
   constexpr int L = I::L;
+  // A narrow strip pairs rows into two sets of accumulators (the FMA chains' latency); a wide one
+  // has NV independent chains per read-out already, and no registers to spare.
+  constexpr bool kPairRows = NV <= 2;
   const std::size_t D = std::size_t(h.dim);
   M m[NV];
   for (int n = 0; n < NV; ++n) m[n] = I::mask(h.dim - c0 - n * L);
@@ -82,11 +87,12 @@ void walk_strip(const HeadStep& h, int c0) {
         }
       };
       std::size_t i = 0;
-      for (; i + 1 < D; i += 2) {
-        read(i, u0, y0);
-        read(i + 1, u1, y1);
-      }
-      if (i < D) read(i, u0, y0);
+      if constexpr (kPairRows)
+        for (; i + 1 < D; i += 2) {
+          read(i, u0, y0);
+          read(i + 1, u1, y1);
+        }
+      for (; i < D; ++i) read(i, u0, y0);
       V wv[NV];
       const V c = I::set1(h.coef[t]);
       for (int n = 0; n < NV; ++n) {
@@ -107,11 +113,12 @@ void walk_strip(const HeadStep& h, int c0) {
         }
       };
       std::size_t i = 0;
-      for (; i + 1 < D; i += 2) {
-        write(i, y0);
-        write(i + 1, y1);
-      }
-      if (i < D) write(i, y0);
+      if constexpr (kPairRows)
+        for (; i + 1 < D; i += 2) {
+          write(i, y0);
+          write(i + 1, y1);
+        }
+      for (; i < D; ++i) write(i, y0);
       for (int n = 0; n < NV; ++n) store(h.o + std::size_t(t) * D + c0, n, I::add(y0[n], y1[n]));
     }
     // Slot i of the snapshots (1..extra) is the state i tokens before the step's end.
@@ -154,13 +161,26 @@ struct Kernel {
   int width;  // columns per strip
 };
 
-Kernel kernel_for(Vec vec, bool delta, RowDecay decay) {
+// A state larger than this streams from memory (it is beyond the cores' L2 caches).
+constexpr std::size_t kStreamedStateBytes = std::size_t(4) << 20;
+
+// A streamed state is walked in strips as wide as its rows where the registers allow (128 columns
+// on AVX-512, 32 on AVX2): the first token's walk then reads it from memory in order, row after
+// row, and a strip sits in L2 rather than L1 between the walks. A state in the caches is walked in
+// narrow strips (32 columns, 16 on AVX2) that stay in L1. scripts/ab.py at B 64 and B 1 (H 16,
+// D 128) chose between the two (docs/performance.md, "The decode step").
+Kernel kernel_for(Vec vec, const DecodeProblem& p, bool delta, RowDecay decay) {
+  const bool streamed = p.state_elems() * sizeof(float) > kStreamedStateBytes;
   switch (vec) {
 #if defined(__AVX512F__)
-    case Vec::avx512: return {pick<simd::Avx512, 2>(delta, decay), 32};
+    case Vec::avx512:
+      if (streamed && p.dim >= 96) return {pick<simd::Avx512, 8>(delta, decay), 128};
+      return {pick<simd::Avx512, 2>(delta, decay), 32};
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: return {pick<simd::Avx2, 2>(delta, decay), 16};
+    case Vec::avx2:
+      if (streamed && p.dim >= 24) return {pick<simd::Avx2, 4>(delta, decay), 32};
+      return {pick<simd::Avx2, 2>(delta, decay), 16};
 #endif
     default: return {pick<simd::Portable, 8>(delta, decay), 8};
   }
@@ -213,7 +233,7 @@ std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads) {
 
 void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& allocator) {
   const RowDecay decay = p.decay == Decay::none ? RowDecay::none : p.decay == Decay::vector ? RowDecay::rows : RowDecay::uniform;
-  const Kernel kernel = kernel_for(active_vec(), p.delta(), decay);
+  const Kernel kernel = kernel_for(active_vec(), p, p.delta(), decay);
   const int threads = omp_get_max_threads();
   const std::size_t per_thread = weights_floats(p), DD = p.head_state_elems();
   Workspace<float> scratch(allocator, std::size_t(threads) * per_thread);
