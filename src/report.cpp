@@ -58,8 +58,9 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 
 namespace {
 
-// The table of every other case: GFLOP/s.
-std::string format_compute_table(const std::vector<CaseRecord>& records);
+// Whether the record's op has a byte model (core/op.hpp: the decode step): its figures are
+// bandwidth and tokens, shown in a table of their own.
+bool has_byte_model(const CaseRecord& r) { return r.kase.op && r.kase.op->bytes; }
 
 // The cases of an op with a byte model (core/op.hpp: the decode step), whose figures are bandwidth
 // and tokens rather than GFLOP/s: B, H, tokens per sequence, D, rule, decay and snapshots; the
@@ -87,24 +88,20 @@ std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records
   return out;
 }
 
-}  // namespace
-
-std::string format_table(const std::vector<CaseRecord>& all) {
-  std::vector<CaseRecord> records;
+// The table of the other cases, then the byte-model cases' own table (only that one when there are
+// no others).
+std::string with_bandwidth_table(std::string compute_table, const std::vector<CaseRecord>& records) {
   std::vector<const CaseRecord*> bandwidth;
-  for (const CaseRecord& r : all) {
-    if (r.kase.op && r.kase.op->bytes) bandwidth.push_back(&r);
-    else records.push_back(r);
-  }
-  std::string tail = bandwidth.empty() ? std::string() : format_bandwidth_table(bandwidth);
-  if (records.empty() && !bandwidth.empty()) return tail;
-  if (!tail.empty()) tail = "\n" + tail;
-  return format_compute_table(records) + tail;
+  for (const CaseRecord& r : records)
+    if (has_byte_model(r)) bandwidth.push_back(&r);
+  if (bandwidth.empty()) return compute_table;
+  if (bandwidth.size() == records.size()) return format_bandwidth_table(bandwidth);
+  return compute_table + "\n" + format_bandwidth_table(bandwidth);
 }
 
-namespace {
+}  // namespace
 
-std::string format_compute_table(const std::vector<CaseRecord>& records) {
+std::string format_table(const std::vector<CaseRecord>& records) {
   // The impl column as wide as its longest name (a plugin's NAME:IMPL is longer than "chunked").
   std::size_t impl_width = 8;
   for (const CaseRecord& r : records) impl_width = std::max(impl_width, r.kase.impl.size());
@@ -112,6 +109,7 @@ std::string format_compute_table(const std::vector<CaseRecord>& records) {
                                 "suite", "impl", impl_width, "mode", "B", "H", "seq", "D", "chunk", "W", "decay", "median_ms", "q1_ms",
                                 "q3_ms", "GFLOP/s", "temp_MiB", "rel_err", "status");
   for (const CaseRecord& r : records) {
+    if (has_byte_model(r)) continue;
     const Case& c = r.kase;
     const Op& op = *c.op;
     // "-" for what the op does not have (the kernel suite has no window).
@@ -128,9 +126,7 @@ std::string format_compute_table(const std::vector<CaseRecord>& records) {
     out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms, m.q1_ms, m.q3_ms,
                        m.gflops, m.temp_mb, m.rel_err, to_string(r.status));
   }
-  return out;
+  return with_bandwidth_table(std::move(out), records);
 }
-
-}  // namespace
 
 }  // namespace lattn
