@@ -79,6 +79,11 @@ struct Op {
   double (*tolerance)(const std::string& dtype) = nullptr;
   // Why a case is too large to plan beyond its tensors' sizes (the layer's width), or nothing.
   std::optional<std::string> (*limit)(const Case&) = nullptr;
+  // A memory-bound op's byte model: the bytes one call moves at the least (the decode step's state
+  // in and out). Its records then carry bandwidth figures (gbytes_per_s from this model,
+  // bandwidth_fraction, tokens_per_s, us_per_token) and the stdout table shows those instead of
+  // GFLOP/s; null: bytes are the case's inputs and outputs, and the table shows GFLOP/s.
+  double (*bytes)(const Case&) = nullptr;
   // Record keys beyond the case's own fields (the layer's head_dim and model_dim).
   std::vector<std::pair<std::string, long>> (*extra_identity)(const Case&) = nullptr;
 

@@ -71,6 +71,22 @@ std::unique_ptr<InFlight> begin_case(RunContext& ctx, const ImplRow& row, const 
   return f;
 }
 
+// A memory-bound op's figures (core/op.hpp, Op::bytes): against the run's measured bandwidth, with
+// the roof named: the last-level cache when what a call touches fits in it, else DRAM.
+void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, const DeviceInfo& device, double seconds) {
+  if (!(seconds > 0)) return;
+  const double tokens = double(c.batch) * c.seq;
+  m.tokens_per_s = tokens / seconds;
+  m.us_per_token = seconds * 1e6 / c.seq;
+  if (device.stream_gbytes_per_s() > 0) m.bandwidth_fraction = m.gbytes_per_s / device.stream_gbytes_per_s();
+  long llc_kib = 0;
+  for (const auto& [level, kib] : device.host.cache_kib) llc_kib = std::max(llc_kib, kib);
+  // What a call keeps touching: its outputs and scratch (for the decode step, the state it steps in
+  // place; the pristine copy it is re-seeded from is not touched while it is timed).
+  const double resident = double(memory.out_bytes + memory.temp_bytes);
+  m.bandwidth_roof = llc_kib > 0 && resident <= double(llc_kib) * 1024.0 ? "llc" : "dram";
+}
+
 // Its outputs checked against the float64 reference and its figures: the record's measurement.
 Measurement finish_case(RunContext& ctx, InFlight& f) {
   const auto& run = ctx.request.config.run;
@@ -106,9 +122,10 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.out_mb = double(memory.out_bytes) / kMiB;
   const double seconds = timing.stats.median * 1e-3;
   m.flops = c.op->flops(c);
-  m.bytes = case_min_bytes(memory);
+  m.bytes = c.op->bytes ? c.op->bytes(c) : case_min_bytes(memory);
   m.gflops = seconds > 0 ? m.flops / seconds * 1e-9 : 0.0;
   m.gbytes_per_s = seconds > 0 ? m.bytes / seconds * 1e-9 : 0.0;
+  if (c.op->bytes) put_bandwidth(m, c, memory, ctx.device, seconds);
   m.bwd_states = f.prepared->bwd_states();
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
     m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",

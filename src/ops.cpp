@@ -1,6 +1,7 @@
 // The op table: one line per op; each row is written beside its kernels (kernels/<op>/op.cpp).
 #include "ops.hpp"
 
+#include "kernels/decode/op.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/op.hpp"
@@ -8,7 +9,7 @@
 namespace lattn {
 
 const std::vector<const Op*>& all_ops() {
-  static const std::vector<const Op*> ops = {&linear_attention_op(), &layer_op(), &sliding_window_op()};
+  static const std::vector<const Op*> ops = {&linear_attention_op(), &layer_op(), &sliding_window_op(), &decode_op()};
   return ops;
 }
 

@@ -39,6 +39,12 @@ struct Measurement {
   std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
   std::string timer_warning;  // the per-call time is near the clock's resolution
   bool cold = false;          // the L2 was flushed before each call (CUDA)
+  // An op with a byte model (the decode step): the rate against the run's measured bandwidth, the
+  // tokens stepped per second (batch x tokens per call) and the time per token of one sequence
+  // (the call's time over its tokens); bandwidth_roof says what bounds it: "dram", or "llc" when
+  // the case's tensors fit in the last-level cache (its fraction against DRAM may then pass 1).
+  std::optional<double> bandwidth_fraction, tokens_per_s, us_per_token;
+  std::string bandwidth_roof;
   // Against the start-up peak, the roofline, and the peak re-measured around the case (CPU).
   std::optional<double> peak_gflops, peak_fraction, roofline_gflops, roofline_fraction, peak_gflops_now,
       peak_fraction_now;

@@ -86,11 +86,14 @@ constexpr OptionalKey kOptionals[] = {
     {"peak_gflops", &Measurement::peak_gflops},         {"peak_fraction", &Measurement::peak_fraction},
     {"roofline_gflops", &Measurement::roofline_gflops}, {"roofline_fraction", &Measurement::roofline_fraction},
     {"peak_gflops_now", &Measurement::peak_gflops_now}, {"peak_fraction_now", &Measurement::peak_fraction_now},
+    {"bandwidth_fraction", &Measurement::bandwidth_fraction}, {"tokens_per_s", &Measurement::tokens_per_s},
+    {"us_per_token", &Measurement::us_per_token},
 };
 constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"check_failure", &Measurement::check_failure},
                               {"bwd_states", &Measurement::bwd_states},
-                              {"timer_warning", &Measurement::timer_warning}};
+                              {"timer_warning", &Measurement::timer_warning},
+                              {"bandwidth_roof", &Measurement::bandwidth_roof}};
 
 void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const DoubleKey& k : kDoubles) r[k.key] = m.*k.member;

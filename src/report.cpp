@@ -62,6 +62,51 @@ void write_output_files(const std::vector<Output>& outputs, const RunDocument& d
     if (!o.to_stdout()) write_file_atomically(o.path, render(document, o.format));
 }
 
+namespace {
+
+// Whether the record's op has a byte model (core/op.hpp: the decode step): its figures are
+// bandwidth and tokens, shown in a table of their own.
+bool has_byte_model(const CaseRecord& r) { return r.kase.op && r.kase.op->bytes; }
+
+// The cases of an op with a byte model (core/op.hpp: the decode step), whose figures are bandwidth
+// and tokens rather than GFLOP/s: B, H, tokens per sequence, D, rule, decay and snapshots; the
+// median, GB/s, its fraction of the run's measured bandwidth and the roof (dram or llc), tokens
+// per second and microseconds per token.
+std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records) {
+  std::string out = fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} {:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}\n",
+                                "suite", "impl", "B", "H", "T", "D", "rule", "decay", "K", "median_ms", "GB/s",
+                                "bw_frac", "roof", "tokens/s", "us/token", "temp_MiB", "rel_err", "status");
+  for (const CaseRecord* r : records) {
+    const Case& c = r->kase;
+    const std::string kept = c.option("snapshots");
+    out += fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} ", c.op->suite, c.impl, c.batch, c.heads,
+                       c.seq, c.dim, c.option("rule"), c.decay, kept.empty() ? "-" : kept);
+    if (r->status == Status::skipped || !r->measured) {
+      out += fmt::format("{:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", "-",
+                         "-", to_string(r->status), r->skip_reason.empty() ? r->error : r->skip_reason);
+      continue;
+    }
+    const Measurement& m = *r->measured;
+    out += fmt::format("{:>10.4f} {:>8.2f} {:>6.2f} {:<4} {:>11.4g} {:>9.3f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms,
+                       m.gbytes_per_s, m.bandwidth_fraction.value_or(0.0), m.bandwidth_roof, m.tokens_per_s.value_or(0.0),
+                       m.us_per_token.value_or(0.0), m.temp_mb, m.rel_err, to_string(r->status));
+  }
+  return out;
+}
+
+// The table of the other cases, then the byte-model cases' own table (only that one when there are
+// no others).
+std::string with_bandwidth_table(std::string compute_table, const std::vector<CaseRecord>& records) {
+  std::vector<const CaseRecord*> bandwidth;
+  for (const CaseRecord& r : records)
+    if (has_byte_model(r)) bandwidth.push_back(&r);
+  if (bandwidth.empty()) return compute_table;
+  if (bandwidth.size() == records.size()) return format_bandwidth_table(bandwidth);
+  return compute_table + "\n" + format_bandwidth_table(bandwidth);
+}
+
+}  // namespace
+
 std::string format_table(const std::vector<CaseRecord>& records) {
   // The impl column as wide as its longest name (a plugin's NAME:IMPL is longer than "chunked"),
   // and a column for each option that varies in the run (rule, gate_norm, dtype, ...), as wide as
@@ -88,6 +133,7 @@ std::string format_table(const std::vector<CaseRecord>& records) {
   out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>9} {:>9}  {}\n", "median_ms", "q1_ms", "q3_ms", "noise%",
                      "samples", "GFLOP/s", "temp_MiB", "rel_err", "status");
   for (const CaseRecord& r : records) {
+    if (has_byte_model(r)) continue;
     const Case& c = r.kase;
     const Op& op = *c.op;
     // "-" for what the op does not have (the kernel suite has no window).
@@ -105,7 +151,7 @@ std::string format_table(const std::vector<CaseRecord>& records) {
     out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>6.1f} {:>7} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms, m.q1_ms,
                        m.q3_ms, m.noise_pct, m.samples_ms.size(), m.gflops, m.temp_mb, m.rel_err, to_string(r.status));
   }
-  return out;
+  return with_bandwidth_table(std::move(out), records);
 }
 
 }  // namespace lattn

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/op.hpp"
+#include "kernels/decode/op.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/op.hpp"
@@ -24,7 +25,8 @@ inline std::string describe(const Case& c) {
          std::to_string(c.chunk) + " W" + std::to_string(c.window) + " " + c.decay +
          (c.options.count("gate_norm") ? " gate_norm " + c.option("gate_norm") : "") +
          (c.options.count("rule") ? " rule " + c.option("rule") : "") +
-         (c.options.count("normalize_keys") ? " normalize_keys " + c.option("normalize_keys") : "");
+         (c.options.count("normalize_keys") ? " normalize_keys " + c.option("normalize_keys") : "") +
+         (c.options.count("snapshots") ? " snapshots " + c.option("snapshots") : "");
 }
 
 // A linear-attention case of `p`.
@@ -132,6 +134,45 @@ inline std::vector<WindowShape> window_test_shapes() {
       {{1, 1, 600, 16, 1, Decay::none}, 100},   // three groups of 8 query blocks, the last ragged
       {{2, 1, 530, 32, 1, Decay::none}, 128},   // two groups, V read in place
   };
+}
+
+// A decode-step case of `p` (SPEC section 1d).
+inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cpu", const std::string& dtype = "float32") {
+  Case c;
+  c.op = &decode_op();
+  c.impl = "step";
+  c.backend = backend;
+  c.dtype = dtype;
+  c.batch = p.batch;
+  c.heads = p.heads;
+  c.seq = p.tokens;
+  c.dim = p.dim;
+  c.decay = to_string(p.decay);
+  c.options["rule"] = to_string(p.rule);
+  c.options["snapshots"] = std::to_string(p.snapshots);
+  return c;
+}
+
+// Shapes every decode test covers, under every rule and decay: one token and several, snapshots
+// 1, fewer than the tokens and more, D = 1, D not a multiple of any vector width, D over one strip
+// with a ragged last strip, D = 128; few heads (a thread's work item is one strip) and many (a
+// whole head); states over 4 MiB (the CPU walks them in strips as wide as the rows).
+inline std::vector<DecodeProblem> decode_test_shapes() {
+  std::vector<DecodeProblem> shapes;
+  for (Rule rule : {Rule::additive, Rule::delta})
+    for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
+      shapes.push_back({1, 1, 1, 1, 1, decay, rule});
+      shapes.push_back({2, 3, 1, 37, 1, decay, rule});    // ragged strip
+      shapes.push_back({1, 2, 4, 16, 2, decay, rule});    // snapshots < tokens
+      shapes.push_back({2, 2, 3, 64, 4, decay, rule});    // snapshots > tokens: all of them
+      shapes.push_back({1, 2, 8, 128, 3, decay, rule});
+      shapes.push_back({4, 8, 2, 40, 2, decay, rule});    // 32 heads: a work item is a head
+      shapes.push_back({3, 1, 2, 5, 2, decay, rule});     // odd D
+      // States over 4 MiB, which the CPU walks in strips as wide as the rows (cpu_step.cpp)
+      shapes.push_back({4, 17, 2, 128, 2, decay, rule});
+      shapes.push_back({8, 17, 1, 100, 1, decay, rule});  // a ragged wide strip
+    }
+  return shapes;
 }
 
 }  // namespace lattn::test

@@ -25,14 +25,15 @@ struct OpTestRow {
 
 // One row per op. Adding an op, a decay or a shape to the suite's coverage is a line here.
 inline std::vector<OpTestRow> op_test_table() {
-  OpTestRow linear{{}, 1e-5}, layer{{}, 1e-4}, window{{}, 1e-5};
+  OpTestRow linear{{}, 1e-5}, layer{{}, 1e-4}, window{{}, 1e-5}, decode{{}, 1e-5};
   for (const Problem& p : kernel_test_shapes()) {
     linear.shapes.push_back(kernel_case(p, "", Mode::fwd));
     if (gated(p.decay)) linear.shapes.push_back(gated_case(p, "1", "", Mode::fwd));
   }
   for (const LayerProblem& p : layer_test_shapes()) layer.shapes.push_back(layer_case(p, Mode::fwd));
   for (const WindowShape& w : window_test_shapes()) window.shapes.push_back(window_case(w.p, w.window, Mode::fwd));
-  return {linear, layer, window};
+  for (const DecodeProblem& p : decode_test_shapes()) decode.shapes.push_back(decode_case(p));
+  return {linear, layer, window, decode};
 }
 
 struct TableRun {

@@ -15,6 +15,8 @@
 #include "backends/cpu/roofline.hpp"
 #include "core/op.hpp"
 #include "kernels/cpu/vec.hpp"
+#include "kernels/decode/cpu.hpp"
+#include "kernels/decode/op.hpp"
 #include "kernels/layer/cpu.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/cpu.hpp"
@@ -22,6 +24,7 @@
 #include "kernels/sliding_window/cpu.hpp"
 #include "src/build_info.hpp"
 #include "src/environment.hpp"
+#include "src/in_place_case.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -178,6 +181,40 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   return row;
 }
 
+// ---- the decode step (kernels/decode): the state hT is stepped in place, re-seeded from h0
+// outside the timed region (src/in_place_case.hpp) ----
+
+ImplRow decode_row(const Settings& s) {
+  ImplRow row{"decode", "step", nullptr, nullptr, nullptr};
+  row.unsupported = [](const Case& c) -> std::optional<std::string> {
+    if (auto why = cpu_dtype_unsupported(c)) return why;
+    if (c.backward()) return "the decode step is forward only";
+    return std::nullopt;
+  };
+  row.prepare = [](const Case& c, const TensorSet& inputs) {
+    auto h = std::make_unique<HostCase>(c, inputs);
+    const DecodeProblem p = decode_problem(c);
+    const DecodeArgs<float> args{h->data("q"),
+                                 h->data("k"),
+                                 h->data("v"),
+                                 h->data("hT"),
+                                 h->data("o"),
+                                 gated(p.decay) ? h->data("g") : nullptr,
+                                 p.delta() ? h->data("beta") : nullptr,
+                                 p.extra_slots() > 0 ? h->data("snapshots") : nullptr};
+    h->bind([p, args](Allocator& a) { decode_step(p, args, a); });
+    const float* h0 = h->data("h0");
+    float* state = args.state;
+    const std::size_t n = p.state_elems();
+    return std::unique_ptr<PreparedCase>(
+        std::make_unique<InPlaceCase>(std::move(h), [h0, state, n] { std::copy(h0, h0 + n, state); }));
+  };
+  row.memory_estimate = [s](const Case& c) {
+    return host_tensor_bytes(c) + decode_step_workspace_bytes(decode_problem(c), s.threads);
+  };
+  return row;
+}
+
 CpuDeviceInfo describe_cpu(int threads) {
   CpuDeviceInfo info;
   info.blas = openblas_get_config();
@@ -222,7 +259,8 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
     info.cpu = describe_cpu(threads);
     return info;
   };
-  backend->impls = {scan_row(), chunked_row(s), window_row(), layer_row("scan", s), layer_row("chunked", s)};
+  backend->impls = {scan_row(), chunked_row(s), window_row(), layer_row("scan", s), layer_row("chunked", s),
+                     decode_row(s)};
   for (ImplRow& row : plugin_rows(options.plugins, s.threads)) backend->impls.push_back(std::move(row));
   backend->memory_is_host = true;
   backend->memory_available = [] { return available_host_memory(); };

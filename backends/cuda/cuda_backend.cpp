@@ -16,12 +16,15 @@
 #include "core/error.hpp"
 #include "core/op.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/decode/cuda.hpp"
+#include "kernels/decode/op.hpp"
 #include "kernels/layer/cuda.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/cuda.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "src/build_info.hpp"
+#include "src/in_place_case.hpp"
 
 namespace lattn::cuda {
 namespace {
@@ -274,6 +277,43 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   return row;
 }
 
+// ---- the decode step (kernels/decode/cuda_step.cu): the state hT is stepped in place, re-seeded
+// from h0 by a device copy outside the timed region (src/in_place_case.hpp) ----
+
+ImplRow decode_row(const Settings& s) {
+  ImplRow row{"decode", "step", nullptr, nullptr, nullptr};
+  row.unsupported = [](const Case& c) -> std::optional<std::string> {
+    if (auto why = dtype_unsupported(c, false)) return why;
+    if (c.backward()) return "the decode step is forward only";
+    return decode_unsupported(decode_problem(c));
+  };
+  row.prepare = [s](const Case& c, const TensorSet& inputs) {
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    const DecodeProblem p = decode_problem(c);
+    const Dtype dtype = dtype_of(c.dtype);
+    const DecodeArgs<void> args{d->data("q"),
+                                d->data("k"),
+                                d->data("v"),
+                                d->floats("hT"),
+                                d->floats("o"),
+                                gated(p.decay) ? d->floats("g") : nullptr,
+                                p.delta() ? d->floats("beta") : nullptr,
+                                p.extra_slots() > 0 ? d->floats("snapshots") : nullptr};
+    cudaStream_t stream = d->stream();
+    d->bind([p, dtype, args, stream] { decode_step(p, dtype, args, stream); });
+    const float* h0 = d->floats("h0");
+    const std::size_t bytes = p.state_elems() * sizeof(float);
+    const int device = s.device;
+    return std::unique_ptr<PreparedCase>(std::make_unique<InPlaceCase>(std::move(d), [h0, args, bytes, stream, device] {
+      LATTN_CUDA_CHECK(cudaSetDevice(device));
+      LATTN_CUDA_CHECK(cudaMemcpyAsync(args.state, h0, bytes, cudaMemcpyDeviceToDevice, stream));
+      LATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }));
+  };
+  row.memory_estimate = [s](const Case& c) { return tensor_bytes(c) + flush_bytes(s.device, s.cold); };
+  return row;
+}
+
 Availability availability(int device) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
@@ -346,7 +386,7 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
     return info;
   };
   backend->impls = {linear_row("scan", s), linear_row("chunked", s), window_row(s), layer_row("scan", s),
-                    layer_row("chunked", s)};
+                    layer_row("chunked", s), decode_row(s)};
   for (ImplRow& row : plugin_rows(options.plugins, s.device, s.cold)) backend->impls.push_back(std::move(row));
   backend->memory_available = [device = s.device]() -> std::size_t {
     std::size_t free = 0, total = 0;

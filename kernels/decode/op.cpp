@@ -1,0 +1,185 @@
+// The decode step (SPEC section 1d) as a table row: the decode suite's keys, its one form and its
+// flop and byte models, the tensors, the inputs (SPEC section 3, the same streams as the
+// linear-attention op's, so that a decode case and a kernel case of seq = tokens draw the same
+// values), the float64 reference (reference.cpp) and the tolerances. The kernels are cpu_step.cpp
+// and cuda_step.cu beside this file.
+#include "kernels/decode/op.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/random.hpp"
+#include "kernels/decode/reference.hpp"
+
+namespace lattn {
+namespace {
+
+// Sizes beyond these are refused when the config is read. A step verifies at most a draft of a few
+// tokens; 64 leaves room for long drafts.
+constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
+
+std::vector<std::size_t> token_rows(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(c.dim)};
+}
+std::vector<std::size_t> states(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(c.dim)};
+}
+std::vector<std::size_t> snapshot_slots(const Case& c) {
+  const DecodeProblem p = decode_problem(c);
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(p.extra_slots()), std::size_t(c.dim),
+          std::size_t(c.dim)};
+}
+std::vector<std::size_t> gates(const Case& c) {
+  std::vector<std::size_t> shape = {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
+  if (c.decay == "vector") shape.push_back(std::size_t(c.dim));
+  return shape;
+}
+std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)}; }
+bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
+bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
+bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
+
+// Per token and head, what cpu_step.cpp does: additive, the decayed update and the readout (4 D^2,
+// D^2 more for a decay); delta, the two readouts of the decayed state (4 D^2, the decay folded into
+// their row weights) and the update with its decay (2 D^2, D^2 more for a decay), 6 D for the row
+// weights and w, o; and W exps for the gates (D for vector gates, 1 for scalar).
+double step_flops(const Case& c) {
+  const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
+  const double decay = c.decay == "none" ? 0.0 : 1.0;
+  const double W = c.decay == "vector" ? D : c.decay == "scalar" ? 1.0 : 0.0;
+  if (is_delta(c)) return tokens * ((6.0 + decay) * D * D + 6.0 * D + W);
+  return tokens * ((4.0 + decay) * D * D + W);
+}
+
+double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
+
+// Stream numbers of SPEC section 3, as the linear-attention op draws them.
+TensorSet make_inputs(const Case& c, std::uint64_t seed) {
+  TensorSet set;
+  fill_normal(set.add("q", Role::input, token_rows(c)).data, seed, 1);
+  auto& k = set.add("k", Role::input, token_rows(c)).data;
+  fill_normal(k, seed, 2);
+  fill_normal(set.add("v", Role::input, token_rows(c)).data, seed, 3);
+  fill_normal(set.add("h0", Role::input, states(c)).data, seed, 4);
+  if (is_gated(c)) {
+    // g = logsigmoid(z) / 16 (SPEC section 3's default gate_norm): log-gates <= 0.
+    auto& g = set.add("g", Role::input, gates(c)).data;
+    fill_normal(g, seed, 7);
+    for (float& x : g) x = float(log_sigmoid(double(x)) / 16.0);
+  }
+  if (is_delta(c)) {
+    // beta = sigmoid(z'), stream 8; each key row divided by its L2 norm (SPEC section 3).
+    auto& beta = set.add("beta", Role::input, per_token(c)).data;
+    fill_normal(beta, seed, 8);
+    for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
+    const std::size_t dim = std::size_t(c.dim);
+    for (std::size_t r = 0; r + dim <= k.size(); r += dim) {
+      double sum = 0;
+      for (std::size_t d = 0; d < dim; ++d) sum += double(k[r + d]) * k[r + d];
+      const double inv = sum > 0 ? 1.0 / std::sqrt(sum) : 0.0;
+      for (std::size_t d = 0; d < dim; ++d) k[r + d] = float(k[r + d] * inv);
+    }
+  }
+  return set;
+}
+
+Reference compute_reference(const Case& c, const TensorSet& in, bool) {
+  const DecodeProblem p = decode_problem(c);
+  Reference ref;
+  const auto q = widened(in, "q"), k = widened(in, "k"), v = widened(in, "v"), h0 = widened(in, "h0");
+  const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
+  const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
+  auto& o = ref.values["o"];
+  auto& hT = ref.values["hT"];
+  o.assign(p.token_elems(), 0.0);
+  hT = h0;
+  std::vector<double>* snapshots = nullptr;
+  if (p.extra_slots() > 0) {
+    snapshots = &ref.values["snapshots"];
+    snapshots->assign(p.snapshot_elems(), 0.0);
+  }
+  reference::decode_step(p, {q.data(), k.data(), v.data(), hT.data(), o.data(), g.empty() ? nullptr : g.data(),
+                             beta.empty() ? nullptr : beta.data(), snapshots ? snapshots->data() : nullptr});
+  return ref;
+}
+
+// As the linear-attention op's (docs/harness.md, "Tolerances"): a step is that op's recurrence.
+double tolerance(const std::string& dtype) {
+  if (dtype == "float32") return 1e-4;
+  if (dtype == "bf16") return 3e-2;
+  throw UsageError("dtype", "no tolerance known for '" + dtype + "'");
+}
+
+Axis rule_axis() {
+  Axis a{"rule", Param::option, {"delta"}, "update rules (additive, delta)"};
+  a.kind = Kind::name;
+  a.choices = rule_names();
+  return a;
+}
+
+Axis snapshots_axis() {
+  Axis a{"snapshots", Param::option, {"1"}, "states kept per step for rolling back a draft: the last K (slot 0 the new state)",
+         1, kMaxSnapshots};
+  a.kind = Kind::integer;
+  return a;
+}
+
+// Records name the step's tokens as `tokens` beside the shared `seq`.
+std::vector<std::pair<std::string, long>> identity(const Case& c) { return {{"tokens", c.seq}}; }
+
+}  // namespace
+
+DecodeProblem decode_problem(const Case& c) {
+  const std::string rule = c.option("rule"), kept = c.option("snapshots");
+  return DecodeProblem{c.batch, c.heads, c.seq, c.dim, kept.empty() ? 1 : std::stoi(kept), decay_from(c.decay),
+                       rule.empty() ? Rule::additive : rule_from(rule)};
+}
+
+double decode_step_bytes(const Case& c) {
+  const DecodeProblem p = decode_problem(c);
+  const double token_bytes = c.dtype == "bf16" ? 2.0 : 4.0;
+  return 4.0 * (2.0 * double(p.state_elems()) + double(p.snapshot_elems())) +
+         double(p.token_elems()) * (3.0 * token_bytes + 4.0) + 4.0 * double(p.gate_elems()) +
+         (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0);
+}
+
+const Op& decode_op() {
+  static const Op op = [] {
+    Op o;
+    o.name = "decode";
+    o.suite = "decode";
+    o.axes = {
+        {"batch", Param::batch, {"1", "16", "64", "256"}, "sequences stepped together", 1, kMaxBatch},
+        {"heads", Param::heads, {"16"}, "head counts", 1, kMaxHeads},
+        {"dim", Param::dim, {"128"}, "head dims (the state is dim x dim per head)", 1, kMaxDim},
+        rule_axis(),
+        {"decay", Param::decay, {"scalar"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
+        {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
+         kMaxTokens},
+        snapshots_axis(),
+        {"impl", Param::impl, {"step"}, "impls (step)"},
+    };
+    o.forms = {{"step", step_flops}};
+    o.tensors = {
+        {"q", Role::input, token_rows, true},
+        {"k", Role::input, token_rows, true},
+        {"v", Role::input, token_rows, true},
+        {"h0", Role::input, states, false},
+        {"g", Role::input, gates, false, is_gated},
+        {"beta", Role::input, per_token, false, is_delta},
+        {"o", Role::output, token_rows, false},
+        {"hT", Role::output, states, false},
+        {"snapshots", Role::output, snapshot_slots, false, has_snapshots},
+    };
+    o.make_inputs = make_inputs;
+    o.reference = compute_reference;
+    o.tolerance = tolerance;
+    o.extra_identity = identity;
+    o.bytes = decode_step_bytes;
+    return o;
+  }();
+  return op;
+}
+
+}  // namespace lattn

@@ -1,0 +1,19 @@
+// The decode step's table row (core/op.hpp): the decode suite (SPEC section 1d).
+#pragma once
+
+#include "core/op.hpp"
+#include "kernels/decode/problem.hpp"
+
+namespace lattn {
+
+const Op& decode_op();
+
+// The kernels' view of a decode case.
+DecodeProblem decode_problem(const Case& kase);
+
+// Bytes one step moves at the least (docs/performance.md, "The decode step"): the state read and
+// written once, the earlier snapshots written, q, k and v read in the case's dtype, o written,
+// the gates and beta read.
+double decode_step_bytes(const Case& kase);
+
+}  // namespace lattn
