@@ -75,11 +75,28 @@ std::vector<CpuVariant> chunked_table() {
   };
 }
 
+std::vector<CpuVariant>& table_of(const std::string& form) {
+  static std::vector<CpuVariant> scan = scan_table(), chunked = chunked_table(), none;
+  if (form == "scan") return scan;
+  if (form == "chunked") return chunked;
+  none.clear();
+  return none;
+}
+
 }  // namespace
 
-const std::vector<CpuVariant>& cpu_variants(const std::string& form) {
-  static const std::vector<CpuVariant> scan = scan_table(), chunked = chunked_table(), none;
-  return form == "scan" ? scan : form == "chunked" ? chunked : none;
+const std::vector<CpuVariant>& cpu_variants(const std::string& form) { return table_of(form); }
+
+void add_cpu_variant(const std::string& form, CpuVariant row) {
+  if (form != "scan" && form != "chunked") throw std::logic_error("add_cpu_variant: no form " + form);
+  std::vector<CpuVariant>& table = table_of(form);
+  table.insert(table.begin(), std::move(row));
+}
+
+void remove_cpu_variant(const std::string& form, const std::string& name) {
+  std::vector<CpuVariant>& table = table_of(form);
+  table.erase(std::remove_if(table.begin(), table.end(), [&](const CpuVariant& v) { return v.name == name; }),
+              table.end());
 }
 
 const CpuVariant* cpu_variant(const std::string& form, const Problem& problem, std::string* why) {

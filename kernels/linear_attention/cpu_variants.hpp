@@ -31,6 +31,12 @@ struct CpuVariant {
 // The table of `form` ("scan" or "chunked"); empty for any other name.
 const std::vector<CpuVariant>& cpu_variants(const std::string& form);
 
+// Puts `row` first in `form`'s table, so that it runs every problem it takes: how a test registers
+// a variant of its own (tests/test_variants.cpp). Not thread-safe: call it before cases run, and
+// remove_cpu_variant after.
+void add_cpu_variant(const std::string& form, CpuVariant row);
+void remove_cpu_variant(const std::string& form, const std::string& name);
+
 // The row of `form`'s table that runs `problem`, or null with `why` set to the table's reason.
 const CpuVariant* cpu_variant(const std::string& form, const Problem& problem, std::string* why = nullptr);
 
