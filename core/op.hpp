@@ -71,7 +71,7 @@ struct Op {
   std::vector<Axis> axes;  // the suite's keys; the plan varies the first slowest
   std::vector<Form> forms;
   std::vector<TensorSpec> tensors;  // in the order dumps and checks list them
-  // Every input and cotangent of a fwd_bwd case (SPEC section 3), deterministic from the seed.
+  // Every input and cotangent of a fwd_bwd case (docs/spec.md section 3), deterministic from the seed.
   TensorSet (*make_inputs)(const Case&, std::uint64_t seed) = nullptr;
   // The float64 outputs (and with `backward` the gradients) on these inputs.
   Reference (*reference)(const Case&, const TensorSet& inputs, bool backward) = nullptr;

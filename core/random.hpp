@@ -1,4 +1,4 @@
-// Deterministic inputs (SPEC section 3): every value is a function of (seed, stream, index) alone,
+// Deterministic inputs (docs/spec.md section 3): every value is a function of (seed, stream, index) alone,
 // so the same seed gives the same tensors on every backend, thread count and machine. Each input
 // tensor has its own stream number, fixed in its op's table (kernels/<op>/op.cpp): a number, once
 // given, never changes, or results stop comparing with older files.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared check for a machine with an NVIDIA GPU (docs/cuda.md, "Checking on a GPU machine"),
-# sized for a lent machine: at most 8 files come back and the lease is minutes long. In order,
+# sized for a GPU machine held for minutes, from which at most 8 files come back. In order,
 # each step under its own timeout, the whole script done by LATTN_DEVICE_CHECK_SECONDS (420):
 #   1. configure and build lattnbench and lattn_cuda_tests for this GPU's architecture alone
 #      (build folder under /tmp; nothing built elsewhere is used);

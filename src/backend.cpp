@@ -19,4 +19,9 @@ std::optional<std::string> Backend::unsupported(const Case& kase) const {
   return row->unsupported ? row->unsupported(kase) : std::nullopt;
 }
 
+std::string Backend::variant(const Case& kase) const {
+  const ImplRow* row = find(kase.op->name, kase.impl);
+  return row && row->variant && !unsupported(kase) ? row->variant(kase) : std::string();
+}
+
 }  // namespace lattn

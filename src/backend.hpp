@@ -57,6 +57,9 @@ struct ImplRow {
   std::function<std::unique_ptr<PreparedCase>(const Case&, const TensorSet& inputs)> prepare;
   // Bytes the backend will hold for the case (its copies of the tensors and the kernel's scratch).
   std::function<std::size_t(const Case&)> memory_estimate;
+  // The name of the kernel variant that runs a case this row supports (the op's variant table,
+  // kernels/<op>/*_variants.cpp), which --list-cases shows and records carry; null: the row has one.
+  std::function<std::string(const Case&)> variant = nullptr;
 };
 
 struct Backend {
@@ -77,6 +80,8 @@ struct Backend {
   const ImplRow* find(const std::string& op, const std::string& impl) const;
   // Why the case cannot run here: no row for it, or its row's reason; nothing when it can.
   std::optional<std::string> unsupported(const Case& kase) const;
+  // The variant its row names for the case, or "".
+  std::string variant(const Case& kase) const;
 };
 
 struct BackendOptions {

@@ -23,7 +23,7 @@ namespace lattn {
 namespace {
 
 // Each plugin (name, path, digest) and its impls with their devices, and for each impl the planned
-// cases of `config` it declines on the config's backend, counted by reason. SPEC section 5's
+// cases of `config` it declines on the config's backend, counted by reason. docs/spec.md section 5's
 // version 1 has one op, linear attention.
 std::string describe_plugins(const Plugins& plugins, const Config& config) {
   std::string out;

@@ -54,6 +54,7 @@ struct InFlight {
   std::unique_ptr<PreparedCase> prepared;
   std::unique_ptr<Sampler> sampler;
   std::optional<double> peak_before;
+  std::string variant;  // the kernel variant the row runs the case with, or ""
 };
 
 // Inputs, reference and the prepared case (slowed by --slowdown, a testing aid), then its cold
@@ -66,6 +67,7 @@ std::unique_ptr<InFlight> begin_case(RunContext& ctx, const ImplRow& row, const 
   throw_if_stop_requested();
   f->inputs = f->shared->inputs.inputs_for(c.mode);
   f->prepared = with_slowdown(row.prepare(c, f->inputs), run.slowdown);
+  if (row.variant) f->variant = row.variant(c);
   f->sampler = std::make_unique<Sampler>(*f->prepared, timing_settings(run));
   f->sampler->start();
   return f;
@@ -127,6 +129,7 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.gbytes_per_s = seconds > 0 ? m.bytes / seconds * 1e-9 : 0.0;
   if (c.op->bytes) put_bandwidth(m, c, memory, ctx.device, seconds);
   m.bwd_states = f.prepared->bwd_states();
+  m.variant = f.variant;
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
     m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
                                   timing.stats.median * 1e6, ctx.timer.resolution_ns);

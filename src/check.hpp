@@ -1,5 +1,5 @@
 // The correctness check of every case: relative L2 error of each output against the op's float64
-// reference on the same inputs (SPEC section 4), outside any timed region.
+// reference on the same inputs (docs/spec.md section 4), outside any timed region.
 #pragma once
 
 #include <cstddef>

@@ -2,7 +2,7 @@
 // that a kernel asking for the same scratch on every call pays for page faults (host) or
 // cudaMalloc's device synchronisation (GPU) only on the first, cold call, which compile_s
 // reports, never inside the timed samples. Where the memory comes from is a RawMemory: host
-// memory here, device memory in the CUDA backend (kernels/cuda/device_allocator.hpp).
+// memory here, device memory in the CUDA backend (backends/cuda/device_allocator.hpp).
 #pragma once
 
 #include <cstddef>
@@ -21,7 +21,7 @@ struct RawMemory {
 
 // 64-byte aligned host memory: a cache line, and an AVX-512 register.
 RawMemory host_memory();
-// 256-byte aligned host memory: what the plugin interface promises a plugin's scratch (SPEC
+// 256-byte aligned host memory: what the plugin interface promises a plugin's scratch (docs/spec.md
 // section 5), as cudaMalloc's alignment is on the GPU.
 RawMemory host_memory_256();
 

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/op.hpp"
+#include "kernels/linear_attention/op.hpp"
 #include "kernels/linear_attention/problem.hpp"
 
 namespace lattn {
@@ -74,12 +75,6 @@ std::string message(const char* err, int status) {
   return text.empty() ? "returned " + std::to_string(status) + " (no message)" : text;
 }
 
-bool has_tensor(const Case& kase, const std::string& name) {
-  for (const TensorSpec& spec : kase.op->tensors)
-    if (spec.name == name) return spec.in(kase);
-  return false;
-}
-
 }  // namespace
 
 std::vector<PluginImplRef> plugin_impls_for(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins,
@@ -120,26 +115,11 @@ std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Ca
 }
 
 lattn_tensors plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma) {
-  auto get = [&](const char* name) { return has_tensor(kase, name) ? data(name) : nullptr; };
-  auto floats = [&](const char* name) { return static_cast<float*>(get(name)); };
+  const LinearTensors b = bind_linear_tensors(kase, data);
   lattn_tensors t{};
-  t.q = get("q");
-  t.k = get("k");
-  t.v = get("v");
-  t.h0 = floats("h0");
-  t.g = floats("g");
-  t.beta = floats("beta");
-  t.gamma = gamma;
-  t.o = get("o");
-  t.hT = floats("hT");
-  t.dO = get("dO");
-  t.dhT = floats("dhT");
-  t.dq = get("dq");
-  t.dk = get("dk");
-  t.dv = get("dv");
-  t.dh0 = floats("dh0");
-  t.dg = floats("dg");
-  t.dbeta = floats("dbeta");
+  t.q = b.q, t.k = b.k, t.v = b.v, t.h0 = b.h0, t.g = b.g, t.beta = b.beta, t.gamma = gamma;
+  t.o = b.o, t.hT = b.hT, t.dO = b.dO, t.dhT = b.dhT;
+  t.dq = b.dq, t.dk = b.dk, t.dv = b.dv, t.dh0 = b.dh0, t.dg = b.dg, t.dbeta = b.dbeta;
   return t;
 }
 
@@ -154,7 +134,7 @@ void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tens
                  void* stream) {
   Scratch scratch(allocator);
   char err[1024] = "";
-  // The forward sees no cotangent and writes no gradient (SPEC section 1: they arrive later).
+  // The forward sees no cotangent and writes no gradient (docs/spec.md section 1: they arrive later).
   lattn_tensors forward = tensors;
   forward.dO = nullptr;
   forward.dhT = nullptr;

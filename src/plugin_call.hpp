@@ -52,7 +52,7 @@ std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Ca
 // NULL for those the case does not have; gamma is the row's own buffer of retnet's gamma_h.
 lattn_tensors plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma);
 
-// gamma_h per head for the case's decay, float32 (SPEC section 1); empty when it has no gamma.
+// gamma_h per head for the case's decay, float32 (docs/spec.md section 1); empty when it has no gamma.
 std::vector<float> plugin_gamma(const Case& kase);
 
 // One call of the case: forward with dO, dhT and every gradient NULL, then (fwd_bwd) backward with

@@ -1,4 +1,4 @@
-// Kernel plugins (docs/plugins.md; the C interface is include/lattn/plugin.h, SPEC section 5):
+// Kernel plugins (docs/plugins.md; the C interface is include/lattn/plugin.h, docs/spec.md section 5):
 // shared libraries that export lattn_plugin_v1, loaded before any case runs, whose impls the
 // backends' tables then carry as NAME:IMPL rows (backends/<name>/plugin_rows.cpp) beside their
 // own. This file loads and checks them; src/plugin_call.hpp is how a row calls one.

@@ -1,4 +1,4 @@
-// What a run produces, as typed data: one record per planned case (SPEC section 4), the summary
+// What a run produces, as typed data: one record per planned case (docs/spec.md section 4), the summary
 // that answers which impl wins, and the document that holds them with the device block. Every
 // figure is set once, where it is measured (src/runner.cpp); src/record_json.cpp is the one place
 // these become JSON, and the one place a journal's JSON becomes records again (--resume).
@@ -37,6 +37,7 @@ struct Measurement {
   double temp_mb = 0, arg_mb = 0, out_mb = 0;
   double flops = 0, gflops = 0, bytes = 0, gbytes_per_s = 0;
   std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
+  std::string variant;        // the kernel variant that ran the case (ImplRow::variant), or ""
   std::string timer_warning;  // the per-call time is near the clock's resolution
   bool cold = false;          // the L2 was flushed before each call (CUDA)
   // An op with a byte model (the decode step): the rate against the run's measured bandwidth, the

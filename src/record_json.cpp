@@ -92,6 +92,7 @@ constexpr OptionalKey kOptionals[] = {
 constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"check_failure", &Measurement::check_failure},
                               {"bwd_states", &Measurement::bwd_states},
+                              {"variant", &Measurement::variant},
                               {"timer_warning", &Measurement::timer_warning},
                               {"bandwidth_roof", &Measurement::bandwidth_roof}};
 

@@ -82,8 +82,10 @@ std::string list_cases(const RunRequest& request) {
     const TimeEstimate e = estimate_case_time(c, config.run, peak.value_or(0.0));
     total += e.total_s();
     const std::optional<std::string> why = availability.available ? backend->unsupported(c) : std::nullopt;
-    out += fmt::format("{:<{}}  {:>8.1f} s  {:>10.4g} GFLOP{}\n", case_slug(c), name_width, e.total_s(),
-                       c.op->flops(c) * 1e-9, why ? "  (skipped here: " + *why + ")" : "");
+    const std::string variant = availability.available && !why ? backend->variant(c) : std::string();
+    out += fmt::format("{:<{}}  {:>8.1f} s  {:>10.4g} GFLOP{}{}\n", case_slug(c), name_width, e.total_s(),
+                       c.op->flops(c) * 1e-9, variant.empty() ? "" : "  variant " + variant,
+                       why ? "  (skipped here: " + *why + ")" : "");
   }
   out += fmt::format("estimated total {} (the float64 references and checks not counted)\n", format_duration(total));
   return out;

@@ -136,7 +136,7 @@ inline std::vector<WindowShape> window_test_shapes() {
   };
 }
 
-// A decode-step case of `p` (SPEC section 1d).
+// A decode-step case of `p` (docs/spec.md section 1d).
 inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cpu", const std::string& dtype = "float32") {
   Case c;
   c.op = &decode_op();

@@ -3,7 +3,7 @@
 # (cmake, nvcc, nvidia-smi, compute-sanitizer, and the lattnbench and lattn_cuda_tests the fake
 # build leaves), each told by environment variables how to behave. Checked per scenario: the exit
 # status (which step's failure wins), that OUTDIR holds the summary and one archive and nothing
-# else (a lent machine returns at most 8 files), what the archive holds, what the summary says,
+# else (a GPU machine returns at most 8 files), what the archive holds, what the summary says,
 # and that a step past its time is killed (TERM, then KILL for one that ignores TERM) within its
 # budget. Run by CTest (device_check_dry).
 set -uo pipefail

@@ -68,7 +68,9 @@ TEST_CASE("listing the cases shows the plan after --filter and --shard, with est
   const auto all = lattnbench(kSmall + " --reps 3 --list-cases --out " + (dir / "r.json").string());
   INFO(all.output);
   REQUIRE(all.exit_status == 0);
-  const std::regex row(R"(^\d{3}-kernel-(scan|chunked)-(fwd|fwd_bwd)-b1h1t(16|24)d4c8-none +[0-9.]+ s +[0-9.e+-]+ GFLOP$)");
+  // Each row names the variant of the form's table that would run it (cpu_variants.cpp).
+  const std::regex row(
+      R"(^\d{3}-kernel-(scan|chunked)-(fwd|fwd_bwd)-b1h1t(16|24)d4c8-none +[0-9.]+ s +[0-9.e+-]+ GFLOP  variant (scan_columns|chunked_tiled|chunked_blas)$)");
   std::size_t rows = 0;
   for (const std::string& line : lines_of(all.output)) rows += std::regex_match(line, row);
   CHECK(rows == 8);
@@ -95,6 +97,9 @@ TEST_CASE("a filtered run runs the matching cases only and the summary line says
   REQUIRE(doc["results"].size() == 1);
   CHECK(doc["results"][0]["impl"] == "chunked");
   CHECK(doc["results"][0]["seq"] == 24);
+  // The record names the variant of the chunked table that ran it.
+  const std::string variant = doc["results"][0].value("variant", "");
+  CHECK((variant == "chunked_tiled" || variant == "chunked_blas"));
   CHECK(doc["totals"]["not_planned"] == 7);
   CHECK(doc["filter"] == "chunked-fwd-.*t24");
   // The progress line names the case as --filter and --dump do.

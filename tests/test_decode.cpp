@@ -1,4 +1,4 @@
-// The decode step (SPEC section 1d, kernels/decode) beyond the correctness table: its float64
+// The decode step (docs/spec.md section 1d, kernels/decode) beyond the correctness table: its float64
 // reference against the linear-attention op's (o, the new state and every snapshot), its inputs
 // against that op's, the CPU kernel on every vector width and thread count, the in-place state's
 // re-seeding, its scratch, the bandwidth figures of its records and the config keys' validation.

@@ -1,4 +1,4 @@
-// The delta rule (SPEC section 1b) beyond the correctness table: both CPU forms at the extremes of
+// The delta rule (docs/spec.md section 1b) beyond the correctness table: both CPU forms at the extremes of
 // beta and under strong gates, every vector width and thread split, their scratch against its
 // closed form, raw (unnormalised) keys through the real binary, and the config keys' validation.
 #include <catch2/catch.hpp>

@@ -26,7 +26,7 @@ struct Tensors {
   const double* betas() const { return beta.empty() ? nullptr : beta.data(); }
 };
 
-// Log-gates as SPEC section 3 draws them: logsigmoid(z) / gate_norm.
+// Log-gates as docs/spec.md section 3 draws them: logsigmoid(z) / gate_norm.
 Tensors random_tensors(const Problem& p, std::uint64_t seed, double gate_norm = 16) {
   std::mt19937_64 rng(seed);
   Tensors t{random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng), random_vector(p.token_elems(), rng),
@@ -169,7 +169,7 @@ TEST_CASE("reference gradients match central finite differences", "[reference][g
 
 namespace {
 
-// The delta rule's inputs as SPEC section 3 draws them (keys L2-normalised, beta = sigmoid(z')), or
+// The delta rule's inputs as docs/spec.md section 3 draws them (keys L2-normalised, beta = sigmoid(z')), or
 // with every beta set to `fixed_beta` when it is positive.
 Tensors delta_tensors(const Problem& p, std::uint64_t seed, double gate_norm, double fixed_beta = 0) {
   Tensors t = random_tensors(p, seed, gate_norm);

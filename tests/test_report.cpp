@@ -1,4 +1,4 @@
-// The result file a real smoke run writes: it parses, carries every key of SPEC section 4 and the
+// The result file a real smoke run writes: it parses, carries every key of docs/spec.md section 4 and the
 // device block, and is written whole (no temporary file left beside it).
 #include <catch2/catch.hpp>
 

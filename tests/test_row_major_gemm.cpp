@@ -1,5 +1,5 @@
 // The CUDA layer's row-major -> column-major mapping of its cuBLAS products
-// (kernels/cuda/row_major_gemm.hpp), held on the CPU to OpenBLAS: the mapped call, made by
+// (backends/cuda/row_major_gemm.hpp), held on the CPU to OpenBLAS: the mapped call, made by
 // OpenBLAS's column-major sgemm, must give the row-major product cblas computes directly, for
 // every pair of transposes the layer uses and leading dimensions wider than the matrices.
 #include <catch2/catch.hpp>

@@ -20,6 +20,7 @@
 #include "kernels/layer/cpu.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cpu.hpp"
 #include "src/build_info.hpp"
@@ -36,36 +37,42 @@ struct Settings {
 
 // ---- linear attention (kernels/linear_attention) ----
 
-// The gated decays' log-gates g and their gradient dg are bound too, and the delta rule's beta
-// and dbeta.
-ForwardArgs<float> forward_args(HostCase& h, const Problem& p) {
-  return {h.data("q"), h.data("k"), h.data("v"), h.data("h0"), h.data("o"), h.data("hT"),
-          gated(p.decay) ? h.data("g") : nullptr, p.delta() ? h.data("beta") : nullptr};
+// The case's tensors bound by name through the op's one binder (kernels/linear_attention/op.hpp).
+LinearTensors bound_tensors(HostCase& h, const Case& c) {
+  return bind_linear_tensors(c, [&h](const std::string& name) -> void* { return h.data(name); });
 }
 
-BackwardArgs<float> backward_args(HostCase& h, const Problem& p) {
-  return {h.data("q"),  h.data("k"),  h.data("v"),  h.data("h0"), h.data("dO"),
-          h.data("dhT"), h.data("dq"), h.data("dk"), h.data("dv"), h.data("dh0"),
-          gated(p.decay) ? h.data("g") : nullptr, gated(p.decay) ? h.data("dg") : nullptr,
-          p.delta() ? h.data("beta") : nullptr, p.delta() ? h.data("dbeta") : nullptr};
+// The form's variant table decides which kernel runs a case, and declines one it has no variant
+// for (cpu_variants.cpp); the dtype is the backend's to decline.
+void ask_variant_table(ImplRow& row, const std::string& form) {
+  row.unsupported = [form](const Case& c) -> std::optional<std::string> {
+    if (auto why = cpu_dtype_unsupported(c)) return why;
+    std::string why;
+    if (!cpu_variant(form, linear_problem(c), &why)) return why;
+    return std::nullopt;
+  };
+  row.variant = [form](const Case& c) { return cpu_variant_for(form, linear_problem(c)).name; };
 }
 
 // A training step: the whole forward, then the backward from what it saved. dO and dhT stand for
-// gradients that arrive after the forward (SPEC section 1), so no forward reads them.
+// gradients that arrive after the forward (docs/spec.md section 1), so no forward reads them.
 ImplRow scan_row() {
-  ImplRow row{"linear_attention", "scan", cpu_dtype_unsupported, nullptr, nullptr};
+  ImplRow row{"linear_attention", "scan", nullptr, nullptr, nullptr};
+  ask_variant_table(row, "scan");
   row.prepare = [](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
-    const ForwardArgs<float> fwd = forward_args(*h, p);
+    const CpuVariant& v = cpu_variant_for("scan", p);
+    const LinearTensors tensors = bound_tensors(*h, c);
+    const ForwardArgs<float> fwd = cpu_forward_args(tensors);
     if (!c.backward()) {
-      h->bind([p, fwd](Allocator& a) { scan_forward(p, fwd, a); });
+      h->bind([p, fwd, forward = v.forward](Allocator& a) { forward(p, fwd, a, nullptr); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
-    const BackwardArgs<float> bwd = backward_args(*h, p);
-    h->bind([p, fwd, bwd](Allocator& a) {
-      scan_forward(p, fwd, a);
-      scan_backward(p, bwd, a);
+    const BackwardArgs<float> bwd = cpu_backward_args(tensors);
+    h->bind([p, fwd, bwd, forward = v.forward, backward = v.backward](Allocator& a) {
+      forward(p, fwd, a, nullptr);
+      backward(p, bwd, a, nullptr);
     });
     return std::unique_ptr<PreparedCase>(std::move(h));
   };
@@ -81,22 +88,25 @@ ImplRow scan_row() {
 // The backward takes the chunk states the forward kept, as a training step would, unless the run
 // asked for them recomputed (less memory) or the path cannot keep them.
 ImplRow chunked_row(const Settings& s) {
-  ImplRow row{"linear_attention", "chunked", cpu_dtype_unsupported, nullptr, nullptr};
+  ImplRow row{"linear_attention", "chunked", nullptr, nullptr, nullptr};
+  ask_variant_table(row, "chunked");
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
-    const ForwardArgs<float> fwd = forward_args(*h, p);
+    const CpuVariant& v = cpu_variant_for("chunked", p);
+    const LinearTensors tensors = bound_tensors(*h, c);
+    const ForwardArgs<float> fwd = cpu_forward_args(tensors);
     if (!c.backward()) {
-      h->bind([p, fwd](Allocator& a) { chunked_forward(p, fwd, a); });
+      h->bind([p, fwd, forward = v.forward](Allocator& a) { forward(p, fwd, a, nullptr); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
-    const BackwardArgs<float> bwd = backward_args(*h, p);
-    const std::size_t kept_bytes = s.keep_chunk_states ? chunked_kept_states_bytes(p) : 0;
+    const BackwardArgs<float> bwd = cpu_backward_args(tensors);
+    const std::size_t kept_bytes = s.keep_chunk_states && v.kept_states_bytes ? v.kept_states_bytes(p) : 0;
     h->bind(
-        [p, fwd, bwd, kept_bytes](Allocator& a) {
+        [p, fwd, bwd, kept_bytes, forward = v.forward, backward = v.backward](Allocator& a) {
           Workspace<float> kept(a, kept_bytes / sizeof(float));
-          chunked_forward(p, fwd, a, kept.data());
-          chunked_backward(p, bwd, a, kept.data());
+          forward(p, fwd, a, kept.data());
+          backward(p, bwd, a, kept.data());
         },
         kept_bytes > 0 ? "kept" : "recomputed");
     return std::unique_ptr<PreparedCase>(std::move(h));

@@ -21,6 +21,7 @@
 #include "kernels/layer/cuda.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/cuda_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "src/build_info.hpp"
@@ -77,70 +78,61 @@ SwaProblem window_problem(const Case& c) { return {c.batch, c.heads, c.seq, c.di
 // ---- linear attention (kernels/linear_attention/cuda_*.cu): the chunked form's chunk states are
 // scratch (cuda.hpp) ----
 
-// A chunked fwd_bwd that keeps the forward's chunk states holds them across both calls (counted
-// with the backward's own scratch); one that does not has the backward recompute them.
-bool keeps_states(const Case& c, bool chunked, const Settings& s) { return chunked && c.backward() && s.keep_chunk_states; }
+// The form's variant table (kernels/linear_attention/cuda_variants.cpp) decides which kernel runs a
+// case and declines one it has no variant for. A fwd_bwd whose variant can keep the forward's
+// chunk states holds them across both calls (counted with the backward's own scratch) unless the
+// run asked for them recomputed.
+bool keeps_states(const Case& c, const CudaVariant& v, const Settings& s) {
+  return v.kept_states_bytes && c.backward() && s.keep_chunk_states;
+}
 
-std::size_t linear_scratch_bytes(const Case& c, bool chunked, const Settings& s) {
-  if (!chunked) return std::max(scan_forward_workspace_bytes(linear_problem(c)),
-                                c.backward() ? scan_backward_workspace_bytes(linear_problem(c)) : 0);
+std::size_t linear_scratch_bytes(const Case& c, const std::string& form, const Settings& s) {
   const Problem p = linear_problem(c);
   const Dtype dtype = dtype_of(c.dtype);
-  if (!c.backward()) return chunked_forward_workspace_bytes(p, dtype);
-  return keeps_states(c, chunked, s) ? chunked_states_bytes(p, dtype) + chunked_backward_workspace_bytes(p, dtype, true)
-                                     : std::max(chunked_forward_workspace_bytes(p, dtype),
-                                                chunked_backward_workspace_bytes(p, dtype, false));
+  const CudaVariant& v = cuda_variant_for(form, p);
+  if (!c.backward()) return v.forward_workspace_bytes(p, dtype);
+  return keeps_states(c, v, s) ? v.kept_states_bytes(p, dtype) + v.backward_workspace_bytes(p, dtype, true)
+                               : std::max(v.forward_workspace_bytes(p, dtype), v.backward_workspace_bytes(p, dtype, false));
 }
 
 ImplRow linear_row(const std::string& form, const Settings& s) {
   const bool chunked = form == "chunked";
   ImplRow row{"linear_attention", form, nullptr, nullptr, nullptr};
-  row.unsupported = [s, chunked](const Case& c) -> std::optional<std::string> {
+  row.unsupported = [s, form, chunked](const Case& c) -> std::optional<std::string> {
     if (auto why = dtype_unsupported(c, false)) return why;
     const auto shared = shared_memory(s.device);
     if (!shared) return no_shared_memory(s.device);
     const Problem p = linear_problem(c);
-    if (chunked && p.delta())
-      return "the CUDA chunked kernels have no delta rule: its WY form needs a triangular solve per chunk that "
-             "the chunk-parallel kernels do not have; the CUDA scan runs it";
-    if (chunked && gated(p.decay))
-      return "the CUDA chunked kernels have no gated decays (scalar, vector): their scores would need the gates' "
-             "cumulative sums within each tile; the CUDA scan runs them";
-    return chunked ? chunked_unsupported(p, dtype_of(c.dtype), *shared) : scan_unsupported(p);
+    std::string why;
+    if (!cuda_variant(form, p, &why)) return why;
+    return chunked ? chunked_unsupported(p, dtype_of(c.dtype), *shared) : std::nullopt;
   };
-  row.prepare = [s, chunked](const Case& c, const TensorSet& inputs) {
+  row.variant = [form](const Case& c) { return cuda_variant_for(form, linear_problem(c)).name; };
+  row.prepare = [s, form, chunked](const Case& c, const TensorSet& inputs) {
     auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
     const Problem p = linear_problem(c);
     const Dtype dtype = dtype_of(c.dtype);
-    const bool gates = gated(p.decay), delta = p.delta();
-    const DeviceForward fwd{d->data("q"),      d->data("k"),      d->data("v"),
-                            d->floats("h0"),   d->floats("o"),    d->floats("hT"),
-                            gates ? d->floats("g") : nullptr, delta ? d->floats("beta") : nullptr};
-    DeviceBackward bwd{};
-    if (c.backward())
-      bwd = {d->data("q"),    d->data("k"),     d->data("v"),      d->floats("h0"),   d->data("dO"),
-             d->floats("dhT"), d->floats("dq"), d->floats("dk"),   d->floats("dv"),   d->floats("dh0"),
-             gates ? d->floats("g") : nullptr, gates ? d->floats("dg") : nullptr,
-             delta ? d->floats("beta") : nullptr, delta ? d->floats("dbeta") : nullptr};
+    const CudaVariant& v = cuda_variant_for(form, p);
+    DeviceCase* owner = d.get();
+    const LinearTensors tensors =
+        bind_linear_tensors(c, [owner](const std::string& name) -> void* { return owner->data(name); });
+    const DeviceForward fwd = device_forward_args(tensors);
+    const DeviceBackward bwd = device_backward_args(tensors);
     DeviceCase* self = d.get();
-    const bool backward = c.backward(), keep = keeps_states(c, chunked, s);
+    const bool backward = c.backward(), keep = keeps_states(c, v, s);
+    const std::size_t kept_bytes = keep ? v.kept_states_bytes(p, dtype) : 0;
     d->bind(
-        [self, p, dtype, fwd, bwd, chunked, backward, keep] {
+        [self, p, dtype, fwd, bwd, backward, kept_bytes, forward = v.forward, backward_call = v.backward] {
           Allocator& a = self->allocator();
-          if (!chunked) {
-            scan_forward(p, dtype, fwd, a, self->stream());
-            if (backward) scan_backward(p, dtype, bwd, a, self->stream());
-            return;
-          }
-          Workspace<unsigned char> kept(a, keep ? chunked_states_bytes(p, dtype) : 0);
-          chunked_forward(p, dtype, fwd, a, self->stream(), kept.data());
-          if (backward) chunked_backward(p, dtype, bwd, a, self->stream(), kept.data());
+          Workspace<unsigned char> kept(a, kept_bytes);
+          forward(p, dtype, fwd, a, self->stream(), kept.data());
+          if (backward) backward_call(p, dtype, bwd, a, self->stream(), kept.data());
         },
         chunked && backward ? (keep ? "kept" : "recomputed") : "");
     return std::unique_ptr<PreparedCase>(std::move(d));
   };
-  row.memory_estimate = [s, chunked](const Case& c) {
-    return tensor_bytes(c) + linear_scratch_bytes(c, chunked, s) + flush_bytes(s.device, s.cold);
+  row.memory_estimate = [s, form](const Case& c) {
+    return tensor_bytes(c) + linear_scratch_bytes(c, form, s) + flush_bytes(s.device, s.cold);
   };
   return row;
 }

@@ -1,5 +1,5 @@
 /* An example lattnbench plugin in plain C11 (docs/plugins.md): the recurrent (scan) form of causal
-   linear attention, forward and backward (SPEC section 1), for decay none and retnet with the
+   linear attention, forward and backward (docs/spec.md section 1), for decay none and retnet with the
    additive rule, float32. Naive on purpose: one head after another on one thread, the state in
    the output hT (the forward) and in two D x D scratch matrices from the harness's allocator (the
    backward, counted as temp_mb). It declines, with a reason, what it does not do: gated decays,

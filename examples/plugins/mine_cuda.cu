@@ -1,5 +1,5 @@
 // An example lattnbench plugin in CUDA (docs/plugins.md): the recurrent (scan) form of causal
-// linear attention, forward only, float32, decay none and retnet (SPEC section 1). One block per
+// linear attention, forward only, float32, decay none and retnet (docs/spec.md section 1). One block per
 // batch and head, one thread per column j of the value dim: thread j owns column j of the state,
 // kept in the output hT, so no two threads touch one element and no barrier is needed; the loads
 // of a row of S are coalesced across the block. Naive on purpose, like mine.c. Without a backward,

@@ -1,4 +1,4 @@
-/* lattnbench's plugin interface, version 1 (SPEC section 5; docs/plugins.md says how to write,
+/* lattnbench's plugin interface, version 1 (docs/spec.md section 5; docs/plugins.md says how to write,
    build and run a plugin). A plugin is a shared library that exports lattn_plugin_v1; lattnbench
    loads it with --plugin PATH or the config key `plugins:`, and times, checks and reports its
    impls as NAME:IMPL beside its own. Version 1 never changes once released: a later version gets

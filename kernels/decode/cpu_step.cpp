@@ -1,7 +1,7 @@
 // The decode step on the CPU (cpu.hpp): AVX-512 and AVX2 with a portable form (kernels/cpu/simd.hpp),
 // OpenMP over the step's heads.
 //
-// A value column of the state evolves alone (SPEC section 1b: the decay scales rows, the delta
+// A value column of the state evolves alone (docs/spec.md section 1b: the decay scales rows, the delta
 // rule's read-out S'^T k and its write are per column), so the walk takes the state in strips of
 // columns and runs all of the step's tokens over one strip before the next: a strip stays in the
 // core's cache between the tokens and between a token's two walks, and the state is streamed from

@@ -1,5 +1,5 @@
-// The decode step (SPEC section 1d) as a table row: the decode suite's keys, its one form and its
-// flop and byte models, the tensors, the inputs (SPEC section 3, the same streams as the
+// The decode step (docs/spec.md section 1d) as a table row: the decode suite's keys, its one form and its
+// flop and byte models, the tensors, the inputs (docs/spec.md section 3, the same streams as the
 // linear-attention op's, so that a decode case and a kernel case of seq = tokens draw the same
 // values), the float64 reference (reference.cpp) and the tolerances. The kernels are cpu_step.cpp
 // and cuda_step.cu beside this file.
@@ -54,7 +54,7 @@ double step_flops(const Case& c) {
 
 double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
 
-// Stream numbers of SPEC section 3, as the linear-attention op draws them.
+// Stream numbers of docs/spec.md section 3, as the linear-attention op draws them.
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
   fill_normal(set.add("q", Role::input, token_rows(c)).data, seed, 1);
@@ -63,13 +63,13 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   fill_normal(set.add("v", Role::input, token_rows(c)).data, seed, 3);
   fill_normal(set.add("h0", Role::input, states(c)).data, seed, 4);
   if (is_gated(c)) {
-    // g = logsigmoid(z) / 16 (SPEC section 3's default gate_norm): log-gates <= 0.
+    // g = logsigmoid(z) / 16 (docs/spec.md section 3's default gate_norm): log-gates <= 0.
     auto& g = set.add("g", Role::input, gates(c)).data;
     fill_normal(g, seed, 7);
     for (float& x : g) x = float(log_sigmoid(double(x)) / 16.0);
   }
   if (is_delta(c)) {
-    // beta = sigmoid(z'), stream 8; each key row divided by its L2 norm (SPEC section 3).
+    // beta = sigmoid(z'), stream 8; each key row divided by its L2 norm (docs/spec.md section 3).
     auto& beta = set.add("beta", Role::input, per_token(c)).data;
     fill_normal(beta, seed, 8);
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));

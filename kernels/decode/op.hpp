@@ -1,4 +1,4 @@
-// The decode step's table row (core/op.hpp): the decode suite (SPEC section 1d).
+// The decode step's table row (core/op.hpp): the decode suite (docs/spec.md section 1d).
 #pragma once
 
 #include "core/op.hpp"

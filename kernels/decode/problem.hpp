@@ -1,4 +1,4 @@
-// The shape of one decode step (SPEC section 1d) and the tensor layouts every backend shares.
+// The shape of one decode step (docs/spec.md section 1d) and the tensor layouts every backend shares.
 //
 // Layouts (row-major, contiguous), T = tokens of the step, K = kept_slots() (min(snapshots, T)):
 //   q, k, v, o        : [batch][heads][T][dim]          (row t is the step's token t)
@@ -9,7 +9,7 @@
 //   snapshots         : [batch][heads][K - 1][dim][dim] (slot i - 1 holds the state i tokens before
 //                                                        the step's end; only when K > 1)
 // A step reads the state and writes the new one over it (in place, as inference engines keep it);
-// slot 0 of SPEC section 1d's snapshots is that state itself, so only the earlier slots are a
+// slot 0 of docs/spec.md section 1d's snapshots is that state itself, so only the earlier slots are a
 // tensor of their own. The recurrence is the linear-attention op's (kernels/linear_attention).
 #pragma once
 

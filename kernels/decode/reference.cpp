@@ -1,4 +1,4 @@
-// The decode step in float64, written as SPEC section 1b states it: S' = A_t S, then the rule's
+// The decode step in float64, written as docs/spec.md section 1b states it: S' = A_t S, then the rule's
 // write, then o_t = s S^T q_t. Slow and plain on purpose: the kernels are checked against it, and
 // tests/test_decode.cpp checks it against the linear-attention op's own reference.
 #include "kernels/decode/reference.hpp"

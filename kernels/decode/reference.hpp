@@ -1,5 +1,5 @@
-// The decode step's float64 reference: SPEC section 1b's recurrence over the step's tokens from
-// the given state, token by token, keeping the states SPEC section 1d's snapshots ask for.
+// The decode step's float64 reference: docs/spec.md section 1b's recurrence over the step's tokens from
+// the given state, token by token, keeping the states docs/spec.md section 1d's snapshots ask for.
 #pragma once
 
 #include "kernels/decode/problem.hpp"

@@ -1,7 +1,7 @@
-// The hybrid linear + sliding-window attention block on the CPU, float32 (SPEC section 2):
+// The hybrid linear + sliding-window attention block on the CPU, float32 (docs/spec.md section 2):
 //   Q, K, V = x Wq, x Wk, x Wv                         (B*T x M sgemms, scattered to [B][H][T][Dh])
 //   Lin     = causal linear attention (cpu::scan_* or cpu::chunked_*, h0 = 0)
-//   Swa     = sliding-window softmax attention (sliding_window.cpp)
+//   Swa     = sliding-window softmax attention (kernels/sliding_window/cpu.cpp)
 //   Y_h     = sig(beta_h) RMSNorm(Lin_h) g_h + (1 - sig(beta_h)) Swa_h      (written to [B][T][M])
 //   out     = Y Wo
 // Backward of <out, dOut>, with r = (mean(Lin^2) + eps)^-1/2 per row and u = g . sig . dY_h:

@@ -1,4 +1,4 @@
-// CPU float32 hybrid block of the layer suite (SPEC section 2): projections, the linear branch
+// CPU float32 hybrid block of the layer suite (docs/spec.md section 2): projections, the linear branch
 // (kernels/linear_attention/cpu.hpp), the sliding window (kernels/sliding_window/cpu.hpp), the norm
 // and the gate. OpenMP threads set by the caller, every temporary from `allocator`, and the peak
 // scratch in closed form (*_workspace_bytes, tested in tests/test_memory.cpp).

@@ -1,4 +1,4 @@
-// The layout changes and element-wise parts of the CUDA layer (SPEC section 2); the projections
+// The layout changes and element-wise parts of the CUDA layer (docs/spec.md section 2); the projections
 // are cuBLAS products and the branches are the scan / chunked and sliding-window kernels, composed
 // in cuda_backend.cpp. Every kernel here is memory-bound and simple on purpose: one thread per
 // element for the layout changes, one warp per (batch, head, token) row for the norm and gate,

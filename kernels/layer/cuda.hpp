@@ -1,4 +1,4 @@
-// CUDA kernels of the layer (SPEC section 2; cuda.cu beside this file): its layout changes, norm
+// CUDA kernels of the layer (docs/spec.md section 2; cuda.cu beside this file): its layout changes, norm
 // and gate. The projections run on cuBLAS and the branches on the linear-attention and
 // sliding-window kernels; backends/cuda composes them. Every pointer is device memory.
 #pragma once

@@ -1,4 +1,4 @@
-// The layer on the GPU (SPEC section 2): the same steps as the CPU layer (cpu.cpp), the
+// The layer on the GPU (docs/spec.md section 2): the same steps as the CPU layer (cpu.cpp), the
 // projections on the backend's sgemm (cuBLAS), the branches on the linear-attention and
 // sliding-window kernels, the norm, gate and layout changes on cuda.cu's kernels, every scratch
 // block from the allocator in the order of layer_scratch_slices. Host code.

@@ -1,6 +1,6 @@
-// The hybrid linear + sliding-window block (SPEC section 2) as a table row: the layer suite's
+// The hybrid linear + sliding-window block (docs/spec.md section 2) as a table row: the layer suite's
 // config keys, its forms (the linear branch's: scan or chunked) and their flop model, the tensors,
-// the inputs of SPEC section 3, the float64 reference (reference.cpp) and the tolerances. The
+// the inputs of docs/spec.md section 3, the float64 reference (reference.cpp) and the tolerances. The
 // kernels are cpu.cpp and cuda.cu beside this file, on top of the linear-attention and
 // sliding-window ones.
 #include "kernels/layer/op.hpp"
@@ -39,7 +39,7 @@ double layer_flops(const Case& c) {
   return c.mode == Mode::fwd ? projections + branches + elementwise : 3 * projections + branches + 3 * elementwise;
 }
 
-// Stream numbers of SPEC section 3 (core/random.hpp): fixed for good. W* ~ N(0, 1/M), g = 1.
+// Stream numbers of docs/spec.md section 3 (core/random.hpp): fixed for good. W* ~ N(0, 1/M), g = 1.
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
   const double w_std = 1.0 / std::sqrt(double(width(c)));

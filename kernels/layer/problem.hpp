@@ -1,4 +1,4 @@
-// The shape of one layer case (SPEC section 2) and the pointers of its calls, shared by every
+// The shape of one layer case (docs/spec.md section 2) and the pointers of its calls, shared by every
 // backend and the float64 reference.
 //
 // Layouts (row-major, contiguous; M = heads * head_dim):
@@ -18,7 +18,7 @@ struct LayerProblem {
   int window = 1;        // query t attends keys max(0, t - window + 1) .. t
   bool chunked = false;  // the linear branch's form: chunked, else scan
   // fwd_bwd on the CPU: the chunked branch's forward keeps its chunk states for the backward
-  // (kernels/cpu/kernels.hpp), else the backward recomputes them.
+  // (kernels/linear_attention/cpu.hpp), else the backward recomputes them.
   bool keep_chunk_states = true;
 
   std::size_t model_dim() const { return std::size_t(linear.heads) * linear.dim; }

@@ -1,4 +1,4 @@
-// Float64 reference of the hybrid layer. It follows SPEC section 2 step by step with full-size
+// Float64 reference of the hybrid layer. It follows docs/spec.md section 2 step by step with full-size
 // intermediates; only the sliding window's O(T * W) bound is kept, so that seq 8192 stays quick.
 #include "kernels/layer/reference.hpp"
 

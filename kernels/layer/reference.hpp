@@ -1,4 +1,4 @@
-// Float64 ground truth of the layer suite (SPEC section 2): the linear branch by
+// Float64 ground truth of the layer suite (docs/spec.md section 2): the linear branch by
 // kernels/linear_attention/reference.hpp, the sliding window by kernels/sliding_window/reference.hpp,
 // the projections by dgemm.
 #pragma once

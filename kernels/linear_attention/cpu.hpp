@@ -1,4 +1,5 @@
-// CPU float32 kernels of SPEC section 1. Each runs on the OpenMP threads the caller has set
+// CPU float32 kernels of docs/spec.md section 1, each entry point running the row of its form's variant
+// table (cpu_variants.hpp) that takes the problem. Each runs on the OpenMP threads the caller has set
 // (omp_set_num_threads) and takes every temporary from `allocator`, so temp_mb is counted.
 // A fwd_bwd step is a forward, then a backward: ForwardArgs carry no dO or dhT, so no forward can
 // read the gradients, which in a model arrive only after the whole forward.

@@ -1,6 +1,6 @@
 // The chunked form with its per-chunk products on OpenBLAS sgemm: the portable path (builds
 // without AVX-512), and the baseline the tiled path is measured against. The mathematics is in
-// chunked.cpp. The backward recomputes each head's chunk-entry states into a per-thread buffer.
+// cpu_chunked_tiled.hpp's header. The backward recomputes each head's chunk-entry states into a per-thread buffer.
 //
 // BLAS runs single-threaded inside the head-parallel loop: one level of threading.
 #include <cblas.h>

@@ -1,4 +1,4 @@
-// The delta rule's chunked form on the CPU (SPEC section 1b), float32, forward and backward, every
+// The delta rule's chunked form on the CPU (docs/spec.md section 1b), float32, forward and backward, every
 // decay, in the WY / UT-transform representation (DeltaNet: Yang et al. 2024; with gates, Gated
 // DeltaNet: Yang, Kautz, Hatamizadeh 2025). Over 500 lines: forward and backward share the gates'
 // operands, the scores and the solve, and read best side by side.

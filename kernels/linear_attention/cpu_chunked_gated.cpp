@@ -1,4 +1,4 @@
-// The chunked form with gated decays (SPEC section 1b), float32, forward and backward, on the
+// The chunked form with gated decays (docs/spec.md section 1b), float32, forward and backward, on the
 // tile products of tile_gemm.hpp (AVX-512 micro-tiles, or their portable form). Over 500 lines:
 // the forward and backward share the gates' operands, the sub-chunk layout and the buffers, and
 // read best side by side.

@@ -1,5 +1,5 @@
 // Chunkwise-parallel form on the CPU with the register-tiled AVX-512 products of tile_gemm.hpp,
-// float32, forward and backward (the mathematics is in cpu_chunked.cpp's header and SPEC section 1).
+// float32, forward and backward (the mathematics is in cpu_chunked_tiled.hpp's header and docs/spec.md section 1).
 // Over 500 lines: the forward and backward share the packing, the chunk-state layout and the
 // split of heads or chunks over threads, and read best side by side.
 //

@@ -1,4 +1,4 @@
-// The delta rule's CPU kernels (SPEC section 1b), behind the entry points of cpu.hpp, which call
+// The delta rule's CPU kernels (docs/spec.md section 1b), behind the entry points of cpu.hpp, which call
 // them for problems with rule delta: the scan (cpu_scan_delta.cpp) and the chunked WY form
 // (cpu_chunked_delta.cpp). Scratch sizes in floats, in closed form (docs/kernels.md).
 #pragma once

@@ -1,6 +1,7 @@
-// Scan (recurrent) form on the CPU, float32, forward and backward (SPEC section 1).
+// Scan (recurrent) form on the CPU, float32, forward and backward, the additive rule with every
+// decay (docs/spec.md section 1): the `scan_columns` row of cpu_variants.cpp.
 //
-// Every pass is a run_scan_pass (scan_pass.hpp) over one head's D x D state. Columns of a state
+// Every pass is a run_scan_pass (cpu_scan_pass.hpp) over one head's D x D state. Columns of a state
 // are independent, so the work items are (head, block of W state columns): with at least as many
 // heads as threads, whole heads are handed out dynamically; with fewer, each thread takes a
 // contiguous range of items, so one head's columns are split. One level of threading, no BLAS.
@@ -22,7 +23,7 @@
 // Scratch: forward, one packed D x D per thread; backward, one per head (h0^T, then dhT^T) and
 // one per thread (G).
 //
-// Gated decays (SPEC section 1b) change only the factor each step scales the state by: exp(g_t)
+// Gated decays (docs/spec.md section 1b) change only the factor each step scales the state by: exp(g_t)
 // (scalar gates), or exp(g_t) per key channel (vector gates: the rows of S and G, the columns of
 // S^T and G^T). The reverse recurrences decay by the gate of the token after, G_t = A_{t+1} G_{t+1}
 // + s q_t do_t^T, and dh0 = A_0 G_0. The exponentials are taken once per token tile into a buffer
@@ -39,7 +40,7 @@
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu.hpp"
-#include "kernels/linear_attention/cpu_delta.hpp"
+#include "kernels/linear_attention/cpu_scan.hpp"
 #include "kernels/linear_attention/cpu_scan_pass.hpp"
 #include "kernels/linear_attention/cpu_scan_split.hpp"
 
@@ -146,9 +147,8 @@ std::size_t gate_tile_floats(const Problem& p) {
   return gated(p.decay) ? std::size_t(tile_tokens(active_vec()) + 1) * p.gate_width() : 0;
 }
 
-std::size_t scan_forward_workspace_bytes(const Problem& p) {
-  if (p.delta()) return scan_delta_forward_floats(p) * sizeof(float);
-  return std::size_t(scan_threads(p)) * (p.head_state_elems() + gate_tile_floats(p)) * sizeof(float);
+std::size_t scan_columns_forward_floats(const Problem& p) {
+  return std::size_t(scan_threads(p)) * (p.head_state_elems() + gate_tile_floats(p));
 }
 
 // The gated backward's dg sums: D doubles per thread of its own loop (after the passes' scratch
@@ -157,11 +157,10 @@ std::size_t gate_gradient_floats(const Problem& p) {
   return gated(p.decay) ? std::size_t(head_parallel_threads(p)) * 2 * p.dim : 0;
 }
 
-std::size_t scan_backward_workspace_bytes(const Problem& p) {
-  if (p.delta()) return scan_delta_backward_floats(p) * sizeof(float);
+std::size_t scan_columns_backward_floats(const Problem& p) {
   const std::size_t passes = p.heads_total() * p.head_state_elems() +
                              std::size_t(scan_threads(p)) * (p.head_state_elems() + gate_tile_floats(p));
-  return std::max(passes, gate_gradient_floats(p)) * sizeof(float);
+  return std::max(passes, gate_gradient_floats(p));
 }
 
 namespace {
@@ -230,8 +229,7 @@ struct HeadPasses {
 
 }  // namespace
 
-void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
-  if (p.delta()) return scan_delta_forward(p, a, allocator);
+void scan_columns_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
   const int D = p.dim;
   const Split split = scan_split(p, scan_column_block(active_vec()));
   const Vec vec = active_vec();
@@ -299,8 +297,7 @@ void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& al
 
 }  // namespace
 
-void scan_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
-  if (p.delta()) return scan_delta_backward(p, a, allocator);
+void scan_columns_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
   const int D = p.dim;
   const Split split = scan_split(p, scan_column_block(active_vec()));
   const Vec vec = active_vec();

@@ -1,4 +1,4 @@
-// The delta rule's scan on the CPU, float32, forward and backward (SPEC section 1b), for every
+// The delta rule's scan on the CPU, float32, forward and backward (docs/spec.md section 1b), for every
 // decay: S'_t = A_t S_{t-1}, u_t = S'_t^T k_t, w_t = beta_t (v_t - u_t), S_t = S'_t + k_t w_t^T,
 // o_t = s S_t^T q_t = s (S'_t^T q_t + (q_t . k_t) w_t).
 //

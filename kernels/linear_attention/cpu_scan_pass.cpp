@@ -1,4 +1,4 @@
-// The scan pass of scan_pass.hpp, vectorised for AVX-512 and AVX2 with a portable fallback.
+// The scan pass of cpu_scan_pass.hpp, vectorised for AVX-512 and AVX2 with a portable fallback.
 //
 // Why it is shaped this way: a per-token pass over the whole state does 2 FMAs per state element
 // per token but also a load and a store of that element; from L2 (D = 128: 64 KiB of state) the

@@ -27,7 +27,7 @@ struct ScanPass {
   const float* read_row = nullptr;
   float* out = nullptr;
   // S[i][j] is at S[i * ld + (j - s_col0)]: a pass may hold only some columns, packed (see
-  // scan.cpp: a column block walked with a row stride of a multiple of 4 KiB thrashes L1 sets).
+  // cpu_scan.cpp: a column block walked with a row stride of a multiple of 4 KiB thrashes L1 sets).
   float* S = nullptr;
   int ld = 0;
   int s_col0 = 0;

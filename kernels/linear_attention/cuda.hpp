@@ -1,4 +1,4 @@
-// CUDA kernels of SPEC section 1 (cuda_scan.cu; cuda_chunked.cu with cuda_chunk_states.cu;
+// CUDA kernels of docs/spec.md section 1 (cuda_scan.cu; cuda_chunked.cu with cuda_chunk_states.cu;
 // docs/cuda.md), host-side declarations. Every pointer is device memory in the layouts of
 // kernels/linear_attention/problem.hpp. Token tensors (q, k, v, dO) are float32 or bf16 (as raw
 // 16-bit patterns) by `dtype`; states (h0, dhT) and every output are float32, and every product
@@ -57,10 +57,17 @@ struct DeviceBackward {
 // The scan kernels handle dim <= kScanMaxDim (the state slice lives in registers).
 constexpr int kScanMaxDim = 256;
 
+// The scan's entry points: each runs the row of the scan's variant table (cuda_variants.cpp) that
+// takes the problem.
 void scan_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
                   cudaStream_t stream);
 void scan_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                    cudaStream_t stream);
+// The additive rule's scan, every decay (cuda_scan.cu; the table's `scan` row). No scratch.
+void scan_additive_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
+                           cudaStream_t stream);
+void scan_additive_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
+                            cudaStream_t stream);
 // kept_states (chunked_states_bytes of device memory, or null): the forward writes the chunk
 // states there instead of into scratch of its own, and the backward reads them from there
 // instead of recomputing them (`bwd_states: kept`).
@@ -69,18 +76,19 @@ void chunked_forward(const Problem& problem, Dtype dtype, const DeviceForward& a
 void chunked_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                       cudaStream_t stream, const void* kept_states = nullptr);
 
-// The delta rule's scan (cuda_scan_delta.cu, called by scan_forward/backward for rule delta): its
-// backward keeps e_t = v_t - u_t of every token (a token tensor of floats) and, for scalar gates,
-// dg's per-channel sums (another).
+// The delta rule's scan (cuda_scan_delta.cu; the table's `scan_delta` row): its backward keeps
+// e_t = v_t - u_t of every token (a token tensor of floats) and, for scalar gates, dg's
+// per-channel sums (another).
 void scan_delta_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, cudaStream_t stream);
 void scan_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                          cudaStream_t stream);
-
-inline std::size_t scan_forward_workspace_bytes(const Problem&) { return 0; }
-inline std::size_t scan_backward_workspace_bytes(const Problem& p) {
-  if (!p.delta()) return 0;
+inline std::size_t scan_delta_backward_workspace_bytes(const Problem& p) {
   return (p.decay == Decay::scalar ? 2 : 1) * p.token_elems() * sizeof(float);
 }
+
+// What the scan variant that runs `problem` takes from the allocator (cuda_variants.cpp).
+std::size_t scan_forward_workspace_bytes(const Problem& problem);
+std::size_t scan_backward_workspace_bytes(const Problem& problem);
 // One set of chunk states: B * H * chunks * D * D elements of the token dtype.
 std::size_t chunked_states_bytes(const Problem& problem, Dtype dtype);
 // What chunked_forward (without kept states) and chunked_backward take from the allocator: one set,

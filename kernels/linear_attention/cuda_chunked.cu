@@ -1,4 +1,4 @@
-// The chunkwise-parallel form on the GPU, forward and backward (SPEC section 1), split as the fast
+// The chunkwise-parallel form on the GPU, forward and backward (docs/spec.md section 1), split as the fast
 // implementations split it (flash-linear-attention's chunk kernels; the GLA paper's chunkwise
 // form): a light sequential pass makes the state entering each chunk (cuda_chunk_states.cu), then
 // every chunk's outputs are computed independently of the others. float32 or bf16 token inputs,
@@ -14,7 +14,7 @@
 //   cols kernel:  out = s ((A B^T) . M)^T G + diag(gam) B S       per block of RB output rows
 //     dV:  A = Q,  B = K, G = dO, S = dh_c
 //     dK:  A = dO, B = V, G = Q,  S = dh_c^T
-// (dq, dk, dv of SPEC section 1 with dA = s (dO V^T) . M.) The forward is the state pass (h_c)
+// (dq, dk, dv of docs/spec.md section 1 with dA = s (dO V^T) . M.) The forward is the state pass (h_c)
 // then the rows kernel; the backward the state pass again unless the forward's states were kept,
 // the reverse state pass (dh_c, and dh0), the rows kernel for dQ and the cols kernel for dV and dK.
 // The states are scratch from the case's allocator (chunked_*_workspace_bytes).

@@ -10,10 +10,10 @@
 //   dv        reversed, r = q, c = dO, x = k, S0 = dhT, alpha s, beta 1, no decay at the first
 //             step (G_T = dhT + s q_T dO_T^T)                         -> dv_t = G_t^T k_t, dh0 = gamma G_1
 //   dk        reversed, r = dO, c = q, x = v, S0 = dhT^T               -> dk_t = G_t v_t (G' = G^T)
-// (SPEC section 1's backward: a forward recurrence for dq and a reverse one for dk, dv; no per-token
+// (docs/spec.md section 1's backward: a forward recurrence for dq and a reverse one for dk, dv; no per-token
 // state is stored, so no scratch memory.)
 //
-// Gated decays (SPEC section 1b): decay_t is exp(g) of the step's token (forward, dq) or of the
+// Gated decays (docs/spec.md section 1b): decay_t is exp(g) of the step's token (forward, dq) or of the
 // token after it (dv, dk: G_t = A_{t+1} G_{t+1} + s q_t do_t^T, and the first reverse step, having
 // no token after it, does not decay), a scalar per token or, for vector gates, per key channel:
 // the rows of S and G (forward, dv: a factor per state row), the columns of S^T and G^T (dq, dk: a
@@ -252,8 +252,7 @@ std::optional<std::string> scan_unsupported(const Problem& p) {
   return std::nullopt;
 }
 
-void scan_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator&, cudaStream_t stream) {
-  if (p.delta()) return scan_delta_forward(p, dtype, a, stream);
+void scan_additive_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator&, cudaStream_t stream) {
   const float s = float(attention_scale(p.dim));
   ScanParams f{};
   f.row = a.k, f.col = a.v, f.query = a.q, f.s0 = a.h0, f.s0_transposed = false;
@@ -262,8 +261,7 @@ void scan_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocat
   launch(p, dtype, f, stream, a.g, false, 0);
 }
 
-void scan_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator& allocator, cudaStream_t stream) {
-  if (p.delta()) return scan_delta_backward(p, dtype, a, allocator, stream);
+void scan_additive_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator&, cudaStream_t stream) {
   const float s = float(attention_scale(p.dim));
   ScanParams dq{};  // forward recurrence of S^T: dq_t = s S_t dO_t
   dq.row = a.v, dq.col = a.k, dq.query = a.dO, dq.s0 = a.h0, dq.s0_transposed = true;

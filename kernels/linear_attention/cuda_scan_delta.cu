@@ -1,4 +1,4 @@
-// The delta rule's recurrent (scan) form on the GPU (SPEC section 1b), forward and backward, every
+// The delta rule's recurrent (scan) form on the GPU (docs/spec.md section 1b), forward and backward, every
 // decay, float32 or bf16 token inputs, float32 state and accumulation. The same passes as the CPU
 // scan (cpu_scan_delta.cpp, docs/kernels.md):
 //   forward  (S):   S'_t = A_t S_{t-1}, u_t = S'^T k_t, w_t = beta_t (v_t - u_t), S_t = S'_t + k_t w_t^T,

@@ -1,5 +1,5 @@
-// Causal linear attention (SPEC section 1) as a table row: the kernel suite's config keys, the two
-// forms and their flop models, the tensors, the inputs of SPEC section 3, the float64 reference
+// Causal linear attention (docs/spec.md section 1) as a table row: the kernel suite's config keys, the two
+// forms and their flop models, the tensors, the inputs of docs/spec.md section 3, the float64 reference
 // (reference.cpp) and the tolerances. The kernels are cpu_*.cpp and cuda_*.cu beside this file.
 #include "kernels/linear_attention/op.hpp"
 
@@ -30,7 +30,7 @@ std::vector<std::size_t> gates(const Case& c) {
   return shape;
 }
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
-// The delta rule (SPEC section 1b): its beta and dbeta exist only there. A case without the option
+// The delta rule (docs/spec.md section 1b): its beta and dbeta exist only there. A case without the option
 // (a plugin's or a test's, built by hand) is additive.
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 std::vector<std::size_t> betas(const Case& c) {
@@ -134,7 +134,7 @@ double chunked_flops(const Case& c) {
 // logsigmoid(z) = -log(1 + exp(-z)), without overflow for either sign.
 double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
 
-// Whether the delta rule's keys are L2-normalised (SPEC section 3; `normalize_keys`, default true).
+// Whether the delta rule's keys are L2-normalised (docs/spec.md section 3; `normalize_keys`, default true).
 bool normalizes_keys(const Case& c) { return is_delta(c) && c.option("normalize_keys") != "false"; }
 
 // Each row of k divided by its L2 norm, in double (a zero row stays zero).
@@ -147,7 +147,7 @@ void normalize_rows(std::vector<float>& k, std::size_t dim) {
   }
 }
 
-// Stream numbers of SPEC section 3 (core/random.hpp): fixed for good.
+// Stream numbers of docs/spec.md section 3 (core/random.hpp): fixed for good.
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
   const struct {
@@ -159,7 +159,7 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
               {"h0", Role::input, false, 4},    {"dO", Role::cotangent, true, 5},   {"dhT", Role::cotangent, false, 6}};
   for (const auto& m : made) fill_normal(set.add(m.name, m.role, m.token ? tokens(c) : states(c)).data, seed, m.stream);
   if (is_gated(c)) {
-    // g = logsigmoid(z) / gate_norm, z ~ N(0, 1) (SPEC section 3): log-gates <= 0.
+    // g = logsigmoid(z) / gate_norm, z ~ N(0, 1) (docs/spec.md section 3): log-gates <= 0.
     auto& g = set.add("g", Role::input, gates(c)).data;
     fill_normal(g, seed, 7);
     const double norm = gate_norm(c);
@@ -216,7 +216,7 @@ double tolerance(const std::string& dtype) {
   throw UsageError("dtype", "no tolerance known for '" + dtype + "'");
 }
 
-// gate_norm (SPEC section 3): a real in (0, 1e6], only for the gated decays, so that the plan does
+// gate_norm (docs/spec.md section 3): a real in (0, 1e6], only for the gated decays, so that the plan does
 // not vary it and records leave it out for the others.
 Axis gate_norm_axis() {
   Axis a{"gate_norm", Param::option, {"16"}, "gate strengths of the gated decays: g = logsigmoid(z) / gate_norm"};
@@ -227,7 +227,7 @@ Axis gate_norm_axis() {
   return a;
 }
 
-// rule (SPEC section 1b): additive or delta, for every decay; it always applies, so every record
+// rule (docs/spec.md section 1b): additive or delta, for every decay; it always applies, so every record
 // says which rule ran.
 Axis rule_axis() {
   Axis a{"rule", Param::option, {"additive"}, "update rules (additive, delta)"};
@@ -236,7 +236,7 @@ Axis rule_axis() {
   return a;
 }
 
-// normalize_keys (SPEC section 3): the delta rule's keys are L2-normalised unless false (a test
+// normalize_keys (docs/spec.md section 3): the delta rule's keys are L2-normalised unless false (a test
 // switch: with raw keys the delta rule's state can grow without bound).
 Axis normalize_keys_axis() {
   Axis a{"normalize_keys", Param::option, {"true"}, "delta rule only: L2-normalise the keys (true, false)"};
@@ -282,6 +282,31 @@ Problem linear_problem(const Case& c) {
   const std::string rule = c.option("rule");
   return Problem{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay),
                  rule.empty() ? Rule::additive : rule_from(rule)};
+}
+
+LinearTensors bind_linear_tensors(const Case& c, const std::function<void*(const std::string&)>& data) {
+  const auto get = [&](const char* name) -> void* {
+    for (const TensorSpec& spec : c.op->tensors)
+      if (spec.name == name) return spec.in(c) ? data(name) : nullptr;
+    return nullptr;
+  };
+  const auto floats = [&](const char* name) { return static_cast<float*>(get(name)); };
+  LinearTensors t;
+  t.q = get("q"), t.k = get("k"), t.v = get("v"), t.dO = get("dO");
+  t.h0 = floats("h0"), t.o = floats("o"), t.hT = floats("hT"), t.g = floats("g"), t.beta = floats("beta");
+  t.dhT = floats("dhT"), t.dq = floats("dq"), t.dk = floats("dk"), t.dv = floats("dv"), t.dh0 = floats("dh0");
+  t.dg = floats("dg"), t.dbeta = floats("dbeta");
+  return t;
+}
+
+ForwardArgs<float> cpu_forward_args(const LinearTensors& t) {
+  const auto f = [](void* p) { return static_cast<const float*>(p); };
+  return {f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta};
+}
+
+BackwardArgs<float> cpu_backward_args(const LinearTensors& t) {
+  const auto f = [](void* p) { return static_cast<const float*>(p); };
+  return {f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
 }
 
 const Op& linear_attention_op() {

@@ -1,6 +1,9 @@
 // The linear-attention op's table row (core/op.hpp): the kernel suite.
 #pragma once
 
+#include <functional>
+#include <string>
+
 #include "core/op.hpp"
 #include "kernels/linear_attention/problem.hpp"
 
@@ -10,5 +13,22 @@ const Op& linear_attention_op();
 
 // The kernels' view of a case of this op (or of the layer's linear branch).
 Problem linear_problem(const Case& kase);
+
+// One case's tensors of this op, bound by name once: the one binder the CPU rows, the CUDA rows
+// and the plugin call share. q, k, v and dO are in the case's dtype (void*); the rest float32.
+// A tensor the case does not have (by the op's TensorSpecs: g without a gated decay, beta without
+// the delta rule, the cotangents and gradients in a forward) is null.
+struct LinearTensors {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr;
+  float *h0 = nullptr, *o = nullptr, *hT = nullptr, *g = nullptr, *beta = nullptr, *dhT = nullptr;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh0 = nullptr, *dg = nullptr, *dbeta = nullptr;
+};
+
+// `data(name)`: where the backend holds the named tensor (host or device memory).
+LinearTensors bind_linear_tensors(const Case& kase, const std::function<void*(const std::string&)>& data);
+
+// The CPU kernels' arguments (float32 throughout) from the bound tensors.
+ForwardArgs<float> cpu_forward_args(const LinearTensors& t);
+BackwardArgs<float> cpu_backward_args(const LinearTensors& t);
 
 }  // namespace lattn

@@ -6,7 +6,7 @@
 //   g, dg (decay scalar)       : [batch][heads][seq]        (log-gates, one per token)
 //   g, dg (decay vector)       : [batch][heads][seq][dim]   (log-gates per token and key channel)
 //   beta, dbeta (rule delta)   : [batch][heads][seq]        (write strengths in (0, 1), one per token)
-// The mathematics is in docs/kernels.md (SPEC section 1). The op's table row (tensors, inputs,
+// The mathematics is in docs/kernels.md (docs/spec.md section 1). The op's table row (tensors, inputs,
 // flop model) is op.cpp beside this file.
 #pragma once
 
@@ -18,7 +18,7 @@
 
 namespace lattn {
 
-// How the state decays between tokens (SPEC sections 1 and 1b): `none` (gamma 1), `retnet`
+// How the state decays between tokens (docs/spec.md sections 1 and 1b): `none` (gamma 1), `retnet`
 // (gamma_h = 1 - 2^(-5-h) for head h), or data-dependent gates, an input g of log-gates <= 0:
 // `scalar` (A_t = exp(g_t) scales the whole state: Mamba2, simple GLA) or `vector` (A_t =
 // diag(exp(g_t)) scales the state's rows, the key channels: GLA, RWKV-6).
@@ -26,7 +26,7 @@ enum class Decay { none, retnet, scalar, vector };
 
 inline bool gated(Decay decay) { return decay == Decay::scalar || decay == Decay::vector; }
 
-// How token t is written into the state (SPEC section 1b): `additive` (S_t = S'_t + k_t v_t^T) or
+// How token t is written into the state (docs/spec.md section 1b): `additive` (S_t = S'_t + k_t v_t^T) or
 // `delta` (S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T: DeltaNet, with the gates Gated DeltaNet and
 // KDA), S'_t = A_t S_{t-1} being the decayed state. An input beta [B][H][T] exists for `delta` only.
 enum class Rule { additive, delta };
@@ -68,7 +68,7 @@ struct Problem {
   std::size_t beta_elems() const { return heads_total() * seq; }  // beta, dbeta (rule delta)
 };
 
-// gamma_h of SPEC section 1: 1 - 2^(-5-h) for `retnet`, 1 for the others (gated decays take their
+// gamma_h of docs/spec.md section 1: 1 - 2^(-5-h) for `retnet`, 1 for the others (gated decays take their
 // decay from g instead).
 inline double decay_gamma(Decay decay, int head) {
   return decay == Decay::retnet ? 1.0 - std::ldexp(1.0, -5 - head) : 1.0;

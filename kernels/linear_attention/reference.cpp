@@ -1,4 +1,4 @@
-// Float64 scan form of causal linear attention (SPEC sections 1 and 1b, both rules), written
+// Float64 scan form of causal linear attention (docs/spec.md sections 1 and 1b, both rules), written
 // for clarity: it is the reference every backend is checked against, so it follows the
 // recurrences literally. With A_t the decay before token t (gamma for retnet, exp(g_t) for scalar
 // gates, diag(exp(g_t)) for vector gates, 1 for none), S'_t = A_t S_{t-1} and tokens t = 0 .. T-1:

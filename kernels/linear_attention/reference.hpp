@@ -1,4 +1,4 @@
-// Float64 ground truth for rel_err: the scan form of SPEC sections 1 and 1b (every decay, gated
+// Float64 ground truth for rel_err: the scan form of docs/spec.md sections 1 and 1b (every decay, gated
 // ones included), forward and backward.
 #pragma once
 

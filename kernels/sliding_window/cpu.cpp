@@ -1,4 +1,4 @@
-// Sliding-window causal softmax attention on the CPU, float32, forward and backward (SPEC section 2):
+// Sliding-window causal softmax attention on the CPU, float32, forward and backward (docs/spec.md section 2):
 //   o_t = sum_{tau = max(0, t-W+1)}^{t} p_{t,tau} v_tau,   p_t = softmax(s q_t . k_tau),  s = D^-1/2
 //
 // Work is split into query blocks of Bq = 32 rows. The keys a block can see are one contiguous

@@ -1,4 +1,4 @@
-// CUDA sliding-window softmax attention (SPEC section 2; cuda.cu beside this file), host-side
+// CUDA sliding-window softmax attention (docs/spec.md section 2; cuda.cu beside this file), host-side
 // declarations. Every pointer is device memory; each function only enqueues work on `stream`.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Sliding-window causal softmax attention (SPEC section 2's Swa branch) as a table row: one form,
+// Sliding-window causal softmax attention (docs/spec.md section 2's Swa branch) as a table row: one form,
 // "blocked" (query blocks against the key range their windows cover, cpu.cpp and cuda.cu beside
 // this file), its flop model, tensors, inputs and the float64 reference (reference.cpp).
 #include "kernels/sliding_window/op.hpp"

@@ -1,4 +1,4 @@
-// Float64 ground truth of the sliding-window softmax attention (SPEC section 2): query t attends
+// Float64 ground truth of the sliding-window softmax attention (docs/spec.md section 2): query t attends
 // keys tau in [max(0, t - window + 1), t] with p = softmax(dim^-1/2 q_t . k_tau).
 #pragma once
 

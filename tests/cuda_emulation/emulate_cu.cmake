@@ -1,5 +1,5 @@
 # Makes a .cu compile as host C++ against the emulation (docs/cuda.md, "Emulation on the CPU"):
-#   cmake -DINPUT=kernels/cuda/x.cu -DOUTPUT=build/.../x.cpp [-DBARRIER_BEFORE=<text>] -P emulate_cu.cmake
+#   cmake -DINPUT=kernels/<op>/cuda.cu -DOUTPUT=build/.../x.cpp [-DBARRIER_BEFORE=<text>] -P emulate_cu.cmake
 # The .cu itself is never edited; its copy is rewritten mechanically, so that the emulation
 # always runs the code as it is:
 #   - `#include <cuda_runtime.h>` first, as nvcc does, and a #line so messages name the .cu;

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_backend.hpp"
 #include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/cuda_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "lattn_emu/control.hpp"
@@ -64,8 +65,12 @@ void run_table_row(const std::string& op) {
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
-    const bool chunked_gated = reason.find("linear_attention chunked") == 0 && reason.find("gated decays") != std::string::npos;
-    const bool chunked_delta = reason.find("linear_attention chunked") == 0 && reason.find("no delta rule") != std::string::npos;
+    const bool chunked_gated =
+        reason.find("linear_attention chunked") == 0 &&
+        (reason.find("no CUDA chunked variant takes rule additive, decay scalar") != std::string::npos ||
+         reason.find("no CUDA chunked variant takes rule additive, decay vector") != std::string::npos);
+    const bool chunked_delta = reason.find("linear_attention chunked") == 0 &&
+                               reason.find("no CUDA chunked variant takes rule delta") != std::string::npos;
     const bool decode_backward = reason.find("decode step") == 0 && reason.find("forward only") != std::string::npos;
     CHECK((layer_bf16 || chunked_gated || chunked_delta || decode_backward));
   }
@@ -128,4 +133,36 @@ TEST_CASE("emulation: the CUDA backend's scratch equals its closed forms", "[emu
         CHECK(r.check.passed);
         CHECK(r.memory.temp_bytes == test::expected_cuda_layer_scratch(p, mode == Mode::fwd_bwd));
       }
+}
+
+TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no variant takes with the table's reason",
+          "[emulation][backend]") {
+  auto backend = emulated_cuda(BackendOptions{});
+  for (const std::string form : {"scan", "chunked"})
+    for (const std::string& rule : rule_names())
+      for (const std::string& decay : decay_names()) {
+        const Problem p{1, 2, 24, 16, 8, decay_from(decay), rule_from(rule)};
+        const Case c = test::kernel_case(p, form, Mode::fwd_bwd, "cuda");
+        INFO(test::describe(c));
+        std::string why;
+        const cuda::CudaVariant* v = cuda::cuda_variant(form, p, &why);
+        const bool taken = form == "scan" || (p.rule == Rule::additive && !gated(p.decay));
+        CHECK((v != nullptr) == taken);
+        const std::optional<std::string> skip = backend->unsupported(c);
+        if (taken) {
+          CHECK_FALSE(skip);
+          CHECK(backend->variant(c) == (form == "chunked" ? "chunked" : p.delta() ? "scan_delta" : "scan"));
+        } else {
+          REQUIRE(skip);
+          CHECK(*skip == why);
+          CHECK_THAT(*skip, Catch::Matchers::Contains("chunked (rule additive only)") ||
+                                Catch::Matchers::Contains("chunked (decay none, retnet only)"));
+          CHECK(backend->variant(c).empty());
+        }
+      }
+  // The scan's dim limit is its rows' shape key: a dim over it is refused with the kernel's reason.
+  const Problem wide{1, 1, 8, cuda::kScanMaxDim + 1, 8, Decay::none, Rule::additive};
+  std::string why;
+  CHECK(cuda::cuda_variant("scan", wide, &why) == nullptr);
+  CHECK_THAT(why, Catch::Matchers::Contains("handles dim <= " + std::to_string(cuda::kScanMaxDim)));
 }

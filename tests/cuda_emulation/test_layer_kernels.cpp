@@ -1,7 +1,7 @@
-// The CUDA layer's own kernels (kernels/cuda/layer.cu), run in the emulation: the layout changes
+// The CUDA layer's own kernels (kernels/layer/cuda.cu), run in the emulation: the layout changes
 // between rows [B*T][ld] and heads [B][H][T][Dh] (exact copies and sums, so held exactly), and the
 // RMSNorm-and-gate forward and backward against a float64 implementation of what they compute
-// (the steps of kernels/reference/layer_ref.cpp and kernels/cpu/layer.cpp), intermediate rows and
+// (the steps of kernels/layer/reference.cpp and kernels/layer/cpu.cpp), intermediate rows and
 // per-row sums included. Shapes: Dh below, at and above 32 and not a multiple of it, B*H*T not a
 // multiple of a block's 8 warps, M not a multiple of 32 columns, B*T under 8 and over 256.
 #include <catch2/catch.hpp>

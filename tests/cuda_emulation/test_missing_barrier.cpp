@@ -1,8 +1,8 @@
-// The emulation sees a missing barrier: scan.cu compiled with the __syncthreads() between staging
+// The emulation sees a missing barrier: cuda_scan.cu compiled with the __syncthreads() between staging
 // a group of tokens and reading it taken out (by the build step, from the real file, so the test
 // follows the kernel as it changes; tests/cuda_emulation/CMakeLists.txt names the spot). Threads
 // then read staged tokens other threads have not written yet: NaN (shared memory starts as NaN),
-// which the recurrence carries into the outputs. The same case passes with the real scan.cu in
+// which the recurrence carries into the outputs. The same case passes with the real cuda_scan.cu in
 // lattn_cuda_emulation_tests. Under ThreadSanitizer the race itself is reported too (CTest checks
 // for the report there).
 #include <catch2/catch.hpp>
@@ -26,7 +26,7 @@ TEST_CASE("emulation: scan without its staging barrier gives a wrong result", "[
                      h0 = upload(in.at("h0").data);
   const DeviceBuffer o = output(p.token_elems()), hT = output(p.state_elems());
   CountingDeviceAllocator allocator;
-  cuda::scan_forward(p, cuda::Dtype::f32, {q.get(), k.get(), v.get(), h0.f(), o.f(), hT.f()}, allocator, nullptr);
+  cuda::scan_additive_forward(p, cuda::Dtype::f32, {q.get(), k.get(), v.get(), h0.f(), o.f(), hT.f()}, allocator, nullptr);
   TensorSet out = make_case_outputs(kase);
   out.at("o").data = o.floats();
   out.at("hT").data = hT.floats();

@@ -328,7 +328,7 @@ TEST_CASE("emulation: bf16 conversion rounds to nearest, ties to even", "[emulat
   CHECK(std::isnan(bf16_value(NAN)));
   CHECK(std::isnan(bf16_value(from_bits32(0x7f800001u))));  // a NaN whose payload is in the dropped bits
   CHECK(bf16_value(from_bits32(0x00008000u)) == 0.0f);      // subnormal tie, down to even (zero)
-  // Against the runner's own conversion (src/inputs.cpp), written independently.
+  // Against the runner's own conversion (core/random.cpp), written independently.
   std::vector<float> x(4096);
   lattn::fill_normal(x, 3, 7, 100.0);
   for (float v : x) REQUIRE(__float2bfloat16_rn(v).__x == lattn::float_to_bf16_bits(v));

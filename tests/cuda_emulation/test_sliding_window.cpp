@@ -1,6 +1,6 @@
-// The sliding-window kernels (kernels/cuda/sliding_window.cu), run in the emulation, against the
+// The sliding-window kernels (kernels/sliding_window/cuda.cu), run in the emulation, against the
 // float64 sliding window of the layer reference (reference::sliding_window_forward / _backward in
-// kernels/reference/layer_ref.cpp): O and the saved log-sum-exp L of the forward, dQ, dK, dV of
+// kernels/sliding_window/reference.cpp): O and the saved log-sum-exp L of the forward, dQ, dK, dV of
 // the backward, float32 and bf16 (inputs rounded to bf16 for the reference too), window 1, window
 // inside and past T, ragged T, Dh from 1 to 256; the backward's scratch against its closed form.
 // And every block height (Bt) each of the three tiled kernels can be launched with under this

@@ -1,7 +1,7 @@
 // Stand-in for the CUDA toolkit's cuda_bf16.h: __nv_bfloat16 as its 16 bits, and the conversions
 // the project's kernels use, rounding to nearest even as the device's cvt.rn.bf16.f32 does (NaN
 // stays NaN, sign kept; overflow rounds to infinity). The conversions are written out here rather
-// than shared with src/inputs.cpp, so that the tests compare two implementations, not one with itself.
+// than shared with core/random.cpp, so that the tests compare two implementations, not one with itself.
 #pragma once
 
 #include <cstdint>
