@@ -65,7 +65,8 @@ const std::vector<Column>& columns() {
       measured("inner", [](const Measurement& m) { return std::to_string(m.inner); }),
       measured("gflops", [](const Measurement& m) { return number(m.gflops); }),
       measured("peak_fraction", [](const Measurement& m) { return number(m.peak_fraction); }),
-      measured("peak_fraction_now", [](const Measurement& m) { return number(m.peak_fraction_now); }),
+      measured("blas_fraction", [](const Measurement& m) { return number(m.blas_fraction); }),
+      measured("blas_fraction_now", [](const Measurement& m) { return number(m.blas_fraction_now); }),
       measured("roofline_fraction", [](const Measurement& m) { return number(m.roofline_fraction); }),
       measured("gbytes_per_s", [](const Measurement& m) { return number(m.gbytes_per_s); }),
       measured("temp_mb", [](const Measurement& m) { return number(m.temp_mb); }),
@@ -135,7 +136,7 @@ std::string to_csv(const std::vector<CaseRecord>& records) {
 std::string to_markdown(const std::vector<CaseRecord>& records) {
   static const std::vector<std::string> keys = {"suite",     "impl",  "mode",  "batch",  "heads",         "seq",
                                                 "dim",       "chunk", "decay", "median_ms", "q1_ms",     "q3_ms",
-                                                "gflops",    "peak_fraction", "peak_fraction_now", "temp_mb",
+                                                "gflops",    "peak_fraction", "blas_fraction", "temp_mb",
                                                 "rel_err",   "status"};
   std::string out = "|";
   for (const auto& k : keys) out += " " + k + " |";
@@ -208,6 +209,7 @@ nlohmann::json to_gbench(const RunDocument& doc) {
     nlohmann::json counters = {{"gflops", m.gflops}, {"gbytes_per_s", m.gbytes_per_s}, {"temp_mb", m.temp_mb},
                                {"rel_err", std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr)}};
     if (m.peak_fraction) counters["peak_fraction"] = *m.peak_fraction;
+    if (m.blas_fraction) counters["blas_fraction"] = *m.blas_fraction;
     const std::string error = !m.check_failure.empty() ? m.check_failure : r.error;
     auto entry = [&](nlohmann::json e, double ms) {
       e.update(base);

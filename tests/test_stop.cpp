@@ -98,18 +98,28 @@ TEST_CASE("SIGTERM while a long case's inputs and float64 reference are made sto
   fs::remove_all(dir);
 }
 
-TEST_CASE("SIGTERM during an interleaved batch's rounds stops the run within a second", "[signals][stop][interleave]") {
+TEST_CASE("SIGTERM during an interleaved batch's rounds stops the run within a second, keeping the samples taken",
+          "[signals][stop][interleave]") {
   const fs::path dir = fresh_dir("stop-rounds");
   const fs::path out = dir / "r.json";
-  // Four cases of ~1 ms calls sampled in rounds that never end by themselves (no noise target, no
-  // timeout, 100000 samples of 20 ms each).
+  // Four cases of ~1 ms calls sampled in rounds (no noise target, no timeout, 100 samples of
+  // 20 ms each: about 9 s in all, inside one batch's time bound), stopped after 2.5 s.
   const pid_t pid = start_case({binary(), "--suite", "kernel", "--seq", "3000", "--dim", "48", "--batch", "1", "--heads", "4",
-                                "--reps", "100000", "--max-noise", "0", "--timeout", "0", "--min-sample-ms", "20",
+                                "--reps", "100", "--max-noise", "0", "--timeout", "0", "--min-sample-ms", "20",
                                 "--interleave", "--threads", "1", "--quiet", "--out", out.string()},
                                out, dir / "log", std::chrono::milliseconds(2500));
   check_stops_within_a_second(pid, dir / "log");
   const auto doc = read_json(out);
   CHECK(doc["interrupted"] == true);
-  CHECK(doc["results"].empty());  // no case had taken its last sample: none is recorded
+  // No case had taken its last sample; each that had taken one is kept with its samples, partial.
+  REQUIRE(doc["results"].size() == 4);
+  for (const auto& r : doc["results"]) {
+    INFO(r.dump());
+    CHECK(r["status"] == "ok");
+    CHECK(r["stopped_on"] == "interrupted");
+    CHECK(r["samples_ms"].size() >= 1);
+    CHECK(r["samples_ms"].size() < 100);
+  }
+  CHECK(line_count(journal_of(out)) == 1 + 4);  // the header and the four partial cases
   fs::remove_all(dir);
 }
