@@ -55,8 +55,8 @@ struct GpuInfo {
 // The compute ceiling every record's peak_fraction is taken against: the larger of the measured FMA
 // rate and the measured sgemm. The FMA rate is the hardware's; sgemm can sit far below it where the
 // BLAS runs a narrower kernel than the CPU has (Debian's OpenBLAS runs its Haswell AVX2 sgemm on
-// AMD Zen 4 and Zen 5, about half of their AVX-512 FMA rate), and a kernel of this project that uses
-// the wider vectors then beats "the peak". sgemm stands in where no FMA rate was measured, or where
+// AMD Zen 4 and Zen 5: about half of Zen 5's AVX-512 FMA rate), and a kernel of this project that
+// uses the wider vectors then beats "the peak". sgemm stands in where no FMA rate was measured, or where
 // a busy moment during the FMA loop left it below sgemm.
 struct ComputeCeiling {
   double gflops = 0;

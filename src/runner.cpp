@@ -388,6 +388,7 @@ int run_benchmarks(const RunRequest& request) {
                request.filter.empty() ? "" : fmt::format("; {} not planned (--filter {})", t.not_planned, request.filter),
                out_path);
   }
+  std::fflush(stdout);  // the table first, then the time on stderr, in this order on a terminal
   if (!request.quiet)
     fmt::print(stderr, "lattnbench: took {} (estimated {} at the start)\n", format_duration(elapsed()),
                format_duration(total_estimate));
