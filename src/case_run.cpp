@@ -162,22 +162,27 @@ std::shared_ptr<const ReferenceCache::Entry> ReferenceCache::get(const Case& c, 
 
 bool ReferenceCache::backward(const Case& c) const { return c.backward() || backward_keys_.count(reference_key(c)) > 0; }
 
-double measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed) {
-  const Case* smallest = nullptr;
-  for (const Case* c : cases)
-    if (!smallest || reference_flops(*c, false) < reference_flops(*smallest, false)) smallest = c;
-  if (!smallest) return 0.0;
-  try {
-    const auto start = std::chrono::steady_clock::now();
-    const TensorSet inputs = make_case_inputs(*smallest, seed);
-    smallest->op->reference(*smallest, inputs, false);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return reference_flops(*smallest, false) / std::max(seconds, 1e-4) * 1e-9;
-  } catch (const Interrupted&) {
-    throw;
-  } catch (const std::exception&) {
-    return 0.0;
+std::map<const Op*, double> measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed) {
+  std::map<const Op*, const Case*> smallest;
+  for (const Case* c : cases) {
+    const Case*& least = smallest[c->op];
+    if (!least || reference_flops(*c, false) < reference_flops(*least, false)) least = c;
   }
+  std::map<const Op*, double> paces;
+  for (const auto& [op, c] : smallest) {
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      const TensorSet inputs = make_case_inputs(*c, seed);
+      op->reference(*c, inputs, false);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      paces[op] = reference_flops(*c, false) / std::max(seconds, 1e-4) * 1e-9;
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception&) {
+      paces[op] = 0.0;
+    }
+  }
+  return paces;
 }
 
 MemoryNeed memory_need(const Backend& backend, const ImplRow& row, const Case& c) {

@@ -56,10 +56,10 @@ struct RunContext {
 // Host and device bytes a case needs: the run's own host copies (inputs, their float64 copies,
 // the reference outputs, the outputs read back) and the backend's estimate, counted on the host
 // when the backend's memory is host memory.
-// The float64 references' pace here and now (GFLOP/s, for the time estimate): the inputs and the
-// forward reference of the smallest of `cases` (by its reference's flops), timed; 0 when `cases` is
-// empty or the reference failed.
-double measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed);
+// The float64 references' pace here and now (GFLOP/s, for the time estimate), per op: the inputs
+// and the forward reference of the op's smallest case of `cases` (by its reference's flops), timed;
+// 0 for an op whose reference failed.
+std::map<const Op*, double> measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed);
 
 struct MemoryNeed {
   double host = 0, device = 0;

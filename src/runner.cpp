@@ -174,7 +174,7 @@ int run_benchmarks(const RunRequest& request) {
   CostRates rates;
   rates.kernel_gflops = device.sgemm_median_gflops() > 0 ? device.sgemm_median_gflops() : device.blas_gflops();
   rates.stream_gbytes_per_s = device.stream_gbytes_per_s();
-  rates.reference_gflops = measure_reference_gflops(to_run, config.run.seed);
+  const std::map<const Op*, double> reference_paces = measure_reference_gflops(to_run, config.run.seed);
   if (backend->peak_check && !to_run.empty()) {
     const auto check_start = std::chrono::steady_clock::now();
     backend->peak_check();
@@ -188,7 +188,9 @@ int run_benchmarks(const RunRequest& request) {
   for (const Case* c : to_run) {
     const bool makes_reference = references.insert(reference_key(*c)).second;
     const double flops = makes_reference ? reference_flops(*c, ctx.cache.backward(*c)) : 0.0;
-    total_estimate += (estimates[c->plan_index] = estimate_case_time(*c, config.run, rates, flops)).total_s();
+    CostRates op_rates = rates;
+    op_rates.reference_gflops = reference_paces.at(c->op);
+    total_estimate += (estimates[c->plan_index] = estimate_case_time(*c, config.run, op_rates, flops)).total_s();
   }
   Progress progress(total_estimate);
   progress.advance(start_up_s);
@@ -208,12 +210,17 @@ int run_benchmarks(const RunRequest& request) {
   ProgressLine progress_line(!request.quiet, ProgressLine::stderr_is_terminal());
   progress_line.note(fmt::format(
       "lattnbench: {} cases{}, estimated {} in all (start-up {}; cost model: each call at the sgemm's median "
-      "{:.0f} GFLOP/s or the triad's {:.0f} GB/s, the float64 references at {:.2f} GFLOP/s, each sample at least "
+      "{:.0f} GFLOP/s or the triad's {:.0f} GB/s, the float64 references at{} GFLOP/s, each sample at least "
       "min_sample_ms){}",
       plan.size(),
       document.totals.not_planned ? fmt::format(" ({} not planned: --filter)", document.totals.not_planned) : "",
       format_duration(total_estimate), format_duration(start_up_s), rates.kernel_gflops, rates.stream_gbytes_per_s,
-      rates.reference_gflops, config.run.interleave ? "; samples in rounds over the cases" : ""));
+      [&] {
+        std::string paces;
+        for (const auto& [op, pace] : reference_paces) paces += fmt::format(" {:.2f} ({})", pace, op->suite);
+        return paces.empty() ? std::string(" -") : paces;
+      }(),
+      config.run.interleave ? "; samples in rounds over the cases" : ""));
   const auto status_line = [&] { return fmt::format("[{}/{}] {}", results.size(), plan.size(), timing_note()); };
   bool any_failed = false;
   std::string write_failure;  // what the disk refused (EnvironmentError): the run stops there
