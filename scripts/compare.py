@@ -310,6 +310,13 @@ def judge(key, base, new, options, ignore):
         row.interval = (interval.low, interval.high) if interval.known else None
         row.interval_kind = interval.kind
         row.verdict = verdict(row.ratio, interval, options.threshold)
+        # A case a stop request cut short (stopped_on "interrupted") took fewer samples than its
+        # rules asked for: its samples are real, but no verdict rests on a partial measurement.
+        partial = [side for side, r in (("base", base), ("new", new)) if r.get("stopped_on") == "interrupted"]
+        if partial:
+            row.verdict = "UNSURE"
+            row.note = " and ".join(partial) + " partial (interrupted)"
+            return row
         # Same case, different algorithm for the backward's chunk states: say so beside the verdict.
         if base.get("bwd_states") and new.get("bwd_states") and base["bwd_states"] != new["bwd_states"]:
             row.note = f"bwd_states {base['bwd_states']} -> {new['bwd_states']}"

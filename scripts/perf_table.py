@@ -58,8 +58,12 @@ def header(run):
     parts = [run.format_name]
     if d.get("threads") is not None:
         parts.append(f"threads {d['threads']}")
+    if lr.number(d.get("fma_gflops")) is not None:
+        parts.append(f"FMA rate {d['fma_gflops']:.1f} GFLOP/s")
+    if lr.number(d.get("peak_gflops")) is not None and d.get("peak_source"):
+        parts.append(f"peak_fraction against the {'FMA rate' if d['peak_source'] == 'fma' else 'sgemm'}")
     if lr.number(d.get("sgemm_gflops")) is not None:
-        parts.append(f"sgemm peak {d['sgemm_gflops']:.1f} GFLOP/s"
+        parts.append(f"sgemm {d['sgemm_gflops']:.1f} GFLOP/s"
                      + (f" (n = {d['sgemm_n']} per thread)" if d.get("sgemm_n") is not None else ""))
     if lr.number(d.get("stream_gbytes_per_s")) is not None:
         parts.append(f"triad {d['stream_gbytes_per_s']:.1f} GB/s")

@@ -74,7 +74,7 @@ struct Backend {
   // Bytes free where the backend holds its tensors; empty when it cannot tell.
   std::function<std::size_t()> memory_available;
   // A quick re-measurement of the peak (GFLOP/s), taken just before and after each case, where
-  // the backend has one (docs/results.md, peak_gflops_now).
+  // the backend has one (docs/results.md, blas_gflops_now).
   std::function<std::optional<double>()> peak_check;
 
   const ImplRow* find(const std::string& op, const std::string& impl) const;

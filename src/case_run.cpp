@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <random>
 
@@ -17,7 +18,6 @@
 #include "plan.hpp"
 
 namespace lattn {
-namespace {
 
 std::string reference_key(const Case& c) {
   std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.op->name, c.batch, c.heads, c.seq, c.dim, c.window,
@@ -25,6 +25,8 @@ std::string reference_key(const Case& c) {
   for (const auto& [name, value] : c.options) key += "|" + name + "=" + value;
   return key;
 }
+
+namespace {
 
 // Host bytes the run itself holds for a case beyond the backend: the cached inputs (float32), their
 // float64 copies and the case's own input copy; the float64 reference outputs and the outputs read
@@ -135,18 +137,24 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
                                   timing.stats.median * 1e6, ctx.timer.resolution_ns);
   m.cold = run.cold;
 
-  // Against the start-up peak, and the roofline: the rate a case of this arithmetic intensity can
-  // reach at the measured bandwidth, if that is below the compute peak (memory-bound: small D,
-  // long sequences).
-  const double peak = ctx.device.peak_gflops(), stream = ctx.device.stream_gbytes_per_s();
+  // Against the compute ceiling (the larger of the FMA rate and sgemm: the hardware's), the roofline
+  // (the rate a case of this arithmetic intensity can reach at the measured bandwidth, if below the
+  // ceiling: memory-bound, small D, long sequences), and the BLAS's start-up sgemm.
+  const double peak = ctx.device.peak_gflops(), blas = ctx.device.blas_gflops(),
+               stream = ctx.device.stream_gbytes_per_s();
   if (peak > 0) {
     m.peak_gflops = peak;
     m.peak_fraction = m.gflops / peak;
+    m.above_ceiling = *m.peak_fraction > kAboveCeiling;
     if (stream > 0 && m.bytes > 0 && m.flops > 0) {
       const double roof = std::min(peak, m.flops / m.bytes * stream);
       m.roofline_gflops = roof;
       m.roofline_fraction = m.gflops / roof;
     }
+  }
+  if (blas > 0) {
+    m.blas_gflops = blas;
+    m.blas_fraction = m.gflops / blas;
   }
   if (!ctx.request.dump_dir.empty()) dump_case(ctx.request.dump_dir, c, f.inputs, outputs);
   return m;
@@ -171,6 +179,31 @@ std::shared_ptr<const ReferenceCache::Entry> ReferenceCache::get(const Case& c, 
   entry->reference = c.op->reference(c, entry->inputs, backward);
   entries_[key] = entry;
   return entry;
+}
+
+bool ReferenceCache::backward(const Case& c) const { return c.backward() || backward_keys_.count(reference_key(c)) > 0; }
+
+std::map<const Op*, double> measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed) {
+  std::map<const Op*, const Case*> smallest;
+  for (const Case* c : cases) {
+    const Case*& least = smallest[c->op];
+    if (!least || reference_flops(*c, false) < reference_flops(*least, false)) least = c;
+  }
+  std::map<const Op*, double> paces;
+  for (const auto& [op, c] : smallest) {
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      const TensorSet inputs = make_case_inputs(*c, seed);
+      op->reference(*c, inputs, false);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      paces[op] = reference_flops(*c, false) / std::max(seconds, 1e-4) * 1e-9;
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception&) {
+      paces[op] = 0.0;
+    }
+  }
+  return paces;
 }
 
 MemoryNeed memory_need(const Backend& backend, const ImplRow& row, const Case& c) {
@@ -209,8 +242,8 @@ Measurement run_case(RunContext& ctx, const ImplRow& row, const Case& c) {
 CaseRecord measured_record(const Case& c, Measurement m, std::optional<double> peak_before,
                            std::optional<double> peak_after, std::string& note) {
   if (peak_before && peak_after) {
-    m.peak_gflops_now = std::max(*peak_before, *peak_after);
-    m.peak_fraction_now = m.gflops / *m.peak_gflops_now;
+    m.blas_gflops_now = std::max(*peak_before, *peak_after);
+    m.blas_fraction_now = m.gflops / *m.blas_gflops_now;
   }
   CaseRecord r;
   r.kase = c;
@@ -242,6 +275,31 @@ CaseRecord failure_record(const Case& c, const std::exception_ptr& error, std::s
   return r;
 }
 
+namespace {
+
+// A stop request in the middle of a batch: every case in flight with at least one sample is checked
+// and recorded with the samples it has (stopped_on "interrupted"), so that what was measured is not
+// lost; cases without a sample are left unrecorded. Its outputs are those of its last call.
+void keep_interrupted(RunContext& ctx, std::vector<std::unique_ptr<InFlight>>& active, const BatchEvents& events) {
+  for (auto& f : active) {
+    if (!f || f->sampler->timing().samples_ms.empty()) continue;
+    f->sampler->interrupt();
+    std::string note;
+    CaseRecord record;
+    try {
+      record = measured_record(*f->c, finish_case(ctx, *f), f->peak_before, std::nullopt, note);
+    } catch (const EnvironmentError&) {
+      throw;
+    } catch (...) {  // the check of a partial case failed to run: it is left for --resume
+      continue;
+    }
+    if (!events.finished(*f->c, std::move(record), note)) return;
+    f.reset();
+  }
+}
+
+}  // namespace
+
 void run_batch(RunContext& ctx, const std::vector<const Case*>& cases, const BatchEvents& events) {
   const auto peak = [&]() { return ctx.backend.peak_check ? ctx.backend.peak_check() : std::nullopt; };
   const auto outcome = [&](const Case& c, const std::exception_ptr& error) -> bool {
@@ -263,30 +321,38 @@ void run_batch(RunContext& ctx, const std::vector<const Case*>& cases, const Bat
     if (events.started) events.started(*c);
   }
 
+  if (events.prepared) events.prepared();
   std::mt19937_64 order_rng(ctx.request.config.run.seed ^ 0x9e3779b97f4a7c15ull);
-  for (int round = 1; !active.empty(); ++round) {
-    std::vector<std::size_t> order(active.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), order_rng);
-    for (const std::size_t i : order) {
-      InFlight& f = *active[i];
-      bool go_on = true;
-      try {
-        f.sampler->sample();
-        if (events.sampled) events.sampled(*f.c);
-        if (!f.sampler->done()) continue;
-        std::string note;
-        Measurement m = finish_case(ctx, f);
-        CaseRecord record = measured_record(*f.c, std::move(m), f.peak_before, peak(), note);
-        go_on = events.finished(*f.c, std::move(record), note);
-      } catch (...) {
-        go_on = outcome(*f.c, std::current_exception());
+  try {
+    for (int round = 1; !active.empty(); ++round) {
+      std::vector<std::size_t> order(active.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), order_rng);
+      for (const std::size_t i : order) {
+        InFlight& f = *active[i];
+        bool go_on = true;
+        try {
+          f.sampler->sample();
+          if (events.sampled) events.sampled(*f.c);
+          if (!f.sampler->done()) continue;
+          std::string note;
+          Measurement m = finish_case(ctx, f);
+          CaseRecord record = measured_record(*f.c, std::move(m), f.peak_before, peak(), note);
+          go_on = events.finished(*f.c, std::move(record), note);
+        } catch (const Interrupted&) {
+          throw;
+        } catch (...) {
+          go_on = outcome(*f.c, std::current_exception());
+        }
+        active[i].reset();  // frees its tensors; the reference goes with the last case holding it
+        if (!go_on) return;
       }
-      active[i].reset();  // frees its tensors; the reference goes with the last case holding it
-      if (!go_on) return;
+      std::erase_if(active, [](const auto& f) { return !f; });
+      if (events.round_done) events.round_done(round, active.size());
     }
-    std::erase_if(active, [](const auto& f) { return !f; });
-    if (events.round_done) events.round_done(round, active.size());
+  } catch (const Interrupted&) {
+    keep_interrupted(ctx, active, events);
+    throw;
   }
 }
 

@@ -26,6 +26,8 @@ inline constexpr double kMiB = 1024.0 * 1024.0;
 // key needs them, so that the (slow) float64 reference runs once. An entry lives while a case in
 // flight holds it, and the last one made stays for the next case of its key: when a new key is
 // made, the entries nobody holds are freed first.
+std::string reference_key(const Case& c);
+
 class ReferenceCache {
  public:
   struct Entry {
@@ -35,6 +37,8 @@ class ReferenceCache {
 
   explicit ReferenceCache(const std::vector<Case>& plan);
   std::shared_ptr<const Entry> get(const Case& c, std::uint64_t seed);
+  // Whether the reference of `c`'s key is made with its gradients (some case of the key needs them).
+  bool backward(const Case& c) const;
 
  private:
   std::set<std::string> backward_keys_;
@@ -52,6 +56,11 @@ struct RunContext {
 // Host and device bytes a case needs: the run's own host copies (inputs, their float64 copies,
 // the reference outputs, the outputs read back) and the backend's estimate, counted on the host
 // when the backend's memory is host memory.
+// The float64 references' pace here and now (GFLOP/s, for the time estimate), per op: the inputs
+// and the forward reference of the op's smallest case of `cases` (by its reference's flops), timed;
+// 0 for an op whose reference failed.
+std::map<const Op*, double> measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed);
+
 struct MemoryNeed {
   double host = 0, device = 0;
 };
@@ -78,6 +87,7 @@ struct BatchEvents {
   // stops the batch there (the disk refused its journal line).
   std::function<bool(const Case&, CaseRecord, const std::string& note)> finished;
   std::function<void(const Case&)> started;  // cold call, warm-up and calibration done
+  std::function<void()> prepared;            // every case of the batch started: the rounds begin
   std::function<void(const Case&)> sampled;  // one sample taken
   std::function<void(int round, std::size_t sampling)> round_done;
 };

@@ -149,6 +149,9 @@ const std::vector<Field>& top_fields() {
        "a sample lasts at least this long (ms)"},
       {"interleave", false, [](Config& c, const std::vector<Raw>& raws) { c.run.interleave = parse_bool(raws[0]); },
        ""},  // set by the flags --interleave and --no-interleave (src/cli.cpp), which take no value
+      {"batch_memory", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.batch_memory = parse_positive_number(raws[0], 1); },
+       "interleaved batches: the fraction of physical memory one batch's cases may hold together"},
       {"slowdown", false,
        [](Config& c, const std::vector<Raw>& raws) { c.run.slowdown = parse_number_or_zero(raws[0], kMaxSlowdownPct); },
        "testing aid for the regression gate: make every call this % slower by a spin (docs/harness.md)"},
@@ -345,7 +348,8 @@ void apply_overrides(Config& config, const Overrides& overrides) {
   for (const auto& [key, text] : overrides.values) {
     if (find_field(top_fields(), key)) continue;
     // A suite key goes to every selected suite that has it (--seq sets kernel.seq and layer.seq).
-    std::vector<std::string> owners;
+    std::vector<std::string> owners, accepting;
+    std::vector<std::pair<std::string, std::string>> refusing;  // (suite, why)
     bool applied = false;
     for (const auto& suite : known_suites()) {
       const std::vector<Field> fields = suite_fields(suite);
@@ -353,8 +357,23 @@ void apply_overrides(Config& config, const Overrides& overrides) {
       if (!field) continue;
       owners.push_back(suite);
       if (std::find(config.suites.begin(), config.suites.end(), suite) == config.suites.end()) continue;
-      field->set(config, override_raws(*field, flag_of(key), text));
+      try {
+        field->set(config, override_raws(*field, flag_of(key), text));
+        accepting.push_back(suite);
+      } catch (const UsageError& e) {
+        refusing.emplace_back(suite, e.what());
+      }
       applied = true;
+    }
+    // A value one selected suite takes and another refuses (--decay scalar: the kernel suite has
+    // it, the layer suite not): the error names the suite that refused it and the ones that take it.
+    if (!refusing.empty()) {
+      const auto& [suite, why] = refusing.front();
+      const std::string prefix = flag_of(key) + ": ";
+      const std::string reason = why.rfind(prefix, 0) == 0 ? why.substr(prefix.size()) : why;
+      if (accepting.empty()) throw UsageError(flag_of(key), reason);  // no selected suite takes it
+      throw UsageError(flag_of(key), "the " + suite + " suite: " + reason + "; the " + join(accepting) +
+                                         " suite takes it: select it alone with --suite " + accepting.front());
     }
     if (owners.empty()) throw UsageError(flag_of(key), "no such config key");
     if (!applied)
@@ -474,6 +493,7 @@ nlohmann::json to_json(const Config& c) {
       {"max_noise", c.run.max_noise},
       {"timeout", c.run.timeout},
       {"interleave", c.run.interleave},
+      {"batch_memory", c.run.batch_memory},
       {"slowdown", c.run.slowdown},
       {"seed", c.run.seed},
       {"device", c.run.device},

@@ -26,6 +26,9 @@ struct RunSettings {
   double max_noise = 1.0;   // percent: stop a case once its median's noise is at most this; 0: never
   double timeout = 60.0;    // seconds of a case's own measuring time; 0: no limit
   bool interleave = true;   // take the cases' samples in rounds over the cases (docs/harness.md)
+  // The fraction of the host's physical memory the cases of one interleaved batch may hold
+  // together (docs/harness.md): the run's peak memory, and what it prepares before a first case ends.
+  double batch_memory = 1.0 / 32;
   double slowdown = 0.0;    // testing aid: percent added to every call by a spin (docs/harness.md)
   std::uint64_t seed = 0;
   int device = 0;     // GPU index (CUDA backend)

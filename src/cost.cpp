@@ -13,13 +13,26 @@ double case_cost_estimate(const Case& c) {
   return c.op->flops(c) + 64.0 * double(c.batch) * c.heads * c.seq * c.dim;
 }
 
-TimeEstimate estimate_case_time(const Case& c, const RunSettings& run, double peak_gflops) {
-  const double call_s = peak_gflops > 0 ? c.op->flops(c) / (peak_gflops * 1e9) : 0.0;
+double reference_flops(const Case& c, bool backward) {
+  Case as = c;
+  as.mode = backward ? Mode::fwd_bwd : Mode::fwd;
+  return as.op->flops(as);
+}
+
+TimeEstimate estimate_case_time(const Case& c, const RunSettings& run, const CostRates& rates, double reference_flops) {
+  const double flops = c.op->flops(c);
+  const double bytes = 4.0 * double(case_input_elems(c) + case_output_elems(c));
+  const double compute_s = rates.kernel_gflops > 0 ? flops / (rates.kernel_gflops * 1e9) : 0.0;
+  const double memory_s = rates.stream_gbytes_per_s > 0 ? bytes / (rates.stream_gbytes_per_s * 1e9) : 0.0;
+  const double call_s = std::max(compute_s, memory_s);
   TimeEstimate e;
-  e.sample_s = std::max(run.min_sample_ms * 1e-3, call_s);
+  e.prepare_s = rates.check_s + (rates.reference_gflops > 0 ? reference_flops / (rates.reference_gflops * 1e9) : 0.0);
+  // A sample is at least min_sample_ms; the calibration aims 10% above it, and a sample holds a
+  // whole number of calls.
+  e.sample_s = std::max(run.min_sample_ms * 1.1e-3, call_s);
   e.start_s = (1 + run.warmup) * call_s + e.sample_s;
-  e.samples = run.reps;
-  if (run.timeout > 0) e.samples = std::clamp(int(run.timeout / e.sample_s) + 1, 1, run.reps);
+  e.samples = run.max_noise > 0 ? (std::min(run.min_samples, run.reps) + run.reps + 1) / 2 : run.reps;
+  if (run.timeout > 0) e.samples = std::clamp(int(run.timeout / e.sample_s) + 1, 1, e.samples);
   return e;
 }
 

@@ -59,14 +59,19 @@ std::vector<double> load_averages() {
   return n > 0 ? std::vector<double>(load, load + n) : std::vector<double>{};
 }
 
-std::size_t available_host_memory() {
+namespace {
+std::size_t meminfo_bytes(const std::string& wanted) {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   std::size_t kib = 0;
   std::string unit;
   while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == wanted) return kib * 1024;
   return std::size_t(-1);
 }
+}  // namespace
+
+std::size_t available_host_memory() { return meminfo_bytes("MemAvailable:"); }
+std::size_t total_host_memory() { return meminfo_bytes("MemTotal:"); }
 
 }  // namespace lattn

@@ -31,5 +31,7 @@ std::vector<std::string> environment_warnings(const std::string& build_type);
 
 // Host memory available for new allocations (MemAvailable), in bytes.
 std::size_t available_host_memory();
+// The host's physical memory (MemTotal), in bytes.
+std::size_t total_host_memory();
 
 }  // namespace lattn

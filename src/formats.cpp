@@ -70,7 +70,8 @@ const std::vector<Column>& columns() {
       measured("stopped_on", [](const Measurement& m) { return m.stopped_on; }),
       measured("gflops", [](const Measurement& m) { return number(m.gflops); }),
       measured("peak_fraction", [](const Measurement& m) { return number(m.peak_fraction); }),
-      measured("peak_fraction_now", [](const Measurement& m) { return number(m.peak_fraction_now); }),
+      measured("blas_fraction", [](const Measurement& m) { return number(m.blas_fraction); }),
+      measured("blas_fraction_now", [](const Measurement& m) { return number(m.blas_fraction_now); }),
       measured("roofline_fraction", [](const Measurement& m) { return number(m.roofline_fraction); }),
       measured("gbytes_per_s", [](const Measurement& m) { return number(m.gbytes_per_s); }),
       measured("temp_mb", [](const Measurement& m) { return number(m.temp_mb); }),
@@ -221,7 +222,7 @@ std::string to_markdown(const std::vector<CaseRecord>& records) {
     shown.emplace_back(key, key == "dtype" || key == "backend" ? column(key) : option_column(key));
   const std::size_t identity = shown.size();
   for (const char* key : {"median_ms", "q1_ms", "q3_ms", "noise_pct", "reps", "gflops", "peak_fraction",
-                          "peak_fraction_now", "temp_mb", "rel_err", "status"})
+                          "blas_fraction", "temp_mb", "rel_err", "status"})
     shown.emplace_back(key, column(key));
   std::string out = "|";
   for (const auto& [key, c] : shown) out += " " + key + " |";
@@ -315,6 +316,7 @@ nlohmann::json to_gbench(const RunDocument& doc) {
     nlohmann::json counters = {{"gflops", m.gflops}, {"gbytes_per_s", m.gbytes_per_s}, {"temp_mb", m.temp_mb},
                                {"rel_err", std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr)}};
     if (m.peak_fraction) counters["peak_fraction"] = *m.peak_fraction;
+    if (m.blas_fraction) counters["blas_fraction"] = *m.blas_fraction;
     const std::string error = !m.check_failure.empty() ? m.check_failure : r.error;
     const bool has_cpu = m.samples_cpu_ms.size() == m.samples_ms.size() && !m.samples_ms.empty();
     auto entry = [&](nlohmann::json e, double ms, double cpu_ms) {

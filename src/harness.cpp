@@ -66,6 +66,7 @@ std::string to_string(StopReason reason) {
     case StopReason::samples: return "samples";
     case StopReason::noise: return "noise";
     case StopReason::timeout: return "timeout";
+    case StopReason::interrupted: return "interrupted";
   }
   return "?";
 }

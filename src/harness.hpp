@@ -38,8 +38,9 @@ struct TimingSettings {
   double slowdown_pct = 0;   // testing aid: every call made this % slower (a spin after it)
 };
 
-// Why a case took no more samples.
-enum class StopReason { samples, noise, timeout };
+// Why a case took no more samples; interrupted: a stop request (SIGINT, SIGTERM) came first, and
+// the samples so far are kept as a partial measurement.
+enum class StopReason { samples, noise, timeout, interrupted };
 std::string to_string(StopReason reason);
 
 struct Timing {
@@ -75,6 +76,11 @@ class Sampler {
   void start();
   void sample();
   bool done() const { return done_; }
+  // A stop request ended the case: its samples so far are all it gets.
+  void interrupt() {
+    timing_.stopped_on = StopReason::interrupted;
+    done_ = true;
+  }
   // The samples so far, their statistics and the stop reason.
   Timing timing() const;
 

@@ -113,7 +113,11 @@ std::map<std::size_t, CaseRecord> resumed_records(const JournalContents& journal
     const std::size_t i = index.get<std::size_t>();
     if (!in_shard.count(i)) throw UsageError(where, "the journal record's case " + std::to_string(i) + " is not in this run's shard");
     if (done.count(i)) throw UsageError(where, "the journal holds case " + std::to_string(i) + " twice");
-    done[i] = record_from_json(line.record, full_plan[i], where);
+    CaseRecord record = record_from_json(line.record, full_plan[i], where);
+    // A case a stop request cut short is measured again in full: its partial line stays in the
+    // journal, and the next line of the same case replaces it.
+    if (record.measured && record.measured->stopped_on == "interrupted") continue;
+    done[i] = std::move(record);
   }
   return done;
 }

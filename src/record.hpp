@@ -18,6 +18,10 @@
 namespace lattn {
 
 enum class Status { ok, failed, skipped };
+
+// A case this far above its compute ceiling is flagged (Measurement::above_ceiling): timing noise
+// can lift a kernel at the ceiling a few percent over it, but not more.
+inline constexpr double kAboveCeiling = 1.05;
 std::string to_string(Status status);
 
 // The figures of a case that ran.
@@ -46,9 +50,12 @@ struct Measurement {
   // the case's tensors fit in the last-level cache (its fraction against DRAM may then pass 1).
   std::optional<double> bandwidth_fraction, tokens_per_s, us_per_token;
   std::string bandwidth_roof;
-  // Against the start-up peak, the roofline, and the peak re-measured around the case (CPU).
-  std::optional<double> peak_gflops, peak_fraction, roofline_gflops, roofline_fraction, peak_gflops_now,
-      peak_fraction_now;
+  // Against the compute ceiling (the device block's peak_gflops), the roofline, the BLAS's start-up
+  // sgemm, and the sgemm re-measured around the case (CPU).
+  std::optional<double> peak_gflops, peak_fraction, roofline_gflops, roofline_fraction, blas_gflops, blas_fraction,
+      blas_gflops_now, blas_fraction_now;
+  // peak_fraction above kAboveCeiling: faster than the hardware can be, so the ceiling was mismeasured.
+  bool above_ceiling = false;
 };
 
 struct CaseRecord {

@@ -85,7 +85,8 @@ constexpr IntKey kInts[] = {{"warmup", &Measurement::warmup},
 constexpr OptionalKey kOptionals[] = {
     {"peak_gflops", &Measurement::peak_gflops},         {"peak_fraction", &Measurement::peak_fraction},
     {"roofline_gflops", &Measurement::roofline_gflops}, {"roofline_fraction", &Measurement::roofline_fraction},
-    {"peak_gflops_now", &Measurement::peak_gflops_now}, {"peak_fraction_now", &Measurement::peak_fraction_now},
+    {"blas_gflops", &Measurement::blas_gflops},         {"blas_fraction", &Measurement::blas_fraction},
+    {"blas_gflops_now", &Measurement::blas_gflops_now}, {"blas_fraction_now", &Measurement::blas_fraction_now},
     {"bandwidth_fraction", &Measurement::bandwidth_fraction}, {"tokens_per_s", &Measurement::tokens_per_s},
     {"us_per_token", &Measurement::us_per_token},
 };
@@ -109,6 +110,7 @@ void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const auto& [name, e] : m.rel_errs) errors[name] = error_value(e);
   r["rel_errs"] = errors;
   if (m.cold) r["cold"] = true;
+  if (m.peak_fraction) r["above_ceiling"] = m.above_ceiling;
 }
 
 }  // namespace
@@ -155,7 +157,10 @@ nlohmann::json to_json(const DeviceInfo& d) {
     j["stream_gbytes_per_s"] = c->stream_gbytes_per_s;
     j["stream_bytes"] = c->stream_bytes;
     put(j, "fma_gflops", c->fma_gflops);
-    j["peak_gflops"] = c->sgemm_gflops;
+    const ComputeCeiling ceiling = d.ceiling();
+    j["peak_gflops"] = ceiling.gflops;
+    j["peak_source"] = ceiling.source;
+    j["blas_gflops"] = c->sgemm_gflops;
   }
   if (const auto& c = d.cuda) {
     j["cuda_targets"] = c->cuda_targets;
@@ -329,9 +334,11 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
     if (!is_input(spec.role) && spec.in(planned)) outputs.insert(spec.name);
   for (const auto& [name, e] : m.rel_errs) recorded.insert(name);
   if (recorded != outputs) throw UsageError(where, "the journal record's rel_errs do not name this case's outputs");
-  if (m.stopped_on != "samples" && m.stopped_on != "noise" && m.stopped_on != "timeout")
-    throw UsageError(where, "the journal record's stopped_on '" + m.stopped_on + "' is not samples, noise or timeout");
+  if (m.stopped_on != "samples" && m.stopped_on != "noise" && m.stopped_on != "timeout" && m.stopped_on != "interrupted")
+    throw UsageError(where, "the journal record's stopped_on '" + m.stopped_on +
+                                "' is not samples, noise, timeout or interrupted");
   m.cold = optional_field<bool>(line, "cold", where).value_or(false);
+  m.above_ceiling = optional_field<bool>(line, "above_ceiling", where).value_or(false);
   if (int(m.samples_ms.size()) != m.reps)
     throw UsageError(where, "the journal record has " + std::to_string(m.samples_ms.size()) + " samples for reps " +
                                 std::to_string(m.reps));

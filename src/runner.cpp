@@ -25,6 +25,7 @@
 #include "isolate.hpp"
 #include "journal.hpp"
 #include "plan.hpp"
+#include "progress_line.hpp"
 #include "record_json.hpp"
 #include "report.hpp"
 #include "run_files.hpp"
@@ -79,7 +80,7 @@ std::string list_cases(const RunRequest& request) {
   for (const Case& c : plan) name_width = std::max(name_width, case_slug(c).size());
   if (!plan.empty()) out += fmt::format("{:<{}}  {:>10}  {:>16}\n", "case", name_width, "estimated", "work");
   for (const Case& c : plan) {
-    const TimeEstimate e = estimate_case_time(c, config.run, peak.value_or(0.0));
+    const TimeEstimate e = estimate_case_time(c, config.run, CostRates{peak.value_or(0.0)});
     total += e.total_s();
     const std::optional<std::string> why = availability.available ? backend->unsupported(c) : std::nullopt;
     const std::string variant = availability.available && !why ? backend->variant(c) : std::string();
@@ -98,6 +99,8 @@ std::string default_out_path(const std::string& backend, const std::string& utc_
 std::string journal_path_for(const std::string& out_path) { return out_path + ".journal.jsonl"; }
 
 int run_benchmarks(const RunRequest& request) {
+  // The run's clock starts before the start-up measurements, which the first estimate counts.
+  const auto run_start = std::chrono::steady_clock::now();
   const Config& config = request.config;
   std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
   std::vector<std::string> argv = request.argv;
@@ -170,9 +173,9 @@ int run_benchmarks(const RunRequest& request) {
   Journal journal(files.journal, header, resuming);
   folders.keep();
 
-  const double peak_gflops = device.peak_gflops(), sgemm_median_gflops = device.sgemm_median_gflops();
+  const double sgemm_median_gflops = device.sgemm_median_gflops();
   std::vector<std::string> warnings = environment_warnings(device.host.build_type);
-  if (std::string w = peak_spread_warning(peak_gflops, sgemm_median_gflops); !w.empty()) warnings.push_back(std::move(w));
+  if (std::string w = peak_spread_warning(device.blas_gflops(), sgemm_median_gflops); !w.empty()) warnings.push_back(std::move(w));
   if (config.run.slowdown > 0)
     warnings.push_back(fmt::format("--slowdown {}: every call was made {}% slower on purpose (a testing aid of the "
                                    "regression gate, docs/harness.md); these times are not the kernels'",
@@ -180,13 +183,36 @@ int run_benchmarks(const RunRequest& request) {
   for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
 
   RunContext ctx{request, *backend, device, ReferenceCache(plan), measure_steady_clock()};
-  // The ETA starts from the cost model (docs/cli.md) and moves to what the cases take.
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count(); };
+  // The ETA starts from the cost model (docs/cli.md) and moves to what the cases take. Its paces
+  // are this machine's under the load of the start-up: the sgemm's median product (its typical
+  // moment, not its best), the triad, a float64 reference timed now, an sgemm check timed now.
+  std::vector<const Case*> to_run;
+  for (const auto& c : plan)
+    if (!done.count(c.plan_index) && !backend->unsupported(c)) to_run.push_back(&c);
+  CostRates rates;
+  rates.kernel_gflops = device.sgemm_median_gflops() > 0 ? device.sgemm_median_gflops() : device.blas_gflops();
+  rates.stream_gbytes_per_s = device.stream_gbytes_per_s();
+  const std::map<const Op*, double> reference_paces = measure_reference_gflops(to_run, config.run.seed);
+  if (backend->peak_check && !to_run.empty()) {
+    const auto check_start = std::chrono::steady_clock::now();
+    backend->peak_check();
+    rates.check_s = 2 * std::chrono::duration<double>(std::chrono::steady_clock::now() - check_start).count();
+  }
   std::map<std::size_t, TimeEstimate> estimates;
   std::map<std::size_t, double> advanced;  // the estimated seconds each case has counted so far
-  double total_estimate = 0;
-  for (const auto& c : plan)
-    if (!done.count(c.plan_index)) total_estimate += (estimates[c.plan_index] = estimate_case_time(c, config.run, peak_gflops)).total_s();
+  const double start_up_s = elapsed();
+  double total_estimate = start_up_s;
+  std::set<std::string> references;  // the keys whose float64 reference a case before makes
+  for (const Case* c : to_run) {
+    const bool makes_reference = references.insert(reference_key(*c)).second;
+    const double flops = makes_reference ? reference_flops(*c, ctx.cache.backward(*c)) : 0.0;
+    CostRates op_rates = rates;
+    op_rates.reference_gflops = reference_paces.at(c->op);
+    total_estimate += (estimates[c->plan_index] = estimate_case_time(*c, config.run, op_rates, flops)).total_s();
+  }
   Progress progress(total_estimate);
+  progress.advance(start_up_s);
   const auto advance = [&](const Case& c, double seconds) {
     progress.advance(seconds);
     advanced[c.plan_index] += seconds;
@@ -197,18 +223,24 @@ int run_benchmarks(const RunRequest& request) {
   results.reserve(plan.size());
   document.totals.cases = plan.size();
   document.totals.not_planned = full_plan.size() - chosen.size();
-  const auto run_start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count(); };
   const auto timing_note = [&] {
     return fmt::format("elapsed {}, ETA {}", format_duration(elapsed()), format_duration(progress.eta_s(elapsed())));
   };
-  if (!request.quiet) {
-    fmt::print(stderr, "lattnbench: {} cases{}, estimated {} (cost model: each call's flops at the sgemm peak, "
-               "each sample at least min_sample_ms){}\n", plan.size(),
-               document.totals.not_planned ? fmt::format(" ({} not planned: --filter)", document.totals.not_planned) : "",
-               format_duration(total_estimate), config.run.interleave ? "; samples in rounds over the cases" : "");
-    std::fflush(stderr);
-  }
+  ProgressLine progress_line(!request.quiet, ProgressLine::stderr_is_terminal());
+  progress_line.note(fmt::format(
+      "lattnbench: {} cases{}, estimated {} in all (start-up {}; cost model: each call at the sgemm's median "
+      "{:.0f} GFLOP/s or the triad's {:.0f} GB/s, the float64 references at{} GFLOP/s, each sample at least "
+      "min_sample_ms){}",
+      plan.size(),
+      document.totals.not_planned ? fmt::format(" ({} not planned: --filter)", document.totals.not_planned) : "",
+      format_duration(total_estimate), format_duration(start_up_s), rates.kernel_gflops, rates.stream_gbytes_per_s,
+      [&] {
+        std::string paces;
+        for (const auto& [op, pace] : reference_paces) paces += fmt::format(" {:.2f} ({})", pace, op->suite);
+        return paces.empty() ? std::string(" -") : paces;
+      }(),
+      config.run.interleave ? "; samples in rounds over the cases" : ""));
+  const auto status_line = [&] { return fmt::format("[{}/{}] {}", results.size(), plan.size(), timing_note()); };
   bool any_failed = false;
   std::string write_failure;  // what the disk refused (EnvironmentError): the run stops there
 
@@ -226,29 +258,41 @@ int run_benchmarks(const RunRequest& request) {
       case Status::failed: ++document.totals.failed; break;
       case Status::skipped: ++document.totals.skipped; break;
     }
-    any_failed = any_failed || record.status == Status::failed;
+    const bool record_failed = record.status == Status::failed;
+    any_failed = any_failed || record_failed;
     results.push_back(std::move(record));
     if (const auto it = estimates.find(c.plan_index); it != estimates.end()) advance(c, it->second.total_s() - advanced[c.plan_index]);
-    if (!request.quiet) {
-      fmt::print(stderr, "[{}/{}] {}: {} ({})\n", results.size(), plan.size(), case_slug(c), note, timing_note());
-      std::fflush(stderr);
-    }
+    const std::string line = fmt::format("[{}/{}] {}: {} ({})", results.size(), plan.size(), case_slug(c), note, timing_note());
+    if (record_failed) progress_line.note(line);  // a failure stays in sight on a terminal too
+    else progress_line.finished(status_line() + "; " + case_slug(c) + ": " + note, line);
     return write_failure.empty();
   };
   BatchEvents events;
   events.finished = finished;
-  events.started = [&](const Case& c) { advance(c, estimates.at(c.plan_index).start_s); };
-  events.sampled = [&](const Case& c) { advance(c, estimates.at(c.plan_index).sample_s); };
-  std::vector<const Case*> batch;
-  events.round_done = [&](int round, std::size_t sampling) {
-    if (request.quiet || batch.size() < 2) return;
-    fmt::print(stderr, "round {}: {} of the batch's {} cases still sampling ({})\n", round, sampling, batch.size(),
-               timing_note());
-    std::fflush(stderr);
+  events.started = [&](const Case& c) {
+    const TimeEstimate& e = estimates.at(c.plan_index);
+    advance(c, e.prepare_s + e.start_s);
   };
-
+  events.sampled = [&](const Case& c) {
+    advance(c, estimates.at(c.plan_index).sample_s);
+    progress_line.status(status_line());
+  };
+  std::vector<const Case*> batch;
+  double batch_seconds = 0;
+  // On a pipe, where the rounds print nothing, a line says when a batch's sampling begins.
+  events.prepared = [&] {
+    if (!config.run.interleave || progress_line.on_terminal()) return;
+    progress_line.note(fmt::format("batch of {} case{} ({}{}, estimated {}): prepared, sampling{}", batch.size(),
+                                   batch.size() == 1 ? "" : "s", case_slug(*batch.front()),
+                                   batch.size() == 1 ? "" : " .. " + case_slug(*batch.back()),
+                                   format_duration(batch_seconds), batch.size() == 1 ? "" : " in rounds"));
+  };
   // Batches of cases whose samples are taken in rounds: with --interleave, consecutive cases while
-  // their memory fits in half of what is free when the batch starts; else one case at a time.
+  // their memory fits in the batch's bound (batch_memory of the physical memory, and half of what
+  // is free when the batch starts) and their expected time in kBatchSeconds; else one case at a
+  // time. The bounds keep the peak memory down and let cases finish (and reach the journal)
+  // steadily through a long run, so that an interrupt cuts short at most one batch.
+  constexpr double kBatchSeconds = 15;
   MemoryNeed budget, held;
   const auto run_pending = [&]() -> bool {
     if (batch.empty()) return true;
@@ -262,6 +306,7 @@ int run_benchmarks(const RunRequest& request) {
     }
     batch.clear();
     held = MemoryNeed{};
+    batch_seconds = 0;
     return write_failure.empty() && !stop_requested();
   };
   bool going = true;
@@ -303,24 +348,32 @@ int run_benchmarks(const RunRequest& request) {
       // batch would take the cases sampled beside it, unfinished, with it (docs/plugins.md).
       const bool alone = is_plugin_impl_name(c.impl);
       const MemoryNeed need = memory_need(*backend, *row, c);
-      const bool fits = held.host + need.host <= budget.host && (budget.device == 0 || held.device + need.device <= budget.device);
+      const double seconds = estimates.at(c.plan_index).total_s();
+      const bool fits = held.host + need.host <= budget.host &&
+                        (budget.device == 0 || held.device + need.device <= budget.device) &&
+                        batch_seconds + seconds <= kBatchSeconds;
       if (!batch.empty() && (!config.run.interleave || !fits || alone) && !(going = run_pending())) break;
       if (batch.empty()) {
-        budget.host = double(available_host_memory()) / 2;
+        budget.host = std::min(double(available_host_memory()) / 2, config.run.batch_memory * double(total_host_memory()));
         budget.device = !backend->memory_is_host && backend->memory_available ? double(backend->memory_available()) / 2 : 0;
       }
       batch.push_back(&c);
       held.host += need.host;
       held.device += need.device;
+      batch_seconds += seconds;
       if (alone) going = run_pending();
     }
     if (!going) break;
   }
   if (going) run_pending();
+  progress_line.close();
   std::sort(results.begin(), results.end(),
             [](const CaseRecord& a, const CaseRecord& b) { return a.kase.plan_index < b.kase.plan_index; });
 
-  if (const std::string w = above_peak_warning(results, peak_gflops, sgemm_median_gflops); !w.empty()) {
+  if (const std::string w = above_peak_warning(results, device.ceiling(),
+                                               device.cpu ? device.cpu->fma_gflops.value_or(0.0) : 0.0,
+                                               device.blas_gflops());
+      !w.empty()) {
     warnings.push_back(w);
     fmt::print(stderr, "lattnbench: warning: {}\n", w);
   }
@@ -363,9 +416,19 @@ int run_benchmarks(const RunRequest& request) {
                request.filter.empty() ? "" : fmt::format("; {} not planned (--filter {})", t.not_planned, request.filter),
                written);
   }
+  std::fflush(stdout);  // the table first, then the time on stderr, in this order on a terminal
+  if (!request.quiet)
+    fmt::print(stderr, "lattnbench: took {} (estimated {} at the start)\n", format_duration(elapsed()),
+               format_duration(total_estimate));
   if (signal) {
-    fmt::print(stderr, "lattnbench: interrupted after {} of {} cases; resume with --resume {}\n", results.size(),
-               plan.size(), files.journal);
+    const auto partial = std::count_if(results.begin(), results.end(), [](const CaseRecord& r) {
+      return r.measured && r.measured->stopped_on == "interrupted";
+    });
+    fmt::print(stderr,
+               "lattnbench: interrupted after {} of {} cases{}; resume with --resume {} (it measures the partial "
+               "ones again)\n",
+               results.size() - std::size_t(partial), plan.size(),
+               partial ? fmt::format(" and {} kept partial (stopped_on interrupted)", partial) : "", files.journal);
     return 128 + signal;
   }
   return any_failed ? 1 : 0;

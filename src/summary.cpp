@@ -128,23 +128,24 @@ std::string format_summary(const Summary& summary) {
   return out;
 }
 
-std::string above_peak_warning(const std::vector<CaseRecord>& records, double peak_gflops, double median_gflops) {
-  const auto above = std::count_if(records.begin(), records.end(), [](const CaseRecord& r) {
-    return r.measured && r.measured->peak_fraction.value_or(0.0) > 1.0;
-  });
+std::string above_peak_warning(const std::vector<CaseRecord>& records, const ComputeCeiling& ceiling,
+                               double fma_gflops, double sgemm_gflops) {
+  const auto above = std::count_if(records.begin(), records.end(),
+                                   [](const CaseRecord& r) { return r.measured && r.measured->above_ceiling; });
   if (above == 0) return {};
   return fmt::format(
-      "{} case(s) ran above the start-up sgemm peak ({:.1f} GFLOP/s; median of its products {:.1f}): it was "
-      "measured in a busier stretch than they ran in; read peak_fraction_now",
-      above, peak_gflops, median_gflops);
+      "{} case(s) ran above {:.2f} of the compute ceiling ({:.1f} GFLOP/s, the {}; FMA rate {:.1f}, sgemm {:.1f}): "
+      "faster than the hardware can be, so the ceiling was measured in a busier stretch than they ran in "
+      "(their records say above_ceiling); read blas_fraction_now",
+      above, kAboveCeiling, ceiling.gflops, ceiling.source == "fma" ? "FMA rate" : "sgemm", fma_gflops, sgemm_gflops);
 }
 
 std::string peak_spread_warning(double peak_gflops, double median_gflops) {
   if (!(peak_gflops > 0.0) || !(median_gflops > 0.0) || median_gflops >= 0.9 * peak_gflops) return {};
   return fmt::format(
       "the start-up sgemm products spread: median {:.1f} against best {:.1f} GFLOP/s ({:.2f}); the machine's rate "
-      "moved while the peak was measured, so a case as fast as sgemm's median reads peak_fraction {:.2f}: read "
-      "peak_fraction_now beside it",
+      "moved while sgemm was measured, so a case as fast as sgemm's median reads blas_fraction {:.2f}: read "
+      "blas_fraction_now beside it",
       median_gflops, peak_gflops, median_gflops / peak_gflops, median_gflops / peak_gflops);
 }
 

@@ -20,13 +20,15 @@ bool is_tie(const Comparison& comparison);
 
 std::string format_summary(const Summary& summary);
 
-// A warning when records ran above the start-up peak (`peak_fraction` > 1): the peak was then
-// measured in a busier stretch than they ran in. Empty when none did.
-std::string above_peak_warning(const std::vector<CaseRecord>& records, double peak_gflops, double median_gflops);
+// A warning when records ran above their compute ceiling (above_ceiling: `peak_fraction` over
+// kAboveCeiling): the ceiling was then measured in a busier stretch than they ran in. Empty when
+// none did.
+std::string above_peak_warning(const std::vector<CaseRecord>& records, const ComputeCeiling& ceiling,
+                               double fma_gflops, double sgemm_gflops);
 
 // A warning when the start-up sgemm products spread widely (their median under 0.9 of their
 // best): the machine's own rate moved while the peak was measured, so a case that ran exactly as
-// fast as sgemm did at its median would read peak_fraction of about that ratio. Empty otherwise,
+// fast as sgemm did at its median would read blas_fraction of about that ratio. Empty otherwise,
 // or when either figure is missing.
 std::string peak_spread_warning(double peak_gflops, double median_gflops);
 

@@ -1,7 +1,10 @@
 // Harness statistics and calibration on synthetic samples and a synthetic clock.
 #include <catch2/catch.hpp>
 
+#include "core/op.hpp"
+#include "src/config.hpp"
 #include "src/cost.hpp"
+#include "src/plan.hpp"
 #include "src/harness.hpp"
 
 #include <chrono>
@@ -209,4 +212,42 @@ TEST_CASE("the ETA starts from the cost model and moves to the measured pace", "
   CHECK(progress.eta_s(100) == Approx(50 * (100 + 10) / (50 + 10.0)));
   progress.advance(50);
   CHECK(progress.eta_s(200) == 0);
+}
+
+TEST_CASE("the time estimate counts the reference, the checks, the start and the samples expected", "[harness][eta]") {
+  Config config;
+  config.suites = {"kernel"};
+  Overrides o;
+  o.values = {{"seq", "4096"}, {"dim", "64"}, {"batch", "2"}, {"heads", "4"}, {"impl", "scan"}, {"mode", "fwd"}};
+  apply_overrides(config, o);
+  const Case c = expand_plan(config).front();
+  RunSettings run;  // warmup 2, reps 10, min_samples 5, max_noise 1, min_sample_ms 25
+  const double flops = c.op->flops(c);
+  CostRates rates;
+  rates.kernel_gflops = flops / 0.1 * 1e-9;  // 0.1 s a call
+  rates.reference_gflops = 2.0;
+  rates.check_s = 0.05;
+  const double ref = reference_flops(c, true);
+  CHECK(ref > reference_flops(c, false));  // the gradients cost more than the forward alone
+  const TimeEstimate first = estimate_case_time(c, run, rates, ref);
+  CHECK(first.prepare_s == Approx(0.05 + ref / 2e9));
+  CHECK(first.sample_s == Approx(0.1));              // a call longer than min_sample_ms
+  CHECK(first.start_s == Approx(3 * 0.1 + 0.1));     // cold call, two warm-up calls, the trial
+  CHECK(first.samples == 8);                         // halfway from min_samples 5 to reps 10
+  CHECK(first.total_s() == Approx(first.prepare_s + first.start_s + 8 * 0.1));
+  // A case sharing its key's reference pays the checks alone.
+  CHECK(estimate_case_time(c, run, rates).prepare_s == Approx(0.05));
+  // Without a noise target every case takes reps; a timeout caps them.
+  run.max_noise = 0;
+  CHECK(estimate_case_time(c, run, rates).samples == 10);
+  run.timeout = 0.35;
+  CHECK(estimate_case_time(c, run, rates).samples == 4);
+  // A memory-bound call: its bytes at the triad's rate when slower than its flops.
+  rates.kernel_gflops = 1e6;
+  rates.stream_gbytes_per_s = 1.0;
+  const double bytes = 4.0 * double(case_input_elems(c) + case_output_elems(c));
+  CHECK(estimate_case_time(c, run, rates).sample_s == Approx(std::max(bytes / 1e9, 0.0275)));
+  // A short call: the sample is min_sample_ms and the calibration's 10% above it.
+  rates = CostRates{1e6};
+  CHECK(estimate_case_time(c, run, rates).sample_s == Approx(0.0275));
 }

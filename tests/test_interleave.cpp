@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "core/cancel.hpp"
 #include "src/case_run.hpp"
 #include "src/plan.hpp"
 #include "test_util.hpp"
@@ -105,5 +106,36 @@ TEST_CASE("a case that stops on its noise leaves the rounds while the others go 
     REQUIRE(r.measured);
     CHECK(r.measured->samples_ms.size() == 2);
     CHECK(r.measured->stopped_on == "noise");
+  }
+}
+
+TEST_CASE("a stop request in a batch keeps every case that has a sample, stopped_on interrupted", "[interleave][signals]") {
+  RunRequest request;
+  request.config = small_config(50);
+  const std::vector<Case> plan = expand_plan(request.config);
+  REQUIRE(plan.size() == 4);
+  auto backend = make_backend("cpu", BackendOptions{1});
+  const DeviceInfo device;
+  RunContext ctx{request, *backend, device, ReferenceCache(plan), TimerInfo{}};
+  std::map<std::size_t, CaseRecord> records;
+  BatchEvents events;
+  // Ten rounds, then the request a signal handler would make. (A sample too short for its
+  // minimum starts a case's samples over, at most three times: ten rounds leave each case some.)
+  events.round_done = [&](int round, std::size_t) {
+    if (round == 10) request_stop(SIGINT);
+  };
+  CHECK_THROWS_AS(run_plan(ctx, plan, events, records), Interrupted);
+  clear_stop_request();
+  REQUIRE(records.size() == 4);  // every case had a sample: all are kept
+  for (const auto& [index, r] : records) {
+    INFO(case_slug(r.kase));
+    CHECK(r.status == Status::ok);  // checked against the reference with the outputs of its last call
+    REQUIRE(r.measured);
+    CHECK(r.measured->stopped_on == "interrupted");
+    CHECK(r.measured->samples_ms.size() >= 1);
+    CHECK(r.measured->samples_ms.size() < 50);
+    CHECK(r.measured->median_ms > 0);
+    CHECK(r.measured->rel_err <= r.measured->tolerance);
+    CHECK_FALSE(r.measured->blas_gflops_now);  // no sgemm re-measurement after a stop request
   }
 }

@@ -5,7 +5,10 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "src/journal.hpp"
 #include "process_util.hpp"
@@ -29,9 +32,92 @@ TEST_CASE("SIGINT and SIGTERM finish the sample, write the finished cases marked
     CHECK(doc["results"].size() >= 2);
     CHECK(doc["results"].size() < 12);
     for (const auto& r : doc["results"]) CHECK(r["status"] == "ok");
+    // One case at a time (--no-interleave): at most the one in flight is partial.
+    CHECK(std::count_if(doc["results"].begin(), doc["results"].end(),
+                        [](const nlohmann::json& r) { return r["stopped_on"] == "interrupted"; }) <= 1);
     CHECK(fs::exists(out.string() + ".journal.jsonl"));  // kept for --resume
     fs::remove_all(dir);
   }
+}
+
+TEST_CASE("SIGINT in an interleaved batch keeps every case's samples, and --resume measures those cases again in full",
+          "[robustness][signals][resume][interleave]") {
+  const fs::path dir = test::fresh_dir("sigint-batch");
+  const fs::path out = dir / "r.json";
+  const fs::path journal = journal_of(out);
+  // Eight cases of ~1 ms calls, 30 samples of 20 ms each: one batch of about 5 s of rounds.
+  const std::vector<std::string> args = {binary(), "--suite", "kernel", "--seq", "3000,3001", "--dim", "48", "--batch", "1",
+                                         "--heads", "4", "--reps", "30", "--max-noise", "0", "--timeout", "0",
+                                         "--min-sample-ms", "20", "--threads", "1", "--out", out.string()};
+  const pid_t pid = spawn(args, dir / "log1");
+  // The progress on a pipe says when the batch's rounds begin.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_text(dir / "log1").find("prepared, sampling in rounds") == std::string::npos) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // About 15 rounds of the 8 cases (each sample at least 20 ms), far from the 30 samples.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  REQUIRE(kill(pid, SIGINT) == 0);
+  CHECK(wait_exit(pid) == 128 + SIGINT);
+  const nlohmann::json partial = read_json(out);
+  INFO(read_text(dir / "log1"));
+  CHECK(partial["interrupted"] == true);
+  // Every case with a sample is kept. A sample shorter than its minimum starts a case's samples
+  // over (at most three times), so on a busy machine a case can be caught with none.
+  const std::size_t kept = partial["results"].size();
+  CHECK(kept >= 4);
+  CHECK(kept <= 8);
+  for (const auto& r : partial["results"]) {
+    CHECK(r["stopped_on"] == "interrupted");
+    CHECK(r["samples_ms"].size() >= 1);
+    CHECK(r["samples_ms"].size() < 30);
+  }
+  CHECK_THAT(read_text(dir / "log1"),
+             Catch::Matchers::Contains("interrupted after 0 of 8 cases and " + std::to_string(kept) + " kept partial"));
+  CHECK(read_journal(journal.string()).records.size() == kept);  // the journal has them too
+
+  auto resume_args = args;
+  resume_args.push_back("--resume");
+  resume_args.push_back(journal.string());
+  const pid_t resumed = spawn(resume_args, dir / "log2");
+  CHECK(wait_exit(resumed) == 0);
+  const nlohmann::json doc = read_json(out);
+  REQUIRE(doc["results"].size() == 8);
+  CHECK_FALSE(doc.contains("interrupted"));
+  for (const auto& r : doc["results"]) {
+    CHECK(r["stopped_on"] == "samples");
+    CHECK(r["samples_ms"].size() == 30);  // measured again from the start, not completed
+  }
+  CHECK_FALSE(fs::exists(journal));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("interleaved batches are bounded by memory: a tiny bound makes batches of one", "[robustness][interleave][memory]") {
+  const fs::path dir = test::fresh_dir("batch-memory");
+  const std::string small = binary() + " --suite kernel --seq 16,32 --dim 8 --reps 2 --min-sample-ms 1 --threads 1 --out ";
+  // A pipe: one line per batch and per finished case, none per sampling round.
+  const auto together = test::run_process(small + (dir / "a.json").string());
+  REQUIRE(together.exit_status == 0);
+  CHECK_THAT(together.output, Catch::Matchers::Contains("batch of 8 cases (000-") &&
+                                  Catch::Matchers::Contains("prepared, sampling in rounds"));
+  CHECK(together.output.find("round ") == std::string::npos);
+  const auto alone = test::run_process(small + (dir / "b.json").string() + " --batch-memory 1e-9");
+  REQUIRE(alone.exit_status == 0);
+  INFO(alone.output);
+  std::size_t batches = 0, finished = 0;
+  for (std::size_t at = 0; (at = alone.output.find("batch of 1 case (", at)) != std::string::npos; ++at) ++batches;
+  for (std::size_t at = 0; (at = alone.output.find("\n[", at)) != std::string::npos; ++at) ++finished;
+  CHECK(batches == 8);
+  CHECK(finished == 8);
+  CHECK(alone.output.find("batch of 2") == std::string::npos);
+  CHECK(read_json(dir / "b.json")["config"]["batch_memory"] == 1e-9);
+  for (const char* bad : {"0", "-0.5", "2"}) {
+    const auto refused = test::run_process(small + (dir / "c.json").string() + " --batch-memory " + bad);
+    CHECK(refused.exit_status == 2);
+    CHECK_THAT(refused.output, Catch::Matchers::Contains("--batch-memory: expected a number in (0, 1]"));
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "[robustness][resume]") {

@@ -8,7 +8,7 @@
 // out 30% low under load, a best of 30 still read 210 instead of ~300 GFLOP/s once on an idle
 // two-core VM, and a best of 100 (0.2 s) read 157 once; the start-up measurement now runs until
 // its best settles (sgemm_peak_settled).
-// The bandwidth is a STREAM-style triad a = b + s c over arrays far larger than the last-level
+// The bandwidth is a STREAM-style triad a = b + s c over arrays together four times the last-level
 // cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
 // The FMA rate (registers only) is the compute ceiling beside them: sgemm at ~0.9 of it is
 // OpenBLAS at its best, and two runs whose FMA rates differ ran on different CPUs, whatever
@@ -21,7 +21,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace lattn {
@@ -169,6 +172,25 @@ double measure_fma(int, int) { return 0.0; }
 
 }  // namespace
 
+std::size_t last_level_cache_bytes() {
+  std::size_t largest = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream size_file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+    std::string size;
+    if (!(size_file >> size) || size.empty()) continue;
+    std::size_t bytes = std::size_t(std::atol(size.c_str())) * 1024;  // "32768K"
+    if (size.back() == 'M') bytes *= 1024;
+    largest = std::max(largest, bytes);
+  }
+  return largest;
+}
+
+std::size_t triad_elems_for_cache(std::size_t llc_bytes) {
+  constexpr std::size_t kMinElems = std::size_t(1) << 21, kMaxElems = std::size_t(1) << 25;  // 8 and 128 MiB
+  if (llc_bytes == 0) return kMaxElems;
+  return std::clamp(4 * llc_bytes / (3 * sizeof(float)), kMinElems, kMaxElems);
+}
+
 bool sgemm_peak_settled(const std::vector<double>& product_seconds, double elapsed_seconds, const PeakRule& rule) {
   if (elapsed_seconds >= rule.max_seconds) return true;
   const std::size_t count = product_seconds.size();
@@ -185,7 +207,7 @@ const Roofline& cpu_roofline(int threads) {
   static std::once_flag once;
   static Roofline roofline;
   std::call_once(once, [&] {
-    constexpr std::size_t kTriadElems = std::size_t(1) << 25;  // 128 MiB per array
+    const std::size_t triad_elems = triad_elems_for_cache(last_level_cache_bytes());
     openblas_set_num_threads(1);
     roofline.threads = threads;
     roofline.sgemm_n = kSgemmN;
@@ -198,8 +220,8 @@ const Roofline& cpu_roofline(int threads) {
     std::sort(times.begin(), times.end());
     roofline.sgemm_gflops = sgemm_rate(threads, kSgemmN, times.front());
     roofline.sgemm_median_gflops = sgemm_rate(threads, kSgemmN, times[times.size() / 2]);
-    roofline.stream_bytes = 3 * sizeof(float) * kTriadElems;
-    roofline.stream_gbytes_per_s = measure_triad(threads, kTriadElems, 8);
+    roofline.stream_bytes = 3 * sizeof(float) * triad_elems;
+    roofline.stream_gbytes_per_s = measure_triad(threads, triad_elems, 8);
     roofline.fma_gflops = measure_fma(threads, 50);
   });
   return roofline;

@@ -20,6 +20,14 @@ struct Roofline {
   double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 50; 0 without AVX2
 };
 
+// The largest cache of cpu0 in bytes (sysfs), 0 where the system does not say.
+std::size_t last_level_cache_bytes();
+// Elements of each of the triad's three float arrays: together four times the last-level cache,
+// so that a pass streams from memory with nothing left in the cache from the pass before, between
+// 8 and 128 MiB per array (128 MiB when the cache size is unknown). A fixed 3 x 128 MiB made a
+// one-case run of a few KiB peak at 400 MB.
+std::size_t triad_elems_for_cache(std::size_t llc_bytes);
+
 // Measures on the first call (one to three seconds), returns the cached figures after. `threads`
 // is the OpenMP thread count of the run; OpenBLAS stays single-threaded inside each thread.
 const Roofline& cpu_roofline(int threads);

@@ -75,6 +75,18 @@ class CompareTest(unittest.TestCase):
         self.assertIn("bwd_states recomputed -> kept", proc.stdout)
         self.assertEqual([c for c in doc["cases"] if c["note"].startswith("bwd_states")], [self.case(doc, case)])
 
+    def test_a_case_cut_short_by_an_interrupt_is_unsure_not_slower(self):
+        planted = fx.is_case(impl="chunked", mode="fwd", seq=2048, dim=32)
+        new_doc = fx.variant(self.base_doc, seed=1, scale=1.5, only=planted)
+        fx.find(new_doc, planted)["stopped_on"] = "interrupted"
+        proc, doc = self.compare(self.base, self.write("partial.json", new_doc))
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        partial = self.case(doc, planted)
+        self.assertEqual(partial["verdict"], "UNSURE")
+        self.assertEqual(partial["note"], "new partial (interrupted)")
+        proc, doc = self.compare(self.base, self.write("partial.json", new_doc), "--strict")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+
     def test_noise_within_threshold_is_same_and_exits_0(self):
         # SAME needs the whole interval inside the threshold: 15 samples a side pin a 2% change down.
         base = self.write("base15.json", fx.variant(self.base_doc, seed=20, noise=0.01, samples=15))
