@@ -27,12 +27,12 @@ EXIT_BAD_INPUT = 2
 # only in them are different cases (the delta rule against the additive one, strong gates against
 # weak ones), so they are part of the identity.
 IDENTITY_KEYS = ("suite", "impl", "mode", "backend", "dtype", "decay", "rule", "gate_norm", "normalize_keys",
-                 "batch", "heads", "seq", "dim", "chunk", "window", "head_dim")
+                 "batch", "heads", "seq", "dim", "chunk", "window", "head_dim", "tokens", "snapshots")
 
 # Short names for printing a case; values equal to the default are left out to keep rows short.
 _LABEL_PREFIX = {"batch": "B=", "heads": "H=", "seq": "T=", "dim": "D=", "chunk": "C=",
                  "window": "W=", "head_dim": "Dh=", "decay": "decay=", "rule": "rule=", "gate_norm": "gate_norm=",
-                 "normalize_keys": "normalize_keys=", "dtype": ""}
+                 "normalize_keys": "normalize_keys=", "dtype": "", "snapshots": "K="}
 _LABEL_DEFAULTS = {"decay": "none", "rule": "additive", "normalize_keys": True, "dtype": "float32"}
 
 _REFERENCE_KEY_NAMES = {"xla_temp_mb": "temp_mb", "xla_arg_mb": "arg_mb", "xla_out_mb": "out_mb"}
