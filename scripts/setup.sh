@@ -7,7 +7,7 @@ packages=(
   cmake g++ ninja-build git
   libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev catch2
   python3 python3-numpy python3-scipy python3-matplotlib libbenchmark-tools
-  python3-pandas python3-venv python3-setuptools
+  python3-pandas python3-venv python3-setuptools python3-dev
   clang clang-tidy libclang-rt-14-dev libomp-dev
 )
 

@@ -87,7 +87,7 @@ std::vector<PluginImplRef> plugin_impls_for(const std::vector<std::shared_ptr<co
   std::vector<PluginImplRef> refs;
   for (const auto& plugin : plugins)
     for (const LoadedPlugin::Impl& impl : plugin->impls)
-      if (device == impl.impl->device) refs.push_back({plugin, impl.impl, impl.name});
+      if (device == impl.device) refs.push_back({plugin, impl.functions, impl.name});
   return refs;
 }
 
@@ -112,10 +112,9 @@ PluginCase::PluginCase(const Case& kase, const std::string& device, int threads)
 
 std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Case& kase, const std::string& device,
                                               int threads) {
-  if (kase.backward() && !ref.impl->backward) return ref.name + " has no backward (fwd only)";
-  if (!ref.impl->unsupported) return std::nullopt;
+  if (kase.backward() && !ref.functions->has_backward()) return ref.name + " has no backward (fwd only)";
   const PluginCase c(kase, device, threads);
-  if (const char* why = ref.impl->unsupported(&c.get())) return ref.name + ": " + why;
+  if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
   return std::nullopt;
 }
 
@@ -161,12 +160,12 @@ void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tens
   forward.dq = forward.dk = forward.dv = nullptr;
   forward.dh0 = forward.dg = forward.dbeta = nullptr;
   void* saved = nullptr;
-  if (const int status = ref.impl->forward(&c, &forward, scratch.get(), stream, &saved, err, sizeof err); status != 0) {
+  if (const int status = ref.functions->forward(c, forward, scratch.get(), stream, &saved, err, sizeof err); status != 0) {
     err[sizeof err - 1] = '\0';
     throw RuntimeFailure(ref.name + " forward failed: " + message(err, status));
   }
   if (std::strcmp(c.mode, "fwd_bwd") == 0) {
-    if (const int status = ref.impl->backward(&c, &tensors, scratch.get(), stream, saved, err, sizeof err); status != 0) {
+    if (const int status = ref.functions->backward(c, tensors, scratch.get(), stream, saved, err, sizeof err); status != 0) {
       err[sizeof err - 1] = '\0';
       throw RuntimeFailure(ref.name + " backward failed: " + message(err, status));
     }

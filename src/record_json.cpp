@@ -90,7 +90,8 @@ constexpr OptionalKey kOptionals[] = {
 constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"check_failure", &Measurement::check_failure},
                               {"bwd_states", &Measurement::bwd_states},
-                              {"timer_warning", &Measurement::timer_warning}};
+                              {"timer_warning", &Measurement::timer_warning},
+                              {"temp_mb_unknown", &Measurement::temp_unknown}};
 
 void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const DoubleKey& k : kDoubles) r[k.key] = m.*k.member;
@@ -98,6 +99,7 @@ void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const OptionalKey& k : kOptionals) put(r, k.key, m.*k.member);
   for (const TextKey& k : kTexts)
     if (!(m.*k.member).empty()) r[k.key] = m.*k.member;
+  if (!m.temp_unknown.empty()) r["temp_mb"] = nullptr;  // not 0: the scratch was not counted
   r["samples_ms"] = m.samples_ms;
   r["rel_err"] = error_value(m.rel_err);
   nlohmann::json errors = nlohmann::json::object();
@@ -177,6 +179,9 @@ nlohmann::json to_json(const DeviceInfo& d) {
   }
   if (const auto& t = d.timer)
     j["timer"] = {{"clock", "std::chrono::steady_clock"}, {"resolution_ns", t->resolution_ns}, {"overhead_ns", t->overhead_ns}};
+  if (const auto& p = d.python)
+    j["python"] = {{"version", p->version}, {"executable", p->executable}, {"bridge_call_us", p->bridge_call_us},
+                   {"bridge_calls", p->bridge_calls}};
   return j;
 }
 
@@ -306,7 +311,9 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
     return r;
   }
   Measurement m;
-  for (const DoubleKey& k : kDoubles) m.*k.member = field<double>(line, k.key, where);
+  for (const DoubleKey& k : kDoubles)
+    if (!(k.member == &Measurement::temp_mb && line.contains("temp_mb_unknown") && line["temp_mb"].is_null()))
+      m.*k.member = field<double>(line, k.key, where);
   for (const IntKey& k : kInts) m.*k.member = field<int>(line, k.key, where);
   for (const OptionalKey& k : kOptionals) m.*k.member = optional_field<double>(line, k.key, where);
   for (const TextKey& k : kTexts) m.*k.member = optional_field<std::string>(line, k.key, where).value_or("");
