@@ -107,6 +107,10 @@ void check_python_plugin(const LoadedPlugin& loaded) {
 
 }  // namespace
 
+std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl) {
+  return std::make_shared<CImplFunctions>(impl);
+}
+
 bool is_python_plugin(const std::string& path) {
   return path.rfind("python:", 0) == 0 || (path.size() > 3 && path.compare(path.size() - 3, 3, ".py") == 0);
 }

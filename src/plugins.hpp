@@ -49,6 +49,9 @@ struct LoadedPlugin {
 // exit handlers or CUDA modules that must outlive every case).
 using Plugins = std::vector<std::shared_ptr<const LoadedPlugin>>;
 
+// A C plugin's impl as a row calls it (its lattn_impl outlives the result).
+std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl);
+
 // Whether a --plugin argument names Python (a .py file, or python:MODULE) rather than a library.
 bool is_python_plugin(const std::string& path);
 

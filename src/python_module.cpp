@@ -71,6 +71,13 @@ class DLArray:
     def __dlpack_device__(self):
         return self._device
 
+    def numpy(self):
+        """The same memory as a NumPy array (host tensors only), writable where the tensor is an
+        output: numpy.from_dlpack's arrays are read-only."""
+        if self._device[0] != 1:
+            raise ValueError("a device tensor has no NumPy view")
+        return _numpy_view(self._address, self.shape, self.dtype, self.writable)
+
     def __repr__(self):
         return f"DLArray(shape={self.shape}, dtype={self.dtype}, device={self._device})"
 
@@ -157,14 +164,21 @@ def _case(op, mode, decay, rule, dtype, device, batch, heads, seq, dim, chunk, s
     return c
 
 
+def _numpy_view(address, shape, dtype, writable):
+    import numpy
+    kind = numpy.float32 if dtype == "float32" else numpy.uint16
+    size = numpy.dtype(kind).itemsize
+    for n in shape:
+        size *= n
+    return numpy.frombuffer(_lattn.memory(address, size, writable), kind).reshape(shape)
+
+
 def _tensors(arrays, specs):
     """specs: (name, address, bytes, shape, dtype, writable, device_type, device_id) per tensor."""
     t = Tensors()
     if arrays == "numpy":
-        import numpy
         for name, address, size, shape, dtype, writable, _, _ in specs:
-            view = _lattn.memory(address, size, writable)
-            setattr(t, name, numpy.frombuffer(view, numpy.float32 if dtype == "float32" else numpy.uint16).reshape(shape))
+            setattr(t, name, _numpy_view(address, shape, dtype, writable))
     else:
         for name, address, size, shape, dtype, writable, device_type, device_id in specs:
             setattr(t, name, DLArray(address, shape, dtype, writable, (device_type, device_id)))

@@ -3,8 +3,11 @@
 // a run cleanly; src/interrupt.hpp), and the GIL is taken around every crossing, so that a row may
 // call from any thread. The interpreter is never finalised: an impl's modules (torch, JAX) keep
 // threads and exit handlers that must outlive every case, as a C plugin's library is never closed.
+// Built without Python (-DLATTN_EMBED_PYTHON=OFF), loading one is a usage error saying so.
+#ifdef LATTN_HAVE_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#endif
 
 #include "python_plugin.hpp"
 
@@ -23,6 +26,18 @@
 #include "sha256.hpp"
 
 namespace lattn {
+
+#ifndef LATTN_HAVE_PYTHON
+
+std::shared_ptr<LoadedPlugin> load_python_plugin(const std::string& path, int) {
+  throw UsageError("plugin " + path,
+                   "this lattnbench was built without Python (-DLATTN_EMBED_PYTHON=OFF); rebuild with python3-dev installed");
+}
+
+std::optional<PythonInfo> python_bridge_info() { return std::nullopt; }
+
+#else
+
 namespace {
 
 // DLPack's C structures (the interchange ABI, version 0.x, that from_dlpack consumers accept).
@@ -491,5 +506,7 @@ std::shared_ptr<LoadedPlugin> load_python_plugin(const std::string& path, int th
 }
 
 std::optional<PythonInfo> python_bridge_info() { return g_info; }
+
+#endif  // LATTN_HAVE_PYTHON
 
 }  // namespace lattn

@@ -3,7 +3,7 @@
 // with the embedded `lattn` module (src/python_module.cpp). Each impl becomes a LoadedPlugin::Impl
 // whose functions cross into Python: the case's buffers reach the impl without copies, as NumPy
 // arrays (buffer protocol) or DLPack views, and an exception fails the call with its last line.
-// Built without Python (-DLATTN_EMBED_PYTHON=OFF), loading one is a usage error.
+// Built without Python (-DLATTN_EMBED_PYTHON=OFF), loading one is a usage error saying so.
 #pragma once
 
 #include <memory>

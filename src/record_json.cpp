@@ -217,8 +217,10 @@ nlohmann::json to_json(const Summary& summary) {
     j["fastest_median_ms"] = c.fastest->measured->median_ms;
     j["other_median_ms"] = c.other->measured->median_ms;
     j["speedup"] = c.speedup;
-    j["fastest_temp_mb"] = c.fastest->measured->temp_mb;
-    j["other_temp_mb"] = c.other->measured->temp_mb;
+    // null where the impl's scratch was not counted (a Python impl's), as in its record
+    auto temp = [](const Measurement& m) { return m.temp_unknown.empty() ? nlohmann::json(m.temp_mb) : nlohmann::json(nullptr); };
+    j["fastest_temp_mb"] = temp(*c.fastest->measured);
+    j["other_temp_mb"] = temp(*c.other->measured);
     for (const CaseRecord* r : c.ranking)
       j["ranking"].push_back({{"impl", r->kase.impl}, {"median_ms", r->measured->median_ms}});
     comparisons.push_back(j);
