@@ -83,11 +83,13 @@ void capsule_destructor(PyObject* capsule) {
 
 // _lattn.capsule(address, shape, dtype, device_type, device_id): a "dltensor" capsule.
 PyObject* make_capsule(PyObject*, PyObject* args) {
-  unsigned long long address = 0;
+  PyObject* address = nullptr;
   PyObject* shape = nullptr;
   const char* dtype = nullptr;
   int device_type = 1, device_id = 0;
-  if (!PyArg_ParseTuple(args, "KOsii", &address, &shape, &dtype, &device_type, &device_id)) return nullptr;
+  if (!PyArg_ParseTuple(args, "OOsii", &address, &shape, &dtype, &device_type, &device_id)) return nullptr;
+  void* data = PyLong_AsVoidPtr(address);
+  if (PyErr_Occurred()) return nullptr;
   auto view = std::make_unique<ManagedView>();
   const Py_ssize_t ndim = PySequence_Size(shape);
   if (ndim < 1 || ndim > 4) return PyErr_Format(PyExc_ValueError, "a tensor of %zd dimensions", ndim);
@@ -104,7 +106,7 @@ PyObject* make_capsule(PyObject*, PyObject* args) {
   }
   const bool bf16 = std::strcmp(dtype, "bfloat16") == 0;
   DLTensor& t = view->managed.dl_tensor;
-  t.data = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+  t.data = data;
   t.device = {device_type, device_id};
   t.ndim = int32_t(ndim);
   t.dtype = {uint8_t(bf16 ? 4 : 2), uint8_t(bf16 ? 16 : 32), 1};
@@ -113,18 +115,19 @@ PyObject* make_capsule(PyObject*, PyObject* args) {
   view->managed.manager_ctx = view.get();
   view->managed.deleter = delete_view;
   PyObject* capsule = PyCapsule_New(&view->managed, "dltensor", capsule_destructor);
-  if (capsule) view.release();
+  if (capsule) static_cast<void>(view.release());  // the capsule's destructor or its consumer frees it
   return capsule;
 }
 
 // _lattn.memory(address, bytes, writable): a memoryview over lattnbench's buffer (no copy).
 PyObject* make_memory(PyObject*, PyObject* args) {
-  unsigned long long address = 0;
+  PyObject* address = nullptr;
   Py_ssize_t bytes = 0;
   int writable = 0;
-  if (!PyArg_ParseTuple(args, "Knp", &address, &bytes, &writable)) return nullptr;
-  return PyMemoryView_FromMemory(reinterpret_cast<char*>(static_cast<uintptr_t>(address)), bytes,
-                                 writable ? PyBUF_WRITE : PyBUF_READ);
+  if (!PyArg_ParseTuple(args, "Onp", &address, &bytes, &writable)) return nullptr;
+  void* data = PyLong_AsVoidPtr(address);
+  if (PyErr_Occurred()) return nullptr;
+  return PyMemoryView_FromMemory(static_cast<char*>(data), bytes, writable ? PyBUF_WRITE : PyBUF_READ);
 }
 
 PyMethodDef kNativeMethods[] = {
