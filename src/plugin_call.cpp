@@ -80,7 +80,35 @@ bool has_tensor(const Case& kase, const std::string& name) {
   return false;
 }
 
+// A C plugin's impl: its lattn_impl's functions, called as they are.
+class CImplFunctions final : public ImplFunctions {
+ public:
+  explicit CImplFunctions(const lattn_impl* impl) : impl_(impl) {}
+  bool has_backward() const override { return impl_->backward != nullptr; }
+  std::optional<std::string> unsupported(const lattn_case& c) const override {
+    if (!impl_->unsupported) return std::nullopt;
+    if (const char* why = impl_->unsupported(&c)) return std::string(why);
+    return std::nullopt;
+  }
+  int forward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void** saved,
+              char* err, size_t errlen) const override {
+    return impl_->forward(&c, &t, alloc, stream, saved, err, errlen);
+  }
+  int backward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void* saved,
+               char* err, size_t errlen) const override {
+    return impl_->backward(&c, &t, alloc, stream, saved, err, errlen);
+  }
+
+ private:
+  const lattn_impl* impl_;
+};
+
 }  // namespace
+
+// Here rather than in plugins.cpp: the CUDA emulation tests call C plugins through this file alone.
+std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl) {
+  return std::make_shared<CImplFunctions>(impl);
+}
 
 std::vector<PluginImplRef> plugin_impls_for(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins,
                                             const std::string& device) {

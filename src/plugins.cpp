@@ -21,29 +21,6 @@ namespace {
 
 std::string text_or(const char* text, const char* absent) { return text ? text : absent; }
 
-// A C plugin's impl: its lattn_impl's functions, called as they are.
-class CImplFunctions final : public ImplFunctions {
- public:
-  explicit CImplFunctions(const lattn_impl* impl) : impl_(impl) {}
-  bool has_backward() const override { return impl_->backward != nullptr; }
-  std::optional<std::string> unsupported(const lattn_case& c) const override {
-    if (!impl_->unsupported) return std::nullopt;
-    if (const char* why = impl_->unsupported(&c)) return std::string(why);
-    return std::nullopt;
-  }
-  int forward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void** saved,
-              char* err, size_t errlen) const override {
-    return impl_->forward(&c, &t, alloc, stream, saved, err, errlen);
-  }
-  int backward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void* saved,
-               char* err, size_t errlen) const override {
-    return impl_->backward(&c, &t, alloc, stream, saved, err, errlen);
-  }
-
- private:
-  const lattn_impl* impl_;
-};
-
 // Loads and checks one file; `where` is "plugin PATH" for the error lines.
 std::shared_ptr<LoadedPlugin> load_one(const std::string& path) {
   const std::string where = "plugin " + path;
@@ -85,7 +62,7 @@ std::shared_ptr<LoadedPlugin> load_one(const std::string& path) {
     if (device != "cpu" && device != "cuda")
       throw UsageError(where, "impl '" + impl_name + "' has device '" + device + "' (expected cpu or cuda)");
     if (!impl.forward) throw UsageError(where, "impl '" + impl_name + "' has no forward");
-    loaded->impls.push_back({name + ":" + impl_name, device, std::make_shared<CImplFunctions>(&impl)});
+    loaded->impls.push_back({name + ":" + impl_name, device, c_impl_functions(&impl)});
   }
   return loaded;
 }
@@ -106,10 +83,6 @@ void check_python_plugin(const LoadedPlugin& loaded) {
 }
 
 }  // namespace
-
-std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl) {
-  return std::make_shared<CImplFunctions>(impl);
-}
 
 bool is_python_plugin(const std::string& path) {
   return path.rfind("python:", 0) == 0 || (path.size() > 3 && path.compare(path.size() - 3, 3, ".py") == 0);
