@@ -1,13 +1,36 @@
 #!/usr/bin/env bash
 # Installs the Debian packages lattnbench builds and tests with, when any is missing.
 # Idempotent, and silent when everything is already there.
+#
+#   scripts/setup.sh --python-examples [DIR]   also makes a virtual environment DIR (default
+#       ~/.cache/lattnbench/python-examples) over Debian's packages with what examples/python
+#       needs from PyPI: torch and jax, and flash-linear-attention where nvidia-smi sees a GPU.
+#       Never done without the flag. Runs then use it with VIRTUAL_ENV=DIR (docs/plugins.md).
 set -euo pipefail
+
+examples_venv=""
+if [[ ${1:-} == --python-examples ]]; then
+  examples_venv=${2:-$HOME/.cache/lattnbench/python-examples}
+elif [[ $# -gt 0 ]]; then
+  echo "setup.sh: unknown argument '$1' (expected --python-examples [DIR])" >&2
+  exit 2
+fi
+
+install_python_examples() {
+  [[ -n $examples_venv ]] || return 0
+  [[ -x $examples_venv/bin/pip ]] || /usr/bin/python3 -m venv --system-site-packages "$examples_venv"
+  local wanted=(torch jax)
+  command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && wanted+=(flash-linear-attention)
+  echo "setup: installing ${wanted[*]} into $examples_venv" >&2
+  "$examples_venv/bin/pip" install -q "${wanted[@]}"
+  echo "setup: run lattnbench with VIRTUAL_ENV=$examples_venv for examples/python" >&2
+}
 
 packages=(
   cmake g++ ninja-build git
   libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev catch2
   python3 python3-numpy python3-scipy python3-matplotlib libbenchmark-tools
-  python3-pandas python3-venv python3-setuptools
+  python3-pandas python3-venv python3-setuptools python3-dev
   clang clang-tidy libclang-rt-14-dev libomp-dev
 )
 
@@ -15,7 +38,10 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-((${#missing[@]} == 0)) && exit 0
+if ((${#missing[@]} == 0)); then
+  install_python_examples
+  exit 0
+fi
 
 echo "setup: installing ${missing[*]}" >&2
 sudo=()
@@ -23,3 +49,4 @@ sudo=()
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq >/dev/null
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_python_examples

@@ -29,6 +29,7 @@ struct MemoryUsage {
   std::size_t arg_bytes = 0;
   std::size_t out_bytes = 0;
   std::size_t temp_bytes = 0;  // peak scratch of one call beyond inputs and outputs
+  std::string temp_uncounted;  // why temp_bytes is not the call's scratch (a Python impl's); empty when it is
 };
 
 // A case with its inputs resident on the device and its outputs allocated.

@@ -47,7 +47,7 @@ std::string describe_plugins(const Plugins& plugins, const Config& config) {
   for (const auto& p : plugins) {
     out += fmt::format("  {} {} (sha256 {})\n", p->name, p->path, p->sha256);
     for (const auto& impl : p->impls) {
-      out += fmt::format("    {:<24} {}", impl.name, impl.impl->device);
+      out += fmt::format("    {:<24} {}", impl.name, impl.device);
       if (!backend || shapes.empty()) {
         out += "\n";
         continue;

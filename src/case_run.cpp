@@ -122,6 +122,7 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.rel_errs = check.per_output;
   m.tolerance = check.tolerance;
   m.temp_mb = double(memory.temp_bytes) / kMiB;
+  m.temp_unknown = memory.temp_uncounted;
   m.arg_mb = double(memory.arg_bytes) / kMiB;
   m.out_mb = double(memory.out_bytes) / kMiB;
   const double seconds = timing.stats.median * 1e-3;

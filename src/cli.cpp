@@ -80,7 +80,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   app.add_flag("--list-cases", list_cases, "list the planned cases (after --filter and --shard) with their estimated times; run nothing");
   app.add_flag("--version", version, "print the version and exit");
   app.add_flag("-q,--quiet", quiet, "no progress lines on stderr");
-  app.add_option("--plugin", plugin_paths, "load a kernel plugin, a shared library (repeatable; docs/plugins.md)")
+  app.add_option("--plugin", plugin_paths, "load a kernel plugin: a shared library, a Python file or python:MODULE (repeatable; docs/plugins.md)")
       ->type_name("FILE")
       ->allow_extra_args(false);
   app.add_flag("--isolate", isolate, "run each plugin case on the CPU in a child process, so that a crash fails only that case");

@@ -169,14 +169,15 @@ const std::vector<Field>& top_fields() {
        "chunked fwd_bwd: kept (the forward keeps the chunk states) or recomputed"},
       {"plugins", true,
        [](Config& c, const std::vector<Raw>& raws) {
-         // Relative to the config file, so that a config and its plugins move together.
+         // Relative to the config file, so that a config and its plugins move together (a
+         // python:MODULE is found on Python's path instead).
          const std::filesystem::path base = std::filesystem::path(c.source).parent_path();
          c.plugins.clear();
          for (const std::string& path : parse_list<std::string>(raws, [](const Raw& r) {
                 if (r.text.empty()) throw UsageError(r.where, "expected a plugin's path, got an empty string");
                 return r.text;
               }))
-           c.plugins.push_back({(base / path).lexically_normal().string(), "", ""});
+           c.plugins.push_back({path.rfind("python:", 0) == 0 ? path : (base / path).lexically_normal().string(), "", ""});
        },
        ""},  // set by the flag --plugin (src/cli.cpp), which may be given more than once
   };

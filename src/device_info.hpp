@@ -82,12 +82,21 @@ struct TimerInfo {
   double overhead_ns = 0;    // mean cost of one reading
 };
 
+// The embedded Python interpreter, when a Python plugin was loaded (src/python_plugin.hpp).
+struct PythonInfo {
+  std::string version;     // sys.version's first word
+  std::string executable;  // the interpreter whose sys.path the plugins were loaded with
+  double bridge_call_us = 0;  // the median cost of one call of an empty impl through the bridge
+  int bridge_calls = 0;       // calls per batch behind that median
+};
+
 struct DeviceInfo {
   std::string backend;
   HostInfo host;
   std::optional<CpuDeviceInfo> cpu;
   std::optional<CudaDeviceInfo> cuda;
   std::optional<TimerInfo> timer;  // the runner's clock
+  std::optional<PythonInfo> python;
 
   // The rates records are held against; 0 where the backend measured none.
   ComputeCeiling ceiling() const { return cpu ? compute_ceiling(cpu->fma_gflops, cpu->sgemm_gflops) : ComputeCeiling{}; }

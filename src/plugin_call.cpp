@@ -75,14 +75,42 @@ std::string message(const char* err, int status) {
   return text.empty() ? "returned " + std::to_string(status) + " (no message)" : text;
 }
 
+// A C plugin's impl: its lattn_impl's functions, called as they are.
+class CImplFunctions final : public ImplFunctions {
+ public:
+  explicit CImplFunctions(const lattn_impl* impl) : impl_(impl) {}
+  bool has_backward() const override { return impl_->backward != nullptr; }
+  std::optional<std::string> unsupported(const lattn_case& c) const override {
+    if (!impl_->unsupported) return std::nullopt;
+    if (const char* why = impl_->unsupported(&c)) return std::string(why);
+    return std::nullopt;
+  }
+  int forward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void** saved,
+              char* err, size_t errlen) const override {
+    return impl_->forward(&c, &t, alloc, stream, saved, err, errlen);
+  }
+  int backward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void* saved,
+               char* err, size_t errlen) const override {
+    return impl_->backward(&c, &t, alloc, stream, saved, err, errlen);
+  }
+
+ private:
+  const lattn_impl* impl_;
+};
+
 }  // namespace
+
+// Here rather than in plugins.cpp: the CUDA emulation tests call C plugins through this file alone.
+std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl) {
+  return std::make_shared<CImplFunctions>(impl);
+}
 
 std::vector<PluginImplRef> plugin_impls_for(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins,
                                             const std::string& device) {
   std::vector<PluginImplRef> refs;
   for (const auto& plugin : plugins)
     for (const LoadedPlugin::Impl& impl : plugin->impls)
-      if (device == impl.impl->device) refs.push_back({plugin, impl.impl, impl.name});
+      if (device == impl.device) refs.push_back({plugin, impl.functions, impl.name});
   return refs;
 }
 
@@ -107,10 +135,9 @@ PluginCase::PluginCase(const Case& kase, const std::string& device, int threads)
 
 std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Case& kase, const std::string& device,
                                               int threads) {
-  if (kase.backward() && !ref.impl->backward) return ref.name + " has no backward (fwd only)";
-  if (!ref.impl->unsupported) return std::nullopt;
+  if (kase.backward() && !ref.functions->has_backward()) return ref.name + " has no backward (fwd only)";
   const PluginCase c(kase, device, threads);
-  if (const char* why = ref.impl->unsupported(&c.get())) return ref.name + ": " + why;
+  if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
   return std::nullopt;
 }
 
@@ -141,12 +168,12 @@ void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tens
   forward.dq = forward.dk = forward.dv = nullptr;
   forward.dh0 = forward.dg = forward.dbeta = nullptr;
   void* saved = nullptr;
-  if (const int status = ref.impl->forward(&c, &forward, scratch.get(), stream, &saved, err, sizeof err); status != 0) {
+  if (const int status = ref.functions->forward(c, forward, scratch.get(), stream, &saved, err, sizeof err); status != 0) {
     err[sizeof err - 1] = '\0';
     throw RuntimeFailure(ref.name + " forward failed: " + message(err, status));
   }
   if (std::strcmp(c.mode, "fwd_bwd") == 0) {
-    if (const int status = ref.impl->backward(&c, &tensors, scratch.get(), stream, saved, err, sizeof err); status != 0) {
+    if (const int status = ref.functions->backward(c, tensors, scratch.get(), stream, saved, err, sizeof err); status != 0) {
       err[sizeof err - 1] = '\0';
       throw RuntimeFailure(ref.name + " backward failed: " + message(err, status));
     }

@@ -22,7 +22,7 @@ namespace lattn {
 // One plugin impl as a backend row holds it; the plugin stays loaded while the row lives.
 struct PluginImplRef {
   std::shared_ptr<const LoadedPlugin> plugin;
-  const lattn_impl* impl = nullptr;
+  std::shared_ptr<const ImplFunctions> functions;
   std::string name;  // NAME:IMPL
 };
 
@@ -58,6 +58,7 @@ std::vector<float> plugin_gamma(const Case& kase);
 // One call of the case: forward with dO, dhT and every gradient NULL, then (fwd_bwd) backward with
 // the forward's saved pointer, on `stream` (CUDA; NULL on the CPU). Throws RuntimeFailure with the
 // plugin's message when either returns nonzero, or when the call leaves scratch allocated.
+// (A Python impl's message is its exception's last line.)
 void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tensors& tensors, Allocator& scratch,
                  void* stream);
 

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/op.hpp"
 #include "plan.hpp"
+#include "python_plugin.hpp"
 #include "sha256.hpp"
 #include "summary.hpp"
 
@@ -51,7 +52,6 @@ std::shared_ptr<LoadedPlugin> load_one(const std::string& path) {
   if (plugin->impl_count < 0 || (plugin->impl_count > 0 && !plugin->impls))
     throw UsageError(where, fmt::format("impl_count {} with impls {}", plugin->impl_count, plugin->impls ? "set" : "NULL"));
   loaded->name = name;
-  loaded->plugin = plugin;
   std::set<std::string> seen;
   for (int i = 0; i < plugin->impl_count; ++i) {
     const lattn_impl& impl = plugin->impls[i];
@@ -62,21 +62,48 @@ std::shared_ptr<LoadedPlugin> load_one(const std::string& path) {
     if (device != "cpu" && device != "cuda")
       throw UsageError(where, "impl '" + impl_name + "' has device '" + device + "' (expected cpu or cuda)");
     if (!impl.forward) throw UsageError(where, "impl '" + impl_name + "' has no forward");
-    loaded->impls.push_back({name + ":" + impl_name, &impl});
+    loaded->impls.push_back({name + ":" + impl_name, device, c_impl_functions(&impl)});
   }
   return loaded;
 }
 
+// A Python plugin's names and devices, held to the rules a C plugin's are.
+void check_python_plugin(const LoadedPlugin& loaded) {
+  const std::string where = "plugin " + loaded.path;
+  if (!is_plugin_name(loaded.name)) throw UsageError(where, "plugin name '" + loaded.name + "' is not [a-z0-9_]+");
+  if (loaded.impls.empty()) throw UsageError(where, "declares no impl (lattn.Plugin(NAME).impl(...) decorates a forward)");
+  std::set<std::string> seen;
+  for (const LoadedPlugin::Impl& impl : loaded.impls) {
+    const std::string impl_name = impl.name.substr(loaded.name.size() + 1);
+    if (!is_plugin_name(impl_name)) throw UsageError(where, "impl name '" + impl_name + "' is not [a-z0-9_]+");
+    if (!seen.insert(impl_name).second) throw UsageError(where, "two impls are named '" + impl_name + "'");
+    if (impl.device != "cpu" && impl.device != "cuda")
+      throw UsageError(where, "impl '" + impl_name + "' has device '" + impl.device + "' (expected cpu or cuda)");
+  }
+}
+
 }  // namespace
+
+bool is_python_plugin(const std::string& path) {
+  return path.rfind("python:", 0) == 0 || (path.size() > 3 && path.compare(path.size() - 3, 3, ".py") == 0);
+}
 
 Plugins load_plugins(Config& config) {
   Plugins plugins;
   std::vector<PluginFile> files;
   std::set<std::string> paths;
   for (PluginFile file : config.plugins) {
-    file.path = std::filesystem::absolute(file.path).lexically_normal().string();
+    const bool python = is_python_plugin(file.path);
+    if (!python || file.path.rfind("python:", 0) != 0)
+      file.path = std::filesystem::absolute(file.path).lexically_normal().string();
     if (!paths.insert(file.path).second) continue;  // the same file from the config and a flag
-    auto loaded = load_one(file.path);
+    std::shared_ptr<LoadedPlugin> loaded;
+    if (python) {
+      loaded = load_python_plugin(file.path, config.run.threads);
+      check_python_plugin(*loaded);
+    } else {
+      loaded = load_one(file.path);
+    }
     for (const auto& other : plugins)
       if (other->name == loaded->name)
         throw UsageError("plugin " + file.path, "plugin name '" + loaded->name + "' is taken by " + other->path);

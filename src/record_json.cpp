@@ -95,7 +95,8 @@ constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"bwd_states", &Measurement::bwd_states},
                               {"variant", &Measurement::variant},
                               {"timer_warning", &Measurement::timer_warning},
-                              {"bandwidth_roof", &Measurement::bandwidth_roof}};
+                              {"bandwidth_roof", &Measurement::bandwidth_roof},
+                              {"temp_mb_unknown", &Measurement::temp_unknown}};
 
 void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const DoubleKey& k : kDoubles) r[k.key] = m.*k.member;
@@ -103,6 +104,7 @@ void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const OptionalKey& k : kOptionals) put(r, k.key, m.*k.member);
   for (const TextKey& k : kTexts)
     if (!(m.*k.member).empty()) r[k.key] = m.*k.member;
+  if (!m.temp_unknown.empty()) r["temp_mb"] = nullptr;  // not 0: the scratch was not counted
   r["samples_ms"] = m.samples_ms;
   if (!m.samples_cpu_ms.empty()) r["samples_cpu_ms"] = m.samples_cpu_ms;
   r["rel_err"] = error_value(m.rel_err);
@@ -187,6 +189,9 @@ nlohmann::json to_json(const DeviceInfo& d) {
   }
   if (const auto& t = d.timer)
     j["timer"] = {{"clock", "std::chrono::steady_clock"}, {"resolution_ns", t->resolution_ns}, {"overhead_ns", t->overhead_ns}};
+  if (const auto& p = d.python)
+    j["python"] = {{"version", p->version}, {"executable", p->executable}, {"bridge_call_us", p->bridge_call_us},
+                   {"bridge_calls", p->bridge_calls}};
   return j;
 }
 
@@ -222,8 +227,10 @@ nlohmann::json to_json(const Summary& summary) {
     j["fastest_median_ms"] = c.fastest->measured->median_ms;
     j["other_median_ms"] = c.other->measured->median_ms;
     j["speedup"] = c.speedup;
-    j["fastest_temp_mb"] = c.fastest->measured->temp_mb;
-    j["other_temp_mb"] = c.other->measured->temp_mb;
+    // null where the impl's scratch was not counted (a Python impl's), as in its record
+    auto temp = [](const Measurement& m) { return m.temp_unknown.empty() ? nlohmann::json(m.temp_mb) : nlohmann::json(nullptr); };
+    j["fastest_temp_mb"] = temp(*c.fastest->measured);
+    j["other_temp_mb"] = temp(*c.other->measured);
     for (const CaseRecord* r : c.ranking)
       j["ranking"].push_back({{"impl", r->kase.impl}, {"median_ms", r->measured->median_ms}});
     comparisons.push_back(j);
@@ -316,7 +323,9 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
     return r;
   }
   Measurement m;
-  for (const DoubleKey& k : kDoubles) m.*k.member = field<double>(line, k.key, where);
+  for (const DoubleKey& k : kDoubles)
+    if (!(k.member == &Measurement::temp_mb && line.contains("temp_mb_unknown") && line["temp_mb"].is_null()))
+      m.*k.member = field<double>(line, k.key, where);
   for (const IntKey& k : kInts) m.*k.member = field<int>(line, k.key, where);
   for (const OptionalKey& k : kOptionals) m.*k.member = optional_field<double>(line, k.key, where);
   for (const TextKey& k : kTexts) m.*k.member = optional_field<std::string>(line, k.key, where).value_or("");

@@ -26,6 +26,7 @@
 #include "journal.hpp"
 #include "plan.hpp"
 #include "progress_line.hpp"
+#include "python_plugin.hpp"
 #include "record_json.hpp"
 #include "report.hpp"
 #include "run_files.hpp"
@@ -380,6 +381,7 @@ int run_benchmarks(const RunRequest& request) {
 
   const int signal = stop_signal();
   document.device.timer = ctx.timer;
+  document.device.python = python_bridge_info();
   document.version = device.host.version;
   document.created_utc = started;
   document.argv = argv;

@@ -44,6 +44,7 @@ MemoryUsage HostCase::memory() const {
   MemoryUsage m;
   for (const Buffer& b : buffers_) (b.output ? m.out_bytes : m.arg_bytes) += b.values.size() * sizeof(float);
   m.temp_bytes = temp_peak_;
+  m.temp_uncounted = temp_uncounted_;
   return m;
 }
 

@@ -37,6 +37,8 @@ class HostCase final : public PreparedCase {
     call_ = std::move(call);
     bwd_states_ = std::move(bwd_states);
   }
+  // Why the call's scratch is not what it takes from the allocator (temp_mb is then unknown).
+  void set_temp_uncounted(std::string why) { temp_uncounted_ = std::move(why); }
 
   void run() override;
   double time_ms(int calls) override;
@@ -71,6 +73,7 @@ class HostCase final : public PreparedCase {
   std::vector<Buffer> buffers_;
   Call call_;
   std::string bwd_states_;
+  std::string temp_uncounted_;
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
 };

@@ -22,7 +22,7 @@ namespace {
 
 PluginImplRef example_impl() {
   const lattn_plugin* plugin = lattn_plugin_v1();
-  return {nullptr, &plugin->impls[0], std::string(plugin->name) + ":" + plugin->impls[0].name};
+  return {nullptr, c_impl_functions(&plugin->impls[0]), std::string(plugin->name) + ":" + plugin->impls[0].name};
 }
 
 }  // namespace

@@ -1,0 +1,2 @@
+"""Declares nothing."""
+import lattn

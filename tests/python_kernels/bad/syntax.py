@@ -1,0 +1,2 @@
+import lattn
+plugin = lattn.Plugin("syntax"

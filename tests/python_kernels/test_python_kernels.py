@@ -1,0 +1,212 @@
+"""Python kernels as plugins (docs/plugins.md, "Python kernels"), through the real executable:
+the NumPy example checked and ranked beside the built-in forms, a kernel file written from the
+docs alone, exceptions failing their case while the run goes on (and under --isolate), the load
+errors, the records' temp_mb and the device block's bridge figure; the torch, JAX and
+flash-linear-attention examples where their packages (and a GPU) are there.
+
+    python3 test_python_kernels.py BINARY [GROUP]   GROUP: core (default), torch, jax, fla
+
+Exit status 77 when every test of the group was skipped (CTest reports it skipped)."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXAMPLES = os.path.join(ROOT, "examples", "python")
+BINARY = None
+
+
+def run(*args, expect=None):
+    """Runs lattnbench with a result file; returns (exit status, document or None, stderr)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        proc = subprocess.run([BINARY, "--quiet", "--out", out, *args], capture_output=True, text=True, timeout=600)
+        if expect is not None and proc.returncode != expect:
+            raise AssertionError(f"exit {proc.returncode}, expected {expect}: {' '.join(args)}\n{proc.stderr[-3000:]}")
+        doc = json.load(open(out)) if os.path.exists(out) else None
+        return proc.returncode, doc, proc.stderr
+
+
+def records(doc, impl):
+    return [r for r in doc["results"] if r["impl"] == impl]
+
+
+SMALL = ["--suite", "kernel", "--batch", "1", "--heads", "2", "--dim", "32", "--reps", "3", "--warmup", "1",
+         "--min-sample-ms", "1"]
+
+
+class Core(unittest.TestCase):
+    def assert_checked(self, record):
+        self.assertEqual(record["status"], "ok", record)
+        self.assertLessEqual(record["rel_err"], record["tolerance"])
+        self.assertIsNone(record["temp_mb"])
+        self.assertIn("does not count", record["temp_mb_unknown"])
+
+    def test_numpy_scan_checked_and_ranked_beside_ours(self):
+        _, doc, _ = run("--suite", "kernel", "--plugin", os.path.join(EXAMPLES, "numpy_scan.py"),
+                        "--impl", "np:scan,scan,chunked", "--seq", "2048", "--dim", "64", "--mode", "fwd",
+                        "--reps", "3", expect=0)
+        (np_scan,) = records(doc, "np:scan")
+        self.assert_checked(np_scan)
+        self.assertGreater(np_scan["median_ms"], 0)
+        ranking = [entry["impl"] for entry in doc["summary"]["comparisons"][0]["ranking"]]
+        self.assertEqual(sorted(ranking), ["chunked", "np:scan", "scan"])
+        plugin = doc["config"]["plugins"][0]
+        self.assertEqual(plugin["name"], "np")
+        self.assertEqual(len(plugin["sha256"]), 64)
+        python = doc["device"]["python"]
+        self.assertTrue(python["version"].startswith("3."))
+        self.assertGreater(python["bridge_call_us"], 0)
+        self.assertGreater(python["bridge_calls"], 0)
+
+    def test_numpy_every_decay_and_rule_and_the_backward(self):
+        plugin = os.path.join(EXAMPLES, "numpy_scan.py")
+        for decay in ("none", "retnet", "scalar", "vector"):
+            _, doc, _ = run(*SMALL, "--plugin", plugin, "--impl", "np:scan,np:chunked", "--seq", "100", "--chunk",
+                            "32", "--decay", decay, "--rule", "additive,delta", "--mode", "fwd,fwd_bwd", expect=0)
+            for r in doc["results"]:
+                gated_backward = r["mode"] == "fwd_bwd" and (r.get("rule", "additive") == "delta" or
+                                                              decay in ("scalar", "vector"))
+                if r["impl"] == "np:scan" and not gated_backward:
+                    self.assert_checked(r)
+                elif r["impl"] == "np:chunked" and r["mode"] == "fwd" and decay in ("none", "retnet") and \
+                        r.get("rule", "additive") == "additive":
+                    self.assert_checked(r)
+                else:
+                    self.assertEqual(r["status"], "skipped", r)
+                    self.assertTrue(r["skip_reason"].startswith(r["impl"]), r)
+
+    def test_a_kernel_written_from_the_docs_alone(self):
+        _, doc, _ = run(*SMALL, "--plugin", os.path.join(HERE, "outside_kernel.py"), "--impl",
+                        "outside:quadratic,outside:declines,scan", "--seq", "96,256", "--mode", "fwd,fwd_bwd",
+                        expect=0)
+        for r in records(doc, "outside:quadratic"):
+            self.assert_checked(r)
+            self.assertEqual(set(r["rel_errs"]), {"o", "hT"} if r["mode"] == "fwd" else {"o", "hT", "dq", "dk", "dv", "dh0"})
+        reasons = {r["skip_reason"] for r in records(doc, "outside:declines")}
+        self.assertEqual(reasons, {"outside:declines: takes decay retnet, not none",
+                                   "outside:declines has no backward (fwd only)"})
+        _, doc, _ = run(*SMALL, "--plugin", os.path.join(HERE, "outside_kernel.py"), "--impl", "outside:declines",
+                        "--decay", "retnet", "--seq", "64", "--mode", "fwd", expect=0)
+        self.assertEqual(records(doc, "outside:declines")[0]["skip_reason"], "outside:declines: only odd seq")
+
+    def test_an_exception_fails_its_case_and_the_run_goes_on(self):
+        for isolate in ([], ["--isolate"]):
+            impls = "raising:forward,raising:backward,raising:writes_input,scan" + (",raising:crash" if isolate else "")
+            _, doc, _ = run(*SMALL, *isolate, "--plugin", os.path.join(HERE, "raising.py"), "--impl", impls,
+                            "--seq", "64", "--mode", "fwd,fwd_bwd", expect=1)
+            # forward, writes_input and crash in their fwd cases (no backward: fwd_bwd is skipped);
+            # backward in its fwd_bwd case
+            errors = {r["impl"]: r.get("error", "") for r in doc["results"]
+                      if r["mode"] == ("fwd_bwd" if r["impl"] == "raising:backward" else "fwd")}
+            self.assertRegex(errors["raising:forward"],
+                             r"^raising:forward forward failed: ValueError: no kernel for seq 64 \(raising\.py:\d+\)$")
+            self.assertRegex(errors["raising:backward"],
+                             r"^raising:backward backward failed: RuntimeError: the backward is missing \(raising\.py:\d+\)$")
+            self.assertIn("ValueError: assignment destination is read-only", errors["raising:writes_input"])
+            self.assertEqual({r["status"] for r in records(doc, "scan")}, {"ok"})
+            # its forward writes zeros: a wrong result fails the float64 check
+            zeros = next(r for r in records(doc, "raising:backward") if r["mode"] == "fwd")
+            self.assertEqual(zeros["status"], "failed")
+            self.assertTrue(zeros["check_failure"])
+            self.assertNotIn("error", zeros)
+            if isolate:
+                self.assertEqual(errors["raising:crash"], "raising:crash crashed with SIGSEGV (signal 11) in its isolated child process")
+
+    def test_files_that_do_not_load_are_usage_errors(self):
+        bad = os.path.join(HERE, "bad")
+        cases = {
+            os.path.join(bad, "syntax.py"): r"does not load: SyntaxError: '\(' was never closed",
+            os.path.join(bad, "no_plugin.py"): r"does not load: ValueError: declares 0 plugins",
+            os.path.join(bad, "bad_rule.py"): r"does not load: ValueError: rule 'hebbian' is not one of additive, delta",
+            os.path.join(bad, "bad_name.py"): r"plugin name 'Bad-Name' is not \[a-z0-9_\]\+",
+            os.path.join(bad, "missing.py"): r"no such file",
+            "python:lattn_no_such_module": r"does not load: ModuleNotFoundError: No module named 'lattn_no_such_module'",
+        }
+        for path, message in cases.items():
+            status, _, err = run("--plugin", path, "--suite", "kernel", "--seq", "64")
+            self.assertEqual(status, 2, err)
+            lines = err.strip().splitlines()
+            self.assertEqual(len(lines), 1, err)
+            self.assertIn("plugin " + path, lines[0])
+            self.assertRegex(lines[0], message)
+        status, _, err = run("--plugin", os.path.join(EXAMPLES, "numpy_scan.py"), "--impl", "np:nope", "--seq", "64")
+        self.assertEqual(status, 2, err)
+        self.assertIn("no loaded plugin provides 'np:nope'", err)
+
+    def test_list_names_the_impls_and_what_they_decline(self):
+        proc = subprocess.run([BINARY, "--list", "--plugin", os.path.join(EXAMPLES, "numpy_scan.py"), "--suite",
+                               "kernel", "--mode", "fwd_bwd"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertRegex(proc.stdout, r"np:scan\s+cpu: runs \d+ of the \d+ planned kernel cases on cpu")
+        self.assertIn("np:chunked has no backward (fwd only)", proc.stdout)
+
+    def test_a_module_on_pythons_path(self):
+        env = dict(os.environ, PYTHONPATH=HERE)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "r.json")
+            proc = subprocess.run([BINARY, "--quiet", "--out", out, *SMALL, "--plugin", "python:outside_kernel",
+                                   "--impl", "outside:quadratic", "--seq", "64", "--mode", "fwd"],
+                                  capture_output=True, text=True, timeout=300, env=env)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            doc = json.load(open(out))
+        self.assert_checked(records(doc, "outside:quadratic")[0])
+        self.assertEqual(doc["config"]["plugins"][0]["path"], "python:outside_kernel")
+
+
+def example_or_skip(test, plugin, impl, args, missing):
+    """Runs an example; skips the test when its impl declines every case for want of its package."""
+    status, doc, err = run(*SMALL, "--plugin", os.path.join(EXAMPLES, plugin), "--impl", impl, *args)
+    reasons = {r.get("skip_reason", "") for r in records(doc, impl)} if doc else set()
+    if doc and all(r["status"] == "skipped" for r in records(doc, impl)) and any(missing in x for x in reasons):
+        test.skipTest(f"{impl}: {'; '.join(sorted(reasons))}")
+    test.assertEqual(status, 0, err)
+    return doc
+
+
+class Torch(unittest.TestCase):
+    def test_torch_chunked_every_rule_and_decay_with_backward(self):
+        for decay in ("none", "retnet", "scalar", "vector"):
+            doc = example_or_skip(self, "torch_chunked.py", "torch:chunked",
+                                  ["--seq", "100", "--chunk", "32", "--decay", decay, "--rule", "additive,delta",
+                                   "--mode", "fwd,fwd_bwd"], "torch is not installed")
+            for r in records(doc, "torch:chunked"):
+                self.assertEqual(r["status"], "ok", r)
+                self.assertIsNone(r["temp_mb"])
+
+
+class Jax(unittest.TestCase):
+    def test_jax_scan(self):
+        for decay in ("none", "vector"):
+            doc = example_or_skip(self, "jax_scan.py", "jax:scan", ["--seq", "100", "--decay", decay, "--rule",
+                                                                    "additive,delta", "--mode", "fwd"],
+                                  "jax is not installed")
+            for r in records(doc, "jax:scan"):
+                self.assertEqual(r["status"], "ok", r)
+
+
+class Fla(unittest.TestCase):
+    def test_fla_chunk_on_the_cuda_backend(self):
+        status, doc, err = run(*SMALL, "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
+                               "--impl", "fla:chunk", "--seq", "256", "--mode", "fwd")
+        if status == 2 or doc is None:
+            self.skipTest("no CUDA backend in this build: " + err.strip().splitlines()[-1])
+        (r,) = records(doc, "fla:chunk")
+        if r["status"] == "skipped":
+            self.skipTest(r["skip_reason"])
+        self.assertEqual(r["status"], "ok", r)
+
+
+if __name__ == "__main__":
+    BINARY = sys.argv[1]
+    group = {"core": Core, "torch": Torch, "jax": Jax, "fla": Fla}[sys.argv[2] if len(sys.argv) > 2 else "core"]
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(group)
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    if not result.wasSuccessful():
+        sys.exit(1)
+    sys.exit(77 if result.testsRun and len(result.skipped) == result.testsRun else 0)
