@@ -23,6 +23,9 @@ SUPPORTED_SCHEMA_MAJOR = 1
 
 EXIT_BAD_INPUT = 2
 
+# A lattnbench result file lists its records' identity keys itself (`identity_keys`: every key that
+# sets one case apart from another, the ops' own keys among them), and load() takes them from there;
+# this list is for the files that do not (the reference file, files written before the list was):
 # rule, gate_norm and normalize_keys are the kernel op's own keys (docs/config.md): cases that differ
 # only in them are different cases (the delta rule against the additive one, strong gates against
 # weak ones), so they are part of the identity.
@@ -30,6 +33,16 @@ IDENTITY_KEYS = ("suite", "impl", "mode", "backend", "dtype", "decay", "rule", "
                  "batch", "heads", "seq", "dim", "chunk", "window", "head_dim", "tokens", "snapshots")
 
 # Short names for printing a case; values equal to the default are left out to keep rows short.
+# The identity keys the files loaded so far declared beyond IDENTITY_KEYS, in the order first seen:
+# every case key is a tuple over identity_keys(), so that records of two files compare.
+_DECLARED_KEYS = []
+
+
+def identity_keys():
+    """IDENTITY_KEYS, then the keys loaded files declared that it does not hold."""
+    return IDENTITY_KEYS + tuple(_DECLARED_KEYS)
+
+
 _LABEL_PREFIX = {"batch": "B=", "heads": "H=", "seq": "T=", "dim": "D=", "chunk": "C=",
                  "window": "W=", "head_dim": "Dh=", "decay": "decay=", "rule": "rule=", "gate_norm": "gate_norm=",
                  "normalize_keys": "normalize_keys=", "dtype": "", "snapshots": "K="}
@@ -131,6 +144,12 @@ def load(path):
     major = None if is_reference else _schema_major(path, doc["schema_version"])
     device = doc.get("device") if isinstance(doc.get("device"), dict) else {}
     default_backend = reference_backend(device) if is_reference else device.get("backend", "unknown")
+    declared = doc.get("identity_keys", [])
+    if not isinstance(declared, list) or not all(isinstance(k, str) for k in declared):
+        raise ResultFileError(f"{path}: identity_keys is not a list of key names")
+    for k in declared:
+        if k not in IDENTITY_KEYS and k not in _DECLARED_KEYS:
+            _DECLARED_KEYS.append(k)
     records = []
     for position, record in enumerate(doc["results"]):
         if not isinstance(record, dict):
@@ -169,7 +188,7 @@ def _normalise(record, default_backend, is_reference):
 
 
 def case_key(record, ignore=()):
-    """The identity of a case (docs/results.md), as a tuple over IDENTITY_KEYS; absent keys are None.
+    """The identity of a case (docs/results.md), as a tuple over identity_keys(); absent keys are None.
 
     A layer case is fixed by `heads` and `head_dim`. Its `dim` is the head dimension in the
     reference file but may be the model width (heads * head_dim) in lattnbench's, so it is left
@@ -177,11 +196,11 @@ def case_key(record, ignore=()):
     """
     def keep(k):
         return k not in ignore and not (k == "dim" and _is_layer_with_head_dim(record))
-    return tuple(record.get(k) if keep(k) else None for k in IDENTITY_KEYS)
+    return tuple(record.get(k) if keep(k) else None for k in identity_keys())
 
 
 def key_as_dict(key):
-    return {k: v for k, v in zip(IDENTITY_KEYS, key) if v is not None}
+    return {k: v for k, v in zip(identity_keys(), key) if v is not None}
 
 
 def describe_case(record, ignore=()):
@@ -191,6 +210,7 @@ def describe_case(record, ignore=()):
     for k, prefix in _LABEL_PREFIX.items():
         if k in values and values[k] != _LABEL_DEFAULTS.get(k):
             words.append(f"{prefix}{values[k]}")
+    words += [f"{k}={values[k]}" for k in _DECLARED_KEYS if k in values and k not in _LABEL_PREFIX]
     return " ".join(words)
 
 

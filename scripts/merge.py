@@ -158,6 +158,10 @@ def merge(files, names):
     if isinstance(out.get("config"), dict):
         out["config"] = config_without_shard(files[0])
     out["results"] = [raw for raw, _ in records]
+    # Each shard lists the identity keys of its own cases: the merged file lists them all.
+    declared = [k for f in files for k in f.raw.get("identity_keys", [])]
+    if declared:
+        out["identity_keys"] = list(dict.fromkeys(declared))
     out["totals"] = lr.totals([record for _, record in records])
     # Each shard's summary covers its own cases: the merged file's is recomputed over all of them.
     out["summary"] = build_summary(out["results"])

@@ -257,7 +257,7 @@ def _file_tags(files):
 def _varying_keys(keys):
     """Identity keys whose value differs between the lines of one panel: those must be in the label."""
     columns = zip(*keys)
-    return {name for name, column in zip(lr.IDENTITY_KEYS, columns) if len(set(column)) > 1}
+    return {name for name, column in zip(lr.identity_keys(), columns) if len(set(column)) > 1}
 
 
 def main(argv):

@@ -1,5 +1,6 @@
 #include "record_json.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -247,6 +248,17 @@ nlohmann::json to_json(const Summary& summary) {
   return {{"comparisons", comparisons}, {"crossovers", crossovers}};
 }
 
+// Every key that sets one record's case apart from another's (the ops' own keys among them), in the
+// order first met: the Python tools key cases by this list rather than a copy of their own.
+nlohmann::json identity_keys_json(const std::vector<CaseRecord>& records) {
+  std::vector<std::string> keys;
+  for (const CaseRecord& r : records)
+    for (const auto& item : identity_json(r.kase).items())
+      if (item.key() != "plan_index" && std::find(keys.begin(), keys.end(), item.key()) == keys.end())
+        keys.push_back(item.key());
+  return keys;
+}
+
 nlohmann::json to_json(const RunDocument& doc) {
   nlohmann::json results = nlohmann::json::array();
   for (const CaseRecord& r : doc.results) results.push_back(to_json(r));
@@ -258,6 +270,7 @@ nlohmann::json to_json(const RunDocument& doc) {
       {"argv", doc.argv},
       {"config", doc.config},
       {"device", to_json(doc.device)},
+      {"identity_keys", identity_keys_json(doc.results)},
       {"results", results},
       {"totals", {{"cases", doc.totals.cases}, {"ok", doc.totals.ok}, {"failed", doc.totals.failed},
                   {"skipped", doc.totals.skipped}}},

@@ -148,6 +148,36 @@ class CompareTest(unittest.TestCase):
             doc["results"].append(dict(fx.find(doc, fx.is_case(impl="chunked", mode="fwd", seq=512, dim=32)), chunk=64))
         return self.write("changed.json", doc)
 
+    def test_the_files_identity_keys_tell_cases_apart(self):
+        # Two records that differ only in a key the tool's list does not hold: with the file's
+        # identity_keys naming it they are two cases (a slowdown planted in one is found in that one);
+        # without it they are one case recorded twice, which compare.py refuses.
+        def with_widgets(doc):
+            doc = copy.deepcopy(doc)
+            planted = fx.is_case(impl="chunked", mode="fwd", seq=2048, dim=32)
+            original = fx.find(doc, planted)
+            twin = copy.deepcopy(original)
+            original["widgets"], twin["widgets"] = 1, 2
+            doc["results"].append(twin)
+            doc["identity_keys"] = ["suite", "impl", "mode", "widgets"]
+            return doc
+        base = with_widgets(self.base_doc)
+        slow = copy.deepcopy(base)
+        twin = slow["results"][-1]
+        twin["samples_ms"] = [t * 1.3 for t in twin["samples_ms"]]
+        for key in ("median_ms", "q1_ms", "q3_ms"):
+            twin[key] *= 1.3
+        proc, doc = self.compare(self.write("w-base.json", base), self.write("w-slow.json", slow))
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        verdicts = self.verdicts(doc)
+        slower = [label for label, verdict in verdicts.items() if verdict == "SLOWER"]
+        self.assertEqual(len(slower), 1, verdicts)
+        self.assertIn("widgets=2", slower[0])
+        self.assertEqual(verdicts[slower[0].replace("widgets=2", "widgets=1")], "SAME")
+        del base["identity_keys"]
+        proc, _ = self.compare(self.write("w-plain.json", base), self.write("w-plain2.json", base))
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+
     def test_gone_cases_fail_the_gate_unless_allowed(self):
         proc, result = self.compare(self.base, self.changed(remove=True))
         self.assertEqual(proc.returncode, 1, proc.stdout)
