@@ -68,8 +68,11 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
       {"--gate-norm strong", "--gate-norm: expected a number, got 'strong'"},
       {"--config " + bad_gate.string(), bad_gate.string() + ":3: kernel.gate_norm: expected a number in (0, 1000000], got 0"},
       {"--suite layer --gate-norm 1", "--gate-norm: only the kernel suite has this key"},
-      // --decay reaches the layer too (both suites by default), whose linear branch has no gates.
-      {"--decay scalar", "--decay: unknown decay 'scalar' (expected one of: none, retnet)"},
+      {"--decay bogus", "--decay: unknown decay 'bogus' (expected one of: none, retnet, scalar, vector)"},
+      // The layer block's parts in a combination the block does not define.
+      {"--suite layer --attention none", "attention none leaves the gate nothing to blend: it needs output_gate norm"},
+      {"--suite layer --decay vector --gates projected --attention none --output-gate norm",
+       "gates projected with rule additive is Mamba2: it needs decay scalar"},
       {"--frobnicate", "command line:"},
   };
   if (!test::cuda_usable()) cases.push_back({"--backend cuda --seq 16 --dim 4", "--backend cuda: no CUDA device: "});
