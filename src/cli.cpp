@@ -26,7 +26,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   bool interleave = false;
   std::vector<std::string> plugin_paths;
   app.add_option("-c,--config", config_path,
-                 "suite config, YAML (.yaml/.yml) or JSON (.json), a path or the name of an installed one (smoke, gated); "
+                 "suite config, YAML (.yaml/.yml) or JSON (.json), a path or the name of an installed one (smoke, gated, or a model layer: qwen3-next, kimi-linear, mamba2); "
                  "default: built-in");
   app.add_option("-o,--out", out_path, "result JSON (default results/lattnbench-<backend>-<UTC time>.json)");
   app.add_option("--dump", dump_dir, "also write each case's inputs and outputs as .npy files here");
