@@ -18,7 +18,6 @@
 // Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
 // (Q, K, V, Lin, Swa, Y, per-row lse and r, and the chunked branch's chunk states) instead of
 // recomputing the forward.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -61,8 +60,7 @@ void project_to_heads(const LayerProblem& p, const float* x, const float* const 
 #pragma omp for schedule(dynamic)  // as in parallel_sgemm
     for (long index = 0; index < tiles; ++index) {
       const std::size_t r0 = std::size_t(index) * kRowTile, n = std::min<std::size_t>(kRowTile, p.rows() - r0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), 3 * M, M, 1.0f, x + r0 * M, M, wqkv.data(),
-                  3 * M, 0.0f, tile.data(), 3 * M);
+      sgemm(false, false, int(n), 3 * M, M, x + r0 * M, M, wqkv.data(), 3 * M, 0.0f, tile.data(), 3 * M);
       for (std::size_t i = 0; i < n; ++i) {
         const std::size_t b = (r0 + i) / T, t = (r0 + i) % T;
         for (int which = 0; which < 3; ++which)

@@ -13,6 +13,12 @@ constexpr int kRowBlock = 256;  // the largest block of C's rows one product tak
 
 }  // namespace
 
+void sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
+           float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
+              A, lda, B, ldb, beta, C, ldc);
+}
+
 int threads_for(std::size_t tasks) {
   return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), std::max<std::size_t>(tasks, 1)));
 }
@@ -28,7 +34,7 @@ void parallel_sgemm(bool trans_b, int m, int n, int k, const float* A, int lda, 
 #pragma omp parallel for schedule(dynamic) num_threads(threads_for(std::size_t(blocks)))
   for (int index = 0; index < blocks; ++index) {
     const int r0 = index * block, rows = std::min(block, m - r0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
+    sgemm(false, trans_b, rows, n, k,
                 A + std::size_t(r0) * lda, lda, B, ldb, beta, C + std::size_t(r0) * ldc, ldc);
   }
 }
@@ -55,7 +61,7 @@ void k_split_product(int m, int n, int k, const float* A, int lda, const float* 
 #pragma omp for schedule(dynamic)
     for (int t = 0; t < blocks; ++t) {
       const int k0 = int(long(k) * t / blocks), k1 = int(long(k) * (t + 1) / blocks);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k1 - k0, 1.0f, A + std::size_t(k0) * lda, lda,
+      sgemm(true, false, m, n, k1 - k0, A + std::size_t(k0) * lda, lda,
                   B + std::size_t(k0) * ldb, ldb, 0.0f, partials.data() + t * mn, n);
     }
 #pragma omp for schedule(static)

@@ -1,7 +1,7 @@
-// The layer's products on the CPU: every cblas_sgemm the projections make goes through these two
-// functions (and project_to_heads in cpu.cpp, which packs x once for three weights), so that the
-// product routine can be swapped in one place. Both take OpenMP threads over blocks that whichever
-// thread is free takes, with OpenBLAS single-threaded inside.
+// The layer's products on the CPU. Every product the projections make calls `sgemm` below, the
+// one place that names the BLAS routine, so that it can be swapped there; parallel_sgemm and
+// k_split_product take OpenMP threads over blocks that whichever thread is free takes, with the
+// product single-threaded inside (project_to_heads in cpu.cpp calls sgemm on its own row tiles).
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,10 @@
 #include "core/workspace.hpp"
 
 namespace lattn::cpu {
+
+// C = op(A) op(B) + beta C, row-major, on the calling thread: cblas_sgemm.
+void sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
+           float beta, float* C, int ldc);
 
 // Threads for `tasks` independent pieces of work: at most omp_get_max_threads(), at least 1.
 int threads_for(std::size_t tasks);
