@@ -52,8 +52,9 @@ struct BlockArgs {
 
 namespace block {
 
-inline constexpr double kL2Eps = 1e-6;
-inline constexpr int kMaxHeadDim = 1024;  // the layer suite's largest head_dim (op.cpp)  // q / sqrt(|q|^2 + eps), as the delta-rule models normalise
+inline constexpr double kL2Eps = 1e-6;     // q / sqrt(|q|^2 + eps), as the delta-rule models normalise
+inline constexpr int kMaxHeadDim = 1024;  // the layer suite's largest head_dim (op.cpp)
+inline constexpr int kMaxConv = 64;       // the largest short_conv (block_op.cpp)
 
 // Where each projection's columns sit in P = x W_in.
 struct Layout {
@@ -154,7 +155,7 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
   const Layout l = layout(p);
   const Sizes s = sizes(p, backward);
   const int M = l.M, H = l.H, Dh = l.Dh, Tn = l.T, cols = l.cols, w = l.w;
-  const long R = long(l.R), BH = long(l.B) * H;
+  const long R = long(l.R);
   const Problem& lp = p.linear;
   auto win = ops.buffer(s.win), P = ops.buffer(s.P), C = ops.buffer(s.C), q = ops.buffer(s.q), k = ops.buffer(s.k),
        v = ops.buffer(s.v), ks = ops.buffer(s.ks), qinv = ops.buffer(s.qinv), kinv = ops.buffer(s.kinv),
@@ -184,18 +185,24 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
   for (long row = 0; row < R; ++row) {
     const int t = int(row % Tn);
     const long b = row / Tn;
-    for (int c = 0; c < 3 * M; ++c) {
-      T u = P[std::size_t(row) * cols + c];
-      if (l.conv) {
-        T sum = 0;
-        for (int i = std::max(0, w - 1 - t); i < w; ++i)
-          sum += a.conv[std::size_t(c) * w + i] * P[std::size_t(row - (w - 1) + i) * cols + c];
-        C[std::size_t(row) * 3 * M + c] = sum;
-        u = silu(sum);
+    for (int which = 0; which < 3; ++which)
+      for (int h = 0; h < H; ++h) {  // channels c0 .. c0 + Dh - 1 are head h's of q, k or v
+        const int c0 = which * M + h * Dh;
+        const T* p = P.data() + std::size_t(row) * cols + c0;
+        T* u = qkv[which] + at(b * H + h, t) * Dh;
+        if (!l.conv) {
+          std::copy_n(p, Dh, u);
+          continue;
+        }
+        T* conv_out = C.data() + std::size_t(row) * 3 * M + c0;
+        for (int j = 0; j < Dh; ++j) {
+          T sum = 0;
+          for (int i = std::max(0, w - 1 - t); i < w; ++i)
+            sum += a.conv[std::size_t(c0 + j) * w + i] * p[std::ptrdiff_t(i - (w - 1)) * cols + j];
+          conv_out[j] = sum;
+          u[j] = silu(sum);
+        }
       }
-      const int which = c / M, h = (c % M) / Dh, j = c % Dh;
-      qkv[which][at(b * H + h, t) * Dh + j] = u;
-    }
   }
 
   // The delta rule's L2-normalised q and k; the gates.
@@ -412,14 +419,18 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
   for (long row = 0; row < R; ++row) {
     const int t = int(row % Tn);
     const long b = row / Tn;
-    for (int c = 0; c < 3 * M; ++c) {
-      const int which = c / M, h = (c % M) / Dh, j = c % Dh;
-      const T du = dqkv[which][at(b * H + h, t) * Dh + j];
-      if (l.conv)
-        dC[std::size_t(row) * 3 * M + c] = du * silu_grad(C[std::size_t(row) * 3 * M + c]);
-      else
-        dP[std::size_t(row) * cols + c] = du;
-    }
+    for (int which = 0; which < 3; ++which)
+      for (int h = 0; h < H; ++h) {
+        const int c0 = which * M + h * Dh;
+        const T* du = dqkv[which] + at(b * H + h, t) * Dh;
+        if (!l.conv) {
+          std::copy_n(du, Dh, dP.data() + std::size_t(row) * cols + c0);
+          continue;
+        }
+        const T* conv_out = C.data() + std::size_t(row) * 3 * M + c0;
+        T* dconv_out = dC.data() + std::size_t(row) * 3 * M + c0;
+        for (int j = 0; j < Dh; ++j) dconv_out[j] = du[j] * silu_grad(conv_out[j]);
+      }
   }
   if (l.conv) {
 #pragma omp parallel for schedule(static)
@@ -432,17 +443,25 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
         dP[std::size_t(row) * cols + c] = sum;
       }
     }
+    // The filters' gradients: blocks of channels, each summing over the rows in order (in double,
+    // on the stack) with the channels innermost, so that every row is read contiguously.
+    constexpr int kChannelBlock = 64;
+    const int blocks = (3 * M + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < 3 * M; ++c)
-      for (int i = 0; i < w; ++i) {
-        double sum = 0;
-        for (long row = 0; row < R; ++row) {
-          const int t = int(row % Tn);
-          if (t - (w - 1) + i >= 0)
-            sum += double(dC[std::size_t(row) * 3 * M + c] * P[std::size_t(row - (w - 1) + i) * cols + c]);
+    for (int blk = 0; blk < blocks; ++blk) {
+      const int c0 = blk * kChannelBlock, n = std::min(kChannelBlock, 3 * M - c0);
+      double sums[kMaxConv][kChannelBlock] = {};
+      for (long row = 0; row < R; ++row) {
+        const int t = int(row % Tn);
+        const T* d = dC.data() + std::size_t(row) * 3 * M + c0;
+        for (int i = std::max(0, w - 1 - t); i < w; ++i) {
+          const T* p = P.data() + std::size_t(row - (w - 1) + i) * cols + c0;
+          for (int cc = 0; cc < n; ++cc) sums[i][cc] += double(d[cc] * p[cc]);
         }
-        a.dconv[std::size_t(c) * w + i] = T(sum);
       }
+      for (int cc = 0; cc < n; ++cc)
+        for (int i = 0; i < w; ++i) a.dconv[std::size_t(c0 + cc) * w + i] = T(sums[i][cc]);
+    }
   }
 
   // The input projections: dW_in = x^T dP (unpacked), dx = dP W_in^T.

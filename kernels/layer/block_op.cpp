@@ -13,7 +13,7 @@
 namespace lattn {
 namespace {
 
-constexpr long kMaxConv = 64, kMaxRank = 8192;
+constexpr long kMaxRank = 8192;  // the conv's limit is block::kMaxConv
 
 std::size_t width(const Case& c) { return std::size_t(c.heads) * std::size_t(c.dim); }
 int option_int(const Case& c, const char* key, int fallback) {
@@ -96,7 +96,7 @@ Axis attention_axis() {
 
 std::vector<Axis> block_axes() {
   Axis rule = named("rule", "additive", rule_names(), "update rules of the linear branch (additive, delta)");
-  Axis conv{"short_conv", Param::option, {"0"}, "short convolution width on q, k, v (0: none)", 0, kMaxConv};
+  Axis conv{"short_conv", Param::option, {"0"}, "short convolution width on q, k, v (0: none)", 0, block::kMaxConv};
   Axis rank_axis{"gate_rank", Param::option, {"64"}, "low rank of projected vector gates (KDA)", 1, kMaxRank};
   rank_axis.applies = proj_vector;
   return {rule,

@@ -32,7 +32,7 @@ struct LayerProblem {
   // fwd_bwd on the CPU: the chunked branch's forward keeps its chunk states for the backward
   // (kernels/cpu/kernels.hpp), else the backward recomputes them.
   bool keep_chunk_states = true;
-  LayerBlock block;
+  LayerBlock block{};
 
   std::size_t model_dim() const { return std::size_t(linear.heads) * linear.dim; }
   std::size_t rows() const { return std::size_t(linear.batch) * linear.seq; }  // tokens of the batch
