@@ -1,6 +1,6 @@
 // The modern layer block (SPEC section 2b: Gated DeltaNet, KDA, Mamba2; its tensors in
-// block_args.hpp), shared by the float32
-// CPU kernel (block_cpu.cpp) and the float64 reference (block_reference.cpp): one template over the
+// block_args.hpp), shared by the float32 CPU kernel (block_cpu.cpp) and the float64 reference
+// (block_reference.cpp): one template over the
 // number type and an `Ops` that supplies the products, the linear-attention kernel, the sliding
 // window and scratch. The CPU passes sgemm and the kernel suite's CPU kernels, the reference dgemm
 // and the float64 scan; tests/test_layer_block.cpp holds the float64 gradients to central finite
