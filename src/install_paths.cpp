@@ -38,9 +38,12 @@ std::vector<std::string> installed_config_names() {
 std::string resolve_config_path(const std::string& name) {
   std::error_code ec;
   if (name.empty() || name.find('/') != std::string::npos || fs::exists(name, ec)) return name;
-  for (const fs::path& dir : config_dirs())
-    for (const char* ext : {"", ".yaml", ".yml", ".json"})
-      if (const fs::path candidate = dir / (name + ext); fs::is_regular_file(candidate, ec)) return candidate.string();
+  // The suites first, then the model layers (configs/models/).
+  for (const char* sub : {"", "models"})
+    for (const fs::path& dir : config_dirs())
+      for (const char* ext : {"", ".yaml", ".yml", ".json"})
+        if (const fs::path candidate = dir / sub / (name + ext); fs::is_regular_file(candidate, ec))
+          return candidate.string();
   return name;
 }
 

@@ -26,7 +26,13 @@ inline std::string describe(const Case& c) {
          (c.options.count("gate_norm") ? " gate_norm " + c.option("gate_norm") : "") +
          (c.options.count("rule") ? " rule " + c.option("rule") : "") +
          (c.options.count("normalize_keys") ? " normalize_keys " + c.option("normalize_keys") : "") +
-         (c.options.count("snapshots") ? " snapshots " + c.option("snapshots") : "");
+         (c.options.count("snapshots") ? " snapshots " + c.option("snapshots") : "") +
+         [&] {
+           std::string parts;
+           for (const char* key : {"short_conv", "gates", "gate_rank", "output_gate", "attention"})
+             if (c.options.count(key)) parts += std::string(" ") + key + " " + c.option(key);
+           return parts;
+         }();
 }
 
 // A linear-attention case of `p`.
@@ -64,7 +70,36 @@ inline Case layer_case(const LayerProblem& p, Mode mode, const std::string& back
   c.op = &layer_op();
   c.window = p.window;
   c.options.clear();
+  if (p.modern()) {  // the block's parts (docs/spec.md section 2b) as the config keys write them
+    c.options["rule"] = to_string(p.linear.rule);
+    c.options["short_conv"] = std::to_string(p.block.short_conv);
+    c.options["gates"] = p.block.projected_gates ? "projected" : "input";
+    if (p.block.projected_gates && p.linear.decay == Decay::vector)
+      c.options["gate_rank"] = std::to_string(p.block.gate_rank);
+    c.options["output_gate"] = p.block.norm_gate ? "norm" : "gate";
+    c.options["attention"] = p.block.window ? "swa" : "none";
+  }
   return c;
+}
+
+// Shapes every test of the modern block covers (docs/spec.md section 2b): Gated DeltaNet, KDA and Mamba2
+// blocks (projected gates, short convolution, gated norm, no window), and the kernel suite's
+// rules and decays inside today's hybrid block (input gates, the window and its blend), each at
+// T = 1 and at a T that is not a multiple of the chunk.
+inline std::vector<LayerProblem> block_test_shapes() {
+  const LayerBlock gdn{4, true, true, false, 0}, kda{4, true, true, false, 8}, hybrid{3, false, false, true, 0},
+      plain_norm{0, false, true, false, 0};
+  std::vector<LayerProblem> shapes;
+  for (int seq : {1, 37}) {
+    shapes.push_back({{1, 2, seq, 16, 16, Decay::scalar, Rule::delta}, 1, false, true, gdn});   // Gated DeltaNet
+    shapes.push_back({{2, 2, seq, 8, 16, Decay::vector, Rule::delta}, 1, false, true, kda});    // KDA
+    shapes.push_back({{1, 3, seq, 8, 16, Decay::scalar, Rule::additive}, 1, false, true, gdn}); // Mamba2
+    shapes.push_back({{1, 2, seq, 8, 16, Decay::vector, Rule::delta}, 8, false, true, hybrid});  // KDA kernel, window
+    shapes.push_back({{2, 1, seq, 16, 16, Decay::scalar, Rule::additive}, 5, false, true,
+                      LayerBlock{0, false, false, true, 0}});                                      // gated kernel only
+    shapes.push_back({{1, 2, seq, 8, 16, Decay::retnet, Rule::additive}, 1, false, true, plain_norm});
+  }
+  return shapes;
 }
 
 // A sliding-window case: batch, heads, seq and dim of `p`, and `window`.

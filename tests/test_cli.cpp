@@ -68,12 +68,12 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
       {"--gate-norm strong", "--gate-norm: expected a number, got 'strong'"},
       {"--config " + bad_gate.string(), bad_gate.string() + ":3: kernel.gate_norm: expected a number in (0, 1000000], got 0"},
       {"--suite layer --gate-norm 1", "--gate-norm: only the kernel suite has this key"},
-      // --decay reaches the layer too (both suites by default), whose linear branch has no gates:
-      // the error names the suite that refuses it and the one that takes it.
-      {"--decay scalar", "--decay: the layer suite: unknown decay 'scalar' (expected one of: none, retnet); the kernel "
-                         "suite takes it: select it alone with --suite kernel"},
-      {"--suite layer --decay scalar", "--decay: unknown decay 'scalar' (expected one of: none, retnet)"},
-      {"--decay linear", "--decay: unknown decay 'linear'"},  // neither suite has it
+      {"--decay bogus", "--decay: unknown decay 'bogus' (expected one of: none, retnet, scalar, vector)"},
+      // The layer block's parts in a combination the block does not define.
+      {"--suite layer --attention none", "attention none leaves the gate nothing to blend: it needs output_gate norm"},
+      {"--suite layer --decay vector --gates projected --attention none --output-gate norm",
+       "gates projected with rule additive is Mamba2: it needs decay scalar"},
+      {"--decay linear", "--decay: unknown decay 'linear'"},  // no suite has it
       {"--batch-memory 0", "--batch-memory: expected a number in (0, 1], got 0"},
       {"--frobnicate", "command line:"},
   };

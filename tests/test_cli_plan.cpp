@@ -148,6 +148,16 @@ TEST_CASE("a config is found by its installed name, with or without its extensio
     REQUIRE(listed.exit_status == 0);
     CHECK_THAT(listed.output, Contains("-kernel-scan-fwd-b1h2t24d16c32-none"));
   }
+  // The model layers under configs/models/ by their names too.
+  for (const auto& [name, slug] : std::vector<std::pair<std::string, std::string>>{
+           {"qwen3-next", "-layer-chunked-fwd-b1h4t2048d128c64w128-scalar-attentionnone-gatesprojected"},
+           {"kimi-linear", "-layer-chunked-fwd-b1h4t2048d128c64w128-vector-attentionnone-gate_rank128"},
+           {"mamba2", "-layer-chunked-fwd-b1h8t2048d64c64w128-scalar-attentionnone-gatesprojected"}}) {
+    INFO(name);
+    const auto listed = lattnbench("--config " + name + " --list-cases");
+    REQUIRE(listed.exit_status == 0);
+    CHECK_THAT(listed.output, Contains(slug));
+  }
   const auto missing = lattnbench("--config no-such-suite --list-cases");
   CHECK(missing.exit_status == 2);
   CHECK_THAT(missing.output, Contains("no-such-suite"));

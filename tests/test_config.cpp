@@ -274,9 +274,11 @@ TEST_CASE("gate_norm defaults to 16, takes the command line, and its bad values 
   // One value written two ways is one case, given twice.
   CHECK_THAT(error_of("kernel:\n  gate_norm: [16, 16.0]\n"), Contains("suite.yaml:2: kernel.gate_norm") &&
                                                                   Contains("duplicate value '16.0'"));
-  // The layer's linear branch has no gates: neither the key nor the gated decays.
+  // The layer's linear branch takes the gated decays (its input gates at gate_norm 16, or gates
+  // projected from x: docs/spec.md section 2b), but not the key.
   CHECK_THAT(error_of("layer:\n  gate_norm: 1\n"), Contains("unknown key 'layer.gate_norm'"));
-  CHECK_THAT(error_of("layer:\n  decay: scalar\n"), Contains("unknown decay 'scalar'"));
+  CHECK(error_of("layer:\n  decay: scalar\n").empty());
+  CHECK_THAT(error_of("layer:\n  decay: gated\n"), Contains("unknown decay 'gated'"));
   Overrides bad;
   bad.values["gate_norm"] = "nan";
   CHECK_THROWS_WITH(apply_overrides(c, bad), Contains("--gate-norm") && Contains("expected a number"));

@@ -225,7 +225,8 @@ TEST_CASE("delta rule config keys are validated in one line naming where", "[del
   INFO(not_boolean);
   CHECK(not_boolean.find("suite.yaml:3") != std::string::npos);
   CHECK(not_boolean.find("normalize_keys") != std::string::npos);
-  const std::string layer_rule = test::config_error("suites: [layer]\nlayer:\n  rule: delta\n");
+  // The layer's linear branch takes every rule (its block, docs/spec.md section 2b); an unknown one is refused there too.
+  const std::string layer_rule = test::config_error("suites: [layer]\nlayer:\n  rule: gated\n");
   INFO(layer_rule);
   CHECK(layer_rule.find("suite.yaml:3") != std::string::npos);
   CHECK(layer_rule.find("rule") != std::string::npos);
@@ -255,9 +256,9 @@ TEST_CASE("delta rule config keys are validated in one line naming where", "[del
   for (const auto& [text, flags] :
        {std::pair<std::string, std::string>{"kernel:\n  rule: gated\n", ""},
         {"kernel:\n  normalize_keys: maybe\n", ""},
-        {"suites: [layer]\nlayer:\n  rule: delta\n", ""},
+        {"suites: [layer]\nlayer:\n  rule: gated\n", ""},
         {"suites: [kernel]\n", "--rule gated"},
-        {"suites: [layer]\n", "--rule delta"}}) {
+        {"suites: [layer]\n", "--rule gated"}}) {
     const auto path = dir / "c.yaml";
     std::ofstream(path) << text;
     const test::ProcessResult r = test::run_process(test::binary() + " --config " + path.string() + " " + flags +

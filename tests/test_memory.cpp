@@ -6,6 +6,7 @@
 
 #include "src/counting_allocator.hpp"
 #include "kernels/linear_attention/cpu.hpp"
+#include "kernels/layer/block_cpu.hpp"
 #include "kernels/layer/cpu.hpp"
 #include "kernels/sliding_window/cpu.hpp"
 #include "kernels/linear_attention/cpu_scan_pass.hpp"
@@ -208,5 +209,35 @@ TEST_CASE("the layer's scratch equals its closed form and grows linearly in T", 
       CHECK(per_token(65536, backward) == Approx(per_token(8192, backward)).epsilon(0.05));
     }
   }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+TEST_CASE("the modern block's scratch equals its closed form and grows linearly in T", "[memory][layer][block]") {
+  omp_set_num_threads(2);
+  for (const LayerProblem& shape : test::block_test_shapes())
+    for (bool chunked : {false, true}) {
+      LayerProblem p = shape;
+      if (p.linear.seq == 1) continue;
+      p.chunked = chunked;
+      const Case c = test::layer_case(p, Mode::fwd);
+      INFO(test::describe(c));
+      auto backend = make_backend("cpu", BackendOptions{2});
+      for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+        const MemoryUsage m = test::run_on(*backend, test::layer_case(p, mode), 0).memory;
+        CHECK(m.temp_bytes == (mode == Mode::fwd ? cpu::block_forward_workspace_bytes(p)
+                                                 : cpu::block_forward_backward_workspace_bytes(p)));
+      }
+      // Per token the scratch settles to a constant: nothing grows as T^2 (the conv keeps no history).
+      auto per_token = [&](int seq, bool backward) {
+        LayerProblem q = p;
+        q.linear.seq = seq;
+        return double(backward ? cpu::block_forward_backward_workspace_bytes(q) : cpu::block_forward_workspace_bytes(q)) /
+               seq;
+      };
+      for (bool backward : {false, true}) {
+        CHECK(per_token(8192, backward) == Approx(per_token(4096, backward)).epsilon(0.05));
+        CHECK(per_token(65536, backward) == Approx(per_token(8192, backward)).epsilon(0.05));
+      }
+    }
   omp_set_num_threads(omp_get_num_procs());
 }

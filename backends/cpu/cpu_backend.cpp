@@ -17,6 +17,7 @@
 #include "kernels/cpu/vec.hpp"
 #include "kernels/decode/cpu.hpp"
 #include "kernels/decode/op.hpp"
+#include "kernels/layer/block_cpu.hpp"
 #include "kernels/layer/cpu.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/cpu.hpp"
@@ -168,6 +169,20 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
+    if (p.modern()) {  // the block of docs/spec.md section 2b (kernels/layer/block.hpp)
+      const BlockArgs<float> args = block::bind_args<float>([&](const char* name) -> float* {
+        for (const TensorSpec& spec : c.op->tensors)
+          if (spec.name == name && spec.in(c)) return h->data(name);
+        return nullptr;
+      });
+      std::string states;
+      if (p.chunked && c.backward()) states = block_kept_chunk_states_bytes(p) > 0 ? "kept" : "recomputed";
+      if (c.backward())
+        h->bind([p, args](Allocator& a) { block_forward_backward(p, args, a); }, states);
+      else
+        h->bind([p, args](Allocator& a) { block_forward(p, args, a); });
+      return std::unique_ptr<PreparedCase>(std::move(h));
+    }
     if (!c.backward()) {
       const LayerForwardArgs<float> fwd{h->data("x"),  h->data("wq"), h->data("wk"),   h->data("wv"),
                                         h->data("wo"), h->data("g"),  h->data("beta"), h->data("out")};
@@ -185,6 +200,9 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   };
   row.memory_estimate = [s](const Case& c) {
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
+    if (p.modern())
+      return host_tensor_bytes(c) +
+             (c.backward() ? block_forward_backward_workspace_bytes(p) : block_forward_workspace_bytes(p));
     return host_tensor_bytes(c) +
            (c.backward() ? layer_forward_backward_workspace_bytes(p) : layer_forward_workspace_bytes(p));
   };

@@ -238,6 +238,9 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   ImplRow row{"layer", form, nullptr, nullptr, nullptr};
   row.unsupported = [s](const Case& c) -> std::optional<std::string> {
     if (auto why = dtype_unsupported(c, true)) return why;
+    if (layer_problem(c).modern())
+      return std::string("the CUDA layer is the hybrid block of docs/spec.md section 2 only: no short convolution, projected "
+                         "gates, gated norm, attention none, gated decay or delta rule");
     const auto shared = shared_memory(s.device);
     if (!shared) return no_shared_memory(s.device);
     if (auto why = swa_unsupported(window_problem(c), Dtype::f32, *shared)) return why;

@@ -18,7 +18,6 @@
 // Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
 // (Q, K, V, Lin, Swa, Y, per-row lse and r, and the chunked branch's chunk states) instead of
 // recomputing the forward.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -26,16 +25,13 @@
 
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/layer/cpu.hpp"
+#include "kernels/layer/cpu_products.hpp"
 #include "kernels/sliding_window/cpu.hpp"
 
 namespace lattn::cpu {
 namespace {
 
 constexpr int kRowTile = 256;  // 256 x 3M floats of projection output per thread: 1.5 MiB at M = 512
-
-int threads_for(std::size_t tasks) {
-  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), std::max<std::size_t>(tasks, 1)));
-}
 
 std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + kRowTile - 1) / kRowTile; }
 
@@ -45,63 +41,6 @@ std::size_t projection_bytes(const LayerProblem& p) {
   const std::size_t M = p.model_dim();
   return (3 * M * M + std::size_t(threads_for(row_tiles(p))) * std::min<std::size_t>(kRowTile, p.rows()) * 3 * M) *
          sizeof(float);
-}
-
-// C = A op(B) + beta C (m x n, row-major), in blocks of C's rows taken by whichever thread is
-// free: on a machine shared with other work a thread that loses its core for a while then costs
-// its blocks, not the whole product (an even split would leave the other thread waiting). About
-// four blocks per thread, of 64 to 256 rows: large enough for BLAS, though each call repacks B.
-void parallel_sgemm(bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
-                    float beta, float* C, int ldc) {
-  const int wanted = (m + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads());
-  const int block = std::clamp(wanted, 64, kRowTile), blocks = (m + block - 1) / block;
-#pragma omp parallel for schedule(dynamic) num_threads(threads_for(std::size_t(blocks)))
-  for (int index = 0; index < blocks; ++index) {
-    const int r0 = index * block, rows = std::min(block, m - r0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f,
-                A + std::size_t(r0) * lda, lda, B, ldb, beta, C + std::size_t(r0) * ldc, ldc);
-  }
-}
-
-// The weight gradients: products C = A^T B (m x n) of A (k x m) and B (k x n), k the
-// batch's tokens and so much larger than m and n: split over k into blocks that whichever thread
-// is free takes, each product into its own partial, then the partials summed in block order (the
-// sum's order does not depend on which thread ran what). Split over C's rows instead, as
-// parallel_sgemm does, every call repacks all of B: x^T [dQ dK dV] (512 x 1536, k 4096) ran in
-// 44 ms that way against 33.5 ms split over k (2 threads, median of 9, 3 of 4 rounds).
-// C's columns go to `outs` in groups of `out_cols` (row-major, row stride out_cols): dWq, dWk,
-// dWv from one product.
-int k_blocks(int k) { return std::max(1, std::min(k, 2 * omp_get_max_threads())); }
-
-std::size_t k_split_bytes(int m, int n, int k) { return std::size_t(k_blocks(k)) * m * n * sizeof(float); }
-
-void k_split_product(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* const* outs,
-                     int out_cols, Allocator& allocator) {
-  const int blocks = k_blocks(k);
-  const std::size_t mn = std::size_t(m) * n;
-  Workspace<float> partials(allocator, blocks * mn);
-#pragma omp parallel num_threads(threads_for(std::size_t(blocks)))
-  {
-#pragma omp for schedule(dynamic)
-    for (int t = 0; t < blocks; ++t) {
-      const int k0 = int(long(k) * t / blocks), k1 = int(long(k) * (t + 1) / blocks);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k1 - k0, 1.0f, A + std::size_t(k0) * lda, lda,
-                  B + std::size_t(k0) * ldb, ldb, 0.0f, partials.data() + t * mn, n);
-    }
-#pragma omp for schedule(static)
-    for (int i = 0; i < m; ++i)
-      for (int j0 = 0; j0 < n; j0 += out_cols) {
-        float* __restrict out = outs[j0 / out_cols] + std::size_t(i) * out_cols;
-        const float* first = partials.data() + std::size_t(i) * n + j0;
-#pragma omp simd
-        for (int j = 0; j < out_cols; ++j) out[j] = first[j];
-        for (int t = 1; t < blocks; ++t) {
-          const float* __restrict part = first + t * mn;
-#pragma omp simd
-          for (int j = 0; j < out_cols; ++j) out[j] += part[j];
-        }
-      }
-  }
 }
 
 // dst[b][h][t][:] = (x W)[b*T + t][h*Dh : (h+1)*Dh] for W = wq, wk, wv into q, k, v.
@@ -121,8 +60,7 @@ void project_to_heads(const LayerProblem& p, const float* x, const float* const 
 #pragma omp for schedule(dynamic)  // as in parallel_sgemm
     for (long index = 0; index < tiles; ++index) {
       const std::size_t r0 = std::size_t(index) * kRowTile, n = std::min<std::size_t>(kRowTile, p.rows() - r0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), 3 * M, M, 1.0f, x + r0 * M, M, wqkv.data(),
-                  3 * M, 0.0f, tile.data(), 3 * M);
+      sgemm(false, false, int(n), 3 * M, M, x + r0 * M, M, wqkv.data(), 3 * M, 0.0f, tile.data(), 3 * M);
       for (std::size_t i = 0; i < n; ++i) {
         const std::size_t b = (r0 + i) / T, t = (r0 + i) % T;
         for (int which = 0; which < 3; ++which)

@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/random.hpp"
+#include "kernels/layer/block_op.hpp"
 #include "kernels/layer/reference.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/op.hpp"
@@ -31,6 +32,7 @@ std::vector<std::size_t> per_head(const Case& c) { return {std::size_t(c.heads)}
 // backward: dx and dW per projection (2x), about twice the elementwise work; the branches'
 // models include their own backward.
 double layer_flops(const Case& c) {
+  if (layer_is_modern(c)) return block_flops(c);
   const double R = double(c.batch) * c.seq, M = double(width(c));
   const double projections = 8 * R * M * M, elementwise = 8 * R * M;
   Case window = c;
@@ -50,13 +52,15 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   fill_normal(set.add("wo", Role::input, weight(c)).data, seed, 11, w_std);
   auto& g = set.add("g", Role::input, channels(c)).data;
   std::fill(g.begin(), g.end(), 1.0f);
-  fill_normal(set.add("beta", Role::input, per_head(c)).data, seed, 12);
+  if (layer_has_blend(c)) fill_normal(set.add("beta", Role::input, per_head(c)).data, seed, 12);
   fill_normal(set.add("dOut", Role::cotangent, rows(c)).data, seed, 13);
+  add_block_inputs(c, seed, set);
   return set;
 }
 
 // The float64 layer does not depend on the form: its linear branch is the scan reference.
 Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
+  if (layer_is_modern(c)) return block_reference(c, in, backward);
   const LayerProblem p = layer_problem(c);
   const auto x = widened(in, "x"), wq = widened(in, "wq"), wk = widened(in, "wk"), wv = widened(in, "wv"),
              wo = widened(in, "wo"), g = widened(in, "g"), beta = widened(in, "beta");
@@ -90,7 +94,7 @@ double tolerance(const std::string& dtype) {
 
 std::optional<std::string> limit(const Case& c) {
   const long w = long(width(c));
-  if (w <= kMaxModelDim) return std::nullopt;
+  if (w <= kMaxModelDim) return block_limit(c);
   return "layer heads " + std::to_string(c.heads) + " x head_dim " + std::to_string(c.dim) + " is a model width of " +
          std::to_string(w) + ", over the limit " + std::to_string(kMaxModelDim) + " (each weight is width^2 floats)";
 }
@@ -103,7 +107,7 @@ std::vector<std::pair<std::string, long>> extra_identity(const Case& c) {
 }  // namespace
 
 LayerProblem layer_problem(const Case& c, bool keep_chunk_states) {
-  return LayerProblem{linear_problem(c), c.window, c.impl == "chunked", keep_chunk_states};
+  return LayerProblem{linear_problem(c), c.window, c.impl == "chunked", keep_chunk_states, layer_block(c)};
 }
 
 const Op& layer_op() {
@@ -116,19 +120,20 @@ const Op& layer_op() {
         {"batch", Param::batch, {"2"}, "batch sizes", 1, kMaxBatch},
         {"heads", Param::heads, {"8"}, "head counts", 1, kMaxHeads},
         {"head_dim", Param::dim, {"64"}, "head dims of the layer suite", 1, kMaxDim},
-        {"window", Param::window, {"128"}, "sliding windows of the layer suite", 1, kMaxSeq},
+        {"window", Param::window, {"128"}, "sliding windows of the layer suite (attention swa)", 1, kMaxSeq},
         {"chunk", Param::chunk, {"128"}, "chunk sizes of the chunked form", 1, kMaxChunk},
-        {"decay", Param::decay, {"none"}, "decay modes (none, retnet)", 1, 0, ungated_decay_names()},
+        {"decay", Param::decay, {"none"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
         {"seq", Param::seq, {"512", "2048"}, "sequence lengths", 1, kMaxSeq},
         {"impl", Param::impl, {"scan", "chunked"}, "impls (scan, chunked)"},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},
     };
+    for (Axis& axis : block_axes()) o.axes.insert(o.axes.end() - 3, std::move(axis));  // after decay, before seq
     o.forms = {{"scan", layer_flops}, {"chunked", layer_flops}};
     o.tensors = {
         {"x", Role::input, rows, true},          {"wq", Role::input, weight, false},
         {"wk", Role::input, weight, false},      {"wv", Role::input, weight, false},
         {"wo", Role::input, weight, false},      {"g", Role::input, channels, false},
-        {"beta", Role::input, per_head, false},  {"dOut", Role::cotangent, rows, true},
+        {"beta", Role::input, per_head, false, layer_has_blend},  {"dOut", Role::cotangent, rows, true},
         {"out", Role::output, rows, false},      {"dx", Role::gradient, rows, false},
         // dwq and dwk against dwv's scale: where RMSNorm makes the output nearly independent of q
         // and k (one token, or head_dim 1) their true values are of order the norm's eps, and the
@@ -136,8 +141,9 @@ const Op& layer_op() {
         {"dwq", Role::gradient, weight, false, nullptr, "dwv"},
         {"dwk", Role::gradient, weight, false, nullptr, "dwv"},
         {"dwv", Role::gradient, weight, false},  {"dwo", Role::gradient, weight, false},
-        {"dg", Role::gradient, channels, false}, {"dbeta", Role::gradient, per_head, false},
+        {"dg", Role::gradient, channels, false}, {"dbeta", Role::gradient, per_head, false, layer_has_blend},
     };
+    for (TensorSpec& spec : block_tensors()) o.tensors.push_back(std::move(spec));
     o.make_inputs = make_inputs;
     o.reference = compute_reference;
     o.tolerance = tolerance;

@@ -39,7 +39,7 @@ Rule rule_from(const std::string& name);
 
 // The decays' names, in enum order: what configs and records write.
 const std::vector<std::string>& decay_names();
-// Those without gate inputs (none, retnet): the layer's linear branch offers only these.
+// Those without gate inputs (none, retnet).
 const std::vector<std::string>& ungated_decay_names();
 std::string to_string(Decay decay);
 // Throws RuntimeFailure for a name decay_names() does not hold.
