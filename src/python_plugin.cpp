@@ -3,8 +3,8 @@
 // a run cleanly; src/interrupt.hpp), and the GIL is taken around every crossing, so that a row may
 // call from any thread. The interpreter is never finalised: an impl's modules (torch, JAX) keep
 // threads and exit handlers that must outlive every case, as a C plugin's library is never closed.
-// Built without Python (-DLATTN_EMBED_PYTHON=OFF), loading one is a usage error saying so. Over 500
-// lines in one file: it is the one file that includes Python.h and handles PyObject references, so
+// Built without Python (-DLATTN_EMBED_PYTHON=OFF), loading one is a usage error saying so.
+// Over 500 lines in one file: it is the one file that includes Python.h and handles PyObject references, so
 // that the rest of lattnbench builds and reads without CPython's API.
 #ifdef LATTN_HAVE_PYTHON
 #define PY_SSIZE_T_CLEAN
