@@ -249,13 +249,16 @@ nlohmann::json to_json(const Summary& summary) {
 }
 
 // Every key that sets one record's case apart from another's (the ops' own keys among them), in the
-// order first met: the Python tools key cases by this list rather than a copy of their own.
+// order first met (each record's keys by name): the Python tools key cases by this list rather than a
+// copy of their own.
 nlohmann::json identity_keys_json(const std::vector<CaseRecord>& records) {
   std::vector<std::string> keys;
-  for (const CaseRecord& r : records)
-    for (const auto& item : identity_json(r.kase).items())
+  for (const CaseRecord& r : records) {
+    const nlohmann::json id = identity_json(r.kase);  // items() does not keep a temporary alive
+    for (const auto& item : id.items())
       if (item.key() != "plan_index" && std::find(keys.begin(), keys.end(), item.key()) == keys.end())
         keys.push_back(item.key());
+  }
   return keys;
 }
 
