@@ -1,4 +1,4 @@
-// A request to stop the run (SIGINT or SIGTERM; src/interrupt.cpp's handler records it) that any
+// A request to stop the run (SIGINT or SIGTERM; src/run/interrupt.cpp's handler records it) that any
 // long loop can poll without knowing where it came from: the harness between warm-up calls and
 // samples, the float64 references between tokens and row blocks. It lives in core/ so that
 // kernels/ can poll it without including src/. A loop that sees it ends early and its caller

@@ -1,7 +1,7 @@
 // An op is a table row: everything the harness needs to plan, feed, check and count one kind of
 // computation, whatever backend runs it. Each op's row is in kernels/<op>/op.cpp, beside its float64
-// reference and its kernels; src/ops.cpp lists the rows. Backends refer to an op's forms by name
-// in their own impl tables (src/backend.hpp).
+// reference and its kernels; src/config/ops.cpp lists the rows. Backends refer to an op's forms by name
+// in their own impl tables (src/run/backend.hpp).
 #pragma once
 
 #include <cstdint>
@@ -100,7 +100,7 @@ struct Op {
 // Whether `name` is a plugin's or a plugin impl's name: [a-z0-9_]+.
 bool is_plugin_name(const std::string& name);
 // Whether `impl` is written as a plugin's impl is, NAME:IMPL with both parts [a-z0-9_]+ (docs/plugins.md;
-// src/plugins.hpp loads them). Only the name's form: whether a plugin provides it is the loader's.
+// src/plugins/plugins.hpp loads them). Only the name's form: whether a plugin provides it is the loader's.
 bool is_plugin_impl_name(const std::string& impl);
 // The IMPL part of a plugin's NAME:IMPL; "" for any other impl.
 std::string plugin_impl_part(const std::string& impl);

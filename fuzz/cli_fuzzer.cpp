@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "src/cli.hpp"
+#include "src/cli/cli.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::vector<std::string> argv = {"lattnbench"};

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "src/config.hpp"
-#include "src/plan.hpp"
+#include "src/config/config.hpp"
+#include "src/config/plan.hpp"
 #include "core/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

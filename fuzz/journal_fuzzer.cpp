@@ -1,5 +1,5 @@
 // libFuzzer target: the journal reader on arbitrary bytes. The text is read as a journal
-// (src/journal.cpp), and each of its records checked against the embedded default config's plan
+// (src/results/journal.cpp), and each of its records checked against the embedded default config's plan
 // and read back into a record (record_from_json), with the journal's own header standing for this
 // run's so that the records, not only the header, are reached. Every input must be accepted or be
 // refused with a UsageError; anything else is a bug. Built with -DLATTN_FUZZ=ON and clang;
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "src/config.hpp"
-#include "src/journal.hpp"
-#include "src/plan.hpp"
+#include "src/config/config.hpp"
+#include "src/results/journal.hpp"
+#include "src/config/plan.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const std::vector<lattn::Case> plan = lattn::expand_plan(lattn::embedded_default_config());

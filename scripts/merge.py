@@ -11,7 +11,7 @@ Each input carries a top-level `shard: {"index": K, "count": N}` and the same `c
 from any `shard` key), schema major version and device. The merge refuses (exit 2) a case that
 appears twice and inputs that disagree on any of those. Records are ordered by `plan_index` when
 every record carries one, else kept in input order, and `totals` and `summary` are recomputed over
-them (`summary` as src/summary.cpp's build_summary writes it). Details: docs/compare.md.
+them (`summary` as src/results/summary.cpp's build_summary writes it). Details: docs/compare.md.
 """
 
 import json
@@ -83,7 +83,7 @@ def merged_records(files):
     return merged
 
 
-# src/summary.cpp: the keys that make two records the same shape, apart from impl (and, for the
+# src/results/summary.cpp: the keys that make two records the same shape, apart from impl (and, for the
 # crossovers, seq).
 SUMMARY_SHAPE_KEYS = ("suite", "mode", "backend", "dtype", "decay", "rule", "gate_norm", "normalize_keys",
                       "batch", "heads", "dim", "chunk", "window", "head_dim", "seq")
@@ -104,7 +104,7 @@ def _shape_text(shape):
 
 def build_summary(results):
     """The `summary` block lattnbench writes over `results` (raw records), ported from
-    src/summary.cpp's build_summary: per shape and mode (every record with a median_ms, skipped ones
+    src/results/summary.cpp's build_summary: per shape and mode (every record with a median_ms, skipped ones
     left out) the fastest impl against the next, then per series (the shape without seq) the
     winner at each seq and where it changes. Same keys, same order."""
     by_shape, shape_order = {}, []

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "kernels/linear_attention/cpu.hpp"
-#include "src/counting_allocator.hpp"
+#include "src/run/counting_allocator.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "process_util.hpp"
-#include "src/config.hpp"
+#include "src/config/config.hpp"
 
 using namespace lattn;
 using namespace lattn::test;

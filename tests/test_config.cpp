@@ -4,9 +4,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "src/config.hpp"
-#include "src/plan.hpp"
-#include "src/record_json.hpp"
+#include "src/config/config.hpp"
+#include "src/config/plan.hpp"
+#include "src/results/record_json.hpp"
 #include "core/error.hpp"
 #include "test_util.hpp"
 

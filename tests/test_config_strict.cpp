@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "src/config.hpp"
+#include "src/config/config.hpp"
 #include "process_util.hpp"
 
 using namespace lattn;

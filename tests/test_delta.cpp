@@ -11,8 +11,8 @@
 #include <fstream>
 #include <vector>
 
-#include "src/counting_allocator.hpp"
-#include "src/plan.hpp"
+#include "src/run/counting_allocator.hpp"
+#include "src/config/plan.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "test_util.hpp"
 

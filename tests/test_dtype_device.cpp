@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "src/config.hpp"
+#include "src/config/config.hpp"
 #include "core/random.hpp"
 #include "test_util.hpp"
 

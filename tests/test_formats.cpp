@@ -7,10 +7,10 @@
 #include <set>
 
 #include "cases.hpp"
-#include "src/formats.hpp"
-#include "src/record_json.hpp"
-#include "src/report.hpp"
-#include "src/summary.hpp"
+#include "src/results/formats.hpp"
+#include "src/results/record_json.hpp"
+#include "src/results/report.hpp"
+#include "src/results/summary.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

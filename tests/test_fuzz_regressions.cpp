@@ -9,10 +9,10 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "src/cli.hpp"
-#include "src/config.hpp"
-#include "src/journal.hpp"
-#include "src/plan.hpp"
+#include "src/cli/cli.hpp"
+#include "src/config/config.hpp"
+#include "src/results/journal.hpp"
+#include "src/config/plan.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

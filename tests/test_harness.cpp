@@ -2,10 +2,10 @@
 #include <catch2/catch.hpp>
 
 #include "core/op.hpp"
-#include "src/config.hpp"
-#include "src/cost.hpp"
-#include "src/plan.hpp"
-#include "src/harness.hpp"
+#include "src/config/config.hpp"
+#include "src/run/cost.hpp"
+#include "src/config/plan.hpp"
+#include "src/run/harness.hpp"
 
 #include <chrono>
 #include <cmath>

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/cancel.hpp"
-#include "src/case_run.hpp"
-#include "src/plan.hpp"
+#include "src/run/case_run.hpp"
+#include "src/config/plan.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

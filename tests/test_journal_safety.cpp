@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "src/journal.hpp"
+#include "src/results/journal.hpp"
 #include "process_util.hpp"
 
 using namespace lattn;

@@ -1,8 +1,9 @@
 // The house's rules, held against the sources: includes run one way (core <- kernels <- src, and
-// backends on top of all three, with src/backends.cpp the one file of src/ that names a backend),
+// backends on top of all three, with src/run/backends.cpp the one file of src/ that names a backend),
 // and no source file grows past 500 lines without saying why in its opening comment.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -75,13 +76,42 @@ TEST_CASE("includes run one way: core < kernels < src < backends", "[layout]") {
         if (starts_with(s.path, "kernels/")) CHECK((to == "core" || to == "kernels"));
         if (starts_with(s.path, "src/")) {
           CHECK(to != "tests");
-          if (s.path != "src/backends.cpp") CHECK(to != "backends");
+          if (s.path != "src/run/backends.cpp") CHECK(to != "backends");
         }
         if (starts_with(s.path, "backends/cpu/")) CHECK_FALSE(starts_with(include, "backends/cuda/"));
         if (starts_with(s.path, "backends/cuda/")) CHECK_FALSE(starts_with(include, "backends/cpu/"));
       }
   CHECK(checked > 100);
   CHECK(plugin_header > 0);  // the angle-bracket form is seen
+}
+
+// src/ in rooms, each including only the rooms below it: config (the config, the plan, the ops'
+// list) < results (records, their formats, the journal, the device block) < plugins (loading and
+// calling C and Python plugins) < run (the runner, a case's run, timing, check, backends' table,
+// cost and shards) < cli (the command line and main).
+TEST_CASE("src/'s rooms include one way: config < results < plugins < run < cli", "[layout]") {
+  const std::vector<std::string> rooms = {"config", "results", "plugins", "run", "cli"};
+  auto rank = [&](const std::string& room) {
+    return std::size_t(std::find(rooms.begin(), rooms.end(), room) - rooms.begin());
+  };
+  std::size_t crossings = 0, files = 0;
+  for (const Source& s : sources("src")) {
+    ++files;
+    const std::string room = s.path.substr(4, s.path.find('/', 4) - 4);
+    INFO(s.path);
+    REQUIRE(s.path.find('/', 4) != std::string::npos);  // every file of src/ is in a room
+    REQUIRE(rank(room) < rooms.size());
+    for (const std::string& include : s.includes) {
+      if (!starts_with(include, "src/")) continue;
+      const std::string to = include.substr(4, include.find('/', 4) - 4);
+      INFO("includes \"" << include << "\"");
+      REQUIRE(rank(to) < rooms.size());
+      CHECK(rank(to) <= rank(room));
+      crossings += to != room;
+    }
+  }
+  CHECK(files > 50);
+  CHECK(crossings > 10);
 }
 
 TEST_CASE("a source file over 500 lines says why in its opening comment", "[layout]") {

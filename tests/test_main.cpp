@@ -1,10 +1,10 @@
 // The tests run in the environment the program runs in: lattnbench sets the OpenMP spin count and
-// the OpenBLAS core at start-up (src/backend.hpp, prepare_process_environment), and a test process that did not
+// the OpenBLAS core at start-up (src/run/backend.hpp, prepare_process_environment), and a test process that did not
 // would time and run the kernels differently (the in-process smoke run took ~100 s instead of ~13).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include "src/backend.hpp"
+#include "src/run/backend.hpp"
 
 int main(int argc, char** argv) {
   lattn::prepare_process_environment(argv);

@@ -4,7 +4,7 @@
 
 #include <omp.h>
 
-#include "src/counting_allocator.hpp"
+#include "src/run/counting_allocator.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/layer/block_cpu.hpp"
 #include "kernels/layer/cpu.hpp"

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "process_util.hpp"
-#include "src/install_paths.hpp"
+#include "src/config/install_paths.hpp"
 
 using namespace lattn;
 using namespace lattn::test;

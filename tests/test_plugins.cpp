@@ -13,7 +13,7 @@
 
 #include "core/op.hpp"
 #include "kernels/linear_attention/op.hpp"
-#include "src/sha256.hpp"
+#include "src/results/sha256.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "src/record_json.hpp"
-#include "src/report.hpp"
-#include "src/plan.hpp"
-#include "src/runner.hpp"
+#include "src/results/record_json.hpp"
+#include "src/results/report.hpp"
+#include "src/config/plan.hpp"
+#include "src/run/runner.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

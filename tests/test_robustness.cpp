@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "src/journal.hpp"
+#include "src/results/journal.hpp"
 #include "process_util.hpp"
 
 using namespace lattn;

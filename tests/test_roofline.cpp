@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/roofline.hpp"
-#include "src/summary.hpp"
+#include "src/results/summary.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

@@ -3,11 +3,11 @@
 
 #include <set>
 
-#include "src/cost.hpp"
+#include "src/run/cost.hpp"
 #include "core/error.hpp"
-#include "src/config.hpp"
-#include "src/plan.hpp"
-#include "src/shard.hpp"
+#include "src/config/config.hpp"
+#include "src/config/plan.hpp"
+#include "src/run/shard.hpp"
 
 using namespace lattn;
 

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "src/counting_allocator.hpp"
+#include "src/run/counting_allocator.hpp"
 #include "kernels/sliding_window/cpu.hpp"
 #include "kernels/sliding_window/reference.hpp"
 #include "test_util.hpp"

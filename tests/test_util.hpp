@@ -15,9 +15,9 @@
 #include "cases.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/vec.hpp"
-#include "src/backend.hpp"
-#include "src/check.hpp"
-#include "src/config.hpp"
+#include "src/run/backend.hpp"
+#include "src/run/check.hpp"
+#include "src/config/config.hpp"
 #include "core/error.hpp"
 
 namespace lattn::test {

@@ -8,7 +8,7 @@
 
 #include "kernels/cpu/vec.hpp"
 #include "kernels/linear_attention/cpu_variants.hpp"
-#include "src/backend.hpp"
+#include "src/run/backend.hpp"
 #include "cases.hpp"
 #include "test_util.hpp"
 

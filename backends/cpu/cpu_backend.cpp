@@ -24,9 +24,9 @@
 #include "kernels/linear_attention/cpu_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cpu.hpp"
-#include "src/build_info.hpp"
-#include "src/environment.hpp"
-#include "src/in_place_case.hpp"
+#include "src/results/build_info.hpp"
+#include "src/results/environment.hpp"
+#include "src/run/in_place_case.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -210,7 +210,7 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
 }
 
 // ---- the decode step (kernels/decode): the state hT is stepped in place, re-seeded from h0
-// outside the timed region (src/in_place_case.hpp) ----
+// outside the timed region (src/run/in_place_case.hpp) ----
 
 ImplRow decode_row(const Settings& s) {
   ImplRow row{"decode", "step", nullptr, nullptr, nullptr};

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "src/backend.hpp"
-#include "src/counting_allocator.hpp"
+#include "src/run/backend.hpp"
+#include "src/run/counting_allocator.hpp"
 
 namespace lattn::cpu {
 

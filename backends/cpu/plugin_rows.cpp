@@ -5,7 +5,7 @@
 #include "backends/cpu/plugin_rows.hpp"
 
 #include "backends/cpu/host_case.hpp"
-#include "src/plugin_call.hpp"
+#include "src/plugins/plugin_call.hpp"
 
 namespace lattn::cpu {
 

@@ -3,7 +3,7 @@
 #include <memory>
 #include <vector>
 
-#include "src/backend.hpp"
+#include "src/run/backend.hpp"
 
 namespace lattn::cpu {
 

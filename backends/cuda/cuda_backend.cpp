@@ -24,8 +24,8 @@
 #include "kernels/linear_attention/cuda_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cuda.hpp"
-#include "src/build_info.hpp"
-#include "src/in_place_case.hpp"
+#include "src/results/build_info.hpp"
+#include "src/run/in_place_case.hpp"
 
 namespace lattn::cuda {
 namespace {
@@ -273,7 +273,7 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
 }
 
 // ---- the decode step (kernels/decode/cuda_step.cu): the state hT is stepped in place, re-seeded
-// from h0 by a device copy outside the timed region (src/in_place_case.hpp) ----
+// from h0 by a device copy outside the timed region (src/run/in_place_case.hpp) ----
 
 ImplRow decode_row(const Settings& s) {
   ImplRow row{"decode", "step", nullptr, nullptr, nullptr};

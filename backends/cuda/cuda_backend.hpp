@@ -2,7 +2,7 @@
 
 #include <memory>
 
-#include "src/backend.hpp"
+#include "src/run/backend.hpp"
 
 namespace lattn::cuda {
 

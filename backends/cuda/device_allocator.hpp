@@ -1,8 +1,8 @@
-// Device memory for the counting allocator (src/counting_allocator.hpp): the CUDA backend's
+// Device memory for the counting allocator (src/run/counting_allocator.hpp): the CUDA backend's
 // scratch is counted and cached exactly as the CPU backend's host scratch is.
 #pragma once
 
-#include "src/counting_allocator.hpp"
+#include "src/run/counting_allocator.hpp"
 
 namespace lattn::cuda {
 

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "src/backend.hpp"
-#include "src/counting_allocator.hpp"
+#include "src/run/backend.hpp"
+#include "src/run/counting_allocator.hpp"
 
 namespace lattn::cuda {
 

@@ -11,7 +11,7 @@
 #include "backends/cuda/device_case.hpp"
 #include "core/op.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "src/plugin_call.hpp"
+#include "src/plugins/plugin_call.hpp"
 
 namespace lattn::cuda {
 

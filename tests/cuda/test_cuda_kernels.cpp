@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "src/counting_allocator.hpp"
+#include "src/run/counting_allocator.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "kernels/linear_attention/cuda.hpp"
 #include "cuda_backend_checks.hpp"

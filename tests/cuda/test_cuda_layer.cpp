@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "src/check.hpp"
+#include "src/run/check.hpp"
 #include "cuda_backend_checks.hpp"
 
 using namespace lattn;

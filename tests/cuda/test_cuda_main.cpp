@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "src/backend.hpp"
+#include "src/run/backend.hpp"
 
 int main(int argc, char** argv) {
   bool listing = false;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "src/check.hpp"
+#include "src/run/check.hpp"
 #include "kernels/layer/cuda.hpp"
 #include "device_buffers.hpp"
 #include "core/op.hpp"

@@ -7,7 +7,7 @@
 // for the report there).
 #include <catch2/catch.hpp>
 
-#include "src/check.hpp"
+#include "src/run/check.hpp"
 #include "kernels/linear_attention/cuda.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "cases.hpp"

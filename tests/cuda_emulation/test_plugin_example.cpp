@@ -1,5 +1,5 @@
 // The example CUDA plugin (examples/plugins/mine_cuda.cu) in the emulation, called through
-// lattnbench's own plugin call (src/plugin_call.cpp, as the CUDA backend's plugin rows call it):
+// lattnbench's own plugin call (src/plugins/plugin_call.cpp, as the CUDA backend's plugin rows call it):
 // its entry point and impl table, what it declines, and its forward on device buffers against the
 // float64 reference, both decays, D from 1 to past a warp.
 #include <catch2/catch.hpp>
@@ -12,8 +12,8 @@
 #include "core/op.hpp"
 #include "device_buffers.hpp"
 #include "kernels/linear_attention/op.hpp"
-#include "src/check.hpp"
-#include "src/plugin_call.hpp"
+#include "src/run/check.hpp"
+#include "src/plugins/plugin_call.hpp"
 
 using namespace lattn;
 using namespace lattn::emulation_test;

@@ -11,7 +11,7 @@
 #include <set>
 #include <string>
 
-#include "src/check.hpp"
+#include "src/run/check.hpp"
 #include "kernels/linear_attention/problem.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "kernels/sliding_window/op.hpp"

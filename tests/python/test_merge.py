@@ -10,7 +10,7 @@ import unittest
 import fixtures as fx
 
 sys.path.insert(0, fx.SCRIPTS)
-import merge  # noqa: E402  (scripts/merge.py, for its port of src/summary.cpp)
+import merge  # noqa: E402  (scripts/merge.py, for its port of src/results/summary.cpp)
 
 
 class MergeTest(unittest.TestCase):
@@ -143,7 +143,7 @@ class MergeTest(unittest.TestCase):
         self.assertEqual(json.dumps(summary), json.dumps(real["summary"]))
         self.assertEqual(len(summary["comparisons"]), 14)
         self.assertTrue(any(c["changes"] for c in summary["crossovers"]))
-        # Skipped records and records without a median_ms are left out, as src/summary.cpp does.
+        # Skipped records and records without a median_ms are left out, as src/results/summary.cpp does.
         extra = [dict(real["results"][0], impl="other", status="skipped", median_ms=1e-9),
                  {k: v for k, v in real["results"][1].items() if k != "median_ms"} | {"impl": "third"}]
         self.assertEqual(merge.build_summary(real["results"] + extra), summary)

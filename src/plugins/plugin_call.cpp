@@ -1,0 +1,187 @@
+#include "src/plugins/plugin_call.hpp"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "kernels/linear_attention/op.hpp"
+#include "kernels/linear_attention/problem.hpp"
+
+namespace lattn {
+namespace {
+
+// The backend's counting allocator behind a lattn_allocator. It keeps each live block's size, so
+// that a plugin that frees with a wrong size cannot skew temp_mb, and blocks still live when the
+// call returns are found (and given back) instead of growing the count call after call. The
+// backend's raw memory is at least 256-byte aligned (the interface's promise).
+class Scratch {
+ public:
+  explicit Scratch(Allocator& backing) : backing_(backing) {
+    c_.ctx = this;
+    c_.allocate = [](void* ctx, size_t bytes) { return static_cast<Scratch*>(ctx)->allocate(bytes); };
+    c_.deallocate = [](void* ctx, void* ptr, size_t) { static_cast<Scratch*>(ctx)->deallocate(ptr); };
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { release_all(); }
+
+  const lattn_allocator* get() const { return &c_; }
+
+  // Gives back every block still live; their total bytes.
+  std::size_t release_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t total = 0;
+    for (const auto& [ptr, bytes] : live_) {
+      backing_.deallocate(ptr, bytes);
+      total += bytes;
+    }
+    live_.clear();
+    return total;
+  }
+
+ private:
+  void* allocate(std::size_t bytes) noexcept {
+    if (bytes == 0) return nullptr;
+    try {
+      void* ptr = backing_.allocate(bytes);
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_[ptr] = bytes;
+      return ptr;
+    } catch (...) {
+      return nullptr;  // the interface's failure: never an exception through C code
+    }
+  }
+
+  void deallocate(void* ptr) noexcept {
+    if (!ptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = live_.find(ptr);
+    if (it == live_.end()) return;  // not ours, or freed twice: ignored rather than corrupting the pool
+    backing_.deallocate(ptr, it->second);
+    live_.erase(it);
+  }
+
+  Allocator& backing_;
+  lattn_allocator c_{};
+  std::mutex mutex_;
+  std::map<void*, std::size_t> live_;
+};
+
+std::string message(const char* err, int status) {
+  const std::string text(err, strnlen(err, 1024));
+  return text.empty() ? "returned " + std::to_string(status) + " (no message)" : text;
+}
+
+// A C plugin's impl: its lattn_impl's functions, called as they are.
+class CImplFunctions final : public ImplFunctions {
+ public:
+  explicit CImplFunctions(const lattn_impl* impl) : impl_(impl) {}
+  bool has_backward() const override { return impl_->backward != nullptr; }
+  std::optional<std::string> unsupported(const lattn_case& c) const override {
+    if (!impl_->unsupported) return std::nullopt;
+    if (const char* why = impl_->unsupported(&c)) return std::string(why);
+    return std::nullopt;
+  }
+  int forward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void** saved,
+              char* err, size_t errlen) const override {
+    return impl_->forward(&c, &t, alloc, stream, saved, err, errlen);
+  }
+  int backward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void* saved,
+               char* err, size_t errlen) const override {
+    return impl_->backward(&c, &t, alloc, stream, saved, err, errlen);
+  }
+
+ private:
+  const lattn_impl* impl_;
+};
+
+}  // namespace
+
+// Here rather than in plugins.cpp: the CUDA emulation tests call C plugins through this file alone.
+std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl) {
+  return std::make_shared<CImplFunctions>(impl);
+}
+
+std::vector<PluginImplRef> plugin_impls_for(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins,
+                                            const std::string& device) {
+  std::vector<PluginImplRef> refs;
+  for (const auto& plugin : plugins)
+    for (const LoadedPlugin::Impl& impl : plugin->impls)
+      if (device == impl.device) refs.push_back({plugin, impl.functions, impl.name});
+  return refs;
+}
+
+PluginCase::PluginCase(const Case& kase, const std::string& device, int threads)
+    : op_(kase.op->name), mode_(to_string(kase.mode)), decay_(kase.decay),
+      rule_(kase.option("rule").empty() ? "additive" : kase.option("rule")),
+      dtype_(kase.dtype == "bf16" ? "bfloat16" : kase.dtype), device_(device) {
+  c_.op = op_.c_str();
+  c_.mode = mode_.c_str();
+  c_.decay = decay_.c_str();
+  c_.rule = rule_.c_str();
+  c_.dtype = dtype_.c_str();
+  c_.device = device_.c_str();
+  c_.batch = kase.batch;
+  c_.heads = kase.heads;
+  c_.seq = kase.seq;
+  c_.dim = kase.dim;
+  c_.chunk = kase.chunk;
+  c_.scale = attention_scale(kase.dim);
+  c_.threads = device == "cpu" ? threads : 0;
+}
+
+std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Case& kase, const std::string& device,
+                                              int threads) {
+  if (kase.backward() && !ref.functions->has_backward()) return ref.name + " has no backward (fwd only)";
+  const PluginCase c(kase, device, threads);
+  if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
+  return std::nullopt;
+}
+
+lattn_tensors plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma) {
+  const LinearTensors b = bind_linear_tensors(kase, data);
+  lattn_tensors t{};
+  t.q = b.q, t.k = b.k, t.v = b.v, t.h0 = b.h0, t.g = b.g, t.beta = b.beta, t.gamma = gamma;
+  t.o = b.o, t.hT = b.hT, t.dO = b.dO, t.dhT = b.dhT;
+  t.dq = b.dq, t.dk = b.dk, t.dv = b.dv, t.dh0 = b.dh0, t.dg = b.dg, t.dbeta = b.dbeta;
+  return t;
+}
+
+std::vector<float> plugin_gamma(const Case& kase) {
+  if (kase.decay != "retnet") return {};
+  std::vector<float> gamma(std::size_t(kase.heads));
+  for (int h = 0; h < kase.heads; ++h) gamma[std::size_t(h)] = float(decay_gamma(Decay::retnet, h));
+  return gamma;
+}
+
+void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tensors& tensors, Allocator& allocator,
+                 void* stream) {
+  Scratch scratch(allocator);
+  char err[1024] = "";
+  // The forward sees no cotangent and writes no gradient (docs/spec.md section 1: they arrive later).
+  lattn_tensors forward = tensors;
+  forward.dO = nullptr;
+  forward.dhT = nullptr;
+  forward.dq = forward.dk = forward.dv = nullptr;
+  forward.dh0 = forward.dg = forward.dbeta = nullptr;
+  void* saved = nullptr;
+  if (const int status = ref.functions->forward(c, forward, scratch.get(), stream, &saved, err, sizeof err); status != 0) {
+    err[sizeof err - 1] = '\0';
+    throw RuntimeFailure(ref.name + " forward failed: " + message(err, status));
+  }
+  if (std::strcmp(c.mode, "fwd_bwd") == 0) {
+    if (const int status = ref.functions->backward(c, tensors, scratch.get(), stream, saved, err, sizeof err); status != 0) {
+      err[sizeof err - 1] = '\0';
+      throw RuntimeFailure(ref.name + " backward failed: " + message(err, status));
+    }
+  }
+  if (const std::size_t left = scratch.release_all(); left > 0)
+    throw RuntimeFailure(ref.name + " left " + std::to_string(left) +
+                         " bytes of scratch allocated after the call (the backward releases what the forward "
+                         "saved; a fwd case's forward keeps nothing)");
+}
+
+}  // namespace lattn

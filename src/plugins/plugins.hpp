@@ -1,0 +1,71 @@
+// Kernel plugins (docs/plugins.md; the C interface is include/lattn/plugin.h, docs/spec.md section 5):
+// shared libraries that export lattn_plugin_v1, or Python files that declare impls with the
+// embedded `lattn` module (src/plugins/python_plugin.hpp), loaded before any case runs, whose impls the
+// backends' tables then carry as NAME:IMPL rows (backends/<name>/plugin_rows.cpp) beside their
+// own. This file loads and checks them; src/plugins/plugin_call.hpp is how a row calls one.
+#pragma once
+
+#include <lattn/plugin.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/config/config.hpp"
+
+namespace lattn {
+
+// One impl's functions as a row calls them: a C plugin's lattn_impl, or a Python impl's bridge.
+// The arguments are the C interface's (include/lattn/plugin.h).
+class ImplFunctions {
+ public:
+  virtual ~ImplFunctions() = default;
+  virtual bool has_backward() const = 0;
+  // Why the impl does not run the case, or nothing.
+  virtual std::optional<std::string> unsupported(const lattn_case& c) const = 0;
+  virtual int forward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream,
+                      void** saved, char* err, size_t errlen) const = 0;
+  virtual int backward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream,
+                       void* saved, char* err, size_t errlen) const = 0;
+  // Why the impl's scratch is not what it takes from `alloc` (its record's temp_mb is then null
+  // with this reason), or nothing.
+  virtual std::optional<std::string> uncounted_scratch() const { return std::nullopt; }
+};
+
+struct LoadedPlugin {
+  std::string path;    // absolute; python:MODULE for a module found on Python's path
+  std::string name;    // the plugin's, [a-z0-9_]+
+  std::string sha256;  // of the file, hex
+  struct Impl {
+    std::string name;    // NAME:IMPL
+    std::string device;  // "cpu" | "cuda"
+    std::shared_ptr<const ImplFunctions> functions;
+  };
+  std::vector<Impl> impls;
+};
+
+// Kept for the whole process: a plugin's library is never closed (its code may have registered
+// exit handlers or CUDA modules that must outlive every case).
+using Plugins = std::vector<std::shared_ptr<const LoadedPlugin>>;
+
+// A C plugin's impl as a row calls it (its lattn_impl outlives the result).
+std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl);
+
+// Whether a --plugin argument names Python (a .py file, or python:MODULE) rather than a library.
+bool is_python_plugin(const std::string& path);
+
+// Loads the config's plugins (Config::plugins, whose name and sha256 it fills in), each file once.
+// Throws UsageError, one line naming the file, for a missing file, one that is not a shared
+// library, one without lattn_plugin_v1, another ABI number, a malformed or duplicate plugin or impl
+// name, an impl with an unknown device or no forward; for Python, a file that does not import
+// (the exception's last line) or declares no plugin.
+Plugins load_plugins(Config& config);
+
+// Throws UsageError for an impl named NAME:IMPL in any suite that no loaded plugin provides. (A
+// suite of another op than linear attention's may name one, as --impl names it for every suite:
+// its cases are skipped, no backend having a row for them.)
+void check_plugin_impls(const Config& config, const Plugins& plugins);
+
+
+}  // namespace lattn

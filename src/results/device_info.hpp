@@ -1,0 +1,109 @@
+// The `device` block of a result file as typed data: what ran the cases (host, build, backend,
+// device) and the rates every record is held against. Backends fill it; src/results/record_json.cpp makes
+// it JSON (docs/results.md lists the keys).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lattn {
+
+// What every backend shares: the host and the build.
+struct HostInfo {
+  std::string cpu_model;
+  unsigned cpu_cores = 0;
+  int threads = 0;
+  std::string hostname, os, compiler, build_type, cxx_flags, version, git_revision;
+  bool git_dirty = false;
+  // "<vendor> family F model M stepping S": a hypervisor may report one model name for several
+  // CPU generations, and the signature tells them apart. Empty where the CPU has none.
+  std::string cpu_signature;
+  std::optional<double> cpu_mhz;
+  std::map<std::string, long> cache_kib;  // "L1d", "L2", ... of cpu0
+  bool cpu_scaling_enabled = false;       // a core's frequency governor is not "performance"
+  std::vector<double> load_avg;           // 1, 5, 15 minutes, when the run started
+};
+
+// The CPU backend: its BLAS, threading environment, vector width, and the roofline it measured at
+// start-up (backends/cpu/roofline.hpp).
+struct CpuDeviceInfo {
+  std::string blas, blas_version, blas_core;
+  int blas_threads_inside_kernels = 1;
+  std::optional<std::string> blas_coretype_env, blas_core_detected;
+  std::string omp_wait_policy;
+  std::optional<std::string> gomp_spincount, env_set_by_lattnbench;
+  std::string scan_vector_width;
+  double sgemm_gflops = 0;  // what the BLAS reaches here: every record's blas_fraction is taken against it
+  int sgemm_n = 0, sgemm_threads = 0, sgemm_products = 0;
+  double sgemm_median_gflops = 0, sgemm_seconds = 0;
+  double stream_gbytes_per_s = 0;
+  std::size_t stream_bytes = 0;
+  std::optional<double> fma_gflops;
+};
+
+struct GpuInfo {
+  int device_index = 0;
+  std::string name, compute_capability;
+  int sm_count = 0, memory_bus_width_bits = 0;
+  double memory_gb = 0, l2_cache_mb = 0, shared_memory_per_block_optin_kb = 0;
+  std::optional<double> sm_clock_mhz, memory_clock_mhz;
+};
+
+// The compute ceiling every record's peak_fraction is taken against: the larger of the measured FMA
+// rate and the measured sgemm. The FMA rate is the hardware's; sgemm can sit far below it where the
+// BLAS runs a narrower kernel than the CPU has (Debian's OpenBLAS runs its Haswell AVX2 sgemm on
+// AMD Zen 4 and Zen 5: about half of Zen 5's AVX-512 FMA rate), and a kernel of this project that
+// uses the wider vectors then beats "the peak". sgemm stands in where no FMA rate was measured, or where
+// a busy moment during the FMA loop left it below sgemm.
+struct ComputeCeiling {
+  double gflops = 0;
+  std::string source;  // "fma" or "sgemm"; empty when neither was measured
+};
+inline ComputeCeiling compute_ceiling(std::optional<double> fma_gflops, double sgemm_gflops) {
+  const double fma = fma_gflops.value_or(0.0);
+  if (fma <= 0 && sgemm_gflops <= 0) return {};
+  return fma >= sgemm_gflops ? ComputeCeiling{fma, "fma"} : ComputeCeiling{sgemm_gflops, "sgemm"};
+}
+
+// The CUDA backend: the build's targets and toolchain, the driver, and the GPU when there is one.
+struct CudaDeviceInfo {
+  std::string cuda_targets, nvcc;
+  bool cold_l2_flush = false;
+  std::optional<std::string> cuda_runtime, driver_cuda_version, driver;
+  std::optional<std::string> unavailable;  // why no GPU is usable
+  std::optional<GpuInfo> gpu;
+};
+
+struct TimerInfo {
+  double resolution_ns = 0;  // smallest non-zero step seen between two readings
+  double overhead_ns = 0;    // mean cost of one reading
+};
+
+// The embedded Python interpreter, when a Python plugin was loaded (src/plugins/python_plugin.hpp).
+struct PythonInfo {
+  std::string version;     // sys.version's first word
+  std::string executable;  // the interpreter whose sys.path the plugins were loaded with
+  double bridge_call_us = 0;  // the median cost of one call of an empty impl through the bridge
+  int bridge_calls = 0;       // calls per batch behind that median
+};
+
+struct DeviceInfo {
+  std::string backend;
+  HostInfo host;
+  std::optional<CpuDeviceInfo> cpu;
+  std::optional<CudaDeviceInfo> cuda;
+  std::optional<TimerInfo> timer;  // the runner's clock
+  std::optional<PythonInfo> python;
+
+  // The rates records are held against; 0 where the backend measured none.
+  ComputeCeiling ceiling() const { return cpu ? compute_ceiling(cpu->fma_gflops, cpu->sgemm_gflops) : ComputeCeiling{}; }
+  double peak_gflops() const { return ceiling().gflops; }
+  double blas_gflops() const { return cpu ? cpu->sgemm_gflops : 0.0; }
+  double sgemm_median_gflops() const { return cpu ? cpu->sgemm_median_gflops : 0.0; }
+  double stream_gbytes_per_s() const { return cpu ? cpu->stream_gbytes_per_s : 0.0; }
+};
+
+}  // namespace lattn

@@ -1,0 +1,119 @@
+// What a run produces, as typed data: one record per planned case (docs/spec.md section 4), the summary
+// that answers which impl wins, and the document that holds them with the device block. Every
+// figure is set once, where it is measured (src/run/runner.cpp); src/results/record_json.cpp is the one place
+// these become JSON, and the one place a journal's JSON becomes records again (--resume).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/case.hpp"
+#include "src/results/device_info.hpp"
+
+namespace lattn {
+
+enum class Status { ok, failed, skipped };
+
+// A case this far above its compute ceiling is flagged (Measurement::above_ceiling): timing noise
+// can lift a kernel at the ceiling a few percent over it, but not more.
+inline constexpr double kAboveCeiling = 1.05;
+std::string to_string(Status status);
+
+// The figures of a case that ran.
+struct Measurement {
+  double compile_s = 0;
+  int warmup = 0, inner = 1, reps = 0;  // reps: the samples taken (samples_ms' length)
+  std::vector<double> samples_ms;
+  std::vector<double> samples_cpu_ms;  // per-call process CPU time of each sample; empty in older journals
+  double noise_pct = 0;    // the median's noise the samples reached (docs/harness.md)
+  std::string stopped_on = "samples";  // why no more samples were taken: "samples", "noise" or "timeout"
+  double median_ms = 0, q1_ms = 0, q3_ms = 0, min_ms = 0, max_ms = 0, mean_ms = 0;
+  int short_samples = 0;
+  double rel_err = 0;  // +inf when an output held NaN or Inf
+  std::map<std::string, double> rel_errs;
+  double tolerance = 0;
+  std::string check_failure;  // empty when the check passed
+  double temp_mb = 0, arg_mb = 0, out_mb = 0;
+  std::string temp_unknown;   // why temp_mb is not known (written as null beside this reason); empty when it is
+  double flops = 0, gflops = 0, bytes = 0, gbytes_per_s = 0;
+  std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
+  std::string variant;        // the kernel variant that ran the case (ImplRow::variant), or ""
+  std::string timer_warning;  // the per-call time is near the clock's resolution
+  bool cold = false;          // the L2 was flushed before each call (CUDA)
+  // An op with a byte model (the decode step): the rate against the run's measured bandwidth, the
+  // tokens stepped per second (batch x tokens per call) and the time per token of one sequence
+  // (the call's time over its tokens); bandwidth_roof says what bounds it: "dram", or "llc" when
+  // the case's tensors fit in the last-level cache (its fraction against DRAM may then pass 1).
+  std::optional<double> bandwidth_fraction, tokens_per_s, us_per_token;
+  std::string bandwidth_roof;
+  // Against the compute ceiling (the device block's peak_gflops), the roofline, the BLAS's start-up
+  // sgemm, and the sgemm re-measured around the case (CPU).
+  std::optional<double> peak_gflops, peak_fraction, roofline_gflops, roofline_fraction, blas_gflops, blas_fraction,
+      blas_gflops_now, blas_fraction_now;
+  // peak_fraction above kAboveCeiling: faster than the hardware can be, so the ceiling was mismeasured.
+  bool above_ceiling = false;
+};
+
+struct CaseRecord {
+  Case kase;
+  Status status = Status::skipped;
+  std::string skip_reason;  // skipped: why
+  std::string error;        // failed without a check: what broke
+  std::optional<Measurement> measured;
+};
+
+// Per shape and mode, the fastest impl and the next, by median time.
+struct Comparison {
+  const CaseRecord* fastest = nullptr;
+  const CaseRecord* other = nullptr;
+  double speedup = 0;  // other's median over the fastest's
+  // With more than two impls of the shape (a plugin's beside the built-in ones): every impl, fastest
+  // first; empty otherwise.
+  std::vector<const CaseRecord*> ranking = {};
+};
+
+struct WinnerChange {
+  int after_seq = 0, by_seq = 0;
+  std::string from, to;
+};
+
+// Along seq, for one shape without seq: who wins where.
+struct Crossover {
+  const CaseRecord* series = nullptr;  // a record of the series, for its shape
+  std::vector<std::pair<int, std::string>> winners;  // (seq, fastest impl) in increasing seq
+  std::vector<WinnerChange> changes;
+};
+
+struct Summary {
+  std::vector<Comparison> comparisons;
+  std::vector<Crossover> crossovers;
+};
+
+// From the records (skipped and broken ones are ignored). The summary points into `records`.
+Summary build_summary(const std::vector<CaseRecord>& records);
+
+struct Totals {
+  std::size_t cases = 0, ok = 0, failed = 0, skipped = 0;
+  std::size_t not_planned = 0;  // cases of the config that --filter left out
+};
+
+struct RunDocument {
+  std::string version;  // lattnbench's
+  std::string created_utc;
+  std::vector<std::string> argv;
+  nlohmann::json config;  // the resolved config, as src/config/config.cpp writes it
+  DeviceInfo device;
+  std::vector<CaseRecord> results;
+  Totals totals;
+  std::vector<std::string> warnings;
+  std::optional<std::pair<int, int>> shard;  // (index, count)
+  std::string interrupted_by;                // "SIGINT" / "SIGTERM" when interrupted
+  std::string filter;                        // --filter's expression, when given
+};
+
+}  // namespace lattn

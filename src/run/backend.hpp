@@ -1,0 +1,110 @@
+// A backend is a small capability table, as ggml's are: its name, whether it is usable here, a
+// typed description of its device, and a list of impl rows, one per (op, form) it runs. The runner
+// asks a row whether it can run a case and has it prepare the case; it never asks what kind of op
+// a case is. A case no row supports is a skip with the reason, never a failure mid-run.
+// Rows are written in backends/<name>/; src/run/backends.cpp is the one file that knows them.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/tensor_set.hpp"
+#include "src/results/device_info.hpp"
+
+namespace lattn {
+
+struct LoadedPlugin;
+
+struct Availability {
+  bool available = false;
+  std::string reason;  // why not, when not
+};
+
+struct MemoryUsage {
+  std::size_t arg_bytes = 0;
+  std::size_t out_bytes = 0;
+  std::size_t temp_bytes = 0;  // peak scratch of one call beyond inputs and outputs
+  std::string temp_uncounted;  // why temp_bytes is not the call's scratch (a Python impl's); empty when it is
+};
+
+// A case with its inputs resident on the device and its outputs allocated.
+class PreparedCase {
+ public:
+  virtual ~PreparedCase() = default;
+  // One call: the forward, or the forward then the backward for fwd_bwd. Synchronous.
+  virtual void run() = 0;
+  // Milliseconds of `calls` back-to-back calls, by the backend's own clock, synchronised at the end.
+  virtual double time_ms(int calls) = 0;
+  // Peak scratch seen over the calls so far, and the input/output sizes.
+  virtual MemoryUsage memory() const = 0;
+  // Copies the outputs of the last call into `outputs` (outside any timed region); `outputs` holds
+  // the case's output tensors (make_case_outputs).
+  virtual void read_outputs(TensorSet& outputs) = 0;
+  // How a chunked fwd_bwd's backward got the state entering each chunk: "kept" from the forward,
+  // or "recomputed"; empty for other cases.
+  virtual std::string bwd_states() const { return {}; }
+};
+
+struct ImplRow {
+  std::string op;    // an op's name (core/op.hpp)
+  std::string impl;  // one of that op's forms
+  // Why this row cannot run the case here (dtype, sizes, the device's limits), or nothing.
+  std::function<std::optional<std::string>(const Case&)> unsupported;
+  std::function<std::unique_ptr<PreparedCase>(const Case&, const TensorSet& inputs)> prepare;
+  // Bytes the backend will hold for the case (its copies of the tensors and the kernel's scratch).
+  std::function<std::size_t(const Case&)> memory_estimate;
+  // The name of the kernel variant that runs a case this row supports (the op's variant table,
+  // kernels/<op>/*_variants.cpp), which --list-cases shows and records carry; null: the row has one.
+  std::function<std::string(const Case&)> variant = nullptr;
+};
+
+struct Backend {
+  std::string name;
+  std::function<Availability()> availability;
+  // The `device` block; may measure (the CPU's roofline, once per process).
+  std::function<DeviceInfo()> describe;
+  std::vector<ImplRow> impls;
+  // True when the backend's memory is host RAM (the CPU), so that the run's own host buffers and
+  // the backend's draw on the same pool.
+  bool memory_is_host = false;
+  // Bytes free where the backend holds its tensors; empty when it cannot tell.
+  std::function<std::size_t()> memory_available;
+  // A quick re-measurement of the peak (GFLOP/s), taken just before and after each case, where
+  // the backend has one (docs/results.md, blas_gflops_now).
+  std::function<std::optional<double>()> peak_check;
+
+  const ImplRow* find(const std::string& op, const std::string& impl) const;
+  // Why the case cannot run here: no row for it, or its row's reason; nothing when it can.
+  std::optional<std::string> unsupported(const Case& kase) const;
+  // The variant its row names for the case, or "".
+  std::string variant(const Case& kase) const;
+};
+
+struct BackendOptions {
+  int threads = 0;    // CPU threads for the whole run; 0: every core
+  int device = 0;     // GPU index (CUDA backend)
+  bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
+  // Chunked fwd_bwd: the forward keeps the chunk states for the backward where the backend can
+  // (the CPU tiled path; the CUDA kernel suite's chunked form), else the backward recomputes them.
+  // Records say which (`bwd_states`).
+  bool keep_chunk_states = true;
+  // Loaded plugins (src/plugins/plugins.hpp): each backend's table gains a row per impl of its device.
+  std::vector<std::shared_ptr<const LoadedPlugin>> plugins = {};
+};
+
+// What the backends need the process environment to say before any library reads it (the CPU
+// backend's OpenMP spin count and OpenBLAS core). The first thing main does; it may re-execute the
+// program with them set, and then does not return.
+void prepare_process_environment(char** argv);
+
+// Every backend this build knows, available here or not ("cpu" always; "cuda" when built).
+std::vector<std::string> backend_names();
+// Throws UsageError when `name` is unknown or not built in this binary.
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options);
+
+}  // namespace lattn

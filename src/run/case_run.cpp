@@ -1,0 +1,360 @@
+#include "src/run/case_run.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <random>
+
+#include "src/run/check.hpp"
+#include "core/error.hpp"
+#include "core/op.hpp"
+#include "src/run/cost.hpp"
+#include "src/results/environment.hpp"
+#include "src/run/harness.hpp"
+#include "src/run/interrupt.hpp"
+#include "src/results/npy.hpp"
+#include "src/config/plan.hpp"
+
+namespace lattn {
+
+std::string reference_key(const Case& c) {
+  std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.op->name, c.batch, c.heads, c.seq, c.dim, c.window,
+                                c.decay, c.dtype);
+  for (const auto& [name, value] : c.options) key += "|" + name + "=" + value;
+  return key;
+}
+
+namespace {
+
+// Host bytes the run itself holds for a case beyond the backend: the cached inputs (float32), their
+// float64 copies and the case's own input copy; the float64 reference outputs and the outputs read
+// back. Counted for fwd_bwd's tensors whatever the mode, as the cache holds them.
+std::size_t host_estimate(const Case& c) {
+  return case_input_elems(c, true) * (4 + 8 + 4) + case_output_elems(c, true) * (8 + 4);
+}
+
+void dump_case(const std::string& dir, const Case& c, const TensorSet& inputs, const TensorSet& outputs) {
+  const std::filesystem::path folder = std::filesystem::path(dir) / case_slug(c);
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec) throw_file_error("cannot make the dump folder " + folder.string(), ec.value());
+  for (const TensorSet* set : {&inputs, &outputs})
+    for (const Tensor& t : *set) write_npy((folder / (t.name + ".npy")).string(), t.data.data(), t.shape);
+}
+
+TimingSettings timing_settings(const RunSettings& run) {
+  return TimingSettings{run.warmup, run.reps, run.min_sample_ms, run.min_samples, run.max_noise, run.timeout, run.slowdown};
+}
+
+// A case between its preparation and its check.
+struct InFlight {
+  const Case* c = nullptr;
+  std::shared_ptr<const ReferenceCache::Entry> shared;
+  TensorSet inputs;
+  std::unique_ptr<PreparedCase> prepared;
+  std::unique_ptr<Sampler> sampler;
+  std::optional<double> peak_before;
+  std::string variant;  // the kernel variant the row runs the case with, or ""
+};
+
+// Inputs, reference and the prepared case (slowed by --slowdown, a testing aid), then its cold
+// call, warm-up and calibration.
+std::unique_ptr<InFlight> begin_case(RunContext& ctx, const ImplRow& row, const Case& c) {
+  const auto& run = ctx.request.config.run;
+  auto f = std::make_unique<InFlight>();
+  f->c = &c;
+  f->shared = ctx.cache.get(c, run.seed);
+  throw_if_stop_requested();
+  f->inputs = f->shared->inputs.inputs_for(c.mode);
+  f->prepared = with_slowdown(row.prepare(c, f->inputs), run.slowdown);
+  if (row.variant) f->variant = row.variant(c);
+  f->sampler = std::make_unique<Sampler>(*f->prepared, timing_settings(run));
+  f->sampler->start();
+  return f;
+}
+
+// A memory-bound op's figures (core/op.hpp, Op::bytes): against the run's measured bandwidth, with
+// the roof named: the last-level cache when what a call touches fits in it, else DRAM.
+void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, const DeviceInfo& device, double seconds) {
+  if (!(seconds > 0)) return;
+  const double tokens = double(c.batch) * c.seq;
+  m.tokens_per_s = tokens / seconds;
+  m.us_per_token = seconds * 1e6 / c.seq;
+  if (device.stream_gbytes_per_s() > 0) m.bandwidth_fraction = m.gbytes_per_s / device.stream_gbytes_per_s();
+  long llc_kib = 0;
+  for (const auto& [level, kib] : device.host.cache_kib) llc_kib = std::max(llc_kib, kib);
+  // What a call keeps touching: its outputs and scratch (for the decode step, the state it steps in
+  // place; the pristine copy it is re-seeded from is not touched while it is timed).
+  const double resident = double(memory.out_bytes + memory.temp_bytes);
+  m.bandwidth_roof = llc_kib > 0 && resident <= double(llc_kib) * 1024.0 ? "llc" : "dram";
+}
+
+// Its outputs checked against the float64 reference and its figures: the record's measurement.
+Measurement finish_case(RunContext& ctx, InFlight& f) {
+  const auto& run = ctx.request.config.run;
+  const Case& c = *f.c;
+  const Timing timing = f.sampler->timing();
+  TensorSet outputs = make_case_outputs(c);
+  f.prepared->read_outputs(outputs);
+  const CheckResult check = check_outputs(c, outputs, f.shared->reference);
+  const MemoryUsage memory = f.prepared->memory();
+
+  Measurement m;
+  m.check_failure = check.failure();
+  m.compile_s = timing.compile_s;
+  m.warmup = run.warmup;
+  m.inner = timing.inner;
+  m.reps = int(timing.samples_ms.size());
+  m.samples_ms = timing.samples_ms;
+  m.samples_cpu_ms = timing.samples_cpu_ms;
+  m.noise_pct = timing.noise_pct;
+  m.stopped_on = to_string(timing.stopped_on);
+  m.median_ms = timing.stats.median;
+  m.q1_ms = timing.stats.q1;
+  m.q3_ms = timing.stats.q3;
+  m.min_ms = timing.stats.min;
+  m.max_ms = timing.stats.max;
+  m.mean_ms = timing.stats.mean;
+  m.short_samples = timing.short_samples;
+  m.rel_err = check.rel_err;
+  m.rel_errs = check.per_output;
+  m.tolerance = check.tolerance;
+  m.temp_mb = double(memory.temp_bytes) / kMiB;
+  m.temp_unknown = memory.temp_uncounted;
+  m.arg_mb = double(memory.arg_bytes) / kMiB;
+  m.out_mb = double(memory.out_bytes) / kMiB;
+  const double seconds = timing.stats.median * 1e-3;
+  m.flops = c.op->flops(c);
+  m.bytes = c.op->bytes ? c.op->bytes(c) : case_min_bytes(memory);
+  m.gflops = seconds > 0 ? m.flops / seconds * 1e-9 : 0.0;
+  m.gbytes_per_s = seconds > 0 ? m.bytes / seconds * 1e-9 : 0.0;
+  if (c.op->bytes) put_bandwidth(m, c, memory, ctx.device, seconds);
+  m.bwd_states = f.prepared->bwd_states();
+  m.variant = f.variant;
+  if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
+    m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
+                                  timing.stats.median * 1e6, ctx.timer.resolution_ns);
+  m.cold = run.cold;
+
+  // Against the compute ceiling (the larger of the FMA rate and sgemm: the hardware's), the roofline
+  // (the rate a case of this arithmetic intensity can reach at the measured bandwidth, if below the
+  // ceiling: memory-bound, small D, long sequences), and the BLAS's start-up sgemm.
+  const double peak = ctx.device.peak_gflops(), blas = ctx.device.blas_gflops(),
+               stream = ctx.device.stream_gbytes_per_s();
+  if (peak > 0) {
+    m.peak_gflops = peak;
+    m.peak_fraction = m.gflops / peak;
+    m.above_ceiling = *m.peak_fraction > kAboveCeiling;
+    if (stream > 0 && m.bytes > 0 && m.flops > 0) {
+      const double roof = std::min(peak, m.flops / m.bytes * stream);
+      m.roofline_gflops = roof;
+      m.roofline_fraction = m.gflops / roof;
+    }
+  }
+  if (blas > 0) {
+    m.blas_gflops = blas;
+    m.blas_fraction = m.gflops / blas;
+  }
+  if (!ctx.request.dump_dir.empty()) dump_case(ctx.request.dump_dir, c, f.inputs, outputs);
+  return m;
+}
+
+}  // namespace
+
+ReferenceCache::ReferenceCache(const std::vector<Case>& plan) {
+  for (const Case& c : plan)
+    if (c.backward()) backward_keys_.insert(reference_key(c));
+}
+
+std::shared_ptr<const ReferenceCache::Entry> ReferenceCache::get(const Case& c, std::uint64_t seed) {
+  const std::string key = reference_key(c);
+  const bool backward = c.backward() || backward_keys_.count(key);
+  auto it = entries_.find(key);
+  if (it != entries_.end() && (!backward || it->second->reference.has_backward)) return it->second;
+  // Free what no case in flight holds before making the new tensors.
+  std::erase_if(entries_, [](const auto& entry) { return entry.second.use_count() == 1; });
+  auto entry = std::make_shared<Entry>();
+  entry->inputs = make_case_inputs(c, seed);
+  entry->reference = c.op->reference(c, entry->inputs, backward);
+  entries_[key] = entry;
+  return entry;
+}
+
+bool ReferenceCache::backward(const Case& c) const { return c.backward() || backward_keys_.count(reference_key(c)) > 0; }
+
+std::map<const Op*, double> measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed) {
+  std::map<const Op*, const Case*> smallest;
+  for (const Case* c : cases) {
+    const Case*& least = smallest[c->op];
+    if (!least || reference_flops(*c, false) < reference_flops(*least, false)) least = c;
+  }
+  std::map<const Op*, double> paces;
+  for (const auto& [op, c] : smallest) {
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      const TensorSet inputs = make_case_inputs(*c, seed);
+      op->reference(*c, inputs, false);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      paces[op] = reference_flops(*c, false) / std::max(seconds, 1e-4) * 1e-9;
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception&) {
+      paces[op] = 0.0;
+    }
+  }
+  return paces;
+}
+
+MemoryNeed memory_need(const Backend& backend, const ImplRow& row, const Case& c) {
+  const double backend_need = row.memory_estimate ? double(row.memory_estimate(c)) : 0.0;
+  return {double(host_estimate(c)) + (backend.memory_is_host ? backend_need : 0.0), backend.memory_is_host ? 0.0 : backend_need};
+}
+
+std::optional<std::string> memory_guard(const Backend& backend, const ImplRow& row, const Case& c) {
+  const MemoryNeed need = memory_need(backend, row, c);
+  const double host_free = double(available_host_memory());
+  if (need.host > host_free)
+    return fmt::format("needs about {:.0f} MiB of host memory, {:.0f} MiB available", need.host / kMiB, host_free / kMiB);
+  if (!backend.memory_is_host && backend.memory_available) {
+    const double free = double(backend.memory_available());
+    if (need.device > free)
+      return fmt::format("needs about {:.0f} MiB of {} memory, {:.0f} MiB free", need.device / kMiB, backend.name,
+                         free / kMiB);
+  }
+  return std::nullopt;
+}
+
+CaseRecord skipped(const Case& c, std::string why) {
+  CaseRecord r;
+  r.kase = c;
+  r.status = Status::skipped;
+  r.skip_reason = std::move(why);
+  return r;
+}
+
+Measurement run_case(RunContext& ctx, const ImplRow& row, const Case& c) {
+  const auto f = begin_case(ctx, row, c);
+  while (!f->sampler->done()) f->sampler->sample();
+  return finish_case(ctx, *f);
+}
+
+CaseRecord measured_record(const Case& c, Measurement m, std::optional<double> peak_before,
+                           std::optional<double> peak_after, std::string& note) {
+  if (peak_before && peak_after) {
+    m.blas_gflops_now = std::max(*peak_before, *peak_after);
+    m.blas_fraction_now = m.gflops / *m.blas_gflops_now;
+  }
+  CaseRecord r;
+  r.kase = c;
+  r.status = m.check_failure.empty() ? Status::ok : Status::failed;
+  note = fmt::format("median {:.4f} ms, noise {:.1f}% ({} samples, stopped on {}), rel_err {:.2e}", m.median_ms,
+                     m.noise_pct, m.samples_ms.size(), m.stopped_on, m.rel_err);
+  if (r.status == Status::failed) note += " FAILED: " + m.check_failure;
+  r.measured = std::move(m);
+  return r;
+}
+
+CaseRecord failure_record(const Case& c, const std::exception_ptr& error, std::string& note) {
+  CaseRecord r;
+  r.kase = c;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Interrupted&) {
+    throw;
+  } catch (const EnvironmentError&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    r = skipped(c, "memory: an allocation failed");
+    note = "skipped: memory: an allocation failed";
+  } catch (const std::exception& e) {
+    r.status = Status::failed;
+    r.error = e.what();
+    note = std::string("FAILED: ") + e.what();
+  }
+  return r;
+}
+
+namespace {
+
+// A stop request in the middle of a batch: every case in flight with at least one sample is checked
+// and recorded with the samples it has (stopped_on "interrupted"), so that what was measured is not
+// lost; cases without a sample are left unrecorded. Its outputs are those of its last call.
+void keep_interrupted(RunContext& ctx, std::vector<std::unique_ptr<InFlight>>& active, const BatchEvents& events) {
+  for (auto& f : active) {
+    if (!f || f->sampler->timing().samples_ms.empty()) continue;
+    f->sampler->interrupt();
+    std::string note;
+    CaseRecord record;
+    try {
+      record = measured_record(*f->c, finish_case(ctx, *f), f->peak_before, std::nullopt, note);
+    } catch (const EnvironmentError&) {
+      throw;
+    } catch (...) {  // the check of a partial case failed to run: it is left for --resume
+      continue;
+    }
+    if (!events.finished(*f->c, std::move(record), note)) return;
+    f.reset();
+  }
+}
+
+}  // namespace
+
+void run_batch(RunContext& ctx, const std::vector<const Case*>& cases, const BatchEvents& events) {
+  const auto peak = [&]() { return ctx.backend.peak_check ? ctx.backend.peak_check() : std::nullopt; };
+  const auto outcome = [&](const Case& c, const std::exception_ptr& error) -> bool {
+    std::string note;
+    CaseRecord record = failure_record(c, error, note);
+    return events.finished(c, std::move(record), note);
+  };
+
+  std::vector<std::unique_ptr<InFlight>> active;
+  for (const Case* c : cases) {
+    try {
+      const std::optional<double> before = peak();
+      active.push_back(begin_case(ctx, *ctx.backend.find(c->op->name, c->impl), *c));
+      active.back()->peak_before = before;
+    } catch (...) {
+      if (!outcome(*c, std::current_exception())) return;
+      continue;
+    }
+    if (events.started) events.started(*c);
+  }
+
+  if (events.prepared) events.prepared();
+  std::mt19937_64 order_rng(ctx.request.config.run.seed ^ 0x9e3779b97f4a7c15ull);
+  try {
+    for (int round = 1; !active.empty(); ++round) {
+      std::vector<std::size_t> order(active.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), order_rng);
+      for (const std::size_t i : order) {
+        InFlight& f = *active[i];
+        bool go_on = true;
+        try {
+          f.sampler->sample();
+          if (events.sampled) events.sampled(*f.c);
+          if (!f.sampler->done()) continue;
+          std::string note;
+          Measurement m = finish_case(ctx, f);
+          CaseRecord record = measured_record(*f.c, std::move(m), f.peak_before, peak(), note);
+          go_on = events.finished(*f.c, std::move(record), note);
+        } catch (const Interrupted&) {
+          throw;
+        } catch (...) {
+          go_on = outcome(*f.c, std::current_exception());
+        }
+        active[i].reset();  // frees its tensors; the reference goes with the last case holding it
+        if (!go_on) return;
+      }
+      std::erase_if(active, [](const auto& f) { return !f; });
+      if (events.round_done) events.round_done(round, active.size());
+    }
+  } catch (const Interrupted&) {
+    keep_interrupted(ctx, active, events);
+    throw;
+  }
+}
+
+}  // namespace lattn
