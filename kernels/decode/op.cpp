@@ -8,9 +8,9 @@
 #include <cmath>
 #include <string>
 
-#include "core/error.hpp"
 #include "core/random.hpp"
 #include "kernels/decode/reference.hpp"
+#include "kernels/linear_attention/op.hpp"
 
 namespace lattn {
 namespace {
@@ -104,13 +104,6 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
   return ref;
 }
 
-// As the linear-attention op's (docs/harness.md, "Tolerances"): a step is that op's recurrence.
-double tolerance(const std::string& dtype) {
-  if (dtype == "float32") return 1e-4;
-  if (dtype == "bf16") return 3e-2;
-  throw UsageError("dtype", "no tolerance known for '" + dtype + "'");
-}
-
 Axis rule_axis() {
   Axis a{"rule", Param::option, {"delta"}, "update rules (additive, delta)"};
   a.kind = Kind::name;
@@ -174,7 +167,8 @@ const Op& decode_op() {
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;
-    o.tolerance = tolerance;
+    // The linear-attention op's tolerances (docs/harness.md, "Tolerances"): a step is its recurrence.
+    o.tolerance = linear_attention_op().tolerance;
     o.extra_identity = identity;
     o.bytes = decode_step_bytes;
     return o;
