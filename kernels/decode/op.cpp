@@ -58,8 +58,7 @@ double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - s
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
   fill_normal(set.add("q", Role::input, token_rows(c)).data, seed, 1);
-  auto& k = set.add("k", Role::input, token_rows(c)).data;
-  fill_normal(k, seed, 2);
+  fill_normal(set.add("k", Role::input, token_rows(c)).data, seed, 2);
   fill_normal(set.add("v", Role::input, token_rows(c)).data, seed, 3);
   fill_normal(set.add("h0", Role::input, states(c)).data, seed, 4);
   if (is_gated(c)) {
@@ -73,6 +72,8 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     auto& beta = set.add("beta", Role::input, per_token(c)).data;
     fill_normal(beta, seed, 8);
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
+    // Looked up now, not held from its add: each add may move the set's tensors.
+    std::vector<float>& k = set.at("k").data;
     const std::size_t dim = std::size_t(c.dim);
     for (std::size_t r = 0; r + dim <= k.size(); r += dim) {
       double sum = 0;
