@@ -58,12 +58,12 @@ void walk_strip(const HeadStep& h, int c0) {
   const std::size_t D = std::size_t(h.dim);
   M m[NV];
   for (int n = 0; n < NV; ++n) m[n] = I::mask(h.dim - c0 - n * L);
-  auto load = [&](const float* p, int n) __attribute__((always_inline)) { return simd::load_lanes<I, FULL>(m[n], p + n * L); };
-  auto store = [&](float* p, int n, V x) __attribute__((always_inline)) { simd::store_lanes<I, FULL>(p + n * L, m[n], x); };
+  auto load = [&](const float* p, int n) __attribute__((always_inline)) { return simd::load_lanes<I, FULL>(m[n], p + std::ptrdiff_t(n) * L); };
+  auto store = [&](float* p, int n, V x) __attribute__((always_inline)) { simd::store_lanes<I, FULL>(p + std::ptrdiff_t(n) * L, m[n], x); };
   float* S = h.state + c0;
   for (int t = 0; t < h.tokens; ++t) {
     const float* w = h.rows + std::size_t(t) * kRowArrays * D;
-    const float *x1 = w, *x2 = w + D, *ar = w + 2 * D, *bk = w + 3 * D;
+    const float *x1 = w, *x2 = w + D, *ar = w + 2 * std::ptrdiff_t(D), *bk = w + 3 * std::ptrdiff_t(D);
     const V au = I::set1(DEC == RowDecay::uniform ? h.uniform[t] : 1.0f);
     V vv[NV], y0[NV], y1[NV];
     for (int n = 0; n < NV; ++n) {
@@ -196,7 +196,7 @@ void make_weights(const DecodeProblem& p, const DecodeArgs<float>& a, std::size_
     const std::size_t row = (bh * T + t) * std::size_t(D);
     const float *q = a.q + row, *k = a.k + row;
     float* w = rows + std::size_t(t) * kRowArrays * D;
-    float *x1 = w, *x2 = w + D, *ar = w + 2 * D, *bk = w + 3 * D;
+    float *x1 = w, *x2 = w + D, *ar = w + 2 * std::ptrdiff_t(D), *bk = w + 3 * std::ptrdiff_t(D);
     uniform[t] = p.decay == Decay::scalar ? exp_nonpositive(a.g[bh * T + t]) : gamma;
     if (p.decay == Decay::vector) {
       const float* g = a.g + row;
