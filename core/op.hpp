@@ -45,7 +45,7 @@ struct Form {
 enum class Param { batch, heads, seq, dim, chunk, window, decay, impl, mode, option };
 
 // How an option's values are written and checked.
-enum class Kind { integer, real, boolean, name };
+enum class Kind { integer, real, boolean, name, text };
 
 // One config key of the op's suite: the field it sets, its default values (written as in a config
 // file), the range of an integer or the names a named key accepts (impl: the op's forms, mode:
@@ -59,6 +59,12 @@ struct Axis {
   std::vector<std::string> choices = {};
   Kind kind = Kind::integer;          // an option's kind; the other params' kinds are fixed
   double real_lo = 0, real_hi = 0;    // Kind::real: values in (real_lo, real_hi]
+  // Kind::text: the value's canonical text, or std::invalid_argument with a one-line reason.
+  std::string (*canonical)(const std::string& text) = nullptr;
+  // Whether records write the key when the case has its default value; false for a key whose
+  // default means "not used" (heads_k 0: one q/k head per value head), so that records of cases
+  // without it keep comparing with those written before the key existed.
+  bool recorded_at_default = true;
   // Whether the key means anything for a case whose earlier axes are set (a decay's gate strength
   // only for gated decays); null: always. The plan does not vary a key that does not apply, and
   // its records leave it out.
@@ -84,6 +90,9 @@ struct Op {
   // bandwidth_fraction, tokens_per_s, us_per_token) and the stdout table shows those instead of
   // GFLOP/s; null: bytes are the case's inputs and outputs, and the table shows GFLOP/s.
   double (*bytes)(const Case&) = nullptr;
+  // Sets the fields one key decides from another's value, once the plan has set them all (a packed
+  // batch's seq and batch from its lengths); the plan keeps one of any cases this makes equal.
+  void (*settle)(Case&) = nullptr;
   // Record keys beyond the case's own fields (the layer's head_dim and model_dim).
   std::vector<std::pair<std::string, long>> (*extra_identity)(const Case&) = nullptr;
 

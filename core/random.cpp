@@ -61,4 +61,9 @@ void fill_normal(std::vector<float>& out, std::uint64_t seed, std::uint64_t stre
   throw_if_stop_requested();
 }
 
+void fill_uniform(std::vector<float>& out, std::uint64_t seed, std::uint64_t stream_id) {
+  const std::uint64_t stream = splitmix64(seed ^ splitmix64(stream_id));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(unit_interval(splitmix64(stream + i)));
+}
+
 }  // namespace lattn

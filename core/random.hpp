@@ -12,6 +12,10 @@ namespace lattn {
 // Standard normal values times `stddev`, counter-based (splitmix64 + Box-Muller).
 void fill_normal(std::vector<float>& out, std::uint64_t seed, std::uint64_t stream, double stddev = 1.0);
 
+// Uniform values in (0, 1], counter-based (splitmix64): what seeded draws other than the tensors
+// take (a packed batch's document lengths).
+void fill_uniform(std::vector<float>& out, std::uint64_t seed, std::uint64_t stream);
+
 // bfloat16 (round to nearest even; NaN stays NaN): the bits, and the float it stands for. A bf16
 // case's token tensors are rounded to bf16 before the backend and the float64 reference see them,
 // so rel_err measures the kernel, not the rounding of its inputs (docs/cuda.md).

@@ -12,6 +12,7 @@
 #include "kernels/linear_attention/cpu_chunked_tiled.hpp"
 #include "kernels/linear_attention/cpu_delta.hpp"
 #include "kernels/linear_attention/cpu_scan.hpp"
+#include "kernels/linear_attention/cpu_shape_gather.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -103,10 +104,12 @@ const CpuVariant* cpu_variant(const std::string& form, const Problem& problem, s
   return choose_variant(cpu_variants(form), problem, "CPU " + form, why);
 }
 
-const CpuVariant& cpu_variant_for(const std::string& form, const Problem& problem) {
+CpuVariant cpu_variant_for(const std::string& form, const Problem& problem) {
   std::string why;
-  if (const CpuVariant* v = cpu_variant(form, problem, &why)) return *v;
-  throw std::logic_error(why);
+  const CpuVariant* v = cpu_variant(form, problem, &why);
+  if (!v) throw std::logic_error(why);
+  if (problem.square_dense() || v->native_shapes) return *v;
+  return gathered(*v);
 }
 
 // ---- cpu.hpp's entry points ----
@@ -127,7 +130,7 @@ std::size_t scan_backward_workspace_bytes(const Problem& p) {
 }
 
 std::size_t chunked_kept_states_bytes(const Problem& p) {
-  const CpuVariant& v = cpu_variant_for("chunked", p);
+  const CpuVariant v = cpu_variant_for("chunked", p);
   return v.kept_states_bytes ? v.kept_states_bytes(p) : 0;
 }
 void chunked_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,13 +20,17 @@ namespace lattn::cpu {
 struct CpuVariant {
   std::string name;  // what records and --list-cases show ("chunked_tiled")
   VariantTakes takes;
-  void (*forward)(const Problem&, const ForwardArgs<float>&, Allocator&, float* keep) = nullptr;
-  void (*backward)(const Problem&, const BackwardArgs<float>&, Allocator&, const float* kept) = nullptr;
+  std::function<void(const Problem&, const ForwardArgs<float>&, Allocator&, float* keep)> forward = nullptr;
+  std::function<void(const Problem&, const BackwardArgs<float>&, Allocator&, const float* kept)> backward = nullptr;
   // Peak scratch of one call in closed form (tests hold the kernels to it).
-  std::size_t (*forward_workspace_bytes)(const Problem&, bool keep) = nullptr;
-  std::size_t (*backward_workspace_bytes)(const Problem&, bool kept) = nullptr;
+  std::function<std::size_t(const Problem&, bool keep)> forward_workspace_bytes = nullptr;
+  std::function<std::size_t(const Problem&, bool kept)> backward_workspace_bytes = nullptr;
   // The chunk states the forward can keep for the backward; null: it keeps none.
-  std::size_t (*kept_states_bytes)(const Problem&) = nullptr;
+  std::function<std::size_t(const Problem&)> kept_states_bytes = nullptr;
+  // Whether the kernels take every shape of docs/spec.md section 1c (grouped q/k heads, Dk != Dv,
+  // packed documents) themselves; a variant that does not runs such a problem through the gather
+  // adapter (cpu_shape_gather.hpp), square dense ones as they are.
+  bool native_shapes = false;
 };
 
 // The table of `form` ("scan" or "chunked"); empty for any other name.
@@ -40,8 +45,10 @@ void remove_cpu_variant(const std::string& form, const std::string& name);
 // The row of `form`'s table that runs `problem`, or null with `why` set to the table's reason.
 const CpuVariant* cpu_variant(const std::string& form, const Problem& problem, std::string* why = nullptr);
 
-// The row that runs `problem`; throws std::logic_error with the table's reason when none does
-// (the impl rows skip such cases first, so only a direct caller can meet it).
-const CpuVariant& cpu_variant_for(const std::string& form, const Problem& problem);
+// What runs `problem`: the row that takes it, wrapped in the gather adapter when the problem is not
+// square dense and the row does not take its shape itself. Throws std::logic_error with the
+// table's reason when no row takes it (the impl rows skip such cases first, so only a direct
+// caller can meet it).
+CpuVariant cpu_variant_for(const std::string& form, const Problem& problem);
 
 }  // namespace lattn::cpu

@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/random.hpp"
+#include "kernels/linear_attention/packing.hpp"
 #include "kernels/linear_attention/reference.hpp"
 
 namespace lattn {
@@ -17,13 +18,39 @@ namespace {
 // Sizes beyond these are refused when the config is read, before anything is allocated.
 constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim = 1024, kMaxChunk = 8192;
 
-std::vector<std::size_t> tokens(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(c.dim)};
+// The shape keys of docs/spec.md section 1c, as the case holds them (settle_case has made a packed
+// case batch 1 with seq the documents' sum).
+int qk_heads(const Case& c) {
+  const std::string text = c.option("heads_k");
+  const int hk = text.empty() ? 0 : std::stoi(text);
+  return hk > 0 ? hk : c.heads;
+}
+int value_dim(const Case& c) {
+  const std::string text = c.option("dim_v");
+  const int dv = text.empty() ? 0 : std::stoi(text);
+  return dv > 0 ? dv : c.dim;
+}
+std::vector<int> documents(const Case& c) {
+  if (!c.option("lengths").empty()) return lengths_of(c.option("lengths"));
+  if (!c.option("varlen").empty()) return draw_varlen(c.option("varlen"));
+  return {};
+}
+int sequences(const Case& c) {
+  const std::size_t n = documents(c).size();
+  return n ? int(n) : c.batch;
+}
+
+// q, k (and dq, dk): [B][Hk][T][Dk]; v, o, dO, dv: [B][H][T][Dv]; states: [N][H][Dk][Dv].
+std::vector<std::size_t> keys(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq), std::size_t(c.dim)};
+}
+std::vector<std::size_t> values(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(value_dim(c))};
 }
 std::vector<std::size_t> states(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(c.dim)};
+  return {std::size_t(sequences(c)), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
 }
-// The log-gates g (and dg): [B][H][T] for scalar gates, [B][H][T][D] for vector gates.
+// The log-gates g (and dg): [B][H][T] for scalar gates, [B][H][T][Dk] for vector gates.
 std::vector<std::size_t> gates(const Case& c) {
   std::vector<std::size_t> shape = {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
   if (c.decay == "vector") shape.push_back(std::size_t(c.dim));
@@ -55,23 +82,52 @@ double gate_norm(const Case& c) {
 // pending update (2 D^2), decays (D^2, not for none) and reads out S'^T k and S'^T q (4 D^2), with
 // 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
 // (6 D^2 + decay each), 15 D of per-token vector work, and for gates 6 D (dg) and 3 W exps.
-double scan_delta_flops(const Case& c) {
-  const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
-  const double decay = c.decay == "none" ? 0.0 : 1.0;
-  const double W = c.decay == "vector" ? D : c.decay == "scalar" ? 1.0 : 0.0;
-  const double forward = (6.0 + decay) * D * D + 7.0 * D + W;
-  const double backward = (22.0 + 4.0 * decay) * D * D + 15.0 * D + (is_gated(c) ? 6.0 * D + 3.0 * W : 0.0);
-  return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+// The sizes one token's flops depend on (docs/spec.md section 1c): DD = Dk Dv for the state
+// products, D = (Dk + Dv) / 2 for the per-token vector work and the score products (Q K^T is Dk wide,
+// P V Dv wide), W the gate width (Dk for vector gates), C the chunk (shorter for a shorter sequence).
+struct TokenSizes {
+  double DD, D, W, C;
+};
+
+// A form's flops per token and head, summed over the case's sequences (B of seq tokens, or the
+// packed documents): flops count the tokens computed, and a short document's chunk is its length.
+double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const TokenSizes&)) {
+  const double dk = c.dim, dv = value_dim(c);
+  const double W = c.decay == "vector" ? dk : c.decay == "scalar" ? 1.0 : 0.0;
+  const auto of = [&](int length) {
+    return double(length) * c.heads * per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min(c.chunk, length))});
+  };
+  const std::vector<int> docs = documents(c);
+  if (docs.empty()) return c.batch * of(c.seq);
+  double total = 0;
+  for (int length : docs) total += of(length);
+  return total;
 }
 
-double scan_flops(const Case& c) {
-  if (is_delta(c)) return scan_delta_flops(c);
-  const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
-  if (!is_gated(c)) return tokens * (c.mode == Mode::fwd ? 4.0 : 14.0) * D * D;
-  const double W = c.decay == "vector" ? D : 1.0;
-  const double forward = 5.0 * D * D + W;
-  return tokens * (c.mode == Mode::fwd ? forward : forward + 15.0 * D * D + 2.0 * W + 4.0 * D);
+// The forward is 4 D^2 flops per token and head (the state update and the readout, 2 D^2 each);
+// the backward's three recurrences (S for dq, G for dk and dv) add 10 D^2.
+// Gated (docs/performance.md): every pass also scales its state by the gate, D^2 per token, and
+// takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
+// the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
+// tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
+// Delta rule (cpu_scan_delta.cpp, docs/performance.md): the forward's walk per token applies the
+// pending update (2 D^2), decays (D^2, not for none) and reads out S'^T k and S'^T q (4 D^2), with
+// 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
+// (6 D^2 + decay each), 15 D of per-token vector work, and for gates 6 D (dg) and 3 W exps.
+double scan_token_flops(const Case& c, const TokenSizes& z) {
+  const double DD = z.DD, D = z.D, W = z.W;
+  if (is_delta(c)) {
+    const double decay = c.decay == "none" ? 0.0 : 1.0;
+    const double forward = (6.0 + decay) * DD + 7.0 * D + W;
+    const double backward = (22.0 + 4.0 * decay) * DD + 15.0 * D + (is_gated(c) ? 6.0 * D + 3.0 * W : 0.0);
+    return c.mode == Mode::fwd ? forward : forward + backward;
+  }
+  if (!is_gated(c)) return (c.mode == Mode::fwd ? 4.0 : 14.0) * DD;
+  const double forward = 5.0 * DD + W;
+  return c.mode == Mode::fwd ? forward : forward + 15.0 * DD + 2.0 * W + 4.0 * D;
 }
+
+double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops); }
 
 // Per token and head: 4 D^2 for the inter-chunk products (Q S and the state update K^T V) and
 // 2 C D for the causal half of the intra-chunk products (Q K^T and P V over C rows); the
@@ -94,42 +150,39 @@ double scan_flops(const Case& c) {
 // C^2 / 3; gate and elementwise work. The backward recomputes the chunk's scores, T and W, then
 // dW, T^T dW, dO W^T, dR W^T, the state-side products (dO S^T, dV S^T, W dS^T: 6 D^2) and the
 // score sides, the state gradient (4 D^2), dbeta and dg.
-double chunked_delta_flops(const Case& c) {
-  const double D = c.dim, C = std::min(c.chunk, c.seq);
-  const double tokens = double(c.batch) * c.heads * c.seq;
-  const double solve = C * C / 3.0, half = (C + 1) * D;
-  double forward = 0, backward = 0;
-  if (c.decay == "vector") {
-    forward = 6.0 * D * D + D * D / C + 3.0 * half + 2.0 * half + solve + 12.0 * D;
-    backward = 14.0 * D * D + 3.0 * D * D / C + 13.0 * half + solve + C + 25.0 * D;
-  } else {
-    forward = 6.0 * D * D + D * D / C + 2.0 * C * D + 2.0 * half + solve + C + 2.0 * D + 3.0;
-    backward = 14.0 * D * D + D * D / C + 2.0 * C * D + 9.0 * half + solve + 2.0 * C + 6.0 * D + 5.0 +
-               (is_gated(c) ? 2.0 * D * D / C + 6.0 * D : 0.0);
+double chunked_token_flops(const Case& c, const TokenSizes& z) {
+  const double DD = z.DD, D = z.D, C = z.C;
+  if (is_delta(c)) {
+    const double solve = C * C / 3.0, half = (C + 1) * D;
+    double forward = 0, backward = 0;
+    if (c.decay == "vector") {
+      forward = 6.0 * DD + DD / C + 3.0 * half + 2.0 * half + solve + 12.0 * D;
+      backward = 14.0 * DD + 3.0 * DD / C + 13.0 * half + solve + C + 25.0 * D;
+    } else {
+      forward = 6.0 * DD + DD / C + 2.0 * C * D + 2.0 * half + solve + C + 2.0 * D + 3.0;
+      backward = 14.0 * DD + DD / C + 2.0 * C * D + 9.0 * half + solve + 2.0 * C + 6.0 * D + 5.0 +
+                 (is_gated(c) ? 2.0 * DD / C + 6.0 * D : 0.0);
+    }
+    return c.mode == Mode::fwd ? forward : forward + backward;
   }
-  return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
-}
-
-double chunked_flops(const Case& c) {
-  if (is_delta(c)) return chunked_delta_flops(c);
-  const double D = c.dim, C = std::min(c.chunk, c.seq);
-  const double tokens = double(c.batch) * c.heads * c.seq;
   if (c.decay == "scalar") {
-    const double forward = 4.0 * D * D + 2.0 * C * D + C + D * D / C + 4.0;
-    const double backward = 8.0 * D * D + 5.0 * C * D + C + 2.0 * D * D / C + 4.0 * D + 4.0;
-    return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+    const double forward = 4.0 * DD + 2.0 * C * D + C + DD / C + 4.0;
+    const double backward = 8.0 * DD + 5.0 * C * D + C + 2.0 * DD / C + 4.0 * D + 4.0;
+    return c.mode == Mode::fwd ? forward : forward + backward;
   }
   if (c.decay == "vector") {
     const double sub = std::min<double>(kGateSubChunk, C), nb = std::ceil(C / sub), off = (nb - 1) / nb;
     const double diagonal = 1.5 * (sub + 1) * D;
-    const double forward = 4.0 * D * D + D * D / C + C * D * off + C * D * off / (2 * sub) + C * D + diagonal + 12.0 * D;
-    const double backward = 8.0 * D * D + 3.0 * D * D / C + C * D * off * (3 + 3 / (2 * sub)) + 3.0 * C * D +
+    const double forward = 4.0 * DD + DD / C + C * D * off + C * D * off / (2 * sub) + C * D + diagonal + 12.0 * D;
+    const double backward = 8.0 * DD + 3.0 * DD / C + C * D * off * (3 + 3 / (2 * sub)) + 3.0 * C * D +
                             3.0 * diagonal + 30.0 * D;
-    return tokens * (c.mode == Mode::fwd ? forward : forward + backward);
+    return c.mode == Mode::fwd ? forward : forward + backward;
   }
-  const double forward = tokens * (4.0 * D * D + 2.0 * C * D);
+  const double forward = 4.0 * DD + 2.0 * C * D;
   return c.mode == Mode::fwd ? forward : 3.0 * forward;
 }
+
+double chunked_flops(const Case& c) { return sum_over_sequences(c, chunked_token_flops); }
 
 // logsigmoid(z) = -log(1 + exp(-z)), without overflow for either sign.
 double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
@@ -153,11 +206,11 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   const struct {
     const char* name;
     Role role;
-    bool token;
+    std::vector<std::size_t> (*shape)(const Case&);
     std::uint64_t stream;
-  } made[] = {{"q", Role::input, true, 1},      {"k", Role::input, true, 2},        {"v", Role::input, true, 3},
-              {"h0", Role::input, false, 4},    {"dO", Role::cotangent, true, 5},   {"dhT", Role::cotangent, false, 6}};
-  for (const auto& m : made) fill_normal(set.add(m.name, m.role, m.token ? tokens(c) : states(c)).data, seed, m.stream);
+  } made[] = {{"q", Role::input, keys, 1},    {"k", Role::input, keys, 2},          {"v", Role::input, values, 3},
+              {"h0", Role::input, states, 4}, {"dO", Role::cotangent, values, 5}, {"dhT", Role::cotangent, states, 6}};
+  for (const auto& m : made) fill_normal(set.add(m.name, m.role, m.shape(c)).data, seed, m.stream);
   if (is_gated(c)) {
     // g = logsigmoid(z) / gate_norm, z ~ N(0, 1) (docs/spec.md section 3): log-gates <= 0.
     auto& g = set.add("g", Role::input, gates(c)).data;
@@ -181,7 +234,7 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const auto q = widened(in, "q"), k = widened(in, "k"), v = widened(in, "v"), h0 = widened(in, "h0");
   auto& o = ref.values["o"];
   auto& hT = ref.values["hT"];
-  o.assign(p.token_elems(), 0.0);
+  o.assign(p.value_elems(), 0.0);
   hT.assign(p.state_elems(), 0.0);
   const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
@@ -190,7 +243,8 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null});
   if (backward) {
     const auto dO = widened(in, "dO"), dhT = widened(in, "dhT");
-    for (const char* name : {"dq", "dk", "dv"}) ref.values[name].assign(p.token_elems(), 0.0);
+    for (const char* name : {"dq", "dk"}) ref.values[name].assign(p.key_elems(), 0.0);
+    ref.values["dv"].assign(p.value_elems(), 0.0);
     ref.values["dh0"].assign(p.state_elems(), 0.0);
     double *dg = nullptr, *dbeta = nullptr;
     if (!g.empty()) {
@@ -245,6 +299,59 @@ Axis normalize_keys_axis() {
   return a;
 }
 
+// The shape keys of docs/spec.md section 1c. heads_k and dim_v: 0 (the default) is "as heads" /
+// "as dim", and records leave a key out at its default, so that square dense cases keep comparing
+// with records written before the keys existed.
+Axis heads_k_axis() {
+  Axis a{"heads_k", Param::option, {"0"}, "q/k heads (grouped heads: heads % heads_k == 0; 0: as many as heads)", 0,
+         kMaxHeads};
+  a.recorded_at_default = false;
+  return a;
+}
+Axis dim_v_axis() {
+  Axis a{"dim_v", Param::option, {"0"}, "value head dims (the state is dim x dim_v; 0: as dim)", 0, kMaxDim};
+  a.recorded_at_default = false;
+  return a;
+}
+Axis packing_axis(const char* key, const char* help, std::string (*canonical)(const std::string&)) {
+  Axis a{key, Param::option, {""}, help};
+  a.kind = Kind::text;
+  a.canonical = canonical;
+  a.recorded_at_default = false;
+  return a;
+}
+
+// A packed case is one sequence of its documents' tokens (batch 1, seq their sum), whatever the
+// batch and seq keys said; heads_k and dim_v equal to heads and dim are their defaults.
+void settle_case(Case& c) {
+  if (qk_heads(c) == c.heads && c.options.count("heads_k")) c.options["heads_k"] = "0";
+  if (value_dim(c) == c.dim && c.options.count("dim_v")) c.options["dim_v"] = "0";
+  const std::vector<int> docs = documents(c);
+  if (docs.empty()) return;
+  long total = 0;
+  for (int length : docs) total += length;
+  c.batch = 1;
+  c.seq = int(total);
+}
+
+std::optional<std::string> case_limit(const Case& c) {
+  const int hk = qk_heads(c);
+  if (hk > c.heads || c.heads % hk != 0)
+    return "heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(c.heads) +
+           " (each q/k head serves heads / heads_k value heads)";
+  if (!c.option("lengths").empty() && !c.option("varlen").empty())
+    return "lengths and varlen both pack the batch: give one of them";
+  return std::nullopt;
+}
+
+// A packed case's records name how many documents it packs (their lengths are its lengths or
+// varlen key).
+std::vector<std::pair<std::string, long>> extra_identity(const Case& c) {
+  const std::size_t docs = documents(c).size();
+  if (docs == 0) return {};
+  return {{"documents", long(docs)}};
+}
+
 }  // namespace
 
 const std::vector<std::string>& decay_names() {
@@ -280,8 +387,15 @@ Decay decay_from(const std::string& name) {
 
 Problem linear_problem(const Case& c) {
   const std::string rule = c.option("rule");
-  return Problem{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay),
-                 rule.empty() ? Rule::additive : rule_from(rule)};
+  Problem p{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay), rule.empty() ? Rule::additive : rule_from(rule)};
+  p.heads_k = qk_heads(c) == c.heads ? 0 : qk_heads(c);
+  p.dim_v = value_dim(c) == c.dim ? 0 : value_dim(c);
+  const std::vector<int> docs = documents(c);
+  if (!docs.empty()) {
+    p.cu_seqlens = {0};
+    for (int length : docs) p.cu_seqlens.push_back(p.cu_seqlens.back() + length);
+  }
+  return p;
 }
 
 LinearTensors bind_linear_tensors(const Case& c, const std::function<void*(const std::string&)>& data) {
@@ -324,6 +438,12 @@ const Op& linear_attention_op() {
         rule_axis(),
         gate_norm_axis(),
         normalize_keys_axis(),
+        heads_k_axis(),
+        dim_v_axis(),
+        packing_axis("lengths", "a packed batch's document lengths, one value as \"7000 1000 192\" (sets batch 1, seq their sum)",
+                     canonical_lengths),
+        packing_axis("varlen", "a packed batch drawn: \"TOKENS MIN MAX [uniform|log] [SEED]\" (sets batch 1, seq TOKENS)",
+                     canonical_varlen),
         {"dim", Param::dim, {"32", "64", "128"}, "head dims of the kernel suite", 1, kMaxDim},
         {"seq", Param::seq, {"512", "2048", "8192"}, "sequence lengths", 1, kMaxSeq},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},
@@ -331,18 +451,21 @@ const Op& linear_attention_op() {
     };
     o.forms = {{"scan", scan_flops}, {"chunked", chunked_flops}};
     o.tensors = {
-        {"q", Role::input, tokens, true},       {"k", Role::input, tokens, true},
-        {"v", Role::input, tokens, true},       {"h0", Role::input, states, false},
-        {"dO", Role::cotangent, tokens, true},  {"dhT", Role::cotangent, states, false},
-        {"o", Role::output, tokens, false},     {"hT", Role::output, states, false},
-        {"dq", Role::gradient, tokens, false},  {"dk", Role::gradient, tokens, false},
-        {"dv", Role::gradient, tokens, false},  {"dh0", Role::gradient, states, false},
+        {"q", Role::input, keys, true},         {"k", Role::input, keys, true},
+        {"v", Role::input, values, true},       {"h0", Role::input, states, false},
+        {"dO", Role::cotangent, values, true},  {"dhT", Role::cotangent, states, false},
+        {"o", Role::output, values, false},     {"hT", Role::output, states, false},
+        {"dq", Role::gradient, keys, false},    {"dk", Role::gradient, keys, false},
+        {"dv", Role::gradient, values, false},  {"dh0", Role::gradient, states, false},
         {"g", Role::input, gates, false, is_gated},  {"dg", Role::gradient, gates, false, is_gated},
         {"beta", Role::input, betas, false, is_delta}, {"dbeta", Role::gradient, betas, false, is_delta},
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;
     o.tolerance = tolerance;
+    o.settle = settle_case;
+    o.limit = case_limit;
+    o.extra_identity = extra_identity;
     return o;
   }();
   return op;

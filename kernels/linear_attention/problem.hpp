@@ -1,11 +1,17 @@
 // The shape of one causal linear-attention problem and the tensor layouts every backend shares.
 //
-// Layouts (row-major, contiguous):
-//   q, k, v, o, dO, dq, dk, dv : [batch][heads][seq][dim]   (row t is token t)
-//   h0, hT, dhT, dh0           : [batch][heads][dim][dim]   (rows: key dim, columns: value dim)
-//   g, dg (decay scalar)       : [batch][heads][seq]        (log-gates, one per token)
-//   g, dg (decay vector)       : [batch][heads][seq][dim]   (log-gates per token and key channel)
-//   beta, dbeta (rule delta)   : [batch][heads][seq]        (write strengths in (0, 1), one per token)
+// Layouts (row-major, contiguous), Hk = qk_heads(), Dk = dim, Dv = value_dim(), N = sequences():
+//   q, k, dq, dk        : [batch][Hk][seq][Dk]     (row t is token t; q/k head hk serves value heads
+//                                                  hk G .. hk G + G - 1, G = heads / Hk)
+//   v, o, dO, dv        : [batch][heads][seq][Dv]
+//   h0, hT, dhT, dh0    : [N][heads][Dk][Dv]       (rows: key dim, columns: value dim; one state per
+//                                                  sequence: per batch entry, or per packed document)
+//   g, dg (decay scalar): [batch][heads][seq]      (log-gates, one per token)
+//   g, dg (decay vector): [batch][heads][seq][Dk]  (log-gates per token and key channel)
+//   beta, dbeta (delta) : [batch][heads][seq]      (write strengths in (0, 1), one per token)
+// A packed batch (cu_seqlens) is batch 1 whose seq tokens are documents one after another; the state
+// restarts at each document (docs/spec.md section 1c). slice() gives one (sequence, head) pair's
+// offsets into every tensor, whatever the shape.
 // The mathematics is in docs/kernels.md (docs/spec.md section 1). The op's table row (tensors, inputs,
 // flop model) is op.cpp beside this file.
 #pragma once
@@ -45,6 +51,18 @@ std::string to_string(Decay decay);
 // Throws RuntimeFailure for a name decay_names() does not hold.
 Decay decay_from(const std::string& name);
 
+// One (sequence, value head) pair of a problem: where its rows start in each tensor, its length
+// and its head index (retnet's gamma_h). Rows of one pair are contiguous in every tensor.
+struct HeadSlice {
+  std::size_t key;    // q, k, dq, dk (the pair's q/k head)
+  std::size_t value;  // v, o, dO, dv
+  std::size_t gate;   // g, dg
+  std::size_t beta;   // beta, dbeta
+  std::size_t state;  // h0, hT, dhT, dh0
+  int seq;            // the pair's tokens
+  int head;           // the value head, 0 .. heads - 1
+};
+
 struct Problem {
   int batch = 1;
   int heads = 1;
@@ -53,13 +71,42 @@ struct Problem {
   int chunk = 64;  // only the chunked form reads it
   Decay decay = Decay::none;
   Rule rule = Rule::additive;
+  int heads_k = 0;           // q/k heads (docs/spec.md section 1c); 0: heads
+  int dim_v = 0;             // the value head dim; 0: dim
+  // A packed batch's document boundaries, as flash-linear-attention's cu_seqlens: 0, the end of
+  // each document, the last being seq (batch 1); empty: dense.
+  std::vector<int> cu_seqlens = {};
 
   bool delta() const { return rule == Rule::delta; }
+  int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
+  int value_dim() const { return dim_v > 0 ? dim_v : dim; }
+  int group() const { return heads / qk_heads(); }  // value heads per q/k head
+  bool packed() const { return cu_seqlens.size() > 1; }
+  // What every kernel takes as it is: one q/k head per value head, a square state, no packing.
+  bool square_dense() const { return qk_heads() == heads && value_dim() == dim && !packed(); }
+  int sequences() const { return packed() ? int(cu_seqlens.size()) - 1 : batch; }  // states per head
+  std::size_t slices() const { return std::size_t(sequences()) * heads; }
+  HeadSlice slice(std::size_t index) const {
+    const int n = int(index / heads), h = int(index % heads);
+    const int b = packed() ? 0 : n;
+    const int start = packed() ? cu_seqlens[n] : 0;
+    const std::size_t row = std::size_t(b) * heads + h, at = row * seq + start;
+    return {(std::size_t(b) * qk_heads() + h / group()) * seq * dim + std::size_t(start) * dim,
+            at * value_dim(),
+            at * gate_width(),
+            at,
+            (std::size_t(n) * heads + h) * dim * value_dim(),
+            packed() ? cu_seqlens[n + 1] - start : seq,
+            h};
+  }
+  std::size_t key_elems() const { return std::size_t(batch) * qk_heads() * seq * dim; }          // q, k
+  std::size_t value_elems() const { return heads_total() * seq * std::size_t(value_dim()); }     // v, o
   std::size_t heads_total() const { return std::size_t(batch) * heads; }
-  std::size_t token_elems() const { return heads_total() * seq * dim; }   // one of q, k, v, o
-  std::size_t state_elems() const { return heads_total() * dim * dim; }  // one of h0, hT
+  // Square dense problems only (the kernels' own sizes): one of q, k, v, o; one head's rows.
+  std::size_t token_elems() const { return heads_total() * seq * dim; }
   std::size_t head_token_elems() const { return std::size_t(seq) * dim; }
-  std::size_t head_state_elems() const { return std::size_t(dim) * dim; }
+  std::size_t state_elems() const { return slices() * dim * std::size_t(value_dim()); }  // one of h0, hT
+  std::size_t head_state_elems() const { return std::size_t(dim) * value_dim(); }
   int chunks() const { return (seq + chunk - 1) / chunk; }
   // Log-gates per token: dim for vector gates, one for scalar gates, none otherwise.
   int gate_width() const { return decay == Decay::vector ? dim : decay == Decay::scalar ? 1 : 0; }

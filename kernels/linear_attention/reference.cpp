@@ -21,6 +21,10 @@
 // segment of L states from its checkpoint before walking it, so memory is O(sqrt(T) D^2) per
 // thread and the work about three forward passes.
 //
+// Shapes (docs/spec.md section 1c): S is Dk x Dv; q/k rows are those of the value head's q/k head
+// (shared heads' dq and dk are the sums over the value heads they serve); a packed batch's
+// documents each start from their own h0 (Problem::slice gives every pair's rows).
+//
 // The loops poll the run's stop request (core/cancel.hpp) once per token: at seq 262144 the
 // float64 pass takes tens of seconds, and a SIGTERM must not wait for it. A stopped pass leaves
 // its outputs unfinished and throws Interrupted once out of the OpenMP region.
@@ -39,67 +43,68 @@ namespace {
 struct Decays {
   Decay decay;
   double gamma;     // retnet's (1 for none)
-  const double* g;  // this head's log-gates: [T] scalar, [T][D] vector
-  int D;
+  const double* g;  // this head's log-gates: [T] scalar, [T][Dk] vector
+  int Dk;
 
   double operator()(int t, int i) const {
     switch (decay) {
       case Decay::scalar: return std::exp(g[t]);
-      case Decay::vector: return std::exp(g[std::size_t(t) * D + i]);
+      case Decay::vector: return std::exp(g[std::size_t(t) * Dk + i]);
       default: return gamma;
     }
   }
 };
 
-Decays head_decays(const Problem& p, const double* g, long bh) {
-  return {p.decay, decay_gamma(p.decay, int(bh % p.heads)), g ? g + bh * p.head_gate_elems() : nullptr, p.dim};
+Decays head_decays(const Problem& p, const double* g, const HeadSlice& h) {
+  return {p.decay, decay_gamma(p.decay, h.head), g ? g + h.gate : nullptr, p.dim};
 }
 
-// S <- A_t S + k_t w_t^T for one token (S is D x D): w = v (additive), or w_t = beta_t (v_t -
-// (A_t S)^T k_t) (delta; beta null for additive). `w` (D doubles) receives w_t.
+// S <- A_t S + k_t w_t^T for one token (S is Dk x Dv): w = v (additive), or w_t = beta_t (v_t -
+// (A_t S)^T k_t) (delta; beta null for additive). `w` (Dv doubles) receives w_t.
 void step(double* S, const Decays& A, int t, const double* kt, const double* vt, const double* beta, double* w,
-          int D) {
-  for (int i = 0; i < D; ++i) {
+          int Dk, int Dv) {
+  for (int i = 0; i < Dk; ++i) {
     const double a = A(t, i);
-    double* row = S + std::size_t(i) * D;
-    for (int j = 0; j < D; ++j) row[j] *= a;
+    double* row = S + std::size_t(i) * Dv;
+    for (int j = 0; j < Dv; ++j) row[j] *= a;
   }
-  for (int j = 0; j < D; ++j) w[j] = beta ? 0.0 : vt[j];
+  for (int j = 0; j < Dv; ++j) w[j] = beta ? 0.0 : vt[j];
   if (beta) {  // u = S'^T k, summed row by row (the rows are contiguous), then w = beta (v - u)
-    for (int i = 0; i < D; ++i)
-      for (int j = 0; j < D; ++j) w[j] += S[std::size_t(i) * D + j] * kt[i];
-    for (int j = 0; j < D; ++j) w[j] = beta[t] * (vt[j] - w[j]);
+    for (int i = 0; i < Dk; ++i)
+      for (int j = 0; j < Dv; ++j) w[j] += S[std::size_t(i) * Dv + j] * kt[i];
+    for (int j = 0; j < Dv; ++j) w[j] = beta[t] * (vt[j] - w[j]);
   }
-  for (int i = 0; i < D; ++i) {
-    double* row = S + std::size_t(i) * D;
-    for (int j = 0; j < D; ++j) row[j] += kt[i] * w[j];
+  for (int i = 0; i < Dk; ++i) {
+    double* row = S + std::size_t(i) * Dv;
+    for (int j = 0; j < Dv; ++j) row[j] += kt[i] * w[j];
   }
 }
 
 }  // namespace
 
 void forward(const Problem& p, const ForwardArgs<double>& a) {
-  const int T = p.seq, D = p.dim;
-  const double s = attention_scale(D);
-  const long heads_total = long(p.heads_total());
+  const int Dk = p.dim, Dv = p.value_dim();
+  const double s = attention_scale(Dk);
+  const long slices = long(p.slices());
 #pragma omp parallel for schedule(static)
-  for (long bh = 0; bh < heads_total; ++bh) {
-    const Decays A = head_decays(p, a.g, bh);
-    const double* q = a.q + bh * p.head_token_elems();
-    const double* k = a.k + bh * p.head_token_elems();
-    const double* v = a.v + bh * p.head_token_elems();
-    double* o = a.o + bh * p.head_token_elems();
-    const double* beta = a.beta ? a.beta + bh * T : nullptr;
-    double* S = a.hT + bh * p.head_state_elems();
-    std::vector<double> w(D);
-    std::copy_n(a.h0 + bh * p.head_state_elems(), p.head_state_elems(), S);
-    for (int t = 0; t < T && !stop_requested(); ++t) {
-      const std::size_t r = std::size_t(t) * D;
-      step(S, A, t, k + r, v + r, beta, w.data(), D);
-      for (int j = 0; j < D; ++j) {
+  for (long index = 0; index < slices; ++index) {
+    const HeadSlice h = p.slice(std::size_t(index));
+    const Decays A = head_decays(p, a.g, h);
+    const double* q = a.q + h.key;
+    const double* k = a.k + h.key;
+    const double* v = a.v + h.value;
+    double* o = a.o + h.value;
+    const double* beta = a.beta ? a.beta + h.beta : nullptr;
+    double* S = a.hT + h.state;
+    std::vector<double> w(Dv);
+    std::copy_n(a.h0 + h.state, p.head_state_elems(), S);
+    for (int t = 0; t < h.seq && !stop_requested(); ++t) {
+      const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
+      step(S, A, t, k + rk, v + rv, beta, w.data(), Dk, Dv);
+      for (int j = 0; j < Dv; ++j) {
         double acc = 0;
-        for (int i = 0; i < D; ++i) acc += q[r + i] * S[std::size_t(i) * D + j];
-        o[r + j] = s * acc;
+        for (int i = 0; i < Dk; ++i) acc += q[rk + i] * S[std::size_t(i) * Dv + j];
+        o[rv + j] = s * acc;
       }
     }
   }
@@ -107,100 +112,111 @@ void forward(const Problem& p, const ForwardArgs<double>& a) {
 }
 
 void backward(const Problem& p, const BackwardArgs<double>& a) {
-  const int T = p.seq, D = p.dim;
+  const int Dk = p.dim, Dv = p.value_dim(), G = p.group();
   const std::size_t DD = p.head_state_elems();
-  const double s = attention_scale(D);
-  const int L = int(std::ceil(std::sqrt(double(T))));
-  const int segments = (T + L - 1) / L;
-  const long heads_total = long(p.heads_total());
+  const double s = attention_scale(Dk);
+  int longest = 1;
+  for (std::size_t i = 0; i < std::size_t(p.sequences()); ++i) longest = std::max(longest, p.slice(i * p.heads).seq);
+  const int L = int(std::ceil(std::sqrt(double(longest))));
+  const int segments = (longest + L - 1) / L;
+  // Work items are (sequence, q/k head): the value heads a q/k head serves run one after another
+  // on one thread, adding their dq and dk into its rows.
+  const long groups = long(p.slices()) / G;
 #pragma omp parallel
   {
     std::vector<double> checkpoints(std::size_t(segments) * DD);  // S_{t0 - 1} of each segment
     std::vector<double> states(std::size_t(L + 1) * DD);           // S_{t0 - 1} .. S_{t1 - 1}
-    std::vector<double> w(D), dw(D), e(D), decayed(DD);
+    std::vector<double> w(Dv), dw(Dv), e(Dv), decayed(DD);
 #pragma omp for schedule(static)
-    for (long bh = 0; bh < heads_total; ++bh) {
-      const Decays A = head_decays(p, a.g, bh);
-      const std::size_t tok = bh * p.head_token_elems(), st = bh * DD;
-      const double *q = a.q + tok, *k = a.k + tok, *v = a.v + tok, *dO = a.dO + tok;
-      const double* beta = a.beta ? a.beta + bh * T : nullptr;
-      double *dq = a.dq + tok, *dk = a.dk + tok, *dv = a.dv + tok;
-      double* dg = a.dg ? a.dg + bh * p.head_gate_elems() : nullptr;
-      if (dg) std::fill_n(dg, p.head_gate_elems(), 0.0);
+    for (long group = 0; group < groups; ++group)
+      for (int member = 0; member < G; ++member) {
+      const HeadSlice h = p.slice(std::size_t(group) * G + member);
+      const int T = h.seq;
+      const Decays A = head_decays(p, a.g, h);
+      const double *q = a.q + h.key, *k = a.k + h.key, *v = a.v + h.value, *dO = a.dO + h.value;
+      const double* beta = a.beta ? a.beta + h.beta : nullptr;
+      double *dq = a.dq + h.key, *dk = a.dk + h.key, *dv = a.dv + h.value;
+      if (member == 0) {
+        std::fill_n(dq, std::size_t(T) * Dk, 0.0);
+        std::fill_n(dk, std::size_t(T) * Dk, 0.0);
+      }
+      double* dg = a.dg ? a.dg + h.gate : nullptr;
+      if (dg) std::fill_n(dg, std::size_t(T) * p.gate_width(), 0.0);
 
-      std::vector<double> S(a.h0 + st, a.h0 + st + DD);
+      std::vector<double> S(a.h0 + h.state, a.h0 + h.state + DD);
       for (int t = 0; t < T && !stop_requested(); ++t) {
         if (t % L == 0) std::copy(S.begin(), S.end(), checkpoints.begin() + std::ptrdiff_t(t / L) * DD);
-        step(S.data(), A, t, k + std::size_t(t) * D, v + std::size_t(t) * D, beta, w.data(), D);
+        step(S.data(), A, t, k + std::size_t(t) * Dk, v + std::size_t(t) * Dv, beta, w.data(), Dk, Dv);
       }
 
-      double* G = a.dh0 + st;  // P_{t+1}, then G_t, in dh0's storage; dh0 = A_0 P_0 at the end
-      std::copy_n(a.dhT + st, DD, G);
-      for (int seg = segments - 1; seg >= 0 && !stop_requested(); --seg) {
+      double* Gs = a.dh0 + h.state;  // P_{t+1}, then G_t, in dh0's storage; dh0 = A_0 P_0 at the end
+      std::copy_n(a.dhT + h.state, DD, Gs);
+      const int segs = (T + L - 1) / L;
+      for (int seg = segs - 1; seg >= 0 && !stop_requested(); --seg) {
         const int t0 = seg * L, t1 = std::min(T, t0 + L);
         std::copy_n(checkpoints.begin() + std::ptrdiff_t(seg) * DD, DD, states.begin());
         for (int t = t0; t < t1; ++t) {
           double* next = states.data() + std::size_t(t - t0 + 1) * DD;
           std::copy_n(next - DD, DD, next);
-          step(next, A, t, k + std::size_t(t) * D, v + std::size_t(t) * D, beta, w.data(), D);
+          step(next, A, t, k + std::size_t(t) * Dk, v + std::size_t(t) * Dv, beta, w.data(), Dk, Dv);
         }
         for (int t = t1 - 1; t >= t0; --t) {
-          const std::size_t r = std::size_t(t) * D;
+          const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
           const double* before = states.data() + std::size_t(t - t0) * DD;  // S_{t-1}
           const double* after = before + DD;                                 // S_t
-          for (int i = 0; i < D; ++i) {  // S'_t, and G_t from P_{t+1}
+          for (int i = 0; i < Dk; ++i) {  // S'_t, and G_t from P_{t+1}
             const double carry = t == T - 1 ? 1.0 : A(t + 1, i), a_t = A(t, i);
-            for (int j = 0; j < D; ++j) {
-              const std::size_t e = std::size_t(i) * D + j;
-              decayed[e] = a_t * before[e];
-              G[e] = carry * G[e] + s * q[r + i] * dO[r + j];
+            for (int j = 0; j < Dv; ++j) {
+              const std::size_t at = std::size_t(i) * Dv + j;
+              decayed[at] = a_t * before[at];
+              Gs[at] = carry * Gs[at] + s * q[rk + i] * dO[rv + j];
             }
           }
-          for (int i = 0; i < D; ++i) {
+          for (int i = 0; i < Dk; ++i) {
             double acc = 0;
-            for (int j = 0; j < D; ++j) acc += after[std::size_t(i) * D + j] * dO[r + j];
-            dq[r + i] = s * acc;
+            for (int j = 0; j < Dv; ++j) acc += after[std::size_t(i) * Dv + j] * dO[rv + j];
+            dq[rk + i] += s * acc;
           }
           // w_t (v for additive), u_t = S'^T k_t (into e) and dw_t = G_t^T k_t, summed row by row.
           std::fill(e.begin(), e.end(), 0.0);
           std::fill(dw.begin(), dw.end(), 0.0);
-          for (int i = 0; i < D; ++i)
-            for (int j = 0; j < D; ++j) {
-              e[j] += decayed[std::size_t(i) * D + j] * k[r + i];
-              dw[j] += G[std::size_t(i) * D + j] * k[r + i];
+          for (int i = 0; i < Dk; ++i)
+            for (int j = 0; j < Dv; ++j) {
+              e[j] += decayed[std::size_t(i) * Dv + j] * k[rk + i];
+              dw[j] += Gs[std::size_t(i) * Dv + j] * k[rk + i];
             }
-          for (int j = 0; j < D; ++j) {
-            e[j] = v[r + j] - e[j];  // v_t - u_t
-            w[j] = beta ? beta[t] * e[j] : v[r + j];
-            dv[r + j] = beta ? beta[t] * dw[j] : dw[j];
+          for (int j = 0; j < Dv; ++j) {
+            e[j] = v[rv + j] - e[j];  // v_t - u_t
+            w[j] = beta ? beta[t] * e[j] : v[rv + j];
+            dv[rv + j] = beta ? beta[t] * dw[j] : dw[j];
           }
           if (beta) {
             double db = 0;
-            for (int j = 0; j < D; ++j) db += dw[j] * e[j];
-            a.dbeta[bh * T + t] = db;
+            for (int j = 0; j < Dv; ++j) db += dw[j] * e[j];
+            a.dbeta[h.beta + std::size_t(t)] = db;
           }
-          for (int i = 0; i < D; ++i) {
+          for (int i = 0; i < Dk; ++i) {
             double acc = 0;
-            for (int j = 0; j < D; ++j) {
-              acc += G[std::size_t(i) * D + j] * w[j];
-              if (beta) acc -= beta[t] * decayed[std::size_t(i) * D + j] * dw[j];
+            for (int j = 0; j < Dv; ++j) {
+              acc += Gs[std::size_t(i) * Dv + j] * w[j];
+              if (beta) acc -= beta[t] * decayed[std::size_t(i) * Dv + j] * dw[j];
             }
-            dk[r + i] = acc;
+            dk[rk + i] += acc;
           }
           if (beta)  // P_t = G_t - beta_t k_t dw_t^T
-            for (int i = 0; i < D; ++i)
-              for (int j = 0; j < D; ++j) G[std::size_t(i) * D + j] -= beta[t] * k[r + i] * dw[j];
+            for (int i = 0; i < Dk; ++i)
+              for (int j = 0; j < Dv; ++j) Gs[std::size_t(i) * Dv + j] -= beta[t] * k[rk + i] * dw[j];
           if (dg)
-            for (int i = 0; i < D; ++i) {
+            for (int i = 0; i < Dk; ++i) {
               double acc = 0;
-              for (int j = 0; j < D; ++j) acc += G[std::size_t(i) * D + j] * decayed[std::size_t(i) * D + j];
-              if (p.decay == Decay::vector) dg[r + i] = acc;
+              for (int j = 0; j < Dv; ++j) acc += Gs[std::size_t(i) * Dv + j] * decayed[std::size_t(i) * Dv + j];
+              if (p.decay == Decay::vector) dg[rk + i] = acc;
               else dg[t] += acc;
             }
         }
       }
-      for (int i = 0; i < D; ++i)
-        for (int j = 0; j < D; ++j) G[std::size_t(i) * D + j] *= A(0, i);
+      for (int i = 0; i < Dk; ++i)
+        for (int j = 0; j < Dv; ++j) Gs[std::size_t(i) * Dv + j] *= A(0, i);
     }
   }
   throw_if_stop_requested();

@@ -93,6 +93,16 @@ AxisValues parse_axis(const Op& op, const Axis& axis, const std::vector<Raw>& ra
     case Kind::boolean:
       values.names = parse_list<std::string>(raws, [&](const Raw& r) { return std::string(parse_bool(r) ? "true" : "false"); });
       break;
+    case Kind::text:
+      values.names = parse_list<std::string>(raws, [&](const Raw& r) -> std::string {
+        if (r.text.empty() || !axis.canonical) return r.text;
+        try {
+          return axis.canonical(r.text);
+        } catch (const std::invalid_argument& e) {
+          throw UsageError(r.where, e.what());
+        }
+      });
+      break;
   }
   return values;
 }
@@ -432,6 +442,7 @@ ValueKind axis_value(const Op& op, const Axis& axis) {
   const Kind kind = kind_of(axis);
   if (kind == Kind::name) return {"NAME", axis_choices(op, axis)};
   if (kind == Kind::boolean) return {"BOOL", {"true", "false"}};
+  if (kind == Kind::text) return {"TEXT", {}};
   return {kind == Kind::real ? "NUMBER" : "INT", {}};
 }
 

@@ -21,7 +21,8 @@ nlohmann::json axis_value_json(const Axis& axis, const std::string& text) {
     case Kind::integer: return std::stol(text);
     case Kind::real: return std::stod(text);
     case Kind::boolean: return text == "true";
-    case Kind::name: break;
+    case Kind::name:
+    case Kind::text: break;
   }
   return text;
 }

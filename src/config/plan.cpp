@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <functional>
 #include <regex>
+#include <set>
 
 #include "core/error.hpp"
 
@@ -23,13 +24,19 @@ constexpr long kMaxPlanCases = 100000;
 std::vector<Case> expand_suite(const SuiteConfig& suite, const RunSettings& run, const std::vector<Param>& fixed = {}) {
   const Op& op = *suite.op;
   std::vector<Case> cases;
+  std::set<std::string> seen;  // cases settle() made equal are planned once
   Case kase;
   kase.op = &op;
   kase.backend = run.backend;
   kase.dtype = run.dtype;
   std::function<void(std::size_t)> walk = [&](std::size_t axis_index) {
     if (axis_index == op.axes.size()) {
-      cases.push_back(kase);
+      Case settled = kase;
+      if (op.settle) op.settle(settled);
+      std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", settled.impl, to_string(settled.mode), settled.batch,
+                                    settled.heads, settled.seq, settled.dim, settled.chunk, settled.window, settled.decay);
+      for (const auto& [name, value] : settled.options) key += "|" + name + "=" + value;
+      if (seen.insert(key).second) cases.push_back(std::move(settled));
       return;
     }
     const Axis& axis = op.axes[axis_index];

@@ -31,7 +31,9 @@ nlohmann::json identity_json(const Case& c) {
   if (op.has(Param::chunk)) id["chunk"] = c.chunk;
   if (op.has(Param::window)) id["window"] = c.window;
   for (const Axis& axis : op.axes)
-    if (axis.param == Param::option && c.options.count(axis.key)) id[axis.key] = axis_value_json(axis, c.options.at(axis.key));
+    if (axis.param == Param::option && c.options.count(axis.key) &&
+        (axis.recorded_at_default || axis.defaults.size() != 1 || axis.defaults[0] != c.options.at(axis.key)))
+      id[axis.key] = axis_value_json(axis, c.options.at(axis.key));
   if (op.extra_identity)
     for (const auto& [key, value] : op.extra_identity(c)) id[key] = value;
   return id;
@@ -211,9 +213,10 @@ namespace {
 nlohmann::json shape_json(const Case& c, bool with_seq) {
   nlohmann::json id = identity_json(c), shape = nlohmann::json::object();
   for (const char* key : {"suite", "mode", "backend", "dtype", "decay", "batch", "heads", "dim", "chunk", "window",
-                          "head_dim", "seq"})
+                          "head_dim", "documents", "seq"})
     if (id.contains(key) && (with_seq || std::string(key) != "seq")) shape[key] = id[key];
-  for (const auto& [key, text] : c.options) shape[key] = id[key];
+  for (const auto& [key, text] : c.options)
+    if (id.contains(key)) shape[key] = id[key];
   return shape;
 }
 
