@@ -210,11 +210,16 @@ std::size_t gathered_bytes(const CpuVariant& inner, const Problem& p, bool backw
 
 }  // namespace
 
+Problem gathered_problem(const Problem& problem) {
+  const std::vector<Run> runs = runs_of(problem);
+  return square(problem, runs[0].batch, longest(runs));
+}
+
 CpuVariant gathered(const CpuVariant& inner) {
   CpuVariant v;
   v.name = inner.name + "+gather";
   v.takes = inner.takes;
-  v.native_shapes = true;
+  v.takes.shapes = true;
   v.forward = [inner](const Problem& p, const ForwardArgs<float>& a, Allocator& m, float* keep) {
     if (keep) throw std::logic_error(inner.name + "+gather keeps no chunk states");
     run_forward(inner, p, a, m);

@@ -20,4 +20,7 @@ namespace lattn::cpu {
 // `inner` made to take every shape; it keeps no chunk states.
 CpuVariant gathered(const CpuVariant& inner);
 
+// The square dense problem the adapter hands the kernel for `problem`'s longest sequence.
+Problem gathered_problem(const Problem& problem);
+
 }  // namespace lattn::cpu

@@ -100,15 +100,19 @@ void remove_cpu_variant(const std::string& form, const std::string& name) {
               table.end());
 }
 
+// A row that does not take a shape itself runs it through the gather adapter, as the square dense
+// problem the adapter hands it: the row is chosen by that problem.
 const CpuVariant* cpu_variant(const std::string& form, const Problem& problem, std::string* why) {
-  return choose_variant(cpu_variants(form), problem, "CPU " + form, why);
+  const CpuVariant* native = choose_variant(cpu_variants(form), problem, "CPU " + form, nullptr);
+  if (native || problem.square_dense()) return native ? native : choose_variant(cpu_variants(form), problem, "CPU " + form, why);
+  return choose_variant(cpu_variants(form), gathered_problem(problem), "CPU " + form, why);
 }
 
 CpuVariant cpu_variant_for(const std::string& form, const Problem& problem) {
   std::string why;
   const CpuVariant* v = cpu_variant(form, problem, &why);
   if (!v) throw std::logic_error(why);
-  if (problem.square_dense() || v->native_shapes) return *v;
+  if (problem.square_dense() || v->takes.shapes) return *v;
   return gathered(*v);
 }
 

@@ -17,6 +17,8 @@ namespace lattn::cpu {
 
 // keep / kept: the chunk states a forward leaves for the backward (kept_states_bytes of them,
 // allocated by the caller), or null; a variant whose kept_states_bytes is 0 takes null only.
+// A row whose takes.shapes is false runs the shapes of docs/spec.md section 1c (grouped q/k heads,
+// Dk != Dv, packed documents) through the gather adapter (cpu_shape_gather.hpp).
 struct CpuVariant {
   std::string name;  // what records and --list-cases show ("chunked_tiled")
   VariantTakes takes;
@@ -27,10 +29,6 @@ struct CpuVariant {
   std::function<std::size_t(const Problem&, bool kept)> backward_workspace_bytes = nullptr;
   // The chunk states the forward can keep for the backward; null: it keeps none.
   std::function<std::size_t(const Problem&)> kept_states_bytes = nullptr;
-  // Whether the kernels take every shape of docs/spec.md section 1c (grouped q/k heads, Dk != Dv,
-  // packed documents) themselves; a variant that does not runs such a problem through the gather
-  // adapter (cpu_shape_gather.hpp), square dense ones as they are.
-  bool native_shapes = false;
 };
 
 // The table of `form` ("scan" or "chunked"); empty for any other name.

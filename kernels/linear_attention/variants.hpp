@@ -19,6 +19,9 @@ struct VariantTakes {
   // Why the variant cannot take a problem whose rule and decay it computes (its dim, the machine),
   // or nothing; null: it takes every such problem.
   std::optional<std::string> (*limits)(const Problem&) = nullptr;
+  // Whether it takes the shapes of docs/spec.md section 1c (grouped q/k heads, dim_v != dim,
+  // packed documents); false: square dense problems only.
+  bool shapes = false;
 };
 
 // Why `takes` refuses `problem` (its rule, its decay, or the limits' reason), or nothing.
@@ -35,6 +38,8 @@ inline std::optional<std::string> variant_refusal(const VariantTakes& takes, con
   };
   if (!has(takes.rules, problem.rule)) return "rule " + names(takes.rules) + " only";
   if (!has(takes.decays, problem.decay)) return "decay " + names(takes.decays) + " only";
+  if (!takes.shapes && !problem.square_dense())
+    return std::string("square dense problems only (heads_k = heads, dim_v = dim, no packed documents)");
   return takes.limits ? takes.limits(problem) : std::nullopt;
 }
 
