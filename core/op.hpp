@@ -71,6 +71,12 @@ struct Axis {
   bool (*applies)(const Case&) = nullptr;
 };
 
+// Whether records write an option's value: always, but at its default for an axis whose default
+// means "not used" (recorded_at_default false).
+inline bool option_recorded(const Axis& axis, const std::string& value) {
+  return axis.recorded_at_default || axis.defaults.size() != 1 || axis.defaults[0] != value;
+}
+
 struct Op {
   std::string name;   // "linear_attention"
   std::string suite;  // its config section and the records' "suite" ("kernel")

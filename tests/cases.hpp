@@ -15,8 +15,16 @@
 namespace lattn::test {
 
 inline std::string describe(const Problem& p) {
+  std::string shape;
+  if (!p.square_dense()) {
+    shape = " Hk" + std::to_string(p.qk_heads()) + " Dv" + std::to_string(p.value_dim());
+    if (p.packed()) {
+      shape += " docs";
+      for (std::size_t n = 0; n + 1 < p.cu_seqlens.size(); ++n) shape += " " + std::to_string(p.cu_seqlens[n + 1] - p.cu_seqlens[n]);
+    }
+  }
   return "B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " T" + std::to_string(p.seq) + " D" +
-         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + " " + to_string(p.decay) + " " + to_string(p.rule);
+         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + " " + to_string(p.decay) + " " + to_string(p.rule) + shape;
 }
 
 inline std::string describe(const Case& c) {
@@ -27,6 +35,9 @@ inline std::string describe(const Case& c) {
          (c.options.count("rule") ? " rule " + c.option("rule") : "") +
          (c.options.count("normalize_keys") ? " normalize_keys " + c.option("normalize_keys") : "") +
          (c.options.count("snapshots") ? " snapshots " + c.option("snapshots") : "") +
+         (c.option("heads_k").empty() || c.option("heads_k") == "0" ? "" : " heads_k " + c.option("heads_k")) +
+         (c.option("dim_v").empty() || c.option("dim_v") == "0" ? "" : " dim_v " + c.option("dim_v")) +
+         (c.option("lengths").empty() ? "" : " lengths " + c.option("lengths")) +
          [&] {
            std::string parts;
            for (const char* key : {"short_conv", "gates", "gate_rank", "output_gate", "attention"})
@@ -53,6 +64,14 @@ inline Case kernel_case(const Problem& p, const std::string& impl, Mode mode, co
   if (gated(p.decay)) c.options["gate_norm"] = "16";
   c.options["rule"] = to_string(p.rule);
   if (p.delta()) c.options["normalize_keys"] = "true";
+  // The shape keys of docs/spec.md section 1c, as a config writes them (settle_case's form).
+  c.options["heads_k"] = std::to_string(p.qk_heads() == p.heads ? 0 : p.qk_heads());
+  c.options["dim_v"] = std::to_string(p.value_dim() == p.dim ? 0 : p.value_dim());
+  std::string lengths;
+  for (std::size_t n = 0; n + 1 < p.cu_seqlens.size(); ++n)
+    lengths += (lengths.empty() ? "" : "+") + std::to_string(p.cu_seqlens[n + 1] - p.cu_seqlens[n]);
+  c.options["lengths"] = lengths;
+  c.options["varlen"] = "";
   return c;
 }
 

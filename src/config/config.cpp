@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <cctype>
 #include <limits>
 #include <set>
 #include <thread>
@@ -442,7 +443,11 @@ ValueKind axis_value(const Op& op, const Axis& axis) {
   const Kind kind = kind_of(axis);
   if (kind == Kind::name) return {"NAME", axis_choices(op, axis)};
   if (kind == Kind::boolean) return {"BOOL", {"true", "false"}};
-  if (kind == Kind::text) return {"TEXT", {}};
+  if (kind == Kind::text) {  // the key's own name: a text's form is in its help line
+    std::string name = axis.key;
+    for (char& ch : name) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    return {name, {}};
+  }
   return {kind == Kind::real ? "NUMBER" : "INT", {}};
 }
 

@@ -91,7 +91,11 @@ const Column& column(const std::string& key) {
 
 // An op option's cell (rule, gate_norm, normalize_keys), empty where the case has no such option.
 Column option_column(const std::string& key) {
-  return {nullptr, [key](const CaseRecord& r) { return r.kase.option(key); }};
+  return {nullptr, [key](const CaseRecord& r) {
+            for (const Axis& axis : r.kase.op->axes)
+              if (axis.param == Param::option && axis.key == key && !option_recorded(axis, r.kase.option(key))) return std::string();
+            return r.kase.option(key);
+          }};
 }
 
 // The CSV's columns: the fixed ones, with every op option any record has after head_dim, so that
@@ -147,7 +151,7 @@ std::vector<std::string> option_keys(const std::vector<CaseRecord>& records) {
   std::vector<std::string> keys;
   for (const CaseRecord& r : records)
     for (const Axis& axis : r.kase.op->axes)
-      if (axis.param == Param::option && !r.kase.option(axis.key).empty() &&
+      if (axis.param == Param::option && !r.kase.option(axis.key).empty() && option_recorded(axis, r.kase.option(axis.key)) &&
           std::find(keys.begin(), keys.end(), axis.key) == keys.end())
         keys.push_back(axis.key);
   return keys;

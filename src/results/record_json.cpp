@@ -31,8 +31,7 @@ nlohmann::json identity_json(const Case& c) {
   if (op.has(Param::chunk)) id["chunk"] = c.chunk;
   if (op.has(Param::window)) id["window"] = c.window;
   for (const Axis& axis : op.axes)
-    if (axis.param == Param::option && c.options.count(axis.key) &&
-        (axis.recorded_at_default || axis.defaults.size() != 1 || axis.defaults[0] != c.options.at(axis.key)))
+    if (axis.param == Param::option && c.options.count(axis.key) && option_recorded(axis, c.options.at(axis.key)))
       id[axis.key] = axis_value_json(axis, c.options.at(axis.key));
   if (op.extra_identity)
     for (const auto& [key, value] : op.extra_identity(c)) id[key] = value;
