@@ -77,8 +77,10 @@ struct ScanParams {
   int gate_shift;  // 0: the step's own token's gate; 1: the next token's (reverse passes)
 };
 
+// Launch bounds of 16 warps (rows up to kScanMaxDim): at most 128 registers a thread, so that the
+// widest block fits a multiprocessor's 64K.
 template <class T>
-__global__ void scan_kernel(ScanParams p) {
+__global__ void __launch_bounds__(kCols * 16, 1) scan_kernel(ScanParams p) {
   extern __shared__ float smem[];
   const ScanSlice slice = scan_slice(p.shape, int(blockIdx.x));
   const int Dk = p.shape.Dk, Dv = p.shape.Dv, tokens = slice.seq;

@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/linear_attention/cuda.hpp"
@@ -56,13 +57,16 @@ __device__ __forceinline__ float at(const void* base, std::size_t i) {
   return to_float(static_cast<const In*>(base)[i]);
 }
 
-template <class In>
-__global__ void delta_scan_kernel(DeltaParams p) {
+// One instance per pass (kPass): with the pass known, each keeps the loads of its own branch in
+// registers only, at most 128 a thread, so that 16 warps (rows up to kScanMaxDim) fit a block's
+// 64K registers; one kernel for every pass took over 200 and could not launch past 9 warps.
+template <class In, Pass kPass>
+__global__ void __launch_bounds__(kCols * 16, 1) delta_scan_kernel(DeltaParams p) {
   extern __shared__ float sums[];  // 2 x R x kSums x kCols
   const ScanSlice slice = scan_slice(p.shape, int(blockIdx.x));
   const int Dk = p.shape.Dk, Dv = p.shape.Dv, T = slice.seq, R = int(blockDim.y);
-  const bool transposed = p.pass == Pass::r2 || p.pass == Pass::f2;  // rows: value channels
-  const bool reverse = p.pass == Pass::r1 || p.pass == Pass::r2;
+  const bool transposed = kPass == Pass::r2 || kPass == Pass::f2;  // rows: value channels
+  const bool reverse = kPass == Pass::r1 || kPass == Pass::r2;
   const int Dr = transposed ? Dv : Dk, Dc = transposed ? Dk : Dv;  // state rows, columns
   const int lane = int(threadIdx.x), wy = int(threadIdx.y);
   const int col0 = int(blockIdx.y) * kCols, j = col0 + lane;
@@ -94,7 +98,7 @@ __global__ void delta_scan_kernel(DeltaParams p) {
   }
   float c1 = 0.0f;  // the pending update's column operand (forward, F1: w_{t-1}; R1: -beta dw_{t+1})
   double dg_acc = 0.0;
-  if (p.pass == Pass::f2 && g && j_ok)
+  if (kPass == Pass::f2 && g && j_ok)
     for (int e = 0; e < Dv; ++e) dg_acc += double(p.dh0[st + std::size_t(j) * Dv + e]) * p.s0[st + std::size_t(j) * Dv + e];
 
   for (int step = 0; step < T; ++step) {
@@ -102,12 +106,12 @@ __global__ void delta_scan_kernel(DeltaParams p) {
     const int tp = reverse ? t + 1 : t - 1;  // the token of the pending update
     const bool has_prev = tp >= 0 && tp < T;
     float col1 = c1, col2 = 0.0f, colA = 1.0f;
-    if (p.pass == Pass::r1) col2 = j_ok ? p.s * val(p.dO, t, j) : 0.0f;
-    if (p.pass == Pass::r2) {
+    if (kPass == Pass::r1) col2 = j_ok ? p.s * val(p.dO, t, j) : 0.0f;
+    if (kPass == Pass::r2) {
       col1 = has_prev && j_ok ? -key(p.k, tp, j) : 0.0f;
       col2 = j_ok ? p.s * key(p.q, t, j) : 0.0f;
     }
-    if (p.pass == Pass::f2) col2 = j_ok ? beta[t] * key(p.k, t, j) : 0.0f;
+    if (kPass == Pass::f2) col2 = j_ok ? beta[t] * key(p.k, t, j) : 0.0f;
     const int td = reverse ? t + 1 : t;  // the decay applied in this step
     if (transposed) colA = j_ok ? decay(td, 0) : 1.0f;  // S^T, G^T: a factor per column (rows: per row below)
     float y[kSums] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -116,13 +120,13 @@ __global__ void delta_scan_kernel(DeltaParams p) {
       const int i = wy + m * R;
       if (i >= Dr) continue;
       float r = S[m];
-      switch (p.pass) {
+      switch (kPass) {
         case Pass::forward:
         case Pass::f1:
           if (has_prev) r = fmaf(key(p.k, tp, i), col1, r);
           r *= decay(t, i);
           y[0] = fmaf(key(p.k, t, i), r, y[0]);
-          if (p.pass == Pass::forward) {
+          if (kPass == Pass::forward) {
             y[1] = fmaf(key(p.q, t, i), r, y[1]);
             y[3] = fmaf(key(p.q, t, i), key(p.k, t, i), y[3]);
           }
@@ -159,7 +163,7 @@ __global__ void delta_scan_kernel(DeltaParams p) {
     // The other buffer is written next step; this one only after the next barrier.
     if (!j_ok) continue;
     const bool writer = wy == 0;
-    switch (p.pass) {
+    switch (kPass) {
       case Pass::forward: {
         const float w = beta[t] * (val(p.v, t, j) - total[0]);
         c1 = w;
@@ -195,16 +199,16 @@ __global__ void delta_scan_kernel(DeltaParams p) {
   }
 
   // The last pending update: forward, hT = S'_{T-1} + k_{T-1} w^T; R1, dh0 = A_0 (G_0 - k_0 (beta dw_0)^T).
-  const bool last_update = p.pass == Pass::forward || p.pass == Pass::r1;
+  const bool last_update = kPass == Pass::forward || kPass == Pass::r1;
   if (!last_update || !j_ok) return;
-  const int t = p.pass == Pass::forward ? T - 1 : 0;
-  float* out = p.pass == Pass::forward ? p.hT : p.dh0;
+  const int t = kPass == Pass::forward ? T - 1 : 0;
+  float* out = kPass == Pass::forward ? p.hT : p.dh0;
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = wy + m * R;
     if (i >= Dr) continue;
     float r = fmaf(key(p.k, t, i), c1, S[m]);
-    if (p.pass == Pass::r1) r *= decay(0, i);
+    if (kPass == Pass::r1) r *= decay(0, i);
     out[st + std::size_t(i) * Dv + j] = r;
   }
 }
@@ -242,10 +246,19 @@ void launch(const Problem& pr, const ScanShape& shape, Dtype dtype, DeltaParams 
   const dim3 block(kCols, unsigned(R));
   const dim3 grid(unsigned(pr.slices()), unsigned((cols + kCols - 1) / kCols));
   const std::size_t shared = sizeof(float) * 2 * std::size_t(R) * kSums * kCols;
-  if (dtype == Dtype::f32)
-    delta_scan_kernel<float><<<grid, block, shared, stream>>>(params);
-  else
-    delta_scan_kernel<__nv_bfloat16><<<grid, block, shared, stream>>>(params);
+  const auto go = [&](auto pass) {
+    if (dtype == Dtype::f32)
+      delta_scan_kernel<float, decltype(pass)::value><<<grid, block, shared, stream>>>(params);
+    else
+      delta_scan_kernel<__nv_bfloat16, decltype(pass)::value><<<grid, block, shared, stream>>>(params);
+  };
+  switch (params.pass) {
+    case Pass::forward: go(std::integral_constant<Pass, Pass::forward>{}); break;
+    case Pass::f1: go(std::integral_constant<Pass, Pass::f1>{}); break;
+    case Pass::r1: go(std::integral_constant<Pass, Pass::r1>{}); break;
+    case Pass::r2: go(std::integral_constant<Pass, Pass::r2>{}); break;
+    case Pass::f2: go(std::integral_constant<Pass, Pass::f2>{}); break;
+  }
   LATTN_CUDA_CHECK_LAUNCH();
 }
 
