@@ -5,7 +5,9 @@
 // chunk > seq, both decays, float32 and bf16 (inputs rounded to bf16 before the reference sees
 // them, as the runner does), and the scratch the chunked form takes against its closed forms. And
 // every tile choice the chunked launch code can make under the device limit of this run (64 or
-// 32 rows per block, for two blocks per multiprocessor or for one), read from the launch log.
+// 32 rows per block, for two blocks per multiprocessor or for one), read from the launch log. And
+// the scan on the shapes of docs/spec.md section 1c (grouped heads, dim_v != dim, packed
+// documents), both rules, every decay, fwd and fwd_bwd, with its scratch against its closed forms.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
