@@ -59,8 +59,8 @@ __device__ __forceinline__ float at(const void* base, std::size_t i) {
 
 // One instance per pass (kPass): with the pass known, each keeps the loads of its own branch in
 // registers only, at most 128 a thread, so that 16 warps (rows up to kScanMaxDim) fit a block's
-// 64K registers; one kernel for every pass took 170 to 220 and could not launch past 9 to 12
-// warps (rows 144 to 192).
+// 64K registers; one kernel for every pass took 166 to 220 (by arch and dtype) and could not
+// launch past 9 to 12 warps (rows 144 to 192).
 template <class In, Pass kPass>
 __global__ void __launch_bounds__(kCols * 16, 1) delta_scan_kernel(DeltaParams p) {
   extern __shared__ float sums[];  // 2 x R x kSums x kCols
