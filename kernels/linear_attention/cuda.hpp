@@ -4,11 +4,14 @@
 // 16-bit patterns) by `dtype`; states (h0, dhT) and every output are float32, and every product
 // accumulates in float32. Each function only enqueues work on `stream` (asynchronous).
 //
-// The scan needs no scratch for the additive rule: its backward runs a forward recurrence for dq
-// and a reverse one for dk, dv (the delta rule's backward keeps a token tensor, below). The chunked form keeps the state entering every chunk (and in the backward the gradient
-// of the state leaving it) in scratch from the allocator, one D x D matrix per (batch x head,
-// chunk) in the token dtype; the *_workspace_bytes closed forms are held to the allocator's count
-// by the tests.
+// The scan takes every shape of docs/spec.md section 1c (kernels/linear_attention/cuda_scan_shapes.cuh):
+// its scratch is a packed problem's document boundaries and, with grouped heads, dq and dk per
+// value head before their sum; the additive rule's backward runs a forward recurrence for dq and a
+// reverse one for dk, dv and keeps nothing else (the delta rule's backward keeps a token tensor,
+// below). The chunked form takes square dense problems; it keeps the state entering every chunk
+// (and in the backward the gradient of the state leaving it) in scratch from the allocator, one
+// D x D matrix per (batch x head, chunk) in the token dtype. The *_workspace_bytes closed forms
+// are held to the allocator's count by the tests.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -54,7 +57,8 @@ struct DeviceBackward {
   float* dbeta = nullptr;
 };
 
-// The scan kernels handle dim <= kScanMaxDim (the state slice lives in registers).
+// The scan kernels handle dim and dim_v <= kScanMaxDim (the state slice lives in registers, its
+// rows Dk or, in the transposed passes, Dv).
 constexpr int kScanMaxDim = 256;
 
 // The scan's entry points: each runs the row of the scan's variant table (cuda_variants.cpp) that
@@ -63,11 +67,18 @@ void scan_forward(const Problem& problem, Dtype dtype, const DeviceForward& args
                   cudaStream_t stream);
 void scan_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                    cudaStream_t stream);
-// The additive rule's scan, every decay (cuda_scan.cu; the table's `scan` row). No scratch.
+// The additive rule's scan, every decay (cuda_scan.cu; the table's `scan` row). Scratch: a packed
+// problem's document boundaries; the backward's, with grouped heads, one set of key parts (dq, then
+// dk, per value head), two for gated decays (dg reads both).
 void scan_additive_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
                            cudaStream_t stream);
 void scan_additive_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                             cudaStream_t stream);
+std::size_t scan_additive_forward_workspace_bytes(const Problem& problem);
+std::size_t scan_additive_backward_workspace_bytes(const Problem& problem);
+// dq or dk of every q/k head: the sum of its value heads' rows in `parts` ([B][H][T][Dk], device
+// memory; cuda_scan.cu), for the scan's grouped heads.
+void sum_group_keys(const Problem& problem, const float* parts, float* out, cudaStream_t stream);
 // kept_states (chunked_states_bytes of device memory, or null): the forward writes the chunk
 // states there instead of into scratch of its own, and the backward reads them from there
 // instead of recomputing them (`bwd_states: kept`).
@@ -76,15 +87,16 @@ void chunked_forward(const Problem& problem, Dtype dtype, const DeviceForward& a
 void chunked_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                       cudaStream_t stream, const void* kept_states = nullptr);
 
-// The delta rule's scan (cuda_scan_delta.cu; the table's `scan_delta` row): its backward keeps
-// e_t = v_t - u_t of every token (a token tensor of floats) and, for scalar gates, dg's
-// per-channel sums (another).
-void scan_delta_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, cudaStream_t stream);
+// The delta rule's scan (cuda_scan_delta.cu; the table's `scan_delta` row): beside a packed
+// problem's document boundaries, its backward keeps e_t = v_t - u_t of every token (a value
+// tensor of floats), for scalar gates dg's per-channel sums (a key tensor per value head) and,
+// with grouped heads, dq and dk per value head (two more).
+void scan_delta_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
+                        cudaStream_t stream);
 void scan_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                          cudaStream_t stream);
-inline std::size_t scan_delta_backward_workspace_bytes(const Problem& p) {
-  return (p.decay == Decay::scalar ? 2 : 1) * p.token_elems() * sizeof(float);
-}
+std::size_t scan_delta_forward_workspace_bytes(const Problem& problem);
+std::size_t scan_delta_backward_workspace_bytes(const Problem& problem);
 
 // What the scan variant that runs `problem` takes from the allocator (cuda_variants.cpp).
 std::size_t scan_forward_workspace_bytes(const Problem& problem);

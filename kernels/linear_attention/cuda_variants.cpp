@@ -2,7 +2,10 @@
 // each form, and the scan's entry points of cuda.hpp, which ask the table. Rows are tried in order.
 // The chunked kernels take the ungated additive rule only: the delta rule's WY form needs a
 // triangular solve per chunk and the gated decays the gates' cumulative sums within each tile,
-// neither of which they have; the scan runs both.
+// neither of which they have; the scan runs both. Of docs/spec.md section 1c's shapes (grouped
+// heads, dim_v != dim, packed documents) the chunked row takes none (its tiles are D x D and its
+// chunks those of whole batch rows) and declines them with variants.hpp's reason; the scan rows
+// take them all.
 #include "kernels/linear_attention/cuda_variants.hpp"
 
 #include "core/error.hpp"
@@ -13,26 +16,27 @@ namespace {
 constexpr Decay kAllDecays[] = {Decay::none, Decay::retnet, Decay::scalar, Decay::vector};
 const std::vector<Decay> all_decays(std::begin(kAllDecays), std::end(kAllDecays));
 
-std::size_t no_scratch(const Problem&, Dtype) { return 0; }
-
+// The scan rows take section 1c's shapes as they are (cuda_scan_shapes.cuh).
 std::vector<CudaVariant> scan_table() {
   return {
-      {"scan_delta", {{Rule::delta}, all_decays, scan_unsupported},
-       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator&, cudaStream_t s, void*) {
-         scan_delta_forward(p, d, a, s);
+      {"scan_delta", {{Rule::delta}, all_decays, scan_unsupported, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
+         scan_delta_forward(p, d, a, m, s);
        },
        [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void*) {
          scan_delta_backward(p, d, a, m, s);
        },
-       no_scratch, [](const Problem& p, Dtype, bool) { return scan_delta_backward_workspace_bytes(p); }},
-      {"scan", {{Rule::additive}, all_decays, scan_unsupported},
+       [](const Problem& p, Dtype) { return scan_delta_forward_workspace_bytes(p); },
+       [](const Problem& p, Dtype, bool) { return scan_delta_backward_workspace_bytes(p); }},
+      {"scan", {{Rule::additive}, all_decays, scan_unsupported, true},
        [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
          scan_additive_forward(p, d, a, m, s);
        },
        [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void*) {
          scan_additive_backward(p, d, a, m, s);
        },
-       no_scratch, [](const Problem&, Dtype, bool) { return std::size_t(0); }},
+       [](const Problem& p, Dtype) { return scan_additive_forward_workspace_bytes(p); },
+       [](const Problem& p, Dtype, bool) { return scan_additive_backward_workspace_bytes(p); }},
   };
 }
 

@@ -166,5 +166,76 @@ TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no var
   const Problem wide{1, 1, 8, cuda::kScanMaxDim + 1, 8, Decay::none, Rule::additive};
   std::string why;
   CHECK(cuda::cuda_variant("scan", wide, &why) == nullptr);
-  CHECK_THAT(why, Catch::Matchers::Contains("handles dim <= " + std::to_string(cuda::kScanMaxDim)));
+  CHECK_THAT(why, Catch::Matchers::Contains("handles dim and dim_v <= " + std::to_string(cuda::kScanMaxDim)));
+}
+
+namespace {
+
+// A kernel-suite case with the shape keys of docs/spec.md section 1c, settled as a run settles it.
+Case shaped(const Problem& p, const std::string& impl, Mode mode, const std::string& dtype, int heads_k, int dim_v,
+            const std::string& lengths) {
+  Case c = test::kernel_case(p, impl, mode, "cuda", dtype);
+  c.options["heads_k"] = std::to_string(heads_k);
+  c.options["dim_v"] = std::to_string(dim_v);
+  if (!lengths.empty()) c.options["lengths"] = lengths;
+  if (c.op->settle) c.op->settle(c);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively; the chunked row declines them",
+          "[emulation][backend]") {
+  // Through the backend: DeviceCase sizes every tensor from the op's tensor specs, and the rows
+  // bind them (bind_linear_tensors); the scan rows take the case as it is (their variant, no
+  // gather), with the scratch of their closed forms written out here: a packed case's document
+  // boundaries (N + 1 ints), and with grouped heads dq and dk per value head (B H T Dk floats:
+  // one set for the additive rule, two for its gated decays and for the delta rule, beside the
+  // delta rule's E, B H T Dv, and for scalar gates its per-channel dg, B H T Dk).
+  auto backend = emulated_cuda(BackendOptions{});
+  const Problem base{2, 4, 21, 16, 16};
+  struct Shape {
+    int heads_k, dim_v;
+    std::string lengths;
+  };
+  for (const Shape& s : {Shape{2, 8, ""}, Shape{1, 32, "37+1+20"}, Shape{4, 16, "9+1+4"}})
+    for (const std::string& rule : rule_names())
+      for (const std::string decay : {"none", "scalar", "vector"})
+        for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+          Problem p = base;
+          p.rule = rule_from(rule);
+          p.decay = decay_from(decay);
+          const Case c = shaped(p, "scan", mode, "float32", s.heads_k, s.dim_v, s.lengths);
+          const Problem lp = linear_problem(c);
+          INFO(test::describe(c) << " heads_k " << s.heads_k << " dim_v " << s.dim_v << " lengths " << s.lengths);
+          REQUIRE(!lp.square_dense());
+          REQUIRE_FALSE(backend->unsupported(c));
+          CHECK(backend->variant(c) == (lp.delta() ? "scan_delta" : "scan"));
+          const test::Outcome r = test::run_on(*backend, c, 5);
+          INFO(test::errors(r.check));
+          CHECK(r.check.passed);
+          const std::size_t cu = lp.packed() ? lp.cu_seqlens.size() * 4 : 0;
+          const std::size_t part = lp.group() > 1 ? lp.heads_total() * lp.seq * lp.dim * 4 : 0;
+          const std::size_t values = lp.heads_total() * lp.seq * lp.value_dim() * 4,
+                            keys = lp.heads_total() * lp.seq * lp.dim * 4;
+          std::size_t backward = cu + (gated(lp.decay) ? 2 : 1) * part;
+          if (lp.delta()) backward = cu + 2 * part + values + (lp.decay == Decay::scalar ? keys : 0);
+          CHECK(r.memory.temp_bytes == (mode == Mode::fwd ? cu : std::max(cu, backward)));
+        }
+  // The chunked row keeps to square dense problems: each shape key alone is declined with the
+  // table's reason, which the backend's skip carries as it is.
+  for (const Shape& s : {Shape{2, 16, ""}, Shape{4, 8, ""}, Shape{4, 16, "9+1+4"}}) {
+    const Case c = shaped(base, "chunked", Mode::fwd_bwd, "float32", s.heads_k, s.dim_v, s.lengths);
+    INFO(test::describe(c) << " heads_k " << s.heads_k << " dim_v " << s.dim_v << " lengths " << s.lengths);
+    std::string why;
+    CHECK(cuda::cuda_variant("chunked", linear_problem(c), &why) == nullptr);
+    const std::optional<std::string> skip = backend->unsupported(c);
+    REQUIRE(skip);
+    CHECK(*skip == why);
+    CHECK_THAT(*skip, Catch::Matchers::Contains(
+                          "chunked (square dense problems only (heads_k = heads, dim_v = dim, no packed documents))"));
+    CHECK(backend->variant(c).empty());
+    // The same case in square dense form runs on the chunked row.
+    CHECK_FALSE(backend->unsupported(test::kernel_case(base, "chunked", Mode::fwd_bwd, "cuda")));
+  }
 }

@@ -5,15 +5,19 @@
 // chunk > seq, both decays, float32 and bf16 (inputs rounded to bf16 before the reference sees
 // them, as the runner does), and the scratch the chunked form takes against its closed forms. And
 // every tile choice the chunked launch code can make under the device limit of this run (64 or
-// 32 rows per block, for two blocks per multiprocessor or for one), read from the launch log.
+// 32 rows per block, for two blocks per multiprocessor or for one), read from the launch log. And
+// the scan on the shapes of docs/spec.md section 1c (grouped heads, dim_v != dim, packed
+// documents), both rules, every decay, fwd and fwd_bwd, with its scratch against its closed forms.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
 #include "src/run/check.hpp"
 #include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/cuda_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "cases.hpp"
 #include "cuda_backend_checks.hpp"
@@ -89,6 +93,59 @@ void expect_pass(const Problem& p, Kernel form, cuda::Dtype dtype) {
   CHECK(r.passed);
 }
 
+// A scan case of `p` with the shape keys of docs/spec.md section 1c as the config writes them
+// (heads_k, dim_v, lengths) and as settle_case leaves a packed case (batch 1, seq the documents' sum).
+Case shaped_case(const Problem& p, Mode mode, cuda::Dtype dtype) {
+  Case c = test::kernel_case(p, "scan", mode, "cuda", dtype == cuda::Dtype::f32 ? "float32" : "bf16");
+  c.options["heads_k"] = std::to_string(p.heads_k);
+  c.options["dim_v"] = std::to_string(p.dim_v);
+  std::string lengths;
+  for (std::size_t n = 1; n < p.cu_seqlens.size(); ++n)
+    lengths += (lengths.empty() ? "" : "+") + std::to_string(p.cu_seqlens[n] - p.cu_seqlens[n - 1]);
+  if (!lengths.empty()) c.options["lengths"] = lengths;
+  return c;
+}
+
+std::string describe_shape(const Case& c) {
+  return std::string(to_string(c.mode)) + " " + c.dtype + " " + c.option("rule") + " " + c.decay + " B" +
+         std::to_string(c.batch) + " H" + std::to_string(c.heads) + " heads_k " + c.option("heads_k") + " T" +
+         std::to_string(c.seq) + " D" + std::to_string(c.dim) + " dim_v " + c.option("dim_v") +
+         (c.options.count("lengths") ? " lengths " + c.option("lengths") : "");
+}
+
+// One call of the scan entry points (the variant table's row) on `kase`, its buffers sized by the
+// op's tensor specs, every output held to the float64 reference; the scratch against the row's
+// closed forms.
+CheckResult run_scan(const Case& kase, std::uint64_t seed = 7) {
+  const Problem p = linear_problem(kase);
+  const cuda::Dtype dtype = kase.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
+  const bool backward = kase.backward();
+  const TensorSet in = make_case_inputs(kase, seed);  // bf16 cases: the token tensors rounded
+  std::map<std::string, DeviceBuffer> device;
+  for (const Tensor& t : in) {
+    const bool token = t.name == "q" || t.name == "k" || t.name == "v" || t.name == "dO";
+    device[t.name] = token ? upload_tokens(t.data, dtype) : upload(t.data);
+  }
+  TensorSet out = make_case_outputs(kase);
+  for (const Tensor& t : out) device[t.name] = output(t.data.size());
+  const auto at = [&](const char* name) -> void* { return device.count(name) ? device.at(name).get() : nullptr; };
+  const auto f = [&](const char* name) { return static_cast<float*>(at(name)); };
+  const cuda::DeviceForward fwd{at("q"), at("k"), at("v"), f("h0"), f("o"), f("hT"), f("g"), f("beta")};
+  const cuda::DeviceBackward bwd{at("q"), at("k"), at("v"), f("h0"), at("dO"), f("dhT"), f("dq"), f("dk"),
+                                 f("dv"), f("dh0"), f("g"), f("dg"), f("beta"), f("dbeta")};
+  CountingDeviceAllocator allocator;
+  cuda::scan_forward(p, dtype, fwd, allocator, nullptr);
+  CHECK(allocator.peak() == cuda::scan_forward_workspace_bytes(p));
+  if (backward) {
+    cuda::scan_backward(p, dtype, bwd, allocator, nullptr);
+    CHECK(allocator.peak() == std::max(cuda::scan_forward_workspace_bytes(p), cuda::scan_backward_workspace_bytes(p)));
+  }
+  std::vector<std::string> names;
+  for (const Tensor& t : out) names.push_back(t.name);
+  for (const std::string& name : names) out.at(name).data = device.at(name).floats();
+  return check_outputs(kase, out, kase.op->reference(kase, in, backward));
+}
+
 // The rows per block of a chunk-parallel launch: the RB whose layout has the launch's shared bytes.
 int rows_per_block(const Problem& p, cuda::Dtype dtype, std::size_t shared) {
   int found = 0;
@@ -131,6 +188,73 @@ TEST_CASE("emulation: the gated scan matches the float64 reference", "[emulation
         CHECK(r.non_finite.empty());
         CHECK(r.passed);
       }
+}
+
+TEST_CASE("emulation: the scan takes grouped heads, rectangular states and packed documents",
+          "[emulation][scan_shapes]") {
+  // docs/spec.md section 1c, every rule x decay, float32 and bf16, fwd and fwd_bwd: heads_k 1, heads
+  // / 2 and heads (each q/k head's dq and dk summed over its value heads, or none to sum); dim_v
+  // dim / 2, dim and 2 dim (the state's rows in the transposed passes, Dv, differing from the
+  // others', Dk; D = 20 and 40: idle lanes, a second column slice, more warps than the other
+  // orientation); packed documents of ragged lengths with one of length 1 (each restarts from its
+  // own h0 and ends in its own hT), with and without grouped heads and rectangular states.
+  const auto packed = [](Problem p, const std::vector<int>& lengths) {
+    p.cu_seqlens = {0};
+    for (int length : lengths) p.cu_seqlens.push_back(p.cu_seqlens.back() + length);
+    p.batch = 1;
+    p.seq = p.cu_seqlens.back();
+    return p;
+  };
+  const auto shape = [](int batch, int heads, int seq, int dim, int heads_k, int dim_v) {
+    Problem p{batch, heads, seq, dim, 64};
+    p.heads_k = heads_k;
+    p.dim_v = dim_v;
+    return p;
+  };
+  const std::vector<Problem> shapes = {
+      packed(shape(1, 4, 0, 16, 1, 32), {37, 1, 64, 90}),  // heads_k 1, dim_v 2 dim, packed
+      shape(2, 4, 33, 20, 2, 10),                          // heads_k heads / 2, dim_v dim / 2
+      packed(shape(1, 4, 0, 16, 4, 16), {5, 1, 26}),       // packed only
+      packed(shape(1, 4, 0, 8, 2, 4), {13, 1, 6}),         // all three, dim_v dim / 2
+      shape(1, 2, 19, 40, 1, 80),                          // heads_k 1, dim_v 2 dim, wide
+  };
+  for (const Problem& base : shapes)
+    for (const std::string& rule : rule_names())
+      for (const std::string& decay : decay_names())
+        for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+          for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+            Problem p = base;
+            p.rule = rule_from(rule);
+            p.decay = decay_from(decay);
+            const Case c = shaped_case(p, mode, dtype);
+            INFO(describe_shape(c));
+            const Problem settled = linear_problem(c);
+            REQUIRE(settled.qk_heads() == p.qk_heads());
+            REQUIRE(settled.value_dim() == p.value_dim());
+            REQUIRE(settled.cu_seqlens == p.cu_seqlens);
+            REQUIRE(!settled.square_dense());
+            REQUIRE(cuda::cuda_variant("scan", settled) != nullptr);
+            const CheckResult r = run_scan(c);
+            INFO(errors(r));
+            CHECK(r.per_output.count(mode == Mode::fwd ? "hT" : "dq") == 1);
+            CHECK(r.non_finite.empty());
+            CHECK(r.passed);
+          }
+}
+
+TEST_CASE("emulation: the scan declines a dim or dim_v over its register tile with the reason",
+          "[emulation][scan_shapes]") {
+  for (const auto& [dim, dim_v] : {std::pair{cuda::kScanMaxDim + 1, 16}, std::pair{16, cuda::kScanMaxDim + 1}}) {
+    Problem p{1, 2, 8, dim, 8};
+    p.dim_v = dim_v;
+    INFO("dim " << dim << " dim_v " << dim_v);
+    std::string why;
+    CHECK(cuda::cuda_variant("scan", p, &why) == nullptr);
+    CHECK_THAT(why, Catch::Matchers::Contains("handles dim and dim_v <= " + std::to_string(cuda::kScanMaxDim)));
+  }
+  Problem widest{1, 2, 8, cuda::kScanMaxDim, 8};
+  widest.dim_v = cuda::kScanMaxDim / 2;
+  CHECK(cuda::cuda_variant("scan", widest) != nullptr);
 }
 
 TEST_CASE("emulation: the chunked launch code's every tile choice, under this run's device limit",
