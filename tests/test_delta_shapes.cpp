@@ -74,8 +74,9 @@ TEST_CASE("chunked delta rule on grouped, rectangular and packed shapes matches 
       const Problem p = linear_problem(kase);
       // The row itself takes the shape: no "+gather".
       CHECK(cpu::cpu_variant_for("chunked", p).name == "chunked_delta");
-      // 1 thread: the backward's items are (sequence, q/k head); 3: with fewer of those than threads,
-      // (sequence, value head) with partial dq and dk for the group's later value heads.
+      // 1 thread: the backward's items are (sequence, q/k head); 3: where those would take more
+      // rounds of threads (B2 Hk1, B2 Hk2, "70 5", the draw), (sequence, value head) with partial dq
+      // and dk for the group's later value heads.
       for (int threads : {1, 3})
         for (bool keep : {true, false}) {
           INFO(describe(shape, decay) << " threads " << threads << (keep ? " kept" : " recomputed") << " states");
@@ -132,7 +133,9 @@ TEST_CASE("chunked delta rule's scratch on the section 1c shapes equals its clos
         // The documents' order table (one int each, on a cache line) when packed.
         const std::size_t order = p.packed() ? lines(N) : 0;
         const std::size_t items = N * p.heads, groups = N * p.qk_heads();
-        const bool grouped = G > 1 && groups >= std::size_t(threads);
+        // A group runs on one thread where that takes no more rounds of threads than its value heads apart.
+        auto rounds = [&](std::size_t n) { return (n + threads - 1) / threads; };
+        const bool grouped = G > 1 && rounds(groups) * G <= rounds(items);
         const std::size_t bwd_threads = std::min<std::size_t>(threads, grouped ? groups : items);
         const std::size_t partial = G > 1 && !grouped ? lines(2 * (G - 1) * p.key_elems()) : 0;
         const std::size_t fwd_threads = std::min<std::size_t>(threads, items);

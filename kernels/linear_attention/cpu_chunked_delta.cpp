@@ -36,12 +36,13 @@
 // Items and shapes. An item is one (sequence, value head) pair, Problem::slice: its q/k rows are
 // those of its q/k head, read in place (never copied), and a packed batch's documents are items of
 // their own, each from its own h0 to its own hT. The forward's items are independent. In the
-// backward a q/k head's dq and dk are the sums over the value heads it serves; where the items
-// (sequence, q/k head) fill every thread, one thread runs the group's value heads one after another,
-// the first writing dq and dk and the rest adding (a member's own dq goes through a chunk-sized
-// buffer first: its dg needs q . dq of that member alone); where they would leave threads idle the
-// items stay (sequence, value head) and the value heads after a group's first write into partial
-// copies of dq and dk, summed into them once every item is done. Packed documents are taken longest
+// backward a q/k head's dq and dk are the sums over the value heads it serves. Where items
+// (sequence, q/k head) take no more rounds of the schedule than the value heads apart would (they
+// fill every thread, evenly), one thread runs the group's value heads one after another, the first
+// writing dq and dk and the rest adding (a member's own dq goes through a chunk-sized buffer first:
+// its dg needs q . dq of that member alone). Otherwise the items stay (sequence, value head) and the
+// value heads after a group's first write into partial copies of dq and dk (2 (G - 1) copies of q's
+// size), summed into them once every item is done. Packed documents are taken longest
 // first, so that the dynamic schedule ends on short items.
 //
 // A document's chunks start at its first token, every p.chunk tokens: a chunk never straddles two
@@ -572,9 +573,11 @@ struct BackwardPlan {
 
 BackwardPlan backward_plan(const Problem& p) {
   BackwardPlan plan;
-  const long most = omp_get_max_threads(), groups = long(p.sequences()) * p.qk_heads();
-  plan.grouped = p.group() > 1 && groups >= most;
-  plan.items = plan.grouped ? groups : long(p.slices());
+  const long most = omp_get_max_threads(), groups = long(p.sequences()) * p.qk_heads(), slices = long(p.slices());
+  // Rounds of the schedule: a group on one thread must take no more than its value heads apart.
+  const auto rounds = [&](long items) { return (items + most - 1) / most; };
+  plan.grouped = p.group() > 1 && rounds(groups) * p.group() <= rounds(slices);
+  plan.items = plan.grouped ? groups : slices;
   plan.threads = int(std::min(most, plan.items));
   if (p.group() > 1 && !plan.grouped) plan.partial_floats = lines(2 * std::size_t(p.group() - 1) * p.key_elems());
   return plan;
