@@ -468,13 +468,8 @@ void backward_chunk(const Buffers& B, const Shape& sh, const Problem& p, const C
     scale_rows(B.dKw, B.EK, n, Dk);
     vector_score_gradients(B, sh, c, dq);
   }
-  if (add_dk) {
 #pragma omp simd
-    for (int e = 0; e < n * Dk; ++e) dk[e] += B.dKr[e] + B.dKw[e];
-  } else {
-#pragma omp simd
-    for (int e = 0; e < n * Dk; ++e) dk[e] = B.dKr[e] + B.dKw[e];
-  }
+  for (int e = 0; e < n * Dk; ++e) dk[e] = (add_dk ? dk[e] : 0.0f) + (B.dKr[e] + B.dKw[e]);
 
   // dS <- exp(b_{n-1}) dS + s (Q . G)^T dO - (K . G)^T dV.
   if (vector) {
