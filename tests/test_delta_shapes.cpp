@@ -93,6 +93,22 @@ TEST_CASE("chunked delta rule on grouped, rectangular and packed shapes matches 
   WARN("chunked delta rule, section 1c shapes: worst rel_err " << worst);
 }
 
+TEST_CASE("chunked delta rule on the section 1c shapes matches the reference at every vector width",
+          "[delta][shapes][paths]") {
+  // Below AVX-512 the tile products run their portable form, on the same packed operands.
+  for (const cpu::Vec vec : cpu::available_vecs()) {
+    const test::VecOverride force(vec);
+    for (const ShapeCase& shape : shapes())
+      for (Decay decay : kDecays) {
+        INFO(describe(shape, decay) << " " << cpu::to_string(vec));
+        const test::Outcome run = test::run_on(*make_backend("cpu", BackendOptions{3}), case_of(shape, decay));
+        INFO(test::errors(run.check));
+        CHECK(run.check.passed);
+        CHECK(run.check.rel_err < 1e-5);
+      }
+  }
+}
+
 TEST_CASE("chunked delta rule's scratch on the section 1c shapes equals its closed form", "[delta][shapes][memory]") {
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);

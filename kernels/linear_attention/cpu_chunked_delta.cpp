@@ -42,16 +42,17 @@
 // writing dq and dk and the rest adding (a member's own dq goes through a chunk-sized buffer first:
 // its dg needs q . dq of that member alone). Otherwise the items stay (sequence, value head) and the
 // value heads after a group's first write into partial copies of dq and dk (2 (G - 1) copies of q's
-// size), summed into them once every item is done. Packed documents are taken longest
-// first, so that the dynamic schedule ends on short items.
+// size), summed into them once every item is done. Packed documents are taken longest first, so
+// that the dynamic schedule ends on short items.
 //
 // A document's chunks start at its first token, every p.chunk tokens: a chunk never straddles two
 // documents, and a document whose length is not a multiple of the chunk ends in a short chunk of
-// n < C rows, run as it is (nothing is padded). Its score tiles and T are n x n and its products n
-// rows deep (the tile products round the rows up to 8 and the score columns up to 32); what does
-// not shrink with n is the per-chunk state work: the state's O(Dk Dv) traffic (its kept copy, and
-// in the backward the transposes of S and dS) and the state update's full Dk x Dv output. So a
-// packed batch costs about one chunk's state work per document over the same tokens unpacked.
+// n < C rows, run as it is (nothing is padded, no rows are masked). Its scores and T are n x n and
+// its products n rows deep (the tile products still work in tiles of 8 rows and panels of 32
+// columns); what does not shrink with n is the chunk's state work: the O(Dk Dv) copies (the kept
+// state, and in the backward the transposes of S and dS) and the state update's full Dk x Dv
+// output. So over the same tokens unpacked, a packed batch pays at most one extra chunk of state
+// work per document and value head (its short chunk), plus its h0 and hT.
 // The states entering the chunks are kept by the forward (packed S, per item at the item's offset)
 // or recomputed by the backward.
 #include <omp.h>
