@@ -53,6 +53,7 @@
 // state, and in the backward the transposes of S and dS) and the state update's full Dk x Dv
 // output. So over the same tokens unpacked, a packed batch pays at most one extra chunk of state
 // work per document and value head (its short chunk), plus its h0 and hT.
+//
 // The states entering the chunks are kept by the forward (packed S, per item at the item's offset)
 // or recomputed by the backward.
 #include <omp.h>
@@ -552,7 +553,9 @@ void fill_order(const Problem& p, int* order) {
   if (!p.packed()) return;
   const auto length = [&](int n) { return p.cu_seqlens[std::size_t(n) + 1] - p.cu_seqlens[std::size_t(n)]; };
   std::iota(order, order + p.sequences(), 0);
-  std::stable_sort(order, order + p.sequences(), [&](int x, int y) { return length(x) > length(y); });
+  // std::sort (in place, unlike stable_sort's buffer), ties in document order.
+  std::sort(order, order + p.sequences(),
+            [&](int x, int y) { return length(x) != length(y) ? length(x) > length(y) : x < y; });
 }
 
 int sequence_at(const int* order, const Problem& p, long rank) { return p.packed() ? order[rank] : int(rank); }
