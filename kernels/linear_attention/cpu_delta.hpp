@@ -15,7 +15,9 @@ void scan_delta_backward(const Problem& problem, const BackwardArgs<float>& args
 std::size_t scan_delta_forward_floats(const Problem& problem);
 std::size_t scan_delta_backward_floats(const Problem& problem);
 
-// keep: the chunk states (chunked_delta_kept_states_floats, allocated by the caller), or null.
+// The chunked form takes every shape of docs/spec.md section 1c (grouped q/k heads, Dk x Dv states,
+// packed documents). keep: the chunk states (chunked_delta_kept_states_floats, allocated by the
+// caller: each (sequence, value head) pair's own chunks), or null.
 void chunked_delta_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator, float* keep);
 void chunked_delta_backward(const Problem& problem, const BackwardArgs<float>& args, Allocator& allocator,
                             const float* kept);

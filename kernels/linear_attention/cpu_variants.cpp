@@ -49,7 +49,7 @@ std::vector<CpuVariant> scan_table() {
 
 std::vector<CpuVariant> chunked_table() {
   return {
-      {"chunked_delta", {{Rule::delta}, all_decays}, chunked_delta_forward, chunked_delta_backward,
+      {"chunked_delta", {{Rule::delta}, all_decays, nullptr, true}, chunked_delta_forward, chunked_delta_backward,
        [](const Problem& p, bool) { return bytes(chunked_delta_forward_floats(p)); },
        [](const Problem& p, bool kept) { return bytes(chunked_delta_backward_floats(p, kept)); },
        [](const Problem& p) { return bytes(chunked_delta_kept_states_floats(p)); }},
