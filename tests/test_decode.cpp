@@ -156,8 +156,10 @@ TEST_CASE("decode: the CPU step takes grouped heads and Dk x Dv states on every 
 
 TEST_CASE("decode: the state is stepped in place and re-seeded before the check", "[decode]") {
   auto backend = make_backend("cpu", BackendOptions{2});
-  for (Rule rule : {Rule::additive, Rule::delta}) {
-    const DecodeProblem p{2, 4, 3, 32, 2, Decay::scalar, rule};
+  // Square, and grouped heads with a Dk x Dv state (the scratch is per Dk, whatever Dv).
+  for (const DecodeProblem& p : {DecodeProblem{2, 4, 3, 32, 2, Decay::scalar, Rule::additive},
+                                 DecodeProblem{2, 4, 3, 32, 2, Decay::scalar, Rule::delta},
+                                 DecodeProblem{2, 4, 3, 32, 2, Decay::vector, Rule::delta, 2, 48}}) {
     const Case c = test::decode_case(p);
     const TensorSet all = make_case_inputs(c, 5);
     const Reference ref = c.op->reference(c, all, false);
@@ -173,10 +175,11 @@ TEST_CASE("decode: the state is stepped in place and re-seeded before the check"
     prepared->read_outputs(again);
     CHECK(again.at("hT").data == outputs.at("hT").data);
     CHECK(again.at("snapshots").data == outputs.at("snapshots").data);
-    // The scratch is the row weights of one head per thread, counted.
+    // The scratch is the row weights of one value head per thread, counted: per token four Dk
+    // arrays and two factors.
     const MemoryUsage m = prepared->memory();
     CHECK(m.temp_bytes == cpu::decode_step_workspace_bytes(p, 2));
-    CHECK(m.temp_bytes > 0);
+    CHECK(m.temp_bytes == 2 * 3 * (4 * 32 + 2) * sizeof(float));
   }
 }
 
