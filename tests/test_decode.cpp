@@ -242,6 +242,9 @@ TEST_CASE("decode: grouped records count q and k once per q/k head and name head
       out);
   INFO(r.output);
   REQUIRE(r.exit_status == 0);
+  // The table tells the four cases apart: a column for each of the keys that varied.
+  CHECK(r.output.find("heads_k") != std::string::npos);
+  CHECK(r.output.find("dim_v") != std::string::npos);
   std::ifstream file(out);
   const nlohmann::json doc = nlohmann::json::parse(file);
   REQUIRE(doc["results"].size() == 4);
