@@ -120,7 +120,8 @@ TEST_CASE("emulation: the CUDA decode row takes the deployed models' grouped hea
       if (dtype == "float32") CHECK(r.check.rel_err < 1e-5);
     }
   // Past the key dim limit the row declines with the kernel's reason.
-  const Case wide = test::decode_case({1, 1, 1, cuda::kDecodeMaxDim + 1, 1, Decay::none, Rule::additive, 0, 16}, "cuda");
+  const Case wide =
+      test::decode_case({1, 1, 1, cuda::kDecodeMaxDim + 1, 1, Decay::none, Rule::additive, 0, 16}, "cuda");
   REQUIRE(backend->unsupported(wide));
   CHECK_THAT(*backend->unsupported(wide), Catch::Matchers::Contains("dim (the key dim) over"));
 }
