@@ -204,13 +204,18 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
   c.decay = to_string(p.decay);
   c.options["rule"] = to_string(p.rule);
   c.options["snapshots"] = std::to_string(p.snapshots);
+  // As the plan settles them: a shape key equal to heads or dim is its default, 0.
+  c.options["heads_k"] = std::to_string(p.qk_heads() == p.heads ? 0 : p.qk_heads());
+  c.options["dim_v"] = std::to_string(p.value_dim() == p.dim ? 0 : p.value_dim());
   return c;
 }
 
 // Shapes every decode test covers, under every rule and decay: one token and several, snapshots
 // 1, fewer than the tokens and more, D = 1, D not a multiple of any vector width, D over one strip
 // with a ragged last strip, D = 128; few heads (a thread's work item is one strip) and many (a
-// whole head); states over 4 MiB (the CPU walks them in strips as wide as the rows).
+// whole head); states over 4 MiB (the CPU walks them in strips as wide as the rows); grouped heads
+// and Dk x Dv states (docs/spec.md section 1c): Dv under, over and not a multiple of the strips,
+// one q/k head for all (Mamba2) and half as many as the value heads (Qwen3-Next).
 inline std::vector<DecodeProblem> decode_test_shapes() {
   std::vector<DecodeProblem> shapes;
   for (Rule rule : {Rule::additive, Rule::delta})
@@ -225,6 +230,11 @@ inline std::vector<DecodeProblem> decode_test_shapes() {
       // States over 4 MiB, which the CPU walks in strips as wide as the rows (cpu_step.cpp)
       shapes.push_back({4, 17, 2, 128, 2, decay, rule});
       shapes.push_back({8, 17, 1, 100, 1, decay, rule});  // a ragged wide strip
+      shapes.push_back({2, 4, 1, 32, 1, decay, rule, 2, 16});    // Dv = Dk / 2: a half strip
+      shapes.push_back({1, 4, 3, 16, 2, decay, rule, 1, 32});    // one q/k head, Dv = 2 Dk
+      shapes.push_back({2, 6, 2, 20, 3, decay, rule, 3, 40});    // Dv a ragged strip
+      shapes.push_back({1, 2, 2, 5, 2, decay, rule, 1, 10});     // odd Dk
+      shapes.push_back({3, 12, 2, 96, 2, decay, rule, 4, 320});  // over 4 MiB, a ragged wide strip
     }
   return shapes;
 }

@@ -1,6 +1,6 @@
-// The decode step on the CPU (cpu_step.cpp): every rule and decay, float32, the state updated in
-// place. Its reference is reference.cpp beside it; the test table (tests/op_table.hpp) and
-// tests/test_decode.cpp check it.
+// The decode step on the CPU (cpu_step.cpp): every rule and decay, grouped heads and a Dk x Dv
+// state, float32, the state updated in place. Its reference is reference.cpp beside it; the test
+// table (tests/op_table.hpp) and tests/test_decode.cpp check it.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +11,7 @@
 namespace lattn::cpu {
 
 void decode_step(const DecodeProblem& p, const DecodeArgs<float>& args, Allocator& allocator);
-// The scratch one step takes from the allocator: each thread's row weights for one head's tokens.
+// The scratch one step takes from the allocator: each thread's row weights for one value head's tokens.
 std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads);
 
 }  // namespace lattn::cpu

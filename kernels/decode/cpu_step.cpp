@@ -1,12 +1,13 @@
 // The decode step on the CPU (cpu.hpp): AVX-512 and AVX2 with a portable form (kernels/cpu/simd.hpp),
-// OpenMP over the step's heads.
+// OpenMP over the step's value heads. The state is Dk x Dv (rows: the key dim, columns: the value
+// dim); a value head reads its q/k head's rows where they lie (grouped heads, problem.hpp).
 //
 // A value column of the state evolves alone (docs/spec.md section 1b: the decay scales rows, the delta
 // rule's read-out S'^T k and its write are per column), so the walk takes the state in strips of
 // columns and runs all of the step's tokens over one strip before the next: a strip stays in the
 // core's cache between the tokens and between a token's two walks, and the state is streamed from
 // memory once and written back once per step. The strips are narrow (32 columns, 16 on AVX2: 16
-// KiB at dim 128, in L1) for a state in the caches, as wide as the rows (128 and 32) for a state
+// KiB at Dk 128, in L1) for a state in the caches, as wide as the rows (128 and 32) for a state
 // streamed from memory (kernel_for). Per token and strip:
 //   additive: one walk, row by row: r = a_i S_i + k_i v; y += (s q_i) r; store r.
 //   delta:    a read walk, u = sum (a_i k_i) S_i and y = sum (s a_i q_i) S_i (the decay folded into
@@ -33,16 +34,17 @@ namespace {
 // each row by its own (vector gates).
 enum class RowDecay { none, uniform, rows };
 
-// Row-weight arrays per token, each `dim` long: additive k, s q, a; delta a k, s a q, a, beta k.
+// Row-weight arrays per token, each Dk long: additive k, s q, a; delta a k, s a q, a, beta k.
 constexpr int kRowArrays = 4;
 
 struct HeadStep {
-  int dim = 0, tokens = 0, extra = 0;
-  float* state = nullptr;           // dim x dim, updated in place
-  const float* v = nullptr;         // [tokens][dim]
-  float* o = nullptr;               // [tokens][dim]
-  float* snapshots = nullptr;       // [extra][dim][dim]
-  const float* rows = nullptr;      // [tokens][kRowArrays][dim]
+  int rows_k = 0, cols_v = 0;       // the state's rows (Dk) and columns (Dv)
+  int tokens = 0, extra = 0;
+  float* state = nullptr;           // Dk x Dv, updated in place
+  const float* v = nullptr;         // [tokens][Dv]
+  float* o = nullptr;               // [tokens][Dv]
+  float* snapshots = nullptr;       // [extra][Dk][Dv]
+  const float* rows = nullptr;      // [tokens][kRowArrays][Dk]
   const float* uniform = nullptr;   // [tokens] the factor of a uniform decay
   const float* coef = nullptr;      // [tokens] delta: s beta (k . q)
 };
@@ -55,19 +57,21 @@ void walk_strip(const HeadStep& h, int c0) {
   // A narrow strip pairs rows into two sets of accumulators (the FMA chains' latency); a wide one
   // has NV independent chains per read-out already, and no registers to spare.
   constexpr bool kPairRows = NV <= 2;
-  const std::size_t D = std::size_t(h.dim);
+  // Dk: the rows and the row-weight arrays' length; Dv: the columns, the stride of the state's rows
+  // and of v and o.
+  const std::size_t Dk = std::size_t(h.rows_k), Dv = std::size_t(h.cols_v);
   M m[NV];
-  for (int n = 0; n < NV; ++n) m[n] = I::mask(h.dim - c0 - n * L);
+  for (int n = 0; n < NV; ++n) m[n] = I::mask(h.cols_v - c0 - n * L);
   auto load = [&](const float* p, int n) __attribute__((always_inline)) { return simd::load_lanes<I, FULL>(m[n], p + std::ptrdiff_t(n) * L); };
   auto store = [&](float* p, int n, V x) __attribute__((always_inline)) { simd::store_lanes<I, FULL>(p + std::ptrdiff_t(n) * L, m[n], x); };
   float* S = h.state + c0;
   for (int t = 0; t < h.tokens; ++t) {
-    const float* w = h.rows + std::size_t(t) * kRowArrays * D;
-    const float *x1 = w, *x2 = w + D, *ar = w + 2 * std::ptrdiff_t(D), *bk = w + 3 * std::ptrdiff_t(D);
+    const float* w = h.rows + std::size_t(t) * kRowArrays * Dk;
+    const float *x1 = w, *x2 = w + Dk, *ar = w + 2 * std::ptrdiff_t(Dk), *bk = w + 3 * std::ptrdiff_t(Dk);
     const V au = I::set1(DEC == RowDecay::uniform ? h.uniform[t] : 1.0f);
     V vv[NV], y0[NV], y1[NV];
     for (int n = 0; n < NV; ++n) {
-      vv[n] = load(h.v + std::size_t(t) * D + c0, n);
+      vv[n] = load(h.v + std::size_t(t) * Dv + c0, n);
       y0[n] = y1[n] = I::zero();
     }
     auto decayed = [&](V r, std::size_t i) __attribute__((always_inline)) {
@@ -81,52 +85,52 @@ void walk_strip(const HeadStep& h, int c0) {
       auto read = [&](std::size_t i, V* u, V* y) __attribute__((always_inline)) {
         const V a = I::set1(x1[i]), b = I::set1(x2[i]);
         for (int n = 0; n < NV; ++n) {
-          const V r = load(S + i * D, n);
+          const V r = load(S + i * Dv, n);
           u[n] = I::fma(a, r, u[n]);
           y[n] = I::fma(b, r, y[n]);
         }
       };
       std::size_t i = 0;
       if constexpr (kPairRows)
-        for (; i + 1 < D; i += 2) {
+        for (; i + 1 < Dk; i += 2) {
           read(i, u0, y0);
           read(i + 1, u1, y1);
         }
-      for (; i < D; ++i) read(i, u0, y0);
+      for (; i < Dk; ++i) read(i, u0, y0);
       V wv[NV];
       const V c = I::set1(h.coef[t]);
       for (int n = 0; n < NV; ++n) {
         wv[n] = I::add(vv[n], I::mul(I::set1(-1.0f), I::add(u0[n], u1[n])));
-        store(h.o + std::size_t(t) * D + c0, n, I::fma(c, wv[n], I::add(y0[n], y1[n])));
+        store(h.o + std::size_t(t) * Dv + c0, n, I::fma(c, wv[n], I::add(y0[n], y1[n])));
       }
-      for (std::size_t r = 0; r < D; ++r) {
+      for (std::size_t r = 0; r < Dk; ++r) {
         const V b = I::set1(bk[r]);
-        for (int n = 0; n < NV; ++n) store(S + r * D, n, I::fma(b, wv[n], decayed(load(S + r * D, n), r)));
+        for (int n = 0; n < NV; ++n) store(S + r * Dv, n, I::fma(b, wv[n], decayed(load(S + r * Dv, n), r)));
       }
     } else {
       auto write = [&](std::size_t i, V* y) __attribute__((always_inline)) {
         const V a = I::set1(x1[i]), b = I::set1(x2[i]);
         for (int n = 0; n < NV; ++n) {
-          const V r = I::fma(a, vv[n], decayed(load(S + i * D, n), i));
-          store(S + i * D, n, r);
+          const V r = I::fma(a, vv[n], decayed(load(S + i * Dv, n), i));
+          store(S + i * Dv, n, r);
           y[n] = I::fma(b, r, y[n]);
         }
       };
       std::size_t i = 0;
       if constexpr (kPairRows)
-        for (; i + 1 < D; i += 2) {
+        for (; i + 1 < Dk; i += 2) {
           write(i, y0);
           write(i + 1, y1);
         }
-      for (; i < D; ++i) write(i, y0);
-      for (int n = 0; n < NV; ++n) store(h.o + std::size_t(t) * D + c0, n, I::add(y0[n], y1[n]));
+      for (; i < Dk; ++i) write(i, y0);
+      for (int n = 0; n < NV; ++n) store(h.o + std::size_t(t) * Dv + c0, n, I::add(y0[n], y1[n]));
     }
     // Slot i of the snapshots (1..extra) is the state i tokens before the step's end.
     const int slot = h.tokens - 1 - t;
     if (slot >= 1 && slot <= h.extra) {
-      float* out = h.snapshots + std::size_t(slot - 1) * D * D + c0;
-      for (std::size_t r = 0; r < D; ++r)
-        for (int n = 0; n < NV; ++n) store(out + r * D, n, load(S + r * D, n));
+      float* out = h.snapshots + std::size_t(slot - 1) * Dk * Dv + c0;
+      for (std::size_t r = 0; r < Dk; ++r)
+        for (int n = 0; n < NV; ++n) store(out + r * Dv, n, load(S + r * Dv, n));
     }
   }
 }
@@ -138,7 +142,7 @@ void walk_strips(const HeadStep& h, int first, int last) {
   constexpr int W = I::L * NV;
   for (int s = first; s < last; ++s) {
     const int c0 = s * W;
-    if (c0 + W <= h.dim) walk_strip<I, NV, true, DELTA, DEC>(h, c0);
+    if (c0 + W <= h.cols_v) walk_strip<I, NV, true, DELTA, DEC>(h, c0);
     else walk_strip<I, NV, false, DELTA, DEC>(h, c0);
   }
 }
@@ -164,42 +168,46 @@ struct Kernel {
 // A state larger than this streams from memory (it is beyond the cores' L2 caches).
 constexpr std::size_t kStreamedStateBytes = std::size_t(4) << 20;
 
-// A streamed state is walked in strips as wide as its rows where the registers allow (128 columns
-// on AVX-512, 32 on AVX2): the first token's walk then reads it from memory in order, row after
-// row, and a strip sits in L2 rather than L1 between the walks. A state in the caches is walked in
+// A streamed state is walked in strips as wide as its rows (Dv columns) where the registers allow
+// (128 columns on AVX-512, 32 on AVX2): the first token's walk then reads it from memory in order,
+// row after row, and a strip sits in L2 rather than L1 between the walks. A state in the caches is walked in
 // narrow strips (32 columns, 16 on AVX2) that stay in L1. scripts/ab.py at B 64 and B 1 (H 16,
 // D 128) chose between the two (docs/performance.md, "The decode step").
 Kernel kernel_for(Vec vec, const DecodeProblem& p, bool delta, RowDecay decay) {
   const bool streamed = p.state_elems() * sizeof(float) > kStreamedStateBytes;
+  const int cols = p.value_dim();
   switch (vec) {
 #if defined(__AVX512F__)
     case Vec::avx512:
-      if (streamed && p.dim >= 96) return {pick<simd::Avx512, 8>(delta, decay), 128};
+      if (streamed && cols >= 96) return {pick<simd::Avx512, 8>(delta, decay), 128};
       return {pick<simd::Avx512, 2>(delta, decay), 32};
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
     case Vec::avx2:
-      if (streamed && p.dim >= 24) return {pick<simd::Avx2, 4>(delta, decay), 32};
+      if (streamed && cols >= 24) return {pick<simd::Avx2, 4>(delta, decay), 32};
       return {pick<simd::Avx2, 2>(delta, decay), 16};
 #endif
     default: return {pick<simd::Portable, 8>(delta, decay), 8};
   }
 }
 
-// One head's row weights for the step's tokens (HeadStep's rows, uniform, coef).
+// One value head's row weights for the step's tokens (HeadStep's rows, uniform, coef), from its q/k
+// head's rows (read in place: the group's value heads find them in the caches) and its own gates and
+// beta.
 void make_weights(const DecodeProblem& p, const DecodeArgs<float>& a, std::size_t bh, float* rows, float* uniform,
                   float* coef) {
   const int D = p.dim, T = p.tokens;
   const float s = float(attention_scale(D));
   const float gamma = float(decay_gamma(p.decay, int(bh % std::size_t(p.heads))));
+  const std::size_t key_head = p.key_head(bh);
   for (int t = 0; t < T; ++t) {
-    const std::size_t row = (bh * T + t) * std::size_t(D);
-    const float *q = a.q + row, *k = a.k + row;
+    const std::size_t key_row = (key_head * T + std::size_t(t)) * std::size_t(D);
+    const float *q = a.q + key_row, *k = a.k + key_row;
     float* w = rows + std::size_t(t) * kRowArrays * D;
     float *x1 = w, *x2 = w + D, *ar = w + 2 * std::ptrdiff_t(D), *bk = w + 3 * std::ptrdiff_t(D);
     uniform[t] = p.decay == Decay::scalar ? exp_nonpositive(a.g[bh * T + t]) : gamma;
     if (p.decay == Decay::vector) {
-      const float* g = a.g + row;
+      const float* g = a.g + (bh * T + std::size_t(t)) * std::size_t(D);
       for (int i = 0; i < D; ++i) ar[i] = exp_nonpositive(g[i]);
     } else {
       for (int i = 0; i < D; ++i) ar[i] = uniform[t];
@@ -238,7 +246,8 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& 
   const std::size_t per_thread = weights_floats(p), DD = p.head_state_elems();
   Workspace<float> scratch(allocator, std::size_t(threads) * per_thread);
   const long heads = long(p.heads_total());
-  const int strips = (p.dim + kernel.width - 1) / kernel.width;
+  const int cols = p.value_dim();
+  const int strips = (cols + kernel.width - 1) / kernel.width;
   // Few heads (a single stream): a work item is one strip of a head, so that every thread has work;
   // its row weights are then made once per strip, a few percent of the strip's own work.
   const int groups = heads >= 4L * threads ? 1 : strips;
@@ -255,12 +264,13 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& 
       const int group = int(item % groups);
       make_weights(p, a, bh, rows, uniform, coef);
       HeadStep h;
-      h.dim = p.dim;
+      h.rows_k = p.dim;
+      h.cols_v = cols;
       h.tokens = p.tokens;
       h.extra = p.extra_slots();
       h.state = a.state + bh * DD;
-      h.v = a.v + bh * p.tokens * std::size_t(p.dim);
-      h.o = a.o + bh * p.tokens * std::size_t(p.dim);
+      h.v = a.v + bh * p.tokens * std::size_t(cols);
+      h.o = a.o + bh * p.tokens * std::size_t(cols);
       h.snapshots = h.extra > 0 ? a.snapshots + bh * std::size_t(h.extra) * DD : nullptr;
       h.rows = rows;
       h.uniform = uniform;

@@ -1,9 +1,10 @@
-// The decode step on the GPU (cuda.hpp). One block per (sequence x head, slice of 32 value
-// columns): lane x owns column x of the slice, warp y the state rows y, y + R, ... (16 per thread,
-// in registers), so the state is read from memory once and written once per step, whatever the
-// step's tokens. Per token, each thread decays its rows and sums its part of the read-outs over
-// them; the warps' partial sums meet in shared memory (double-buffered: one barrier per token),
-// every warp adds them up and finishes the token itself, warp 0 writing o:
+// The decode step on the GPU (cuda.hpp). One block per (sequence x value head, slice of 32 value
+// columns): lane x owns column x of the slice, warp y the state's key rows y, y + R, ... (16 per
+// thread, in registers), so the Dk x Dv state is read from memory once and written once per step,
+// whatever the step's tokens. A value head reads q and k of its q/k head in place (grouped heads:
+// the group's blocks share those rows in L2). Per token, each thread decays its rows and sums its
+// part of the read-outs over them; the warps' partial sums meet in shared memory (double-buffered:
+// one barrier per token), every warp adds them up and finishes the token itself, warp 0 writing o:
 //   additive: S = A S + k v^T, then o = s S^T q;
 //   delta:    S' = A S, u = S'^T k, y = S'^T q, w = v - u, S = S' + beta k w^T,
 //             o = s (y + beta (k . q) w)    (one pass over the rows: the update needs only w).
@@ -30,7 +31,7 @@ struct StepParams {
   const void *q, *k, *v;
   const float *g, *beta;
   float *state, *o, *snapshots;
-  int T, D, H, extra;
+  int T, Dk, Dv, H, Hk, group, extra;
   bool delta, retnet, scalar_gates, vector_gates;
   float s;
 };
@@ -38,31 +39,36 @@ struct StepParams {
 template <class In>
 __global__ void decode_step_kernel(StepParams p) {
   extern __shared__ float sums[];  // 2 x R x kSums x kCols
-  const int D = p.D, T = p.T, R = int(blockDim.y);
+  const int Dk = p.Dk, Dv = p.Dv, T = p.T, R = int(blockDim.y);
   const int lane = int(threadIdx.x), wy = int(threadIdx.y);
   const int bh = int(blockIdx.x), j = int(blockIdx.y) * kCols + lane;
-  const bool j_ok = j < D;
-  const std::size_t tok = std::size_t(bh) * T * D, DD = std::size_t(D) * D;
+  const bool j_ok = j < Dv;
+  // Rows of this value head's tokens (v, o; the vector gates, Dk wide) and of its q/k head's (q, k).
+  const int key_head = bh / p.H * p.Hk + bh % p.H / p.group;
+  const std::size_t value_tok = std::size_t(bh) * T * Dv, gate_tok = std::size_t(bh) * T * Dk;
+  const std::size_t key_tok = std::size_t(key_head) * T * Dk, DD = std::size_t(Dk) * Dv;
   float* state = p.state + std::size_t(bh) * DD;
   const float gamma = p.retnet ? float(1.0 - ldexp(1.0, -5 - bh % p.H)) : 1.0f;
-  auto tk = [&](const void* x, int t, int i) { return to_float(static_cast<const In*>(x)[tok + std::size_t(t) * D + i]); };
+  auto key = [&](const void* x, int t, int i) {
+    return to_float(static_cast<const In*>(x)[key_tok + std::size_t(t) * Dk + i]);
+  };
 
   float S[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = wy + m * R;
-    S[m] = (j_ok && i < D) ? state[std::size_t(i) * D + j] : 0.0f;
+    S[m] = (j_ok && i < Dk) ? state[std::size_t(i) * Dv + j] : 0.0f;
   }
   for (int t = 0; t < T; ++t) {
     const float scalar_decay = p.scalar_gates ? expf(p.g[std::size_t(bh) * T + t]) : gamma;
     float y[kSums] = {0.0f, 0.0f, 0.0f};
-    const float vj = j_ok ? tk(p.v, t, j) : 0.0f;
+    const float vj = j_ok ? to_float(static_cast<const In*>(p.v)[value_tok + std::size_t(t) * Dv + j]) : 0.0f;
 #pragma unroll
     for (int m = 0; m < kRows; ++m) {
       const int i = wy + m * R;
-      if (i >= D) continue;
-      const float a = p.vector_gates ? expf(p.g[tok + std::size_t(t) * D + i]) : scalar_decay;
-      const float ki = tk(p.k, t, i), qi = tk(p.q, t, i);
+      if (i >= Dk) continue;
+      const float a = p.vector_gates ? expf(p.g[gate_tok + std::size_t(t) * Dk + i]) : scalar_decay;
+      const float ki = key(p.k, t, i), qi = key(p.q, t, i);
       float r = S[m] * a;
       if (p.delta) {
         y[0] = fmaf(ki, r, y[0]);
@@ -89,12 +95,12 @@ __global__ void decode_step_kernel(StepParams p) {
 #pragma unroll
       for (int m = 0; m < kRows; ++m) {
         const int i = wy + m * R;
-        if (i < D) S[m] = fmaf(beta * tk(p.k, t, i), w, S[m]);
+        if (i < Dk) S[m] = fmaf(beta * key(p.k, t, i), w, S[m]);
       }
       out = fmaf(beta * total[2], w, total[1]);
     }
     if (!j_ok) continue;
-    if (wy == 0) p.o[tok + std::size_t(t) * D + j] = p.s * out;
+    if (wy == 0) p.o[value_tok + std::size_t(t) * Dv + j] = p.s * out;
     // Slot i (1..extra) is the state i tokens before the step's end.
     const int slot = T - 1 - t;
     if (slot >= 1 && slot <= p.extra) {
@@ -102,7 +108,7 @@ __global__ void decode_step_kernel(StepParams p) {
 #pragma unroll
       for (int m = 0; m < kRows; ++m) {
         const int i = wy + m * R;
-        if (i < D) snap[std::size_t(i) * D + j] = S[m];
+        if (i < Dk) snap[std::size_t(i) * Dv + j] = S[m];
       }
     }
   }
@@ -110,7 +116,7 @@ __global__ void decode_step_kernel(StepParams p) {
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = wy + m * R;
-    if (i < D) state[std::size_t(i) * D + j] = S[m];
+    if (i < Dk) state[std::size_t(i) * Dv + j] = S[m];
   }
 }
 
@@ -118,7 +124,7 @@ __global__ void decode_step_kernel(StepParams p) {
 
 std::optional<std::string> decode_unsupported(const DecodeProblem& p) {
   if (p.dim > kDecodeMaxDim)
-    return "the CUDA decode step holds a head's state rows in one block's registers: dim over " +
+    return "the CUDA decode step holds a head's state rows in one block's registers: dim (the key dim) over " +
            std::to_string(kDecodeMaxDim);
   return std::nullopt;
 }
@@ -128,7 +134,8 @@ void decode_step(const DecodeProblem& pr, Dtype dtype, const DecodeArgs<void>& a
   StepParams p{};
   p.q = a.q, p.k = a.k, p.v = a.v, p.g = a.g, p.beta = a.beta;
   p.state = a.state, p.o = a.o, p.snapshots = a.snapshots;
-  p.T = pr.tokens, p.D = pr.dim, p.H = pr.heads, p.extra = pr.extra_slots();
+  p.T = pr.tokens, p.Dk = pr.dim, p.Dv = pr.value_dim(), p.H = pr.heads, p.Hk = pr.qk_heads(), p.group = pr.group();
+  p.extra = pr.extra_slots();
   p.delta = pr.delta();
   p.retnet = pr.decay == Decay::retnet;
   p.scalar_gates = pr.decay == Decay::scalar;
@@ -136,7 +143,7 @@ void decode_step(const DecodeProblem& pr, Dtype dtype, const DecodeArgs<void>& a
   p.s = float(attention_scale(pr.dim));
   const int R = std::max(1, (pr.dim + kRows - 1) / kRows);
   const dim3 block(kCols, unsigned(R));
-  const dim3 grid(unsigned(pr.heads_total()), unsigned((pr.dim + kCols - 1) / kCols));
+  const dim3 grid(unsigned(pr.heads_total()), unsigned((p.Dv + kCols - 1) / kCols));
   const std::size_t shared = sizeof(float) * 2 * std::size_t(R) * kSums * kCols;
   if (dtype == Dtype::f32)
     decode_step_kernel<float><<<grid, block, shared, stream>>>(p);

@@ -6,6 +6,7 @@
 #include "kernels/decode/op.hpp"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "core/random.hpp"
@@ -19,16 +20,33 @@ namespace {
 // tokens; 64 leaves room for long drafts.
 constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
 
-std::vector<std::size_t> token_rows(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(c.dim)};
+// The shape keys of docs/spec.md section 1c, as the kernel suite's: 0 (the default) is "as heads" /
+// "as dim".
+int qk_heads(const Case& c) {
+  const std::string text = c.option("heads_k");
+  const int hk = text.empty() ? 0 : std::stoi(text);
+  return hk > 0 ? hk : c.heads;
+}
+int value_dim(const Case& c) {
+  const std::string text = c.option("dim_v");
+  const int dv = text.empty() ? 0 : std::stoi(text);
+  return dv > 0 ? dv : c.dim;
+}
+
+// q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp).
+std::vector<std::size_t> keys(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq), std::size_t(c.dim)};
+}
+std::vector<std::size_t> values(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(value_dim(c))};
 }
 std::vector<std::size_t> states(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(c.dim)};
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
 }
 std::vector<std::size_t> snapshot_slots(const Case& c) {
   const DecodeProblem p = decode_problem(c);
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(p.extra_slots()), std::size_t(c.dim),
-          std::size_t(c.dim)};
+          std::size_t(value_dim(c))};
 }
 std::vector<std::size_t> gates(const Case& c) {
   std::vector<std::size_t> shape = {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
@@ -40,16 +58,17 @@ bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
 
-// Per token and head, what cpu_step.cpp does: additive, the decayed update and the readout (4 D^2,
-// D^2 more for a decay); delta, the two readouts of the decayed state (4 D^2, the decay folded into
-// their row weights) and the update with its decay (2 D^2, D^2 more for a decay), 6 D for the row
-// weights and w, o; and W exps for the gates (D for vector gates, 1 for scalar).
+// Per token and value head, what cpu_step.cpp does, with DD = Dk Dv the state's size: additive, the
+// decayed update and the readout (4 DD, DD more for a decay); delta, the two readouts of the decayed
+// state (4 DD, the decay folded into their row weights) and the update with its decay (2 DD, DD more
+// for a decay), 6 D for the row weights and w, o (D = (Dk + Dv) / 2, as the kernel suite counts the
+// per-token vector work); and W exps for the gates (Dk for vector gates, 1 for scalar).
 double step_flops(const Case& c) {
-  const double D = c.dim, tokens = double(c.batch) * c.heads * c.seq;
+  const double Dk = c.dim, Dv = value_dim(c), DD = Dk * Dv, tokens = double(c.batch) * c.heads * c.seq;
   const double decay = c.decay == "none" ? 0.0 : 1.0;
-  const double W = c.decay == "vector" ? D : c.decay == "scalar" ? 1.0 : 0.0;
-  if (is_delta(c)) return tokens * ((6.0 + decay) * D * D + 6.0 * D + W);
-  return tokens * ((4.0 + decay) * D * D + W);
+  const double W = c.decay == "vector" ? Dk : c.decay == "scalar" ? 1.0 : 0.0;
+  if (is_delta(c)) return tokens * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
+  return tokens * ((4.0 + decay) * DD + W);
 }
 
 double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
@@ -57,9 +76,9 @@ double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - s
 // Stream numbers of docs/spec.md section 3, as the linear-attention op draws them.
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
-  fill_normal(set.add("q", Role::input, token_rows(c)).data, seed, 1);
-  fill_normal(set.add("k", Role::input, token_rows(c)).data, seed, 2);
-  fill_normal(set.add("v", Role::input, token_rows(c)).data, seed, 3);
+  fill_normal(set.add("q", Role::input, keys(c)).data, seed, 1);
+  fill_normal(set.add("k", Role::input, keys(c)).data, seed, 2);
+  fill_normal(set.add("v", Role::input, values(c)).data, seed, 3);
   fill_normal(set.add("h0", Role::input, states(c)).data, seed, 4);
   if (is_gated(c)) {
     // g = logsigmoid(z) / 16 (docs/spec.md section 3's default gate_norm): log-gates <= 0.
@@ -93,7 +112,7 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
   auto& o = ref.values["o"];
   auto& hT = ref.values["hT"];
-  o.assign(p.token_elems(), 0.0);
+  o.assign(p.value_elems(), 0.0);
   hT = h0;
   std::vector<double>* snapshots = nullptr;
   if (p.extra_slots() > 0) {
@@ -119,6 +138,34 @@ Axis snapshots_axis() {
   return a;
 }
 
+// The shape keys of docs/spec.md section 1c, as the kernel suite has them: records leave a key out at
+// its default, so that square cases keep comparing with records written before the keys existed.
+Axis heads_k_axis() {
+  Axis a{"heads_k", Param::option, {"0"}, "q/k heads (grouped heads: heads % heads_k == 0; 0: as many as heads)", 0,
+         kMaxHeads};
+  a.recorded_at_default = false;
+  return a;
+}
+Axis dim_v_axis() {
+  Axis a{"dim_v", Param::option, {"0"}, "value head dims (the state is dim x dim_v; 0: as dim)", 0, kMaxDim};
+  a.recorded_at_default = false;
+  return a;
+}
+
+// heads_k and dim_v equal to heads and dim are their defaults (one case, one record identity).
+void settle_case(Case& c) {
+  if (qk_heads(c) == c.heads && c.options.count("heads_k")) c.options["heads_k"] = "0";
+  if (value_dim(c) == c.dim && c.options.count("dim_v")) c.options["dim_v"] = "0";
+}
+
+std::optional<std::string> case_limit(const Case& c) {
+  const int hk = qk_heads(c);
+  if (hk > c.heads || c.heads % hk != 0)
+    return "heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(c.heads) +
+           " (each q/k head serves heads / heads_k value heads)";
+  return std::nullopt;
+}
+
 // Records name the step's tokens as `tokens` beside the shared `seq`.
 std::vector<std::pair<std::string, long>> identity(const Case& c) { return {{"tokens", c.seq}}; }
 
@@ -126,16 +173,24 @@ std::vector<std::pair<std::string, long>> identity(const Case& c) { return {{"to
 
 DecodeProblem decode_problem(const Case& c) {
   const std::string rule = c.option("rule"), kept = c.option("snapshots");
-  return DecodeProblem{c.batch, c.heads, c.seq, c.dim, kept.empty() ? 1 : std::stoi(kept), decay_from(c.decay),
-                       rule.empty() ? Rule::additive : rule_from(rule)};
+  return DecodeProblem{c.batch,
+                       c.heads,
+                       c.seq,
+                       c.dim,
+                       kept.empty() ? 1 : std::stoi(kept),
+                       decay_from(c.decay),
+                       rule.empty() ? Rule::additive : rule_from(rule),
+                       qk_heads(c),
+                       value_dim(c)};
 }
 
 double decode_step_bytes(const Case& c) {
   const DecodeProblem p = decode_problem(c);
   const double token_bytes = c.dtype == "bf16" ? 2.0 : 4.0;
+  // q and k once per q/k head (its value heads read them where they lie), v and o per value head.
   return 4.0 * (2.0 * double(p.state_elems()) + double(p.snapshot_elems())) +
-         double(p.token_elems()) * (3.0 * token_bytes + 4.0) + 4.0 * double(p.gate_elems()) +
-         (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0);
+         2.0 * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (token_bytes + 4.0) +
+         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0);
 }
 
 const Op& decode_op() {
@@ -145,8 +200,10 @@ const Op& decode_op() {
     o.suite = "decode";
     o.axes = {
         {"batch", Param::batch, {"1", "16", "64", "256"}, "sequences stepped together", 1, kMaxBatch},
-        {"heads", Param::heads, {"16"}, "head counts", 1, kMaxHeads},
-        {"dim", Param::dim, {"128"}, "head dims (the state is dim x dim per head)", 1, kMaxDim},
+        {"heads", Param::heads, {"16"}, "head counts (value heads: one state each)", 1, kMaxHeads},
+        heads_k_axis(),
+        {"dim", Param::dim, {"128"}, "key head dims (the state is dim x dim_v per value head)", 1, kMaxDim},
+        dim_v_axis(),
         rule_axis(),
         {"decay", Param::decay, {"scalar"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
         {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
@@ -156,13 +213,13 @@ const Op& decode_op() {
     };
     o.forms = {{"step", step_flops}};
     o.tensors = {
-        {"q", Role::input, token_rows, true},
-        {"k", Role::input, token_rows, true},
-        {"v", Role::input, token_rows, true},
+        {"q", Role::input, keys, true},
+        {"k", Role::input, keys, true},
+        {"v", Role::input, values, true},
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
         {"beta", Role::input, per_token, false, is_delta},
-        {"o", Role::output, token_rows, false},
+        {"o", Role::output, values, false},
         {"hT", Role::output, states, false},
         {"snapshots", Role::output, snapshot_slots, false, has_snapshots},
     };
@@ -170,6 +227,8 @@ const Op& decode_op() {
     o.reference = compute_reference;
     // The linear-attention op's tolerances (docs/harness.md, "Tolerances"): a step is its recurrence.
     o.tolerance = linear_attention_op().tolerance;
+    o.settle = settle_case;
+    o.limit = case_limit;
     o.extra_identity = identity;
     o.bytes = decode_step_bytes;
     return o;

@@ -12,8 +12,8 @@ const Op& decode_op();
 DecodeProblem decode_problem(const Case& kase);
 
 // Bytes one step moves at the least (docs/performance.md, "The decode step"): the state read and
-// written once, the earlier snapshots written, q, k and v read in the case's dtype, o written,
-// the gates and beta read.
+// written once per value head, the earlier snapshots written, q and k read once per q/k head and v
+// per value head in the case's dtype, o written, the gates and beta read.
 double decode_step_bytes(const Case& kase);
 
 }  // namespace lattn

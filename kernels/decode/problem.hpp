@@ -1,13 +1,17 @@
 // The shape of one decode step (docs/spec.md section 1d) and the tensor layouts every backend shares.
 //
-// Layouts (row-major, contiguous), T = tokens of the step, K = kept_slots() (min(snapshots, T)):
-//   q, k, v, o        : [batch][heads][T][dim]          (row t is the step's token t)
-//   state (h0 -> hT)  : [batch][heads][dim][dim]        (rows: key dim, columns: value dim)
-//   g (decay scalar)  : [batch][heads][T]               (log-gates, one per token)
-//   g (decay vector)  : [batch][heads][T][dim]          (log-gates per token and key channel)
-//   beta (rule delta) : [batch][heads][T]
-//   snapshots         : [batch][heads][K - 1][dim][dim] (slot i - 1 holds the state i tokens before
-//                                                        the step's end; only when K > 1)
+// Layouts (row-major, contiguous), T = tokens of the step, K = kept_slots() (min(snapshots, T)),
+// H value heads, Hk = qk_heads() q/k heads, Dk = dim, Dv = value_dim():
+//   q, k              : [batch][Hk][T][Dk]          (row t is the step's token t)
+//   v, o              : [batch][H][T][Dv]
+//   state (h0 -> hT)  : [batch][H][Dk][Dv]          (rows: key dim, columns: value dim)
+//   g (decay scalar)  : [batch][H][T]               (log-gates, one per token)
+//   g (decay vector)  : [batch][H][T][Dk]           (log-gates per token and key channel)
+//   beta (rule delta) : [batch][H][T]
+//   snapshots         : [batch][H][K - 1][Dk][Dv]   (slot i - 1 holds the state i tokens before the
+//                                                    step's end; only when K > 1)
+// Value head h reads q/k head h / group() where it lies (grouped heads, docs/spec.md section 1c: the
+// point of sharing a q/k head is reading it once per group, so no kernel copies it out per value head).
 // A step reads the state and writes the new one over it (in place, as inference engines keep it);
 // slot 0 of docs/spec.md section 1d's snapshots is that state itself, so only the earlier slots are a
 // tensor of their own. The recurrence is the linear-attention op's (kernels/linear_attention).
@@ -21,21 +25,32 @@ namespace lattn {
 
 struct DecodeProblem {
   int batch = 1;
-  int heads = 1;
+  int heads = 1;  // value heads (each has its own state)
   int tokens = 1;
-  int dim = 1;
+  int dim = 1;        // the key head dim Dk: the state's rows
   int snapshots = 1;  // the states kept: the final one and up to snapshots - 1 before it
   Decay decay = Decay::none;
   Rule rule = Rule::additive;
+  int heads_k = 0;  // q/k heads (docs/spec.md section 1c); 0: heads
+  int dim_v = 0;    // the value head dim Dv: the state's columns; 0: dim
 
   bool delta() const { return rule == Rule::delta; }
+  int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
+  int value_dim() const { return dim_v > 0 ? dim_v : dim; }
+  int group() const { return heads / qk_heads(); }  // value heads per q/k head
   std::size_t heads_total() const { return std::size_t(batch) * heads; }
   int kept_slots() const { return snapshots < tokens ? snapshots : tokens; }
   // The earlier states written to the snapshots tensor (slot 0 is the state itself).
   int extra_slots() const { return kept_slots() - 1; }
-  std::size_t head_state_elems() const { return std::size_t(dim) * dim; }
+  std::size_t head_state_elems() const { return std::size_t(dim) * std::size_t(value_dim()); }
   std::size_t state_elems() const { return heads_total() * head_state_elems(); }
-  std::size_t token_elems() const { return heads_total() * std::size_t(tokens) * dim; }
+  // Value head bh's (b * heads + h) q/k head, as an index into [batch][Hk].
+  std::size_t key_head(std::size_t bh) const {
+    const std::size_t b = bh / std::size_t(heads), h = bh % std::size_t(heads);
+    return b * std::size_t(qk_heads()) + h / std::size_t(group());
+  }
+  std::size_t key_elems() const { return std::size_t(batch) * qk_heads() * std::size_t(tokens) * dim; }  // q, k
+  std::size_t value_elems() const { return heads_total() * std::size_t(tokens) * value_dim(); }          // v, o
   int gate_width() const { return decay == Decay::vector ? dim : decay == Decay::scalar ? 1 : 0; }
   std::size_t gate_elems() const { return heads_total() * std::size_t(tokens) * gate_width(); }
   std::size_t beta_elems() const { return heads_total() * std::size_t(tokens); }

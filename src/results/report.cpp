@@ -69,18 +69,34 @@ namespace {
 bool has_byte_model(const CaseRecord& r) { return r.kase.op && r.kase.op->bytes; }
 
 // The cases of an op with a byte model (core/op.hpp: the decode step), whose figures are bandwidth
-// and tokens rather than GFLOP/s: B, H, tokens per sequence, D, rule, decay and snapshots; the
-// median, GB/s, its fraction of the run's measured bandwidth and the roof (dram or llc), tokens
-// per second and microseconds per token.
+// and tokens rather than GFLOP/s: B, H, tokens per sequence, D, rule, decay and snapshots, and a
+// column for each other option that varies in the run (heads_k, dim_v), so that no two rows look
+// alike; the median, GB/s, its fraction of the run's measured bandwidth and the roof (dram or
+// llc), tokens per second and microseconds per token.
 std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records) {
-  std::string out = fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} {:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}\n",
-                                "suite", "impl", "B", "H", "T", "D", "rule", "decay", "K", "median_ms", "GB/s",
-                                "bw_frac", "roof", "tokens/s", "us/token", "temp_MiB", "rel_err", "status");
+  std::vector<CaseRecord> copies;
+  for (const CaseRecord* r : records) copies.push_back(*r);
+  std::vector<std::pair<std::string, std::size_t>> varying;  // key, width
+  for (const std::string& key : varying_keys(copies)) {
+    if (key == "rule" || key == "snapshots") continue;
+    std::size_t width = key.size();
+    for (const CaseRecord* r : records) width = std::max(width, r->kase.option(key).size());
+    varying.emplace_back(key, width);
+  }
+  std::string out = fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} ", "suite", "impl", "B", "H", "T",
+                                "D", "rule", "decay", "K");
+  for (const auto& [key, width] : varying) out += fmt::format("{:<{}} ", key, width);
+  out += fmt::format("{:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}\n", "median_ms", "GB/s", "bw_frac", "roof",
+                     "tokens/s", "us/token", "temp_MiB", "rel_err", "status");
   for (const CaseRecord* r : records) {
     const Case& c = r->kase;
     const std::string kept = c.option("snapshots");
     out += fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} ", c.op->suite, c.impl, c.batch, c.heads,
                        c.seq, c.dim, c.option("rule"), c.decay, kept.empty() ? "-" : kept);
+    for (const auto& [key, width] : varying) {
+      const std::string v = c.option(key);
+      out += fmt::format("{:<{}} ", v.empty() ? "-" : v, width);
+    }
     if (r->status == Status::skipped || !r->measured) {
       out += fmt::format("{:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", "-",
                          "-", to_string(r->status), r->skip_reason.empty() ? r->error : r->skip_reason);

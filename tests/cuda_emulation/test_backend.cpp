@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "backends/cuda/cuda_backend.hpp"
+#include "kernels/decode/cuda.hpp"
 #include "kernels/linear_attention/cuda.hpp"
 #include "kernels/linear_attention/cuda_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
@@ -97,6 +98,32 @@ TEST_CASE("emulation: the CUDA sliding-window row matches the float64 reference 
 TEST_CASE("emulation: the CUDA decode row matches the float64 reference on the test table",
           "[emulation][backend_decode]") {
   run_table_row("decode");
+}
+
+TEST_CASE("emulation: the CUDA decode row takes the deployed models' grouped heads and Dk x Dv states",
+          "[emulation][backend_decode]") {
+  auto backend = emulated_cuda(BackendOptions{});
+  // Qwen3-Next's Gated DeltaNet (32 value heads on 16 q/k heads, 128 x 128 states, verifying a
+  // draft of two), Mamba2's (one q/k group, 128 x 64 states), and a value dim over the kernel's
+  // dim limit (which bounds the key rows only: blocks take the value columns 32 at a time).
+  for (const DecodeProblem& p :
+       {DecodeProblem{1, 32, 2, 128, 2, Decay::scalar, Rule::delta, 16, 128},
+        DecodeProblem{2, 8, 1, 128, 1, Decay::scalar, Rule::additive, 1, 64},
+        DecodeProblem{1, 2, 2, 16, 2, Decay::vector, Rule::delta, 1, cuda::kDecodeMaxDim + 64}})
+    for (const std::string dtype : {"float32", "bf16"}) {
+      const Case c = test::decode_case(p, "cuda", dtype);
+      INFO(test::describe(c) << " heads_k " << p.heads_k << " dim_v " << p.dim_v);
+      REQUIRE_FALSE(backend->unsupported(c));
+      const test::Outcome r = test::run_on(*backend, c, 5);
+      INFO(test::errors(r.check));
+      CHECK(r.check.passed);
+      if (dtype == "float32") CHECK(r.check.rel_err < 1e-5);
+    }
+  // Past the key dim limit the row declines with the kernel's reason.
+  const Case wide =
+      test::decode_case({1, 1, 1, cuda::kDecodeMaxDim + 1, 1, Decay::none, Rule::additive, 0, 16}, "cuda");
+  REQUIRE(backend->unsupported(wide));
+  CHECK_THAT(*backend->unsupported(wide), Catch::Matchers::Contains("dim (the key dim) over"));
 }
 
 TEST_CASE("emulation: the test table has no op the rows above leave out", "[emulation][backend]") {
