@@ -210,3 +210,70 @@ TEST_CASE("a variant registered through the table runs the cases it takes, and o
 TEST_CASE("the toy variant is gone from the table once its test ends", "[variants][toy]") {
   for (const cpu::CpuVariant& v : cpu::cpu_variants("scan")) CHECK(v.name != "toy_scan");
 }
+
+namespace {
+
+// A toy decay, added as docs/adding-a-kernel.md's steps for a new decay say: its name and its
+// mathematics (a fixed gamma_h per head, which the float64 reference reads through decay_gamma),
+// then a kernel (toy_forward and toy_backward above, which read decay_gamma too) and one variant
+// row naming it. gamma_h = 1 - 1 / (h + 3): 2/3, 3/4, ... (retnet's are 1 - 2^(-5-h)).
+double toy_gamma(int head) { return 1.0 - 1.0 / (head + 3); }
+
+Decay toy_decay() { return add_fixed_decay("toy_fixed", toy_gamma); }
+
+cpu::CpuVariant toy_decay_variant() {
+  cpu::CpuVariant v = toy_variant();
+  v.name = "toy_fixed_scan";
+  v.takes.decays = {toy_decay()};
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a decay added through the table: skipped with the table's reason until a variant row takes it",
+          "[variants][toy]") {
+  const Decay toy = toy_decay();
+  CHECK(to_string(toy) == "toy_fixed");
+  CHECK(decay_from("toy_fixed") == toy);
+  CHECK(add_fixed_decay("toy_fixed", toy_gamma) == toy);  // added once
+  CHECK(decay_gamma(toy, 1) == Approx(0.75));
+  CHECK_FALSE(gated(toy));
+
+  auto backend = make_backend("cpu", BackendOptions{1});
+  const Problem p{2, 3, 21, 8, 8, toy, Rule::additive};
+  for (const std::string form : {"scan", "chunked"}) {
+    const Case c = test::kernel_case(p, form, Mode::fwd_bwd);
+    INFO(test::describe(c));
+    // No built-in row names it: each form's table refuses it, naming every row's reason.
+    const std::optional<std::string> why = backend->unsupported(c);
+    REQUIRE(why.has_value());
+    CHECK_THAT(*why, Contains("no CPU " + form + " variant takes rule additive, decay toy_fixed"));
+    CHECK_THAT(*why, Contains(form == "scan" ? "scan_columns (decay none, retnet, scalar, vector only)"
+                                             : "chunked_gated (decay scalar, vector only)"));
+  }
+
+  // One row in the scan table, and the test shapes' additive cases of dim <= 16 run with the toy
+  // decay, held to the float64 reference (which takes the decay's gamma_h per head).
+  cpu::add_cpu_variant("scan", toy_decay_variant());
+  int ran = 0;
+  for (const Problem& shape : test::kernel_test_shapes()) {
+    if (shape.delta() || shape.decay != Decay::none || shape.dim > kToyMaxDim) continue;
+    Problem q = shape;
+    q.decay = toy;
+    for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+      const Case c = test::kernel_case(q, "scan", mode);
+      INFO(test::describe(c));
+      REQUIRE_FALSE(backend->unsupported(c));
+      CHECK(backend->variant(c) == "toy_fixed_scan");
+      const test::Outcome out = test::run_on(*backend, c);
+      INFO(test::errors(out.check));
+      CHECK(out.check.passed);
+      ++ran;
+    }
+  }
+  // The chunked table still has no row for it.
+  CHECK(backend->unsupported(test::kernel_case(p, "chunked", Mode::fwd)).has_value());
+  cpu::remove_cpu_variant("scan", "toy_fixed_scan");
+  CHECK(ran > 0);
+  CHECK(backend->unsupported(test::kernel_case(p, "scan", Mode::fwd)).has_value());
+}

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.hpp"
@@ -354,14 +355,37 @@ std::vector<std::pair<std::string, long>> extra_identity(const Case& c) {
 
 }  // namespace
 
-const std::vector<std::string>& decay_names() {
-  static const std::vector<std::string> names = {"none", "retnet", "scalar", "vector"};
+namespace {
+
+std::vector<std::string>& mutable_decay_names() {
+  static std::vector<std::string> names = {"none", "retnet", "scalar", "vector"};
   return names;
 }
 
-const std::vector<std::string>& ungated_decay_names() {
-  static const std::vector<std::string> names = {"none", "retnet"};
-  return names;
+// The gammas of the decays add_fixed_decay added, in order, from Decay::vector + 1 on.
+std::vector<double (*)(int)>& added_gammas() {
+  static std::vector<double (*)(int)> gammas;
+  return gammas;
+}
+
+}  // namespace
+
+const std::vector<std::string>& decay_names() { return mutable_decay_names(); }
+
+Decay add_fixed_decay(const std::string& name, double (*gamma)(int head)) {
+  std::vector<std::string>& names = mutable_decay_names();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return Decay(i);
+  names.push_back(name);
+  added_gammas().push_back(gamma);
+  return Decay(names.size() - 1);
+}
+
+double fixed_decay_gamma(Decay decay, int head) {
+  const std::size_t index = std::size_t(decay) - std::size_t(Decay::vector) - 1;
+  if (decay <= Decay::vector || index >= added_gammas().size())
+    throw std::logic_error("decay " + std::to_string(int(decay)) + " was not added by add_fixed_decay");
+  return added_gammas()[index](head);
 }
 
 std::string to_string(Decay decay) { return decay_names()[std::size_t(decay)]; }

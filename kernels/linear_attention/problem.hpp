@@ -43,10 +43,8 @@ std::string to_string(Rule rule);
 // Throws RuntimeFailure for a name rule_names() does not hold.
 Rule rule_from(const std::string& name);
 
-// The decays' names, in enum order: what configs and records write.
+// The decays' names, in enum order (then those add_fixed_decay added): what configs and records write.
 const std::vector<std::string>& decay_names();
-// Those without gate inputs (none, retnet).
-const std::vector<std::string>& ungated_decay_names();
 std::string to_string(Decay decay);
 // Throws RuntimeFailure for a name decay_names() does not hold.
 Decay decay_from(const std::string& name);
@@ -115,10 +113,20 @@ struct Problem {
   std::size_t beta_elems() const { return heads_total() * seq; }  // beta, dbeta (rule delta)
 };
 
-// gamma_h of docs/spec.md section 1: 1 - 2^(-5-h) for `retnet`, 1 for the others (gated decays take their
-// decay from g instead).
+// A decay added at run time (docs/adding-a-kernel.md; tests/test_variants.cpp's toy decay): a fixed
+// gamma_h per head, like retnet's. It becomes a Decay value past `vector`, named in decay_names();
+// the reference takes it through decay_gamma, and a backend's variant rows take it only where a
+// row names it (no built-in row does). Adding a name twice returns the first one's value.
+Decay add_fixed_decay(const std::string& name, double (*gamma)(int head));
+// The gamma of a decay add_fixed_decay made; throws std::logic_error for any other.
+double fixed_decay_gamma(Decay decay, int head);
+
+// gamma_h of docs/spec.md section 1: 1 - 2^(-5-h) for `retnet`, an added decay's own, 1 for the
+// others (gated decays take their decay from g instead).
 inline double decay_gamma(Decay decay, int head) {
-  return decay == Decay::retnet ? 1.0 - std::ldexp(1.0, -5 - head) : 1.0;
+  if (decay == Decay::retnet) return 1.0 - std::ldexp(1.0, -5 - head);
+  if (decay > Decay::vector) return fixed_decay_gamma(decay, head);
+  return 1.0;
 }
 
 // The chunked form with vector gates works in sub-chunks of this many rows (cpu_chunked_gated.cpp):
