@@ -8,8 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/cpu/vec.hpp"
 #include "kernels/linear_attention/cpu.hpp"
@@ -306,4 +310,68 @@ TEST_CASE("packed batches: lengths and varlen keys, their canonical text and the
     }
   }
   CHECK(draw_varlen("32768:64:8192:uniform:0") != draw_varlen("32768:64:8192:uniform:1"));
+}
+
+namespace {
+
+test::ProcessResult lattnbench(const std::string& args) {
+  return test::run_process(test::binary() + " --suite kernel --reps 1 --warmup 0 --min-sample-ms 1 --threads 1 -q " + args);
+}
+
+nlohmann::json results_of(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in)["results"];
+}
+
+}  // namespace
+
+TEST_CASE("the shape keys from the command line: records, the settled packed case, refusals", "[shapes][cli]") {
+  const std::filesystem::path dir = test::fresh_dir("shape-keys");
+  // heads_k equal to heads and dim_v equal to dim are the square case, run once and recorded
+  // without the keys; a packed case is batch 1 of its documents' tokens whatever batch and seq say.
+  const auto run = lattnbench("--batch 2 --heads 4 --heads-k 2,4 --dim 16 --dim-v 8,16 --seq 30,50 --lengths '9 1 20' "
+                              "--impl scan --mode fwd --out " + (dir / "r.json").string());
+  INFO(run.output);
+  REQUIRE(run.exit_status == 0);
+  const nlohmann::json records = results_of(dir / "r.json");
+  REQUIRE(records.size() == 4);  // (heads_k 2, 4) x (dim_v 8, 16); seq 30 and 50 settle to one case
+  int square = 0;
+  for (const auto& r : records) {
+    INFO(r.dump());
+    CHECK(r["status"] == "ok");
+    CHECK(r["batch"] == 1);
+    CHECK(r["seq"] == 30);
+    CHECK(r["lengths"] == "9+1+20");
+    CHECK(r["documents"] == 3);
+    if (!r.contains("heads_k") && !r.contains("dim_v")) ++square;
+    if (r.contains("heads_k")) CHECK(r["heads_k"] == 2);
+    if (r.contains("dim_v")) CHECK(r["dim_v"] == 8);
+  }
+  CHECK(square == 1);
+
+  const auto bad_group = lattnbench("--heads 4 --heads-k 3 --seq 16 --dim 8");
+  CHECK(bad_group.exit_status == 2);
+  CHECK_THAT(bad_group.output, Contains("heads_k 3 does not divide heads 4"));
+  const auto both = lattnbench("--lengths '4 4' --varlen '16 2 8' --seq 16 --dim 8");
+  CHECK(both.exit_status == 2);
+  CHECK_THAT(both.output, Contains("lengths and varlen both pack the batch"));
+  const auto zero = lattnbench("--lengths '4 0' --seq 16 --dim 8");
+  CHECK(zero.exit_status == 2);
+  CHECK_THAT(zero.output, Contains("--lengths") && Contains("document length 0 is outside"));
+
+  // A plugin's interface has square dense tensors only: its rows skip the shapes with the reason.
+  const auto plugin = lattnbench("--plugin " LATTN_PLUGIN_mine " --impl mine:scan,scan --heads 2 --heads-k 1 --seq 16 "
+                                 "--dim 8 --mode fwd --out " + (dir / "p.json").string());
+  INFO(plugin.output);
+  REQUIRE(plugin.exit_status == 0);
+  int skipped = 0;
+  for (const auto& r : results_of(dir / "p.json"))
+    if (r["impl"] == "mine:scan") {
+      CHECK(r["status"] == "skipped");
+      CHECK_THAT(r["skip_reason"].get<std::string>(), Contains("takes square dense cases only"));
+      ++skipped;
+    } else {
+      CHECK(r["status"] == "ok");
+    }
+  CHECK(skipped == 1);
 }

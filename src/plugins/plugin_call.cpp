@@ -136,6 +136,11 @@ PluginCase::PluginCase(const Case& kase, const std::string& device, int threads)
 std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Case& kase, const std::string& device,
                                               int threads) {
   if (kase.backward() && !ref.functions->has_backward()) return ref.name + " has no backward (fwd only)";
+  // The interface's tensors are square and dense ([B][H][T][D], states [B][H][D][D]): it has no
+  // field for q/k heads, a value dim or document offsets.
+  if (!linear_problem(kase).square_dense())
+    return ref.name + ": the plugin interface (version 1) takes square dense cases only, not heads_k, dim_v or "
+                      "packed documents";
   const PluginCase c(kase, device, threads);
   if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
   return std::nullopt;
