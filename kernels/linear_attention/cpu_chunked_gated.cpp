@@ -70,9 +70,11 @@ struct Buffers {
   float *Qh, *Kb, *QL, *KG, *tmp, *rows;  // n x Dk
   float *hdq, *hdk;                       // n x Dk: one value head's dq, dk of a shared q/k head
   float *mask, *ones, *A, *dA;            // C x score_ld
+  float* R;                               // C x score_ld: Q K^T shared by a group's value heads
   float *Bp, *Vtp;                        // Dk x P(C), Dv x P(C) panels
   float *Vp, *dOp, *Xp;                   // C x P(max(Dk, Dv)), C x P(Dv), C x P(Dk) panels
-  float *Sp, *dSp, *dSTp, *states;        // packed S, dS (Dk x P(Dv)), dS^T (Dv x P(Dk)); states:
+  float *Sp, *dSp, *dSTp, *states;        // packed S (one per value head of a shared forward item),
+                                          // dS (Dk x P(Dv)), dS^T (Dv x P(Dk)); states:
                                           // S^T entering each chunk, when recomputed
   float *f, *decay, *tmp_row;             // Dk
   float* lanes;                           // Dk x kLaneRows: a sub-chunk's q rows in lanes (vector gates)
@@ -80,7 +82,8 @@ struct Buffers {
   std::size_t used = 0;
 };
 
-Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
+// shared_heads: the value heads a forward item computes together on one Q K^T (0: one, unshared).
+Buffers carve(const Problem& p, float* base, bool backward, bool own_states, int shared_heads = 0) {
   const std::size_t C = effective_chunk(p), D = p.dim, Dv = p.value_dim(), W = p.gate_width();
   const std::size_t L = score_ld(int(C)), PK = panel_cols(p.dim), PV = panel_cols(p.value_dim()),
                     PC = panel_cols(int(C));
@@ -98,7 +101,8 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
   for (float** x : {&b.mask, &b.A}) *x = take(C * L);
   b.Bp = take(D * PC);
   b.Vp = take(C * std::max(PK, PV));  // V's rows; K's in the scalar gates' backward
-  b.Sp = take(key_state_floats(p));
+  b.R = take(shared_heads > 0 ? C * L : 0);
+  b.Sp = take(key_state_floats(p) * std::size_t(std::max(1, shared_heads)));
   b.f = take(D);
   b.decay = take(D);
   b.tmp_row = take(D);
@@ -241,13 +245,11 @@ void scores(const Buffers& B, const Problem& p, int n, const float* q, const flo
   }
 }
 
-// O_c from the packed state S entering the chunk; leaves S as the state leaving it.
-void forward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
-                   const float* g, float* o) {
+// O_c from the scores A and the packed state S entering the chunk; leaves S as the state leaving it.
+void forward_outputs(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                     float* o) {
   const int D = p.dim, Dv = p.value_dim(), L = score_ld(effective_chunk(p));
   const bool scalar = p.decay == Decay::scalar;
-  gate_operands(B, p, n, q, k, g);
-  scores(B, p, n, q, k, 1.0f);
   tile::pack(v, Dv, false, n, Dv, nullptr, B.Vp);
   Product out = rows_product(o, Dv, n, Dv, seg(Range::full, D, scalar ? q : B.QL, D, 1, B.Sp),
                              float(attention_scale(D)));
@@ -261,6 +263,40 @@ void forward_chunk(const Buffers& B, const Problem& p, int n, const float* q, co
     scale_state_rows(B.Sp, D, Dv, B.decay);
     state_product(B.Sp, D, Dv, n, B.KG, B.Vp, 1.0f, 1.0f);
   }
+}
+
+void forward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                   const float* g, float* o) {
+  gate_operands(B, p, n, q, k, g);
+  scores(B, p, n, q, k, 1.0f);
+  forward_outputs(B, p, n, q, k, v, o);
+}
+
+// Scalar gates, a group's value heads on one Q K^T: R = Q K^T (lower) once per chunk, then each
+// head's A = R . exp(b_i - b_j) from its own gates. Entries of R above the diagonal are never read
+// (the lower product leaves some unwritten); A is zero there up to the 8-row tile's end, which the
+// A V product reads.
+void shared_scores(const Buffers& B, const Problem& p, int n, const float* q, const float* k) {
+  const int D = p.dim, L = score_ld(effective_chunk(p));
+  tile::pack(k, D, true, D, n, nullptr, B.Bp);
+  Product u = rows_product(B.R, L, n, n, seg(Range::full, D, q, D, 1, B.Bp));
+  u.lower = true;
+  tile::run(u);
+}
+
+void forward_chunk_shared(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                          const float* g, float* o) {
+  const int L = score_ld(effective_chunk(p));
+  gate_operands(B, p, n, q, k, g);
+  for (int i = 0; i < n; ++i) {
+    const std::size_t row = std::size_t(i) * L;
+    const float *__restrict r = B.R + row, *__restrict m = B.mask + row;
+    float* __restrict a = B.A + row;
+#pragma omp simd
+    for (int j = 0; j <= i; ++j) a[j] = r[j] * m[j];
+    std::fill(a + i + 1, a + std::min(n, i / tile::kMR * tile::kMR + tile::kMR), 0.0f);
+  }
+  forward_outputs(B, p, n, q, k, v, o);
 }
 
 // Rows [x0, x1) of X, each times f_{block of the row, K} (K the other side's block), packed as a
@@ -395,14 +431,29 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
   }
 }
 
-std::size_t thread_floats(const Problem& p, bool backward, bool own_states) {
-  return carve(p, nullptr, backward, own_states).used;
+// The forward's items are (sequence, value head) pairs; the backward's GradParts' items.
+// Scalar gates share Q K^T among a group's value heads: the forward's items are then GradParts'
+// (sequence, q/k head, part), each part's value heads walking the chunks side by side.
+bool shares_scores(const Problem& p) { return p.decay == Decay::scalar && p.group() > 1; }
+
+std::size_t forward_items(const Problem& p) {
+  return shares_scores(p) ? GradParts(p, omp_get_max_threads()).items : p.slices();
 }
 
-// The forward's items are (sequence, value head) pairs; the backward's GradParts' items.
-int forward_threads(const Problem& p) {
-  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), p.slices()));
+// The value heads of the largest part (0 when unshared).
+int shared_heads(const Problem& p) {
+  if (!shares_scores(p)) return 0;
+  const int parts = GradParts(p, omp_get_max_threads()).parts;
+  return (p.group() + parts - 1) / parts;
 }
+
+int forward_threads(const Problem& p) {
+  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), forward_items(p)));
+}
+std::size_t thread_floats(const Problem& p, bool backward, bool own_states) {
+  return carve(p, nullptr, backward, own_states, backward ? 0 : shared_heads(p)).used;
+}
+
 int backward_threads(const Problem& p) {
   return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), GradParts(p, omp_get_max_threads()).items));
 }
@@ -438,6 +489,41 @@ std::size_t chunked_gated_forward_floats(const Problem& p) {
   return std::size_t(forward_threads(p)) * thread_floats(p, false, false);
 }
 
+namespace {
+
+// One shared forward item: chunk by chunk, Q K^T once, then each value head [h0, h1) of the
+// sequence from its own gates and state (the thread's states, one after another).
+void forward_shared_item(const Buffers& B, const Problem& p, const ForwardArgs<float>& a, float* keep, int sequence,
+                         int h0, int h1) {
+  const int D = p.dim, Dv = p.value_dim();
+  const std::size_t SF = value_state_floats(p), KSF = key_state_floats(p);
+  const HeadSlice first = p.slice(std::size_t(sequence) * p.heads + h0);
+  const float *q = a.q + first.key, *k = a.k + first.key;
+  for (int h = h0; h < h1; ++h) {
+    const HeadSlice sl = p.slice(std::size_t(sequence) * p.heads + h);
+    tile::pack(a.h0 + sl.state, Dv, false, D, Dv, nullptr, B.Sp + (h - h0) * KSF);
+  }
+  for (int c = 0; c < chunks_of(p, first.seq); ++c) {
+    const Chunk ch = chunk_at(p, first.seq, c);
+    shared_scores(B, p, ch.n, q + ch.rk, k + ch.rk);
+    for (int h = h0; h < h1; ++h) {
+      const std::size_t index = std::size_t(sequence) * p.heads + h;
+      const HeadSlice sl = p.slice(index);
+      Buffers head = B;
+      head.Sp = B.Sp + (h - h0) * KSF;
+      if (keep) tile::transpose_packed(head.Sp, D, Dv, keep + (item_chunk_offset(p, index) + c) * SF);
+      forward_chunk_shared(head, p, ch.n, q + ch.rk, k + ch.rk, a.v + sl.value + ch.rv, a.g + sl.gate + ch.rg,
+                           a.o + sl.value + ch.rv);
+    }
+  }
+  for (int h = h0; h < h1; ++h) {
+    const HeadSlice sl = p.slice(std::size_t(sequence) * p.heads + h);
+    tile::unpack(B.Sp + (h - h0) * KSF, D, Dv, a.hT + sl.state, Dv);
+  }
+}
+
+}  // namespace
+
 std::size_t chunked_gated_backward_floats(const Problem& p, bool kept) {
   return GradParts(p, omp_get_max_threads()).partial_floats(p) +
          std::size_t(backward_threads(p)) * thread_floats(p, true, !kept);
@@ -449,7 +535,16 @@ void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
   Workspace<float> scratch(allocator, std::size_t(forward_threads(p)) * per_thread);
 #pragma omp parallel num_threads(forward_threads(p))
   {
-    const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false);
+    const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false, shared_heads(p));
+    if (shares_scores(p)) {
+      const GradParts parts(p, omp_get_max_threads());
+#pragma omp for schedule(dynamic, 1)
+      for (long item = 0; item < long(parts.items); ++item) {
+        int sequence, h0, h1;
+        parts.of(p, std::size_t(item), sequence, h0, h1);
+        forward_shared_item(B, p, a, keep, sequence, h0, h1);
+      }
+    } else {
 // Items in order: the value heads of one q/k head run side by side on the threads, so its rows
 // come from memory once and from the shared cache for the others.
 #pragma omp for schedule(dynamic, 1)
@@ -465,6 +560,7 @@ void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
         forward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, o + ch.rv);
       }
       tile::unpack(B.Sp, D, Dv, a.hT + sl.state, Dv);
+      }
     }
   }
 }
