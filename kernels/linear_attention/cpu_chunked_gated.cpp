@@ -486,7 +486,7 @@ void recompute_states(const Buffers& B, const Problem& p, const HeadSlice& sl, c
 std::size_t chunked_gated_kept_states_floats(const Problem& p) { return item_chunks(p) * value_state_floats(p); }
 
 std::size_t chunked_gated_forward_floats(const Problem& p) {
-  return std::size_t(forward_threads(p)) * thread_floats(p, false, false);
+  return std::size_t(forward_threads(p)) * thread_floats(p, false, false) + order_floats(p, forward_items(p));
 }
 
 namespace {
@@ -525,34 +525,41 @@ void forward_shared_item(const Buffers& B, const Problem& p, const ForwardArgs<f
 }  // namespace
 
 std::size_t chunked_gated_backward_floats(const Problem& p, bool kept) {
-  return GradParts(p, omp_get_max_threads()).partial_floats(p) +
-         std::size_t(backward_threads(p)) * thread_floats(p, true, !kept);
+  const GradParts parts(p, omp_get_max_threads());
+  return parts.partial_floats(p) + std::size_t(backward_threads(p)) * thread_floats(p, true, !kept) +
+         order_floats(p, parts.items);
 }
 
 void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
   const int D = p.dim, Dv = p.value_dim();
   const std::size_t per_thread = thread_floats(p, false, false), SF = value_state_floats(p);
-  Workspace<float> scratch(allocator, std::size_t(forward_threads(p)) * per_thread);
+  const std::size_t threads_floats = std::size_t(forward_threads(p)) * per_thread;
+  Workspace<float> scratch(allocator, threads_floats + order_floats(p, forward_items(p)));
+  // The order list (packed problems) after the threads' blocks.
+  int* order = p.packed() ? reinterpret_cast<int*>(scratch.data() + threads_floats) : nullptr;
+  longest_first(p, forward_items(p),
+                shares_scores(p) ? GradParts(p, omp_get_max_threads()).per_sequence(p) : std::size_t(p.heads), order);
 #pragma omp parallel num_threads(forward_threads(p))
   {
     const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false, shared_heads(p));
     if (shares_scores(p)) {
       const GradParts parts(p, omp_get_max_threads());
 #pragma omp for schedule(dynamic, 1)
-      for (long item = 0; item < long(parts.items); ++item) {
+      for (long pick = 0; pick < long(parts.items); ++pick) {
         int sequence, h0, h1;
-        parts.of(p, std::size_t(item), sequence, h0, h1);
+        parts.of(p, item_at(order, pick), sequence, h0, h1);
         forward_shared_item(B, p, a, keep, sequence, h0, h1);
       }
     } else {
 // Items in order: the value heads of one q/k head run side by side on the threads, so its rows
 // come from memory once and from the shared cache for the others.
 #pragma omp for schedule(dynamic, 1)
-    for (long item = 0; item < long(p.slices()); ++item) {
-      const HeadSlice sl = p.slice(std::size_t(item));
+    for (long pick = 0; pick < long(p.slices()); ++pick) {
+      const std::size_t item = item_at(order, pick);
+      const HeadSlice sl = p.slice(item);
       const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value, *g = a.g + sl.gate;
       float* o = a.o + sl.value;
-      float* kept = keep ? keep + item_chunk_offset(p, std::size_t(item)) * SF : nullptr;
+      float* kept = keep ? keep + item_chunk_offset(p, item) * SF : nullptr;
       tile::pack(a.h0 + sl.state, Dv, false, D, Dv, nullptr, B.Sp);
       for (int c = 0; c < chunks_of(p, sl.seq); ++c) {
         const Chunk ch = chunk_at(p, sl.seq, c);
@@ -570,18 +577,23 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
   const bool grouped = p.group() > 1;
   const GradParts parts(p, omp_get_max_threads());
   const std::size_t per_thread = thread_floats(p, true, !kept), SF = value_state_floats(p);
-  Workspace<float> scratch(allocator, parts.partial_floats(p) + std::size_t(backward_threads(p)) * per_thread);
+  const std::size_t threads_floats = std::size_t(backward_threads(p)) * per_thread;
+  Workspace<float> scratch(allocator, parts.partial_floats(p) + threads_floats + order_floats(p, parts.items));
   float* partials = scratch.data();
+  // The order list (packed problems) after the partials and the threads' blocks.
+  int* order = p.packed() ? reinterpret_cast<int*>(scratch.data() + parts.partial_floats(p) + threads_floats) : nullptr;
+  longest_first(p, parts.items, parts.per_sequence(p), order);
 #pragma omp parallel num_threads(backward_threads(p))
   {
     const Buffers B =
         carve(p, scratch.data() + parts.partial_floats(p) + omp_get_thread_num() * per_thread, true, !kept);
     fill_lower_ones(B.ones, effective_chunk(p));  // dA's mask for vector gates
 #pragma omp for schedule(dynamic, 1)
-    for (long item = 0; item < long(parts.items); ++item) {
+    for (long pick = 0; pick < long(parts.items); ++pick) {
+      const std::size_t item = item_at(order, pick);
       int sequence, h0, h1;
-      parts.of(p, std::size_t(item), sequence, h0, h1);
-      const int part = parts.part_of(std::size_t(item));
+      parts.of(p, item, sequence, h0, h1);
+      const int part = parts.part_of(item);
       float* dq_out = parts.dq_of(p, a.dq, partials, part);
       float* dk_out = parts.dk_of(p, a.dk, partials, part);
       for (int h = h0; h < h1; ++h) {

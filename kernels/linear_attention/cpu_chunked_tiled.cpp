@@ -92,7 +92,7 @@ std::size_t chunked_tiled_forward_floats(const Problem& p, bool keep) {
   const std::size_t SF = key_state_floats(p);
   const std::size_t chunk_states = keep ? 0 : std::size_t(p.chunks()) * SF;
   const std::size_t shared = split_chunks(p) ? chunk_states + SF : 0;
-  return shared + std::size_t(tiled_threads(p)) * forward_thread_floats(p);
+  return shared + std::size_t(tiled_threads(p)) * forward_thread_floats(p) + order_floats(p, p.slices());
 }
 
 std::size_t chunked_tiled_backward_floats(const Problem& p, bool kept) {
@@ -102,7 +102,8 @@ std::size_t chunked_tiled_backward_floats(const Problem& p, bool kept) {
     return (kept ? 1 : 2) * chunk_states + SF + std::size_t(tiled_threads(p)) * bt;
   }
   const std::size_t own = kept ? 0 : std::size_t(max_chunks(p)) * value_state_floats(p);
-  return GradParts(p, omp_get_max_threads()).partial_floats(p) + std::size_t(backward_item_threads(p)) * (own + bt);
+  const GradParts parts(p, omp_get_max_threads());
+  return parts.partial_floats(p) + std::size_t(backward_item_threads(p)) * (own + bt) + order_floats(p, parts.items);
 }
 
 #if defined(__AVX512F__)
@@ -401,7 +402,8 @@ void chunk_dstate(const BackwardBuffers& b, const Dims& d, int n, bool decay, co
 }
 
 // keep: where S^T entering each chunk of every item goes (panels, item-major), or null.
-void forward_items(const Problem& p, const ForwardArgs<float>& a, float* scratch, float* keep) {
+// order: longest_first's list for a packed problem, or null.
+void forward_items(const Problem& p, const ForwardArgs<float>& a, float* scratch, float* keep, const int* order) {
   const Dims d = dims_of(p);
   const std::size_t SF = value_state_floats(p);
   const long items = long(p.slices());
@@ -410,15 +412,16 @@ void forward_items(const Problem& p, const ForwardArgs<float>& a, float* scratch
     const ForwardBuffers b = forward_buffers(p, scratch + omp_get_thread_num() * forward_thread_floats(p));
 // Dynamic: a thread descheduled by another job does not hold the others at the end.
 #pragma omp for schedule(dynamic, 1)
-    for (long item = 0; item < items; ++item) {
-      const HeadSlice sl = p.slice(std::size_t(item));
+    for (long pick = 0; pick < items; ++pick) {
+      const std::size_t item = item_at(order, pick);
+      const HeadSlice sl = p.slice(item);
       const float gamma = float(decay_gamma(p.decay, sl.head));
       const bool decay = gamma != 1.0f;
       decay_tables(gamma, d.C, b.pw, b.mask);
       const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value;
       float* o = a.o + sl.value;
       const int chunks = chunks_of(p, sl.seq);
-      float* kept = keep ? keep + item_chunk_offset(p, std::size_t(item)) * SF : nullptr;
+      float* kept = keep ? keep + item_chunk_offset(p, item) * SF : nullptr;
       tile::pack(a.h0 + sl.state, d.Dv, false, d.Dk, d.Dv, nullptr, b.Sp);
       for (int c = 0; c < chunks; ++c) {
         const auto [n, rk, rv] = chunk_rows(d, sl.seq, c);
@@ -487,7 +490,8 @@ void forward_chunk_split(const Problem& p, const ForwardArgs<float>& a, float* s
 // Items (sequence, q/k head, part) of GradParts: the part's value heads one after another, each
 // from its own chunk states (kept: forward_items' S^T panels; else recomputed per value head into
 // this thread's block), the first writing the part's dq and dk rows and the rest adding to them.
-void backward_items(const Problem& p, const BackwardArgs<float>& a, float* scratch, const float* kept) {
+void backward_items(const Problem& p, const BackwardArgs<float>& a, float* scratch, const float* kept,
+                    const int* order) {
   const Dims d = dims_of(p);
   const float s = float(attention_scale(d.Dk));
   const std::size_t SF = value_state_floats(p);
@@ -502,10 +506,11 @@ void backward_items(const Problem& p, const BackwardArgs<float>& a, float* scrat
     const BackwardBuffers b = backward_buffers(p, own + own_states);
 // Dynamic: a thread descheduled by another job does not hold the others at the end.
 #pragma omp for schedule(dynamic, 1)
-    for (long item = 0; item < long(parts.items); ++item) {
+    for (long pick = 0; pick < long(parts.items); ++pick) {
+      const std::size_t item = item_at(order, pick);
       int sequence, h0, h1;
-      parts.of(p, std::size_t(item), sequence, h0, h1);
-      const int part = parts.part_of(std::size_t(item));
+      parts.of(p, item, sequence, h0, h1);
+      const int part = parts.part_of(item);
       float* dq_out = parts.dq_of(p, a.dq, partials, part);
       float* dk_out = parts.dk_of(p, a.dk, partials, part);
       for (int h = h0; h < h1; ++h) {
@@ -609,16 +614,28 @@ void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float*
 
 }  // namespace
 
+// The order list (packed problems) sits at the workspace's end.
+int* order_list(float* scratch, std::size_t total, std::size_t floats) {
+  return floats ? reinterpret_cast<int*>(scratch + (total - floats)) : nullptr;
+}
+
 void chunked_tiled_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
-  Workspace<float> scratch(allocator, chunked_tiled_forward_floats(p, keep != nullptr));
-  if (split_chunks(p)) forward_chunk_split(p, a, scratch.data(), keep);
-  else forward_items(p, a, scratch.data(), keep);
+  const std::size_t total = chunked_tiled_forward_floats(p, keep != nullptr);
+  Workspace<float> scratch(allocator, total);
+  if (split_chunks(p)) return forward_chunk_split(p, a, scratch.data(), keep);
+  int* order = order_list(scratch.data(), total, order_floats(p, p.slices()));
+  longest_first(p, p.slices(), std::size_t(p.heads), order);
+  forward_items(p, a, scratch.data(), keep, order);
 }
 
 void chunked_tiled_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator, const float* kept) {
-  Workspace<float> scratch(allocator, chunked_tiled_backward_floats(p, kept != nullptr));
-  if (split_chunks(p)) backward_chunk_split(p, a, scratch.data(), kept);
-  else backward_items(p, a, scratch.data(), kept);
+  const std::size_t total = chunked_tiled_backward_floats(p, kept != nullptr);
+  Workspace<float> scratch(allocator, total);
+  if (split_chunks(p)) return backward_chunk_split(p, a, scratch.data(), kept);
+  const GradParts parts(p, omp_get_max_threads());
+  int* order = order_list(scratch.data(), total, order_floats(p, parts.items));
+  longest_first(p, parts.items, parts.per_sequence(p), order);
+  backward_items(p, a, scratch.data(), kept, order);
 }
 
 #else
