@@ -11,8 +11,10 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/tile_gemm.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/linear_attention/cpu_chunk_products.hpp"
 #include "kernels/linear_attention/cpu_variants.hpp"
@@ -186,4 +188,20 @@ TEST_CASE("a packed batch's documents are independent of their neighbours", "[ch
     }
   }
   omp_set_num_threads(omp_get_num_procs());
+}
+
+TEST_CASE("the rectangular packed transpose gives the panels of X^T", "[chunked][shapes][tile]") {
+  // K x N states (Dk x Dv): multiples of 16 take the in-register blocks, the others the scalar
+  // loop; the last panel's padding columns are zero either way.
+  for (const auto& [K, N] : std::vector<std::pair<int, int>>{{32, 64}, {64, 16}, {16, 48}, {128, 64}, {40, 24}, {8, 33}}) {
+    INFO("K " << K << " N " << N);
+    std::vector<float> x(std::size_t(K) * N);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 97) - 48.0f;
+    std::vector<float> packed(std::size_t(K) * cpu::tile::panel_cols(N)), expected(std::size_t(N) * cpu::tile::panel_cols(K));
+    std::vector<float> got(expected.size(), 1e30f);
+    cpu::tile::pack(x.data(), N, false, K, N, nullptr, packed.data());
+    cpu::tile::pack(x.data(), N, true, N, K, nullptr, expected.data());  // X^T(j, i) = x[i * N + j]
+    cpu::tile::transpose_packed(packed.data(), K, N, got.data());
+    CHECK(got == expected);
+  }
 }
