@@ -4,10 +4,9 @@
 // chunk states kept by the forward and recomputed by the backward, over thread counts that take
 // each threading path (items per thread, chunks split over threads, a group's value heads split
 // into parts with partial dq/dk), and each one's scratch against its closed form.
-#include <catch2/catch.hpp>
-
 #include <omp.h>
 
+#include <catch2/catch.hpp>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -101,41 +100,45 @@ TEST_CASE("chunked_tiled and chunked_gated take grouped, rectangular and packed 
   // with partial dq/dk where (sequence, q/k head) pairs are fewer than threads (batch 2 of one q/k
   // head; 4 documents of one); 5: dense problems of fewer items than threads split over chunks
   // (chunked_tiled), a group's value heads one after another adding to dq and dk.
-  for (int threads : {1, 3, 5}) {
-    omp_set_num_threads(threads);
-    for (const Shape& s : shapes())
-      for (const Decay decay : decays_of_this_machine()) {
-        const Case c = shape_case(s, decay);
-        const Problem p = linear_problem(c);
-        REQUIRE(p.sequences() == (s.lengths.empty() ? s.batch : int(s.lengths.size())));
-        INFO("threads " << threads << " " << test::describe(p) << " heads_k " << s.heads_k << " dim_v " << s.dim_v
-                        << " lengths " << lengths_text(s.lengths));
-        const cpu::CpuVariant variant = cpu::cpu_variant_for("chunked", p);
-        CHECK(variant.name == (gated(decay) ? "chunked_gated" : "chunked_tiled"));
-        REQUIRE(variant.takes.shapes);
-        const cpu::GradParts parts(p, threads);
-        if (threads == 3 && s.heads_k == 1 && s.lengths.empty()) CHECK(parts.parts > 1);
+  // Every vector width: chunked_gated runs the tile products' portable form where the AVX-512 tiles
+  // are not active (chunked_tiled is not chosen there).
+  for (const cpu::Vec vec : cpu::available_vecs())
+    for (int threads : {1, 3, 5}) {
+      const test::VecOverride width(vec);
+      omp_set_num_threads(threads);
+      for (const Shape& s : shapes())
+        for (const Decay decay : decays_of_this_machine()) {
+          const Case c = shape_case(s, decay);
+          const Problem p = linear_problem(c);
+          REQUIRE(p.sequences() == (s.lengths.empty() ? s.batch : int(s.lengths.size())));
+          INFO(cpu::to_string(vec) << " threads " << threads << " " << test::describe(p) << " heads_k " << s.heads_k
+                                   << " dim_v " << s.dim_v << " lengths " << lengths_text(s.lengths));
+          const cpu::CpuVariant variant = cpu::cpu_variant_for("chunked", p);
+          CHECK(variant.name == (gated(decay) ? "chunked_gated" : "chunked_tiled"));
+          REQUIRE(variant.takes.shapes);
+          const cpu::GradParts parts(p, threads);
+          if (threads == 3 && s.heads_k == 1 && s.lengths.empty()) CHECK(parts.parts > 1);
 
-        const TensorSet in = make_case_inputs(c, 7);
-        const Reference reference = c.op->reference(c, in, true);
-        std::vector<float> kept(cpu::chunked_kept_states_bytes(p) / sizeof(float));
-        REQUIRE(!kept.empty());
-        TensorSet inputs = in;
-        for (const bool keeps : {true, false}) {
-          TensorSet out = make_case_outputs(c);
-          const Args a = bind(c, inputs, out);
-          float* keep = keeps ? kept.data() : nullptr;
-          const std::size_t fwd_peak = peak_of([&](Allocator& m) { cpu::chunked_forward(p, a.fwd, m, keep); });
-          const std::size_t bwd_peak = peak_of([&](Allocator& m) { cpu::chunked_backward(p, a.bwd, m, keep); });
-          CHECK(fwd_peak == cpu::chunked_forward_workspace_bytes(p, keeps));
-          CHECK(bwd_peak == cpu::chunked_backward_workspace_bytes(p, keeps));
-          const CheckResult check = check_outputs(c, out, reference);
-          INFO((keeps ? "kept" : "recomputed") << " worst " << check.worst_output << " " << test::errors(check));
-          CHECK(check.passed);
-          CHECK(check.rel_err < 1e-4);
+          const TensorSet in = make_case_inputs(c, 7);
+          const Reference reference = c.op->reference(c, in, true);
+          std::vector<float> kept(cpu::chunked_kept_states_bytes(p) / sizeof(float));
+          REQUIRE(!kept.empty());
+          TensorSet inputs = in;
+          for (const bool keeps : {true, false}) {
+            TensorSet out = make_case_outputs(c);
+            const Args a = bind(c, inputs, out);
+            float* keep = keeps ? kept.data() : nullptr;
+            const std::size_t fwd_peak = peak_of([&](Allocator& m) { cpu::chunked_forward(p, a.fwd, m, keep); });
+            const std::size_t bwd_peak = peak_of([&](Allocator& m) { cpu::chunked_backward(p, a.bwd, m, keep); });
+            CHECK(fwd_peak == cpu::chunked_forward_workspace_bytes(p, keeps));
+            CHECK(bwd_peak == cpu::chunked_backward_workspace_bytes(p, keeps));
+            const CheckResult check = check_outputs(c, out, reference);
+            INFO((keeps ? "kept" : "recomputed") << " worst " << check.worst_output << " " << test::errors(check));
+            CHECK(check.passed);
+            CHECK(check.rel_err < 1e-4);
+          }
         }
-      }
-  }
+    }
   omp_set_num_threads(omp_get_num_procs());
 }
 
@@ -193,11 +196,13 @@ TEST_CASE("a packed batch's documents are independent of their neighbours", "[ch
 TEST_CASE("the rectangular packed transpose gives the panels of X^T", "[chunked][shapes][tile]") {
   // K x N states (Dk x Dv): multiples of 16 take the in-register blocks, the others the scalar
   // loop; the last panel's padding columns are zero either way.
-  for (const auto& [K, N] : std::vector<std::pair<int, int>>{{32, 64}, {64, 16}, {16, 48}, {128, 64}, {40, 24}, {8, 33}}) {
+  for (const auto& [K, N] :
+       std::vector<std::pair<int, int>>{{32, 64}, {64, 16}, {16, 48}, {128, 64}, {40, 24}, {8, 33}}) {
     INFO("K " << K << " N " << N);
     std::vector<float> x(std::size_t(K) * N);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 97) - 48.0f;
-    std::vector<float> packed(std::size_t(K) * cpu::tile::panel_cols(N)), expected(std::size_t(N) * cpu::tile::panel_cols(K));
+    std::vector<float> packed(std::size_t(K) * cpu::tile::panel_cols(N)),
+        expected(std::size_t(N) * cpu::tile::panel_cols(K));
     std::vector<float> got(expected.size(), 1e30f);
     cpu::tile::pack(x.data(), N, false, K, N, nullptr, packed.data());
     cpu::tile::pack(x.data(), N, true, N, K, nullptr, expected.data());  // X^T(j, i) = x[i * N + j]

@@ -22,12 +22,8 @@ inline std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * 
 // rows has ceil(len / C) chunks, the last of len - (chunks - 1) C rows; nothing is padded.
 
 // Floats of one packed Dk x Dv state (S, dS: Dk rows, panels of Dv columns) and of its transpose.
-inline std::size_t key_state_floats(const Problem& p) {
-  return std::size_t(p.dim) * tile::panel_cols(p.value_dim());
-}
-inline std::size_t value_state_floats(const Problem& p) {
-  return std::size_t(p.value_dim()) * tile::panel_cols(p.dim);
-}
+inline std::size_t key_state_floats(const Problem& p) { return std::size_t(p.dim) * tile::panel_cols(p.value_dim()); }
+inline std::size_t value_state_floats(const Problem& p) { return std::size_t(p.value_dim()) * tile::panel_cols(p.dim); }
 
 inline int chunks_of(const Problem& p, int len) {
   const int C = effective_chunk(p);
@@ -154,8 +150,7 @@ inline tile::Product rows_product(float* c, long ldc, int M, int N, tile::Segmen
 }
 
 // Y = beta Y + alpha X^T Z for a packed Dk x Dv state Y, X (n x Dk rows), Z packed n x Dv panels.
-inline void state_product(float* Yp, int Dk, int Dv, int n, const float* X, const float* Zp, float alpha,
-                          float beta) {
+inline void state_product(float* Yp, int Dk, int Dv, int n, const float* X, const float* Zp, float alpha, float beta) {
   tile::Product u = rows_product(Yp, tile::kNR, Dk, Dv, tile::seg(tile::Range::full, n, X, 1, Dk, Zp), alpha);
   u.cps = long(Dk) * tile::kNR;
   u.beta = beta;

@@ -551,22 +551,23 @@ void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
         forward_shared_item(B, p, a, keep, sequence, h0, h1);
       }
     } else {
-// Items in order: the value heads of one q/k head run side by side on the threads, so its rows
-// come from memory once and from the shared cache for the others.
+// Items in order (a packed problem's longest documents first): the value heads of one q/k head
+// run side by side on the threads, so its rows come from memory once and from the shared cache
+// for the others.
 #pragma omp for schedule(dynamic, 1)
-    for (long pick = 0; pick < long(p.slices()); ++pick) {
-      const std::size_t item = item_at(order, pick);
-      const HeadSlice sl = p.slice(item);
-      const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value, *g = a.g + sl.gate;
-      float* o = a.o + sl.value;
-      float* kept = keep ? keep + item_chunk_offset(p, item) * SF : nullptr;
-      tile::pack(a.h0 + sl.state, Dv, false, D, Dv, nullptr, B.Sp);
-      for (int c = 0; c < chunks_of(p, sl.seq); ++c) {
-        const Chunk ch = chunk_at(p, sl.seq, c);
-        if (kept) tile::transpose_packed(B.Sp, D, Dv, kept + c * SF);
-        forward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, o + ch.rv);
-      }
-      tile::unpack(B.Sp, D, Dv, a.hT + sl.state, Dv);
+      for (long pick = 0; pick < long(p.slices()); ++pick) {
+        const std::size_t item = item_at(order, pick);
+        const HeadSlice sl = p.slice(item);
+        const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value, *g = a.g + sl.gate;
+        float* o = a.o + sl.value;
+        float* kept = keep ? keep + item_chunk_offset(p, item) * SF : nullptr;
+        tile::pack(a.h0 + sl.state, Dv, false, D, Dv, nullptr, B.Sp);
+        for (int c = 0; c < chunks_of(p, sl.seq); ++c) {
+          const Chunk ch = chunk_at(p, sl.seq, c);
+          if (kept) tile::transpose_packed(B.Sp, D, Dv, kept + c * SF);
+          forward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, o + ch.rv);
+        }
+        tile::unpack(B.Sp, D, Dv, a.hT + sl.state, Dv);
       }
     }
   }
