@@ -22,7 +22,10 @@
 // panels' zero columns cover the remainder), so the cost of a short chunk is one chunk's fixed work
 // (packing, the state transpose, tiles rounded up to 8 rows and 32 columns) per document, no
 // padded tokens. Threads take whole items (a dense problem with fewer items than threads splits
-// each item's chunks over them instead). The backward's dq and dk of a q/k head sum over its value
+// each item's chunks over them instead). With grouped q/k heads the forward's items are (sequence,
+// q/k head, part) (GradParts): the part's value heads walk the chunks side by side, Q K^T made once
+// per chunk for all of them (masked once without decay; retnet masks it per head with its gamma),
+// and the q/k rows read once. The backward's dq and dk of a q/k head sum over its value
 // heads: its items are (sequence, q/k head, part) (GradParts, cpu_chunk_products.hpp), a part's
 // heads on one thread, the first writing the rows and the others adding. Each thread's scratch is
 // one contiguous block (closed form in chunked_tiled_*_floats, held by tests/test_memory.cpp and
@@ -53,9 +56,7 @@ bool split_chunks(const Problem& p) {
 
 int item_threads(const Problem& p) { return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), p.slices())); }
 
-int tiled_threads(const Problem& p) {
-  return split_chunks(p) ? std::min(omp_get_max_threads(), p.chunks()) : item_threads(p);
-}
+int tiled_threads(const Problem& p);
 
 // The backward's items split over whole items (GradParts: sequence, q/k head, part).
 int backward_item_threads(const Problem& p) {
@@ -71,9 +72,27 @@ std::size_t kept_state_floats(const Problem& p) {
 // The largest of S, S^T: the backward's Sp holds S recomputing, S^T split over chunks.
 std::size_t either_state_floats(const Problem& p) { return std::max(key_state_floats(p), value_state_floats(p)); }
 
+// Grouped q/k heads, items over whole sequences: the forward's items are GradParts' (sequence, q/k
+// head, part), each part's value heads walking the chunks side by side on one Q K^T.
+bool shares_scores(const Problem& p) { return p.group() > 1 && !split_chunks(p); }
+
+std::size_t forward_items(const Problem& p) {
+  return shares_scores(p) ? GradParts(p, omp_get_max_threads()).items : p.slices();
+}
+
+// The value heads of the largest part (1 when unshared).
+int shared_heads(const Problem& p) {
+  if (!shares_scores(p)) return 1;
+  const int parts = GradParts(p, omp_get_max_threads()).parts;
+  return (p.group() + parts - 1) / parts;
+}
+
+// Shared: also the unmasked Q K^T (C x C), and per further value head a state and powers of gamma.
 std::size_t forward_thread_floats(const Problem& p) {
   const std::size_t C = effective_chunk(p), Dk = p.dim, PV = panel_cols(p.value_dim()), PC = panel_cols(int(C));
-  return 2 * C * C + Dk * PC + 2 * C * PV + key_state_floats(p) + 3 * C + 1;
+  const std::size_t more = std::size_t(shared_heads(p) - 1), shared = shares_scores(p) ? C * C : 0;
+  return 2 * C * C + Dk * PC + 2 * C * PV + key_state_floats(p) + 3 * C + 1 + shared +
+         more * (key_state_floats(p) + C + 1);
 }
 
 std::size_t backward_thread_floats(const Problem& p) {
@@ -81,6 +100,12 @@ std::size_t backward_thread_floats(const Problem& p) {
   const std::size_t PK = panel_cols(p.dim), PV = panel_cols(p.value_dim());
   return C * C + 2 * C * score_ld(int(C)) + (Dk + Dv) * PC + 2 * C * PK + 2 * C * PV + value_state_floats(p) +
          either_state_floats(p) + key_state_floats(p) + 3 * C + 1;
+}
+
+int tiled_threads(const Problem& p) {
+  if (split_chunks(p)) return std::min(omp_get_max_threads(), p.chunks());
+  return shares_scores(p) ? int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), forward_items(p)))
+                          : item_threads(p);
 }
 
 }  // namespace
@@ -92,7 +117,7 @@ std::size_t chunked_tiled_forward_floats(const Problem& p, bool keep) {
   const std::size_t SF = key_state_floats(p);
   const std::size_t chunk_states = keep ? 0 : std::size_t(p.chunks()) * SF;
   const std::size_t shared = split_chunks(p) ? chunk_states + SF : 0;
-  return shared + std::size_t(tiled_threads(p)) * forward_thread_floats(p) + order_floats(p, p.slices());
+  return shared + std::size_t(tiled_threads(p)) * forward_thread_floats(p) + order_floats(p, forward_items(p));
 }
 
 std::size_t chunked_tiled_backward_floats(const Problem& p, bool kept) {
@@ -213,6 +238,8 @@ ChunkRows chunk_rows(const Dims& d, int len, int c) {
 
 struct ForwardBuffers {
   float *mask, *A, *Ktp, *Vp, *Vg, *Sp, *pw, *lam, *gam;
+  // Shared items: Q K^T unmasked, and the further value heads' states and powers of gamma.
+  float *R = nullptr, *more_states = nullptr, *more_pw = nullptr;
 };
 
 ForwardBuffers forward_buffers(const Problem& p, float* base) {
@@ -228,6 +255,12 @@ ForwardBuffers forward_buffers(const Problem& p, float* base) {
   b.pw = carve.take(C + 1);
   b.lam = carve.take(C);
   b.gam = carve.take(C);
+  if (shares_scores(p)) {
+    const std::size_t more = std::size_t(shared_heads(p) - 1);
+    b.R = carve.take(std::size_t(C) * C);
+    b.more_states = carve.take(more * key_state_floats(p));
+    b.more_pw = carve.take(more * (C + 1));
+  }
   return b;
 }
 
@@ -242,23 +275,28 @@ void chunk_weights(const float* pw, int n, float scale, float* lam, float* gam) 
 // O_c = s (diag(lam) Q_c S + ((Q_c K_c^T) . M) V_c) for the packed state S entering the chunk:
 // Q K^T is n x Dk by Dk x n, Q S n x Dk by Dk x Dv, A V n x n by n x Dv. Returns V_c as the
 // operand it used, for the state product to reuse.
-Operand chunk_output(const ForwardBuffers& b, const Dims& d, int n, bool decay, const float* Qc, const float* Kc,
-                     const float* Vc, float* Oc, const float* Sp, const NextRows& next = {}) {
+// The scores into A, or (A null) Q K^T unmasked into R for a group's value heads to mask.
+void chunk_scores(const ForwardBuffers& b, const Dims& d, int n, bool decay, const float* Qc, const float* Kc,
+                  const NextRows& next, bool unmasked = false) {
   tile::pack(Kc, d.Dk, true, d.Dk, n, nullptr, b.Ktp);
-  const Operand V = rows_operand(Vc, n, d.Dv, b.Vp);
   Product scores;
   scores.M = n;
   scores.N = n;
-  scores.c = b.A;
+  scores.c = unmasked ? b.R : b.A;
   scores.ldc = d.C;
   scores.s1 = seg(Range::full, d.Dk, Qc, d.Dk, 1, b.Ktp);
-  scores.mask = b.mask;
+  scores.mask = unmasked ? nullptr : b.mask;
   scores.ldm = d.C;
   scores.mask_all = decay;
   scores.lower = true;
   prefetch_into(scores, next.k, next.qk_floats);
   tile::run(scores);
+}
 
+// O_c from the scores A; returns V_c as the operand it used, for the state product to reuse.
+Operand chunk_out(const ForwardBuffers& b, const Dims& d, int n, bool decay, const float* Qc, const float* Vc,
+                  float* Oc, const float* Sp, const NextRows& next) {
+  const Operand V = rows_operand(Vc, n, d.Dv, b.Vp);
   Product out;
   prefetch_into(out, next.v, next.v_floats);
   out.M = n;
@@ -271,6 +309,24 @@ Operand chunk_output(const ForwardBuffers& b, const Dims& d, int n, bool decay, 
   out.alpha = float(attention_scale(d.Dk));
   tile::run(out);
   return V;
+}
+
+Operand chunk_output(const ForwardBuffers& b, const Dims& d, int n, bool decay, const float* Qc, const float* Kc,
+                     const float* Vc, float* Oc, const float* Sp, const NextRows& next = {}) {
+  chunk_scores(b, d, n, decay, Qc, Kc, next);
+  return chunk_out(b, d, n, decay, Qc, Vc, Oc, Sp, next);
+}
+
+// A = R . M for a value head with powers pw of its gamma: M_ij = gamma^(i-j) on and below the
+// diagonal, zero above it to the 8-row tile's end (the A V product reads that far; R's entries
+// there may be unwritten).
+void mask_scores(const ForwardBuffers& b, const Dims& d, int n, const float* pw) {
+  for (int i = 0; i < n; ++i) {
+    const float* __restrict r = b.R + std::size_t(i) * d.C;
+    float* __restrict a = b.A + std::size_t(i) * d.C;
+    for (int j = 0; j <= i; ++j) a[j] = r[j] * pw[i - j];
+    std::fill(a + i + 1, a + std::min(n, i / tile::kMR * tile::kMR + tile::kMR), 0.0f);
+  }
 }
 
 // Walks elements [e0, e1) of the packed chunk states in order (reverse: last chunk first):
@@ -402,6 +458,49 @@ void chunk_dstate(const BackwardBuffers& b, const Dims& d, int n, bool decay, co
 }
 
 // keep: where S^T entering each chunk of every item goes (panels, item-major), or null.
+// One shared item: value heads [h0, h1) of one sequence on their q/k head's rows, chunk by chunk:
+// Q K^T once (masked once without decay, where every head's A is the same), then each head's
+// output and state update. keep: as forward_items'.
+void forward_shared_item(const Problem& p, const ForwardArgs<float>& a, const ForwardBuffers& b, float* keep,
+                         int sequence, int h0, int h1) {
+  const Dims d = dims_of(p);
+  const std::size_t SF = value_state_floats(p), KSF = key_state_floats(p);
+  const bool decay = p.decay == Decay::retnet;
+  const auto state = [&](int h) { return h == h0 ? b.Sp : b.more_states + std::size_t(h - h0 - 1) * KSF; };
+  const auto powers = [&](int h) { return h == h0 ? b.pw : b.more_pw + std::size_t(h - h0 - 1) * (d.C + 1); };
+  const HeadSlice first = p.slice(std::size_t(sequence) * p.heads + h0);
+  const float *q = a.q + first.key, *k = a.k + first.key;
+  for (int h = h0; h < h1; ++h) {
+    decay_tables(float(decay_gamma(p.decay, h)), d.C, powers(h), b.mask);  // mask: ones without decay
+    tile::pack(a.h0 + p.slice(std::size_t(sequence) * p.heads + h).state, d.Dv, false, d.Dk, d.Dv, nullptr, state(h));
+  }
+  const int chunks = chunks_of(p, first.seq);
+  for (int c = 0; c < chunks; ++c) {
+    const auto [n, rk, rv] = chunk_rows(d, first.seq, c);
+    NextRows next;
+    if (c + 1 < chunks) {
+      const auto [n1, rk1, rv1] = chunk_rows(d, first.seq, c + 1);
+      next = {q + rk1, k + rk1, nullptr, nullptr, std::size_t(n1) * d.Dk, 0};
+    }
+    chunk_scores(b, d, n, false, q + rk, k + rk, next, decay);
+    for (int h = h0; h < h1; ++h) {
+      const std::size_t index = std::size_t(sequence) * p.heads + h;
+      const HeadSlice sl = p.slice(index);
+      const float* pw = powers(h);
+      float* Sp = state(h);
+      if (decay) mask_scores(b, d, n, pw);
+      chunk_weights(pw, n, 1.0f, b.lam, b.gam);
+      if (keep) tile::transpose_packed(Sp, d.Dk, d.Dv, keep + (item_chunk_offset(p, index) + c) * SF);
+      const float* v = a.v + sl.value + rv;
+      const Operand V = chunk_out(b, d, n, decay, q + rk, v, a.o + sl.value + rv, Sp, {});
+      if (decay) state_product(Sp, d, n, k + rk, v, b.gam, 1.0f, pw[n], b.Vg);
+      else state_product(Sp, d, n, k + rk, V, 1.0f, 1.0f);
+    }
+  }
+  for (int h = h0; h < h1; ++h)
+    tile::unpack(state(h), d.Dk, d.Dv, a.hT + p.slice(std::size_t(sequence) * p.heads + h).state, d.Dv);
+}
+
 // order: longest_first's list for a packed problem, or null.
 void forward_items(const Problem& p, const ForwardArgs<float>& a, float* scratch, float* keep, const int* order) {
   const Dims d = dims_of(p);
@@ -410,33 +509,43 @@ void forward_items(const Problem& p, const ForwardArgs<float>& a, float* scratch
 #pragma omp parallel num_threads(tiled_threads(p))
   {
     const ForwardBuffers b = forward_buffers(p, scratch + omp_get_thread_num() * forward_thread_floats(p));
+    if (shares_scores(p)) {
+      const GradParts parts(p, omp_get_max_threads());
+#pragma omp for schedule(dynamic, 1)
+      for (long pick = 0; pick < long(parts.items); ++pick) {
+        int sequence, h0, h1;
+        parts.of(p, item_at(order, pick), sequence, h0, h1);
+        forward_shared_item(p, a, b, keep, sequence, h0, h1);
+      }
+    } else {
 // Dynamic: a thread descheduled by another job does not hold the others at the end.
 #pragma omp for schedule(dynamic, 1)
-    for (long pick = 0; pick < items; ++pick) {
-      const std::size_t item = item_at(order, pick);
-      const HeadSlice sl = p.slice(item);
-      const float gamma = float(decay_gamma(p.decay, sl.head));
-      const bool decay = gamma != 1.0f;
-      decay_tables(gamma, d.C, b.pw, b.mask);
-      const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value;
-      float* o = a.o + sl.value;
-      const int chunks = chunks_of(p, sl.seq);
-      float* kept = keep ? keep + item_chunk_offset(p, item) * SF : nullptr;
-      tile::pack(a.h0 + sl.state, d.Dv, false, d.Dk, d.Dv, nullptr, b.Sp);
-      for (int c = 0; c < chunks; ++c) {
-        const auto [n, rk, rv] = chunk_rows(d, sl.seq, c);
-        NextRows next;
-        if (c + 1 < chunks) {
-          const auto [n1, rk1, rv1] = chunk_rows(d, sl.seq, c + 1);
-          next = {q + rk1, k + rk1, v + rv1, nullptr, std::size_t(n1) * d.Dk, std::size_t(n1) * d.Dv};
+      for (long pick = 0; pick < items; ++pick) {
+        const std::size_t item = item_at(order, pick);
+        const HeadSlice sl = p.slice(item);
+        const float gamma = float(decay_gamma(p.decay, sl.head));
+        const bool decay = gamma != 1.0f;
+        decay_tables(gamma, d.C, b.pw, b.mask);
+        const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value;
+        float* o = a.o + sl.value;
+        const int chunks = chunks_of(p, sl.seq);
+        float* kept = keep ? keep + item_chunk_offset(p, item) * SF : nullptr;
+        tile::pack(a.h0 + sl.state, d.Dv, false, d.Dk, d.Dv, nullptr, b.Sp);
+        for (int c = 0; c < chunks; ++c) {
+          const auto [n, rk, rv] = chunk_rows(d, sl.seq, c);
+          NextRows next;
+          if (c + 1 < chunks) {
+            const auto [n1, rk1, rv1] = chunk_rows(d, sl.seq, c + 1);
+            next = {q + rk1, k + rk1, v + rv1, nullptr, std::size_t(n1) * d.Dk, std::size_t(n1) * d.Dv};
+          }
+          chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
+          if (kept) tile::transpose_packed(b.Sp, d.Dk, d.Dv, kept + c * SF);
+          const Operand V = chunk_output(b, d, n, decay, q + rk, k + rk, v + rv, o + rv, b.Sp, next);
+          if (decay) state_product(b.Sp, d, n, k + rk, v + rv, b.gam, 1.0f, b.pw[n], b.Vg, next.q, next.qk_floats);
+          else state_product(b.Sp, d, n, k + rk, V, 1.0f, b.pw[n], next.q, next.qk_floats);
         }
-        chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
-        if (kept) tile::transpose_packed(b.Sp, d.Dk, d.Dv, kept + c * SF);
-        const Operand V = chunk_output(b, d, n, decay, q + rk, k + rk, v + rv, o + rv, b.Sp, next);
-        if (decay) state_product(b.Sp, d, n, k + rk, v + rv, b.gam, 1.0f, b.pw[n], b.Vg, next.q, next.qk_floats);
-        else state_product(b.Sp, d, n, k + rk, V, 1.0f, b.pw[n], next.q, next.qk_floats);
+        tile::unpack(b.Sp, d.Dk, d.Dv, a.hT + sl.state, d.Dv);
       }
-      tile::unpack(b.Sp, d.Dk, d.Dv, a.hT + sl.state, d.Dv);
     }
   }
 }
@@ -623,8 +732,9 @@ void chunked_tiled_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
   const std::size_t total = chunked_tiled_forward_floats(p, keep != nullptr);
   Workspace<float> scratch(allocator, total);
   if (split_chunks(p)) return forward_chunk_split(p, a, scratch.data(), keep);
-  int* order = order_list(scratch.data(), total, order_floats(p, p.slices()));
-  longest_first(p, p.slices(), std::size_t(p.heads), order);
+  int* order = order_list(scratch.data(), total, order_floats(p, forward_items(p)));
+  longest_first(p, forward_items(p),
+                shares_scores(p) ? GradParts(p, omp_get_max_threads()).per_sequence(p) : std::size_t(p.heads), order);
   forward_items(p, a, scratch.data(), keep, order);
 }
 
