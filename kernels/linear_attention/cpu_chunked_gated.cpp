@@ -436,7 +436,7 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
 // (sequence, q/k head, part), each part's value heads walking the chunks side by side.
 bool shares_scores(const Problem& p) { return p.decay == Decay::scalar && p.group() > 1; }
 
-std::size_t forward_items(const Problem& p) {
+std::size_t forward_item_count(const Problem& p) {
   return shares_scores(p) ? GradParts(p, omp_get_max_threads()).items : p.slices();
 }
 
@@ -448,7 +448,7 @@ int shared_heads(const Problem& p) {
 }
 
 int forward_threads(const Problem& p) {
-  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), forward_items(p)));
+  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), forward_item_count(p)));
 }
 std::size_t thread_floats(const Problem& p, bool backward, bool own_states) {
   return carve(p, nullptr, backward, own_states, backward ? 0 : shared_heads(p)).used;
@@ -486,7 +486,7 @@ void recompute_states(const Buffers& B, const Problem& p, const HeadSlice& sl, c
 std::size_t chunked_gated_kept_states_floats(const Problem& p) { return item_chunks(p) * value_state_floats(p); }
 
 std::size_t chunked_gated_forward_floats(const Problem& p) {
-  return std::size_t(forward_threads(p)) * thread_floats(p, false, false) + order_floats(p, forward_items(p));
+  return std::size_t(forward_threads(p)) * thread_floats(p, false, false) + order_floats(p, forward_item_count(p));
 }
 
 namespace {
@@ -534,10 +534,10 @@ void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
   const int D = p.dim, Dv = p.value_dim();
   const std::size_t per_thread = thread_floats(p, false, false), SF = value_state_floats(p);
   const std::size_t threads_floats = std::size_t(forward_threads(p)) * per_thread;
-  Workspace<float> scratch(allocator, threads_floats + order_floats(p, forward_items(p)));
+  Workspace<float> scratch(allocator, threads_floats + order_floats(p, forward_item_count(p)));
   // The order list (packed problems) after the threads' blocks.
   int* order = p.packed() ? reinterpret_cast<int*>(scratch.data() + threads_floats) : nullptr;
-  longest_first(p, forward_items(p),
+  longest_first(p, forward_item_count(p),
                 shares_scores(p) ? GradParts(p, omp_get_max_threads()).per_sequence(p) : std::size_t(p.heads), order);
 #pragma omp parallel num_threads(forward_threads(p))
   {

@@ -76,7 +76,7 @@ std::size_t either_state_floats(const Problem& p) { return std::max(key_state_fl
 // head, part), each part's value heads walking the chunks side by side on one Q K^T.
 bool shares_scores(const Problem& p) { return p.group() > 1 && !split_chunks(p); }
 
-std::size_t forward_items(const Problem& p) {
+std::size_t forward_item_count(const Problem& p) {
   return shares_scores(p) ? GradParts(p, omp_get_max_threads()).items : p.slices();
 }
 
@@ -104,7 +104,7 @@ std::size_t backward_thread_floats(const Problem& p) {
 
 int tiled_threads(const Problem& p) {
   if (split_chunks(p)) return std::min(omp_get_max_threads(), p.chunks());
-  return shares_scores(p) ? int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), forward_items(p)))
+  return shares_scores(p) ? int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), forward_item_count(p)))
                           : item_threads(p);
 }
 
@@ -117,7 +117,7 @@ std::size_t chunked_tiled_forward_floats(const Problem& p, bool keep) {
   const std::size_t SF = key_state_floats(p);
   const std::size_t chunk_states = keep ? 0 : std::size_t(p.chunks()) * SF;
   const std::size_t shared = split_chunks(p) ? chunk_states + SF : 0;
-  return shared + std::size_t(tiled_threads(p)) * forward_thread_floats(p) + order_floats(p, forward_items(p));
+  return shared + std::size_t(tiled_threads(p)) * forward_thread_floats(p) + order_floats(p, forward_item_count(p));
 }
 
 std::size_t chunked_tiled_backward_floats(const Problem& p, bool kept) {
@@ -732,8 +732,8 @@ void chunked_tiled_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
   const std::size_t total = chunked_tiled_forward_floats(p, keep != nullptr);
   Workspace<float> scratch(allocator, total);
   if (split_chunks(p)) return forward_chunk_split(p, a, scratch.data(), keep);
-  int* order = order_list(scratch.data(), total, order_floats(p, forward_items(p)));
-  longest_first(p, forward_items(p),
+  int* order = order_list(scratch.data(), total, order_floats(p, forward_item_count(p)));
+  longest_first(p, forward_item_count(p),
                 shares_scores(p) ? GradParts(p, omp_get_max_threads()).per_sequence(p) : std::size_t(p.heads), order);
   forward_items(p, a, scratch.data(), keep, order);
 }
