@@ -276,6 +276,32 @@ void transpose_packed(const float* panels, int D, float* dst) {
     }
 }
 
+void transpose_packed(const float* panels, int K, int N, float* dst) {
+  const std::size_t src_ps = std::size_t(K) * kNR, dst_ps = std::size_t(N) * kNR;
+  if (K % 16 == 0 && N % 16 == 0) {
+    // The 16 x 16 block of X at rows i0.., columns j0.. lands as rows j0.., columns i0.. of X^T.
+    for (int j0 = 0; j0 < N; j0 += 16)
+      for (int i0 = 0; i0 < K; i0 += 16) {
+        __m512 r[16];
+        const float* src = panels + std::size_t(j0 / kNR) * src_ps + std::size_t(i0) * kNR + j0 % kNR;
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + std::size_t(i) * kNR);
+        transpose16(r);
+        float* out = dst + std::size_t(i0 / kNR) * dst_ps + std::size_t(j0) * kNR + i0 % kNR;
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + std::size_t(i) * kNR, r[i]);
+      }
+    if (K % kNR == 0) return;
+    float* last = dst + std::size_t(K / kNR) * dst_ps;
+    for (int j = 0; j < N; ++j) std::fill(last + std::size_t(j) * kNR + 16, last + std::size_t(j + 1) * kNR, 0.0f);
+    return;
+  }
+  for (int i0 = 0; i0 < K; i0 += kNR)
+    for (int j = 0; j < N; ++j) {
+      float* row = dst + std::size_t(i0 / kNR) * dst_ps + std::size_t(j) * kNR;
+      for (int ii = 0; ii < kNR; ++ii)
+        row[ii] = i0 + ii < K ? panels[std::size_t(j / kNR) * src_ps + std::size_t(i0 + ii) * kNR + j % kNR] : 0.0f;
+    }
+}
+
 void unpack(const float* panels, int K, int N, float* dst, long ldd) {
   for (int j0 = 0; j0 < N; j0 += kNR) {
     const int width = std::min(kNR, N - j0);
@@ -303,6 +329,13 @@ void pack(const float* src, long lds, bool transposed, int K, int N, const float
 void unpack(const float* panels, int K, int N, float* dst, long ldd) {
   for (int k = 0; k < K; ++k)
     for (int j = 0; j < N; ++j) dst[std::ptrdiff_t(k) * ldd + j] = panels[(std::size_t(j / kNR) * K + k) * kNR + j % kNR];
+}
+
+void transpose_packed(const float* panels, int K, int N, float* dst) {
+  for (int j = 0; j < N; ++j)
+    for (int i = 0; i < panel_cols(K); ++i)
+      dst[(std::size_t(i / kNR) * N + j) * kNR + i % kNR] =
+          i < K ? panels[(std::size_t(j / kNR) * K + i) * kNR + j % kNR] : 0.0f;
 }
 
 void transpose_packed(const float* panels, int D, float* dst) {

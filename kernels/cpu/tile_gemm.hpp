@@ -83,5 +83,8 @@ void unpack(const float* panels, int K, int N, float* dst, long ldd);
 // Panels of X^T from the panels of a packed D x D matrix X, in one pass (16 x 16 blocks
 // transposed in registers where D allows; the last panel zero-padded as pack pads it).
 void transpose_packed(const float* panels, int D, float* dst);
+// Panels of X^T (N x K) from the panels of a packed K x N matrix X (a Dk x Dv state), the last
+// panel zero-padded.
+void transpose_packed(const float* panels, int K, int N, float* dst);
 
 }  // namespace lattn::cpu::tile

@@ -17,6 +17,115 @@ inline int effective_chunk(const Problem& p) { return std::min(p.chunk, p.seq); 
 // Floats of one packed D x P(D) state.
 inline std::size_t state_floats(const Problem& p) { return std::size_t(p.dim) * tile::panel_cols(p.dim); }
 
+// ---- The shapes of docs/spec.md section 1c for the additive rule's chunked kernels ----
+// Items are (sequence, value head) pairs (Problem::slice). A sequence (a packed document) of len
+// rows has ceil(len / C) chunks, the last of len - (chunks - 1) C rows; nothing is padded.
+
+// Floats of one packed Dk x Dv state (S, dS: Dk rows, panels of Dv columns) and of its transpose.
+inline std::size_t key_state_floats(const Problem& p) { return std::size_t(p.dim) * tile::panel_cols(p.value_dim()); }
+inline std::size_t value_state_floats(const Problem& p) { return std::size_t(p.value_dim()) * tile::panel_cols(p.dim); }
+
+inline int chunks_of(const Problem& p, int len) {
+  const int C = effective_chunk(p);
+  return (len + C - 1) / C;
+}
+
+inline int sequence_length(const Problem& p, int n) {
+  return p.packed() ? p.cu_seqlens[std::size_t(n) + 1] - p.cu_seqlens[std::size_t(n)] : p.seq;
+}
+
+// Chunks of the longest sequence: what a per-thread buffer of one item's chunk states holds.
+inline int max_chunks(const Problem& p) {
+  int most = 0;
+  for (int n = 0; n < p.sequences(); ++n) most = std::max(most, chunks_of(p, sequence_length(p, n)));
+  return most;
+}
+
+// The chunk states of every item, item-major (the kept states' count), and where item i's begin.
+inline std::size_t item_chunks(const Problem& p) {
+  std::size_t total = 0;
+  for (int n = 0; n < p.sequences(); ++n) total += std::size_t(chunks_of(p, sequence_length(p, n)));
+  return total * p.heads;
+}
+inline std::size_t item_chunk_offset(const Problem& p, std::size_t item) {
+  const int n = int(item / p.heads), h = int(item % p.heads);
+  if (!p.packed()) return item * chunks_of(p, p.seq);
+  std::size_t before = 0;
+  for (int m = 0; m < n; ++m) before += std::size_t(chunks_of(p, sequence_length(p, m)));
+  return before * p.heads + std::size_t(h) * chunks_of(p, sequence_length(p, n));
+}
+
+// The order threads take a packed problem's items in: longest documents first, so that no long
+// document is taken last and runs alone at the end (in document order, a long last document's
+// items started when the rest were nearly done: up to 1.25x the equal-length batch's time at
+// varlen 32768 64 8192). Item i belongs to sequence i / per_sequence. Dense problems take their
+// items in index order and need no list: order_floats is 0 for them.
+inline std::size_t order_floats(const Problem& p, std::size_t items) {
+  static_assert(sizeof(int) == sizeof(float), "the order list lives in float scratch");
+  return p.packed() ? items : 0;
+}
+inline void longest_first(const Problem& p, std::size_t items, std::size_t per_sequence, int* order) {
+  if (!p.packed()) return;
+  for (std::size_t i = 0; i < items; ++i) order[i] = int(i);
+  std::sort(order, order + items, [&](int a, int b) {
+    const int la = sequence_length(p, int(std::size_t(a) / per_sequence));
+    const int lb = sequence_length(p, int(std::size_t(b) / per_sequence));
+    return la != lb ? la > lb : a < b;
+  });
+}
+// The item a thread's i-th pick stands for.
+inline std::size_t item_at(const int* order, long i) { return order ? std::size_t(order[i]) : std::size_t(i); }
+
+// The backward's dq and dk of a q/k head sum over the group's value heads. Its items are (sequence,
+// q/k head, part): a part's value heads run in order on one thread, the first writing the rows and
+// the rest adding to them. With fewer (sequence, q/k head) pairs than threads, each group splits
+// into `parts` parts so that every thread has one: part 0 writes dq and dk, part j > 0 its own
+// partial copy of both (2 (parts - 1) key tensors of scratch), which a last pass adds in.
+struct GradParts {
+  int parts = 1;
+  std::size_t items = 0;  // sequences x q/k heads x parts
+
+  GradParts(const Problem& p, int threads) {
+    const std::size_t pairs = std::size_t(p.sequences()) * p.qk_heads();
+    if (p.group() > 1 && pairs < std::size_t(threads))
+      parts = int(std::min<std::size_t>(std::size_t(p.group()), (std::size_t(threads) + pairs - 1) / pairs));
+    items = pairs * parts;
+  }
+  std::size_t partial_floats(const Problem& p) const { return 2 * std::size_t(parts - 1) * p.key_elems(); }
+  std::size_t per_sequence(const Problem& p) const { return std::size_t(p.qk_heads()) * parts; }
+  // Item i's sequence, q/k head and value heads [h0, h1).
+  void of(const Problem& p, std::size_t item, int& sequence, int& h0, int& h1) const {
+    const int part = int(item % parts), pair = int(item / parts), G = p.group();
+    sequence = pair / p.qk_heads();
+    const int hk = pair % p.qk_heads();
+    h0 = hk * G + part * G / parts;
+    h1 = hk * G + (part + 1) * G / parts;
+  }
+  int part_of(std::size_t item) const { return int(item % parts); }
+  // dq (dk: + key_elems) of part `part`: the output for part 0, a partial copy otherwise.
+  float* dq_of(const Problem& p, float* dq, float* partials, int part) const {
+    return part == 0 ? dq : partials + 2 * std::size_t(part - 1) * p.key_elems();
+  }
+  float* dk_of(const Problem& p, float* dk, float* partials, int part) const {
+    return part == 0 ? dk : partials + (2 * std::size_t(part - 1) + 1) * p.key_elems();
+  }
+  // Adds the partial copies into dq and dk: called inside a parallel region, by every thread.
+  void reduce(const Problem& p, float* dq, float* dk, const float* partials) const {
+    if (parts == 1) return;
+    const std::size_t E = p.key_elems();
+#pragma omp for schedule(static)
+    for (long e = 0; e < long(E); ++e) {
+      float x = dq[e], y = dk[e];
+      for (int j = 1; j < parts; ++j) {
+        x += partials[2 * std::size_t(j - 1) * E + e];
+        y += partials[(2 * std::size_t(j - 1) + 1) * E + e];
+      }
+      dq[e] = x;
+      dk[e] = y;
+    }
+  }
+};
+
 // The leading dimension of a chunk's C x C score tiles, as cpu_chunked_tiled.cpp's: transposes read
 // down columns.
 inline int score_ld(int C) { return C + 16; }
@@ -40,15 +149,26 @@ inline tile::Product rows_product(float* c, long ldc, int M, int N, tile::Segmen
   return u;
 }
 
-// Y = beta Y + alpha X^T Z for a packed D x D state Y, X (n x D rows), Z packed n x D panels.
-inline void state_product(float* Yp, int D, int n, const float* X, const float* Zp, float alpha, float beta) {
-  tile::Product u = rows_product(Yp, tile::kNR, D, D, tile::seg(tile::Range::full, n, X, 1, D, Zp), alpha);
-  u.cps = long(D) * tile::kNR;
+// Y = beta Y + alpha X^T Z for a packed Dk x Dv state Y, X (n x Dk rows), Z packed n x Dv panels.
+inline void state_product(float* Yp, int Dk, int Dv, int n, const float* X, const float* Zp, float alpha, float beta) {
+  tile::Product u = rows_product(Yp, tile::kNR, Dk, Dv, tile::seg(tile::Range::full, n, X, 1, Dk, Zp), alpha);
+  u.cps = long(Dk) * tile::kNR;
   u.beta = beta;
   tile::run(u);
 }
+inline void state_product(float* Yp, int D, int n, const float* X, const float* Zp, float alpha, float beta) {
+  state_product(Yp, D, D, n, X, Zp, alpha, beta);
+}
 
-// Row d of a packed D x D state times w[d].
+// Row d of a packed Dk x Dv state times w[d].
+inline void scale_state_rows(float* Yp, int Dk, int Dv, const float* w) {
+  for (int panel = 0; panel < tile::panel_cols(Dv) / tile::kNR; ++panel)
+    for (int d = 0; d < Dk; ++d) {
+      float* row = Yp + (std::size_t(panel) * Dk + d) * tile::kNR;
+#pragma omp simd
+      for (int j = 0; j < tile::kNR; ++j) row[j] *= w[d];
+    }
+}
 inline void scale_state_rows(float* Yp, int D, const float* w) {
   for (int panel = 0; panel < tile::panel_cols(D) / tile::kNR; ++panel)
     for (int d = 0; d < D; ++d) {

@@ -30,8 +30,19 @@
 //   dg_i = rowsum(dS_c . S_c) - sum_{tau < i} (q_tau . dq_tau - k_tau . dk_tau)   (dS_c, S_c: entering)
 // The last line is the chunk's share of L's dependence on its gates: shifting every b of the chunk
 // by delta scales S_c by exp(delta), and q, k enter only as q . exp(b), k . exp(-b) (docs/kernels.md).
-// Threads take whole heads; the states entering the chunks are kept by the forward (S^T panels,
-// as the tiled path keeps them) or recomputed per head by the backward.
+// Shapes (docs/spec.md section 1c): an item is one (sequence, value head) pair (Problem::slice),
+// with its own gates; its q/k rows (Dk wide) are its q/k head's, read in place, and its state is
+// Dk x Dv (the products above: Q K^T n x Dk by Dk x n, Q S n x Dk by Dk x Dv, K^T V Dk x n by
+// n x Dv, A V n x n by n x Dv). A packed document is its own sequence: its chunks start at its first
+// token and its last chunk is short (len - (chunks - 1) C rows), never padded and never straddling
+// two documents; its cumulative gates restart with it. A short chunk costs one chunk's fixed work
+// (the gates' operands, packing, the state transpose, tiles rounded up to 8 rows and 32 columns)
+// per document, and no padded tokens. Threads take whole items in the forward; the backward's dq
+// and dk of a q/k head sum over its value heads, so its items are (sequence, q/k head, part)
+// (GradParts, cpu_chunk_products.hpp): a part's value heads run on one thread, each one's dq and
+// dk made in the thread's rows (dg needs a value head's own) and then written or added. The states
+// entering the chunks are kept by the forward (S^T panels, as the tiled path keeps them) or
+// recomputed per value head by the backward.
 #include <omp.h>
 
 #include <algorithm>
@@ -56,20 +67,26 @@ using tile::seg;
 struct Buffers {
   double* b;        // cumulative gates, n x W
   float *a, *EQ, *EK;  // exp(g), exp(b - r), exp(e - b): n x W
-  float *Qh, *Kb, *QL, *KG, *tmp, *rows;  // n x D
+  float *Qh, *Kb, *QL, *KG, *tmp, *rows;  // n x Dk
+  float *hdq, *hdk;                       // n x Dk: one value head's dq, dk of a shared q/k head
   float *mask, *ones, *A, *dA;            // C x score_ld
-  float *Bp, *Vtp;                        // D x P(C) panels
-  float *Vp, *dOp, *Xp;                   // C x P(D) panels
-  float *Sp, *STp, *dSp, *dSTp, *states;  // packed D x P(D); states: chunks of them, when recomputed
-  float *f, *decay, *tmp_row;             // D
-  float* lanes;                           // D x kLaneRows: a sub-chunk's q rows in lanes (vector gates)
-  double* sums;                           // D (dg)
+  float* R;                               // C x score_ld: Q K^T shared by a group's value heads
+  float *Bp, *Vtp;                        // Dk x P(C), Dv x P(C) panels
+  float *Vp, *dOp, *Xp;                   // C x P(max(Dk, Dv)), C x P(Dv), C x P(Dk) panels
+  float *Sp, *dSp, *dSTp, *states;        // packed S (one per value head of a shared forward item),
+                                          // dS (Dk x P(Dv)), dS^T (Dv x P(Dk)); states:
+                                          // S^T entering each chunk, when recomputed
+  float *f, *decay, *tmp_row;             // Dk
+  float* lanes;                           // Dk x kLaneRows: a sub-chunk's q rows in lanes (vector gates)
+  double* sums;                           // Dk (dg)
   std::size_t used = 0;
 };
 
-Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
-  const std::size_t C = effective_chunk(p), D = p.dim, W = p.gate_width(), L = score_ld(int(C));
-  const std::size_t PD = panel_cols(p.dim), PC = panel_cols(int(C));
+// shared_heads: the value heads a forward item computes together on one Q K^T (0: one, unshared).
+Buffers carve(const Problem& p, float* base, bool backward, bool own_states, int shared_heads = 0) {
+  const std::size_t C = effective_chunk(p), D = p.dim, Dv = p.value_dim(), W = p.gate_width();
+  const std::size_t L = score_ld(int(C)), PK = panel_cols(p.dim), PV = panel_cols(p.value_dim()),
+                    PC = panel_cols(int(C));
   Buffers b;
   auto take = [&](std::size_t n) {
     float* out = base ? base + b.used : nullptr;
@@ -83,43 +100,51 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states) {
   for (float** x : {&b.Qh, &b.Kb, &b.QL, &b.KG}) *x = take(C * D);
   for (float** x : {&b.mask, &b.A}) *x = take(C * L);
   b.Bp = take(D * PC);
-  b.Vp = take(C * PD);
-  b.Sp = take(D * PD);
+  b.Vp = take(C * std::max(PK, PV));  // V's rows; K's in the scalar gates' backward
+  b.R = take(shared_heads > 0 ? C * L : 0);
+  b.Sp = take(key_state_floats(p) * std::size_t(std::max(1, shared_heads)));
   b.f = take(D);
   b.decay = take(D);
   b.tmp_row = take(D);
   b.lanes = take(p.decay == Decay::vector ? D * kLaneRows : 0);
   if (backward) {
     for (float** x : {&b.tmp, &b.rows}) *x = take(C * D);
+    for (float** x : {&b.hdq, &b.hdk}) *x = take(p.group() > 1 ? C * D : 0);
     for (float** x : {&b.ones, &b.dA}) *x = take(C * L);
-    b.Vtp = take(D * PC);
-    for (float** x : {&b.dOp, &b.Xp}) *x = take(C * PD);
-    for (float** x : {&b.dSp, &b.dSTp}) *x = take(D * PD);
-    b.states = take(own_states ? std::size_t(p.chunks()) * state_floats(p) : 0);
+    b.Vtp = take(Dv * PC);
+    b.dOp = take(C * PV);
+    b.Xp = take(C * PK);
+    b.dSp = take(key_state_floats(p));
+    b.dSTp = take(value_state_floats(p));
+    b.states = take(own_states ? std::size_t(max_chunks(p)) * value_state_floats(p) : 0);
   }
   b.used = (b.used + 15) / 16 * 16;  // each thread's block on a cache line (and its doubles aligned)
   return b;
 }
 
-// sum over columns of X . Y for packed X and Y^T panels, per row (into sums): rowsum(X . Y).
-void rowsum_product(const float* Xp, const float* YTp, int D, double* sums) {
-  for (int d = 0; d < D; ++d) {
+// sum over columns of X . Y for packed Dk x Dv X and Y^T panels (Dv x Dk), per row (into sums):
+// rowsum(X . Y).
+void rowsum_product(const float* Xp, const float* YTp, int Dk, int Dv, double* sums) {
+  for (int d = 0; d < Dk; ++d) {
     double sum = 0;
-    for (int e = 0; e < D; ++e)
-      sum += double(Xp[(std::size_t(e / kNR) * D + d) * kNR + e % kNR]) * YTp[(std::size_t(d / kNR) * D + e) * kNR + d % kNR];
+    for (int e = 0; e < Dv; ++e)
+      sum += double(Xp[(std::size_t(e / kNR) * Dk + d) * kNR + e % kNR]) *
+             YTp[(std::size_t(d / kNR) * Dv + e) * kNR + d % kNR];
     sums[d] = sum;
   }
 }
 
+// A chunk of one item: its rows and where they start in the item's key (q, k), value (v, o) and
+// gate rows. Chunk c of a sequence of len rows starts at c C; the last has len - c C <= C rows.
 struct Chunk {
-  int n;          // rows
-  std::size_t r;  // offset of its first row in a head's token tensor
-  std::size_t rg;  // and in the head's gates
+  int n;
+  std::size_t rk, rv, rg;
 };
 
-Chunk chunk_at(const Problem& p, int c) {
+Chunk chunk_at(const Problem& p, int len, int c) {
   const int C = effective_chunk(p), c0 = c * C;
-  return {std::min(C, p.seq - c0), std::size_t(c0) * p.dim, std::size_t(c0) * p.gate_width()};
+  return {std::min(C, len - c0), std::size_t(c0) * p.dim, std::size_t(c0) * p.value_dim(),
+          std::size_t(c0) * p.gate_width()};
 }
 
 // The sub-chunks of vector gates: block I is rows [I * c, min(n, (I + 1) * c)).
@@ -220,26 +245,58 @@ void scores(const Buffers& B, const Problem& p, int n, const float* q, const flo
   }
 }
 
-// O_c from the packed state S entering the chunk; leaves S as the state leaving it.
-void forward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
-                   const float* g, float* o) {
-  const int D = p.dim, L = score_ld(effective_chunk(p));
+// O_c from the scores A and the packed state S entering the chunk; leaves S as the state leaving it.
+void forward_outputs(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                     float* o) {
+  const int D = p.dim, Dv = p.value_dim(), L = score_ld(effective_chunk(p));
   const bool scalar = p.decay == Decay::scalar;
-  gate_operands(B, p, n, q, k, g);
-  scores(B, p, n, q, k, 1.0f);
-  tile::pack(v, D, false, n, D, nullptr, B.Vp);
-  Product out = rows_product(o, D, n, D, seg(Range::full, D, scalar ? q : B.QL, D, 1, B.Sp),
+  tile::pack(v, Dv, false, n, Dv, nullptr, B.Vp);
+  Product out = rows_product(o, Dv, n, Dv, seg(Range::full, D, scalar ? q : B.QL, D, 1, B.Sp),
                              float(attention_scale(D)));
   out.rs = scalar ? B.EQ : nullptr;
   out.s2 = seg(Range::lower, n, B.A, L, 1, B.Vp);
   tile::run(out);
   if (scalar) {
-    tile::pack(v, D, false, n, D, B.EK, B.Vp);  // V rows weighted by gam
-    state_product(B.Sp, D, n, k, B.Vp, 1.0f, B.decay[0]);
+    tile::pack(v, Dv, false, n, Dv, B.EK, B.Vp);  // V rows weighted by gam
+    state_product(B.Sp, D, Dv, n, k, B.Vp, 1.0f, B.decay[0]);
   } else {
-    scale_state_rows(B.Sp, D, B.decay);
-    state_product(B.Sp, D, n, B.KG, B.Vp, 1.0f, 1.0f);
+    scale_state_rows(B.Sp, D, Dv, B.decay);
+    state_product(B.Sp, D, Dv, n, B.KG, B.Vp, 1.0f, 1.0f);
   }
+}
+
+void forward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                   const float* g, float* o) {
+  gate_operands(B, p, n, q, k, g);
+  scores(B, p, n, q, k, 1.0f);
+  forward_outputs(B, p, n, q, k, v, o);
+}
+
+// Scalar gates, a group's value heads on one Q K^T: R = Q K^T (lower) once per chunk, then each
+// head's A = R . exp(b_i - b_j) from its own gates. Entries of R above the diagonal are never read
+// (the lower product leaves some unwritten); A is zero there up to the 8-row tile's end, which the
+// A V product reads.
+void shared_scores(const Buffers& B, const Problem& p, int n, const float* q, const float* k) {
+  const int D = p.dim, L = score_ld(effective_chunk(p));
+  tile::pack(k, D, true, D, n, nullptr, B.Bp);
+  Product u = rows_product(B.R, L, n, n, seg(Range::full, D, q, D, 1, B.Bp));
+  u.lower = true;
+  tile::run(u);
+}
+
+void forward_chunk_shared(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
+                          const float* g, float* o) {
+  const int L = score_ld(effective_chunk(p));
+  gate_operands(B, p, n, q, k, g);
+  for (int i = 0; i < n; ++i) {
+    const std::size_t row = std::size_t(i) * L;
+    const float *__restrict r = B.R + row, *__restrict m = B.mask + row;
+    float* __restrict a = B.A + row;
+#pragma omp simd
+    for (int j = 0; j <= i; ++j) a[j] = r[j] * m[j];
+    std::fill(a + i + 1, a + std::min(n, i / tile::kMR * tile::kMR + tile::kMR), 0.0f);
+  }
+  forward_outputs(B, p, n, q, k, v, o);
 }
 
 // Rows [x0, x1) of X, each times f_{block of the row, K} (K the other side's block), packed as a
@@ -262,23 +319,23 @@ void pack_block_scaled(const Buffers& B, const Problem& p, const float* X, int x
 // dS <- the gradient of the state entering the chunk, and dg from S entering it.
 void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
                     const float* g, const float* dO, const float* STp, float* dq, float* dk, float* dv, float* dg) {
-  const int D = p.dim, L = score_ld(effective_chunk(p));
+  const int D = p.dim, Dv = p.value_dim(), L = score_ld(effective_chunk(p));
   const float s = float(attention_scale(D));
   const bool scalar = p.decay == Decay::scalar;
   gate_operands(B, p, n, q, k, g);
   scores(B, p, n, q, k, s);  // P = s A
-  tile::pack(v, D, true, D, n, nullptr, B.Vtp);
-  Product da = rows_product(B.dA, L, n, n, seg(Range::full, D, dO, D, 1, B.Vtp), s);
+  tile::pack(v, Dv, true, Dv, n, nullptr, B.Vtp);
+  Product da = rows_product(B.dA, L, n, n, seg(Range::full, Dv, dO, Dv, 1, B.Vtp), s);
   da.mask = scalar ? B.mask : B.ones;
   da.ldm = L;
   da.mask_all = scalar;
   da.lower = true;
   tile::run(da);
-  tile::transpose_packed(B.dSp, D, B.dSTp);
-  tile::pack(dO, D, false, n, D, nullptr, B.dOp);
+  tile::transpose_packed(B.dSp, D, Dv, B.dSTp);
+  tile::pack(dO, Dv, false, n, Dv, nullptr, B.dOp);
 
   // dV = P^T dO + KG dS (scalar: gam . (K dS)).
-  Product dvp = rows_product(dv, D, n, D, seg(Range::full, D, scalar ? k : B.KG, D, 1, B.dSp));
+  Product dvp = rows_product(dv, Dv, n, Dv, seg(Range::full, D, scalar ? k : B.KG, D, 1, B.dSp));
   dvp.rs = scalar ? B.EK : nullptr;
   dvp.s2 = seg(Range::upper, n, B.A, 1, L, B.dOp);
   tile::run(dvp);
@@ -287,17 +344,17 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
     tile::pack(k, D, false, n, D, nullptr, B.Vp);
     tile::pack(q, D, false, n, D, nullptr, B.Xp);
     for (int i = 0; i < n; ++i) B.tmp[i] = s * B.EQ[i];
-    Product dqp = rows_product(dq, D, n, D, seg(Range::full, D, dO, D, 1, STp));
+    Product dqp = rows_product(dq, D, n, D, seg(Range::full, Dv, dO, Dv, 1, STp));
     dqp.rs = B.tmp;
     dqp.s2 = seg(Range::lower, n, B.dA, L, 1, B.Vp);
     tile::run(dqp);
-    Product dkp = rows_product(dk, D, n, D, seg(Range::full, D, v, D, 1, B.dSTp));
+    Product dkp = rows_product(dk, D, n, D, seg(Range::full, Dv, v, Dv, 1, B.dSTp));
     dkp.rs = B.EK;
     dkp.s2 = seg(Range::upper, n, B.dA, 1, L, B.Xp);
     tile::run(dkp);
   } else {
-    tile::run(rows_product(dq, D, n, D, seg(Range::full, D, dO, D, 1, STp), s));
-    tile::run(rows_product(dk, D, n, D, seg(Range::full, D, v, D, 1, B.dSTp)));
+    tile::run(rows_product(dq, D, n, D, seg(Range::full, Dv, dO, Dv, 1, STp), s));
+    tile::run(rows_product(dk, D, n, D, seg(Range::full, Dv, v, Dv, 1, B.dSTp)));
     const double* last = B.b + std::size_t(n - 1) * D;
     for (int i = 0; i < n; ++i) {
       const double* bi = B.b + std::size_t(i) * D;
@@ -344,13 +401,13 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
 
   // dS_c = diag(exp(b_{n-1})) dS + s QL^T dO; then dg = rowsum(dS_c . S_c) - prefix(q dq - k dk).
   if (scalar) {
-    tile::pack(dO, D, false, n, D, B.EQ, B.dOp);
-    state_product(B.dSp, D, n, q, B.dOp, s, B.decay[0]);
+    tile::pack(dO, Dv, false, n, Dv, B.EQ, B.dOp);
+    state_product(B.dSp, D, Dv, n, q, B.dOp, s, B.decay[0]);
   } else {
-    scale_state_rows(B.dSp, D, B.decay);
-    state_product(B.dSp, D, n, B.QL, B.dOp, s, 1.0f);
+    scale_state_rows(B.dSp, D, Dv, B.decay);
+    state_product(B.dSp, D, Dv, n, B.QL, B.dOp, s, 1.0f);
   }
-  rowsum_product(B.dSp, STp, D, B.sums);
+  rowsum_product(B.dSp, STp, D, Dv, B.sums);
   if (scalar) {
     double total = 0;
     for (int d = 0; d < D; ++d) total += B.sums[d];
@@ -374,89 +431,206 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
   }
 }
 
-std::size_t thread_floats(const Problem& p, bool backward, bool own_states) {
-  return carve(p, nullptr, backward, own_states).used;
+// The forward's items are (sequence, value head) pairs; the backward's GradParts' items.
+// Scalar gates share Q K^T among a group's value heads: the forward's items are then GradParts'
+// (sequence, q/k head, part), each part's value heads walking the chunks side by side.
+bool shares_scores(const Problem& p) { return p.decay == Decay::scalar && p.group() > 1; }
+
+std::size_t forward_item_count(const Problem& p) {
+  return shares_scores(p) ? GradParts(p, omp_get_max_threads()).items : p.slices();
 }
 
-int gated_threads(const Problem& p) { return head_parallel_threads(p); }
+// The value heads of the largest part (0 when unshared).
+int shared_heads(const Problem& p) {
+  if (!shares_scores(p)) return 0;
+  const int parts = GradParts(p, omp_get_max_threads()).parts;
+  return (p.group() + parts - 1) / parts;
+}
+
+int forward_threads(const Problem& p) {
+  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), forward_item_count(p)));
+}
+std::size_t thread_floats(const Problem& p, bool backward, bool own_states) {
+  return carve(p, nullptr, backward, own_states, backward ? 0 : shared_heads(p)).used;
+}
+
+int backward_threads(const Problem& p) {
+  return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), GradParts(p, omp_get_max_threads()).items));
+}
+
+// S entering each chunk of one item, recomputed: the forward's state products alone (the outputs
+// are not needed, so the scores are skipped), as S^T panels into `states`.
+void recompute_states(const Buffers& B, const Problem& p, const HeadSlice& sl, const float* q, const float* k,
+                      const float* v, const float* g, const float* h0, float* states) {
+  const int D = p.dim, Dv = p.value_dim(), chunks = chunks_of(p, sl.seq);
+  const std::size_t SF = value_state_floats(p);
+  tile::pack(h0, Dv, false, D, Dv, nullptr, B.Sp);
+  for (int c = 0; c < chunks; ++c) {
+    const Chunk ch = chunk_at(p, sl.seq, c);
+    tile::transpose_packed(B.Sp, D, Dv, states + c * SF);
+    if (c + 1 == chunks) break;
+    gate_operands(B, p, ch.n, q + ch.rk, k + ch.rk, g + ch.rg);
+    if (p.decay == Decay::scalar) {
+      tile::pack(v + ch.rv, Dv, false, ch.n, Dv, B.EK, B.Vp);
+      state_product(B.Sp, D, Dv, ch.n, k + ch.rk, B.Vp, 1.0f, B.decay[0]);
+    } else {
+      tile::pack(v + ch.rv, Dv, false, ch.n, Dv, nullptr, B.Vp);
+      scale_state_rows(B.Sp, D, Dv, B.decay);
+      state_product(B.Sp, D, Dv, ch.n, B.KG, B.Vp, 1.0f, 1.0f);
+    }
+  }
+}
 
 }  // namespace
 
-std::size_t chunked_gated_kept_states_floats(const Problem& p) {
-  return p.heads_total() * std::size_t(p.chunks()) * state_floats(p);
-}
+std::size_t chunked_gated_kept_states_floats(const Problem& p) { return item_chunks(p) * value_state_floats(p); }
 
 std::size_t chunked_gated_forward_floats(const Problem& p) {
-  return std::size_t(gated_threads(p)) * thread_floats(p, false, false);
+  return std::size_t(forward_threads(p)) * thread_floats(p, false, false) + order_floats(p, forward_item_count(p));
 }
 
+namespace {
+
+// One shared forward item: chunk by chunk, Q K^T once, then each value head [h0, h1) of the
+// sequence from its own gates and state (the thread's states, one after another).
+void forward_shared_item(const Buffers& B, const Problem& p, const ForwardArgs<float>& a, float* keep, int sequence,
+                         int h0, int h1) {
+  const int D = p.dim, Dv = p.value_dim();
+  const std::size_t SF = value_state_floats(p), KSF = key_state_floats(p);
+  const HeadSlice first = p.slice(std::size_t(sequence) * p.heads + h0);
+  const float *q = a.q + first.key, *k = a.k + first.key;
+  for (int h = h0; h < h1; ++h) {
+    const HeadSlice sl = p.slice(std::size_t(sequence) * p.heads + h);
+    tile::pack(a.h0 + sl.state, Dv, false, D, Dv, nullptr, B.Sp + (h - h0) * KSF);
+  }
+  for (int c = 0; c < chunks_of(p, first.seq); ++c) {
+    const Chunk ch = chunk_at(p, first.seq, c);
+    shared_scores(B, p, ch.n, q + ch.rk, k + ch.rk);
+    for (int h = h0; h < h1; ++h) {
+      const std::size_t index = std::size_t(sequence) * p.heads + h;
+      const HeadSlice sl = p.slice(index);
+      Buffers head = B;
+      head.Sp = B.Sp + (h - h0) * KSF;
+      if (keep) tile::transpose_packed(head.Sp, D, Dv, keep + (item_chunk_offset(p, index) + c) * SF);
+      forward_chunk_shared(head, p, ch.n, q + ch.rk, k + ch.rk, a.v + sl.value + ch.rv, a.g + sl.gate + ch.rg,
+                           a.o + sl.value + ch.rv);
+    }
+  }
+  for (int h = h0; h < h1; ++h) {
+    const HeadSlice sl = p.slice(std::size_t(sequence) * p.heads + h);
+    tile::unpack(B.Sp + (h - h0) * KSF, D, Dv, a.hT + sl.state, Dv);
+  }
+}
+
+}  // namespace
+
 std::size_t chunked_gated_backward_floats(const Problem& p, bool kept) {
-  return std::size_t(gated_threads(p)) * thread_floats(p, true, !kept);
+  const GradParts parts(p, omp_get_max_threads());
+  return parts.partial_floats(p) + std::size_t(backward_threads(p)) * thread_floats(p, true, !kept) +
+         order_floats(p, parts.items);
 }
 
 void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
-  const int D = p.dim, chunks = p.chunks();
-  const std::size_t per_thread = thread_floats(p, false, false), SF = state_floats(p);
-  Workspace<float> scratch(allocator, std::size_t(gated_threads(p)) * per_thread);
-#pragma omp parallel num_threads(gated_threads(p))
+  const int D = p.dim, Dv = p.value_dim();
+  const std::size_t per_thread = thread_floats(p, false, false), SF = value_state_floats(p);
+  const std::size_t threads_floats = std::size_t(forward_threads(p)) * per_thread;
+  Workspace<float> scratch(allocator, threads_floats + order_floats(p, forward_item_count(p)));
+  // The order list (packed problems) after the threads' blocks.
+  int* order = p.packed() ? reinterpret_cast<int*>(scratch.data() + threads_floats) : nullptr;
+  longest_first(p, forward_item_count(p),
+                shares_scores(p) ? GradParts(p, omp_get_max_threads()).per_sequence(p) : std::size_t(p.heads), order);
+#pragma omp parallel num_threads(forward_threads(p))
   {
-    const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false);
+    const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false, shared_heads(p));
+    if (shares_scores(p)) {
+      const GradParts parts(p, omp_get_max_threads());
 #pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < long(p.heads_total()); ++bh) {
-      const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
-      const float* g = a.g + bh * p.head_gate_elems();
-      tile::pack(a.h0 + st, D, false, D, D, nullptr, B.Sp);
-      for (int c = 0; c < chunks; ++c) {
-        const Chunk ch = chunk_at(p, c);
-        if (keep) tile::transpose_packed(B.Sp, D, keep + (bh * chunks + c) * SF);
-        forward_chunk(B, p, ch.n, a.q + tok + ch.r, a.k + tok + ch.r, a.v + tok + ch.r, g + ch.rg, a.o + tok + ch.r);
+      for (long pick = 0; pick < long(parts.items); ++pick) {
+        int sequence, h0, h1;
+        parts.of(p, item_at(order, pick), sequence, h0, h1);
+        forward_shared_item(B, p, a, keep, sequence, h0, h1);
       }
-      tile::unpack(B.Sp, D, D, a.hT + st, D);
+    } else {
+// Items in order (a packed problem's longest documents first): the value heads of one q/k head
+// run side by side on the threads, so its rows come from memory once and from the shared cache
+// for the others.
+#pragma omp for schedule(dynamic, 1)
+      for (long pick = 0; pick < long(p.slices()); ++pick) {
+        const std::size_t item = item_at(order, pick);
+        const HeadSlice sl = p.slice(item);
+        const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value, *g = a.g + sl.gate;
+        float* o = a.o + sl.value;
+        float* kept = keep ? keep + item_chunk_offset(p, item) * SF : nullptr;
+        tile::pack(a.h0 + sl.state, Dv, false, D, Dv, nullptr, B.Sp);
+        for (int c = 0; c < chunks_of(p, sl.seq); ++c) {
+          const Chunk ch = chunk_at(p, sl.seq, c);
+          if (kept) tile::transpose_packed(B.Sp, D, Dv, kept + c * SF);
+          forward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, o + ch.rv);
+        }
+        tile::unpack(B.Sp, D, Dv, a.hT + sl.state, Dv);
+      }
     }
   }
 }
 
 void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator, const float* kept) {
-  const int D = p.dim, chunks = p.chunks();
-  const std::size_t per_thread = thread_floats(p, true, !kept), SF = state_floats(p);
-  Workspace<float> scratch(allocator, std::size_t(gated_threads(p)) * per_thread);
-#pragma omp parallel num_threads(gated_threads(p))
+  const int D = p.dim, Dv = p.value_dim();
+  const bool grouped = p.group() > 1;
+  const GradParts parts(p, omp_get_max_threads());
+  const std::size_t per_thread = thread_floats(p, true, !kept), SF = value_state_floats(p);
+  const std::size_t threads_floats = std::size_t(backward_threads(p)) * per_thread;
+  Workspace<float> scratch(allocator, parts.partial_floats(p) + threads_floats + order_floats(p, parts.items));
+  float* partials = scratch.data();
+  // The order list (packed problems) after the partials and the threads' blocks.
+  int* order = p.packed() ? reinterpret_cast<int*>(scratch.data() + parts.partial_floats(p) + threads_floats) : nullptr;
+  longest_first(p, parts.items, parts.per_sequence(p), order);
+#pragma omp parallel num_threads(backward_threads(p))
   {
-    const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, true, !kept);
+    const Buffers B =
+        carve(p, scratch.data() + parts.partial_floats(p) + omp_get_thread_num() * per_thread, true, !kept);
     fill_lower_ones(B.ones, effective_chunk(p));  // dA's mask for vector gates
 #pragma omp for schedule(dynamic, 1)
-    for (long bh = 0; bh < long(p.heads_total()); ++bh) {
-      const std::size_t tok = bh * p.head_token_elems(), st = bh * p.head_state_elems();
-      const float *q = a.q + tok, *k = a.k + tok, *v = a.v + tok, *dO = a.dO + tok;
-      const float* g = a.g + bh * p.head_gate_elems();
-      float* dg = a.dg + bh * p.head_gate_elems();
-      const float* states = kept ? kept + bh * chunks * SF : B.states;  // S^T entering each chunk
-      if (!kept) {
-        // The forward's state products alone (the outputs are not needed): the scores are skipped.
-        tile::pack(a.h0 + st, D, false, D, D, nullptr, B.Sp);
-        for (int c = 0; c < chunks; ++c) {
-          const Chunk ch = chunk_at(p, c);
-          tile::transpose_packed(B.Sp, D, B.states + c * SF);
-          if (c + 1 == chunks) break;
-          gate_operands(B, p, ch.n, q + ch.r, k + ch.r, g + ch.rg);
-          if (p.decay == Decay::scalar) {
-            tile::pack(v + ch.r, D, false, ch.n, D, B.EK, B.Vp);
-            state_product(B.Sp, D, ch.n, k + ch.r, B.Vp, 1.0f, B.decay[0]);
+    for (long pick = 0; pick < long(parts.items); ++pick) {
+      const std::size_t item = item_at(order, pick);
+      int sequence, h0, h1;
+      parts.of(p, item, sequence, h0, h1);
+      const int part = parts.part_of(item);
+      float* dq_out = parts.dq_of(p, a.dq, partials, part);
+      float* dk_out = parts.dk_of(p, a.dk, partials, part);
+      for (int h = h0; h < h1; ++h) {
+        const std::size_t index = std::size_t(sequence) * p.heads + h;
+        const HeadSlice sl = p.slice(index);
+        const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value, *dO = a.dO + sl.value;
+        const float* g = a.g + sl.gate;
+        float* dg = a.dg + sl.gate;
+        const float* states = kept ? kept + item_chunk_offset(p, index) * SF : B.states;  // S^T entering each chunk
+        if (!kept) recompute_states(B, p, sl, q, k, v, g, a.h0 + sl.state, B.states);
+        tile::pack(a.dhT + sl.state, Dv, false, D, Dv, nullptr, B.dSp);
+        for (int c = chunks_of(p, sl.seq) - 1; c >= 0; --c) {
+          const Chunk ch = chunk_at(p, sl.seq, c);
+          // dg needs this value head's own dq and dk: with a shared q/k head they go to this
+          // thread's rows first, then into the sum.
+          float* dq = grouped ? B.hdq : dq_out + sl.key + ch.rk;
+          float* dk = grouped ? B.hdk : dk_out + sl.key + ch.rk;
+          backward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, dO + ch.rv, states + c * SF, dq, dk,
+                         a.dv + sl.value + ch.rv, dg + ch.rg);
+          if (!grouped) continue;
+          float *__restrict dq_rows = dq_out + sl.key + ch.rk, *__restrict dk_rows = dk_out + sl.key + ch.rk;
+          const int e1 = ch.n * D;
+          if (h == h0) {
+            std::copy(B.hdq, B.hdq + e1, dq_rows);
+            std::copy(B.hdk, B.hdk + e1, dk_rows);
           } else {
-            tile::pack(v + ch.r, D, false, ch.n, D, nullptr, B.Vp);
-            scale_state_rows(B.Sp, D, B.decay);
-            state_product(B.Sp, D, ch.n, B.KG, B.Vp, 1.0f, 1.0f);
+#pragma omp simd
+            for (int e = 0; e < e1; ++e) dq_rows[e] += B.hdq[e];
+#pragma omp simd
+            for (int e = 0; e < e1; ++e) dk_rows[e] += B.hdk[e];
           }
         }
+        tile::unpack(B.dSp, D, Dv, a.dh0 + sl.state, Dv);
       }
-      tile::pack(a.dhT + st, D, false, D, D, nullptr, B.dSp);
-      for (int c = chunks - 1; c >= 0; --c) {
-        const Chunk ch = chunk_at(p, c);
-        backward_chunk(B, p, ch.n, q + ch.r, k + ch.r, v + ch.r, g + ch.rg, dO + ch.r, states + c * SF,
-                       a.dq + tok + ch.r, a.dk + tok + ch.r, a.dv + tok + ch.r, dg + ch.rg);
-      }
-      tile::unpack(B.dSp, D, D, a.dh0 + st, D);
     }
+    parts.reduce(p, a.dq, a.dk, partials);
   }
 }
 

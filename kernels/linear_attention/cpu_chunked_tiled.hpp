@@ -15,8 +15,11 @@
 //   dV_c = s ((Q_c K_c^T) . M)^T dO_c + diag(gam) K_c dS
 //   dS  <- gamma^n dS + s (diag(lam) Q_c)^T dO_c
 // The backward needs the state entering each chunk. The tiled path's forward can keep them for
-// every head (O(B * H * chunks * D^2), `bwd_states: "kept"`); otherwise the backward recomputes
-// them per head into a per-thread buffer (`"recomputed"`, O(threads * chunks * D^2)).
+// every (sequence, value head) item (O(H * total chunks * Dk * Dv), `bwd_states: "kept"`);
+// otherwise the backward recomputes them per item into a per-thread buffer (`"recomputed"`,
+// O(threads * chunks * Dk * Dv)). The tiled and gated paths take the shapes of docs/spec.md
+// section 1c as they are (grouped q/k heads, Dk != Dv, packed documents); the BLAS path takes
+// square dense problems (the gather adapter runs it on the others).
 #pragma once
 
 #include <cstddef>
