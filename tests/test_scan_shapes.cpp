@@ -75,9 +75,10 @@ int longest_document(const Problem& p) {
 }
 
 // The scratch of scan_columns, in floats, with `threads` threads. Per thread a packed Dk x Dv
-// state and, gated, a tile's gates ((tile + 1) x width); the backward adds a state per slice and,
-// with grouped heads, a tile x Dk buffer of dq or dk per thread, and its dg sums (Dk doubles per
-// thread over slices) come after. Items: (slice, block of W value columns) forward; (group, block
+// state (in the backward one per value head of a group) and, gated, a tile's gates ((tile + 1) x
+// width); the backward adds a state per slice and, with grouped heads, a tile x Dk buffer of dq or
+// dk per value head of a group, per thread, and its dg sums (Dk doubles per thread over slices)
+// come after. Items: (slice, block of W value columns) forward; (group, block
 // of W key and value columns) backward, a whole group with scalar gates and grouped heads.
 struct Floats {
   std::size_t forward, backward;
@@ -92,7 +93,7 @@ Floats scan_columns_floats(const Problem& p, cpu::Vec vec, std::size_t threads) 
   const std::size_t fwd_threads = std::min(threads, slices * blocks_v);
   const bool whole_groups = G > 1 && p.decay == Decay::scalar;
   const std::size_t bwd_threads = std::min(threads, groups * (whole_groups ? 1 : std::max(blocks_k, blocks_v)));
-  const std::size_t passes = slices * Dk * Dv + bwd_threads * (Dk * Dv + gate + (G > 1 ? tile * Dk : 0));
+  const std::size_t passes = slices * Dk * Dv + bwd_threads * (G * Dk * Dv + gate + (G > 1 ? G * tile * Dk : 0));
   const std::size_t sums = gated(p.decay) ? std::min(threads, slices) * 2 * Dk : 0;
   return {fwd_threads * (Dk * Dv + gate), std::max(passes, sums)};
 }

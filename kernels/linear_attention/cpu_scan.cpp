@@ -21,9 +21,10 @@
 // Dk rows and Dv columns: block b of an item is key columns [b W, (b + 1) W) in the dq and dk
 // passes and value columns [b W, (b + 1) W) in the dv pass (a block past either is empty there).
 // dq and dk of a q/k head are sums over the value heads it serves, so a backward unit is a group,
-// those value heads of one sequence, walked one after another by one thread: the first head's dq
-// and dk are written, the later heads' are added through a tile buffer (below), and no two threads
-// write the same rows and columns.
+// those value heads of one sequence, which one thread walks a tile of tokens at a time, one head
+// after another: the tile's q and k rows come from memory once for all of them, each head's dq and
+// dk contributions go to a tile buffer of its own, and their sums are written once per tile (no
+// two threads write the same rows and columns).
 //
 // A pass holds its state packed by column blocks: block [c, c + w) as a rows x w matrix at offset
 // c * rows. Unpacked, a block's rows are Dv * 4 bytes apart; at 128 that is 512 bytes, so the
@@ -31,7 +32,8 @@
 // GFLOP/s on one core at D = 128 against 83 at D = 32, then ~80 packed). Packed, the 16 KiB block
 // stays in L1.
 // Scratch: forward, one packed Dk x Dv per thread; backward, one per slice (h0^T, then dhT^T) and
-// one per thread (G), and with grouped heads a tile buffer per thread.
+// one per value head of a group per thread (G), and with grouped heads a tile x Dk buffer per value
+// head of a group per thread.
 //
 // Gated decays (docs/spec.md section 1b) change only the factor each step scales the state by: exp(g_t)
 // (scalar gates), or exp(g_t) per key channel (vector gates: the rows of S and G, the columns of
@@ -42,10 +44,10 @@
 //   dg_t = rowsum(dh0 . h0) - sum_{tau < t} X_tau,  X_tau = q_tau . dq_tau - k_tau . dk_tau
 // (per key channel for vector gates, summed over them for scalar gates; docs/kernels.md derives
 // it), summed in double, Dk doubles per thread. dq and dk there are the value head's own
-// contributions: with one value head per q/k head they are the outputs; with groups the dq and dk
-// passes write each head's to the tile buffer, and the buffer's flush, which adds them into dq and
-// dk, leaves X_tau in dg for the final sums (so with scalar gates, whose X_tau sums every key
-// channel, a backward item is a whole group).
+// contributions: with one value head per q/k head they are the outputs; with groups each tile's
+// flush, which sums the heads' tile buffers into dq and dk, leaves each head's X_tau in its dg for
+// the final sums (so with scalar gates, whose X_tau sums every key channel, a backward item is a
+// whole group).
 #include <omp.h>
 
 #include <algorithm>
@@ -111,33 +113,41 @@ void take_gates(const TileGates& gates, int t0, int tokens) {
   for (int e = 0; e < n; ++e) out[e] = exp_nonpositive(g[e]);
 }
 
-// One pass of run_packed: its packed state (S unset in the pass) and its columns [c0, c1). With
-// `tile_out`, a tile's outputs go there (token t0 of the tile at row 0, col_step apart) instead of
-// to pass.out.
+// One pass of run_packed: its packed state (S unset in the pass), its columns [c0, c1) and its
+// slice's gates, whose exponentials it takes for each tile when `take` is set (a pass after it
+// that reads the same gates leaves it unset). With `tile_out`, a tile's outputs go there (token t0
+// of the tile at row 0, col_step apart) instead of to pass.out.
 struct Packed {
   ScanPass pass;
   float* state;
   int c0, c1;
   float* tile_out = nullptr;
+  TileGates gates = {};
+  bool take = true;
 };
 
-// Runs each pass on its columns, a tile of tokens at a time: within a tile, every block of the
-// first pass, then every block of the second; then flush(t0, n) for the tile's tokens [t0, t0 + n).
-// Passes that walk the same tokens in the same direction (dv and dk) then read each tile's token
-// rows from memory once between them, and several column blocks of one head read them from L2.
-// Gated passes always go by tiles (the gates' buffer holds one), and read that tile's gates.
-template <class Flush>
-void run_packed(std::initializer_list<Packed> passes, int W, Vec vec, const TileGates& gates, Flush&& flush) {
-  const ScanPass& first = passes.begin()->pass;
-  const int T = first.T;
-  bool tiled = gates.g || passes.size() > 1;
-  for (const Packed& p : passes) tiled = tiled || p.c1 - p.c0 > W || p.tile_out;
+// Runs passes make(0) .. make(count - 1) (their T and direction the same) on their columns, a tile
+// of tokens at a time: within a tile, every block of the first pass, then every block of the
+// second, and so on; then flush(t0, n) for the tile's tokens [t0, t0 + n). Passes that walk the
+// same tokens in the same direction (dv and dk, and those of value heads sharing q and k) then
+// read each tile's token rows from memory once between them, and several column blocks of one
+// head read them from L2. Gated passes always go by tiles (the gates' buffer holds one).
+template <class Make, class Flush>
+void run_packed(int count, Make&& make, int W, Vec vec, Flush&& flush) {
+  const Packed first = make(0);
+  const int T = first.pass.T;
+  bool tiled = count > 1;
+  for (int i = 0; i < count; ++i) {
+    const Packed p = make(i);
+    tiled = tiled || p.gates.g || p.c1 - p.c0 > W || p.tile_out;
+  }
   const int tile = tiled ? tile_tokens(vec) : T;
   for (int done = 0; done < T; done += tile) {
     const int n = std::min(tile, T - done);
-    const int t0 = first.reverse ? T - done - n : done;  // first token of the tile: every pass walks one way
-    if (gates.g) take_gates(gates, t0, std::min(n + 1, T - t0));
-    for (const Packed& p : passes) {
+    const int t0 = first.pass.reverse ? T - done - n : done;  // first token of the tile
+    for (int i = 0; i < count; ++i) {
+      const Packed p = make(i);
+      if (p.gates.g && p.take) take_gates(p.gates, t0, std::min(n + 1, T - t0));
       ScanPass sub = p.pass;
       sub.T = n;
       sub.upd_row += std::size_t(t0) * sub.row_step;
@@ -146,7 +156,7 @@ void run_packed(std::initializer_list<Packed> passes, int W, Vec vec, const Tile
       sub.out = p.tile_out ? p.tile_out : sub.out + std::size_t(t0) * sub.col_step;
       sub.stream_out = sub.stream_out && !p.tile_out;
       sub.decay_first = p.pass.decay_first || done > 0;
-      sub.gate = gates.g ? gates.buf : nullptr;
+      sub.gate = p.gates.g ? p.gates.buf : nullptr;
       for (int c = p.c0; c < p.c1; c += W) {
         sub.S = p.state + std::size_t(c) * sub.rows;
         sub.ld = std::min(W, p.c1 - c);  // the packed block's width: c1 is a block boundary or the last column
@@ -189,9 +199,11 @@ Columns backward_columns(const Split& split, int b0, int b1, int W, int columns)
   return split.blocks == 1 ? Columns{0, columns} : block_columns(b0, b1, W, columns);
 }
 
-// A thread's buffer for grouped heads' dq and dk tiles: tile x Dk; 0 with one value head per q/k head.
+// A thread's buffers of grouped heads' dq and dk tiles: tile x Dk per value head of a group; none
+// with one value head per q/k head.
+std::size_t tile_floats(const Problem& p) { return std::size_t(tile_tokens(active_vec())) * p.dim; }
 std::size_t group_tile_floats(const Problem& p) {
-  return p.group() > 1 ? std::size_t(tile_tokens(active_vec())) * p.dim : 0;
+  return p.group() > 1 ? std::size_t(p.group()) * tile_floats(p) : 0;
 }
 
 }  // namespace
@@ -217,7 +229,8 @@ std::size_t scan_columns_backward_floats(const Problem& p) {
   const Split split = backward_split(p, scan_column_block(active_vec()));
   const std::size_t passes =
       p.slices() * p.head_state_elems() +
-      std::size_t(split.threads) * (p.head_state_elems() + gate_tile_floats(p) + group_tile_floats(p));
+      std::size_t(split.threads) *
+          (std::size_t(p.group()) * p.head_state_elems() + gate_tile_floats(p) + group_tile_floats(p));
   return std::max(passes, gate_gradient_floats(p));
 }
 
@@ -284,46 +297,49 @@ struct SlicePasses {
   }
 };
 
-// Adds a value head's tile of dq or dk contributions (tokens [t0, t0 + n), key columns [c0, c1))
-// from the tile buffer into out, or writes them for the group's first head; with gates, leaves
-// sign * (q or k) . contribution in dg, per key channel (vector gates) or summed (scalar gates,
-// whose items are whole groups): X_t of this file's header, dq's part first.
+// Writes a tile of a group's dq or dk (tokens [t0, t0 + n), key columns [c0, c1)): the sum of its
+// value heads' contributions in the tile buffers. With gates, leaves sign * (q or k) . contribution
+// of each value head in its dg, per key channel (vector gates) or summed (scalar gates, whose items
+// are whole groups): X_t of this file's header, dq's part first.
 struct GroupFlush {
   const Problem& p;
-  const float* tile;
-  float* out;         // dq or dk at the slice's q/k rows
-  const float* keys;  // q or k there
-  float* dg;          // the slice's dg, or null
-  float sign;         // +1 for dq, -1 for dk
-  bool first;         // the group's first value head
-  bool first_x;       // dq's pass: dg's X starts here
+  std::size_t first_slice;  // the group's first value head
+  const float* tiles;       // its tile buffer, the next value head's tile_floats(p) after
+  float* out;               // dq or dk at the group's q/k rows
+  const float* keys;        // q or k there
+  float* dg;                // a.dg, or null
+  float sign;               // +1 for dq, -1 for dk
+  bool first_x;             // dq's pass: dg's X starts here
 
   void operator()(int t0, int n, int c0, int c1) const {
-    const int Dk = p.dim;
+    const int Dk = p.dim, group = p.group();
+    const std::size_t stride = tile_floats(p);
     for (int u = 0; u < n; ++u) {
       const std::size_t r = std::size_t(t0 + u) * Dk;
-      const float* __restrict y = tile + std::size_t(u) * Dk;
       float* __restrict o = out + r;
-      if (first)
-        std::copy(y + c0, y + c1, o + c0);
-      else
+      const float* __restrict y0 = tiles + std::size_t(u) * Dk;
+      std::copy(y0 + c0, y0 + c1, o + c0);
+      for (int m = 1; m < group; ++m) {
+        const float* __restrict y = y0 + m * stride;
 #pragma omp simd
         for (int j = c0; j < c1; ++j) o[j] += y[j];
+      }
       if (!dg) continue;
       const float* __restrict x = keys + r;
-      if (p.decay == Decay::vector) {
-        float* __restrict d = dg + r;
-        if (first_x)
+      for (int m = 0; m < group; ++m) {
+        const float* __restrict y = y0 + m * stride;
+        float* __restrict d = dg + p.slice(first_slice + m).gate;
+        if (p.decay == Decay::vector) {
+          float* __restrict dr = d + r;
+          if (first_x) std::fill(dr + c0, dr + c1, 0.0f);
 #pragma omp simd
-          for (int j = c0; j < c1; ++j) d[j] = sign * x[j] * y[j];
-        else
-#pragma omp simd
-          for (int j = c0; j < c1; ++j) d[j] += sign * x[j] * y[j];
-      } else {
-        double sum = 0;
+          for (int j = c0; j < c1; ++j) dr[j] += sign * x[j] * y[j];
+        } else {
+          double sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int j = c0; j < c1; ++j) sum += double(x[j]) * y[j];
-        dg[t0 + u] = float(first_x ? sign * sum : dg[t0 + u] + sign * sum);
+          for (int j = c0; j < c1; ++j) sum += double(x[j]) * y[j];
+          d[t0 + u] = float(first_x ? sign * sum : d[t0 + u] + sign * sum);
+        }
       }
     }
   }
@@ -347,7 +363,8 @@ void scan_columns_forward(const Problem& p, const ForwardArgs<float>& a, Allocat
       const HeadSlice h = p.slice(std::size_t(slice));
       const Columns v = block_columns(b0, b1, W, Dv);
       pack(a.h0 + h.state, false, buf, Dk, Dv, W, v.first, v.last);
-      run_packed({{passes.forward(h, a), buf, v.first, v.last}}, W, vec, passes.gates(h, a.g, gate_buf), no_flush);
+      const Packed forward{passes.forward(h, a), buf, v.first, v.last, nullptr, passes.gates(h, a.g, gate_buf)};
+      run_packed(1, [&](int) { return forward; }, W, vec, no_flush);
       unpack(buf, a.hT + h.state, 1.0f, Dk, Dv, W, v.first, v.last);
     });
   }
@@ -360,9 +377,8 @@ namespace {
 void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
   const int Dk = p.dim, Dv = p.value_dim(), width = p.gate_width();
   const bool x_in_dg = p.group() > 1;
-  const int threads = slice_parallel_threads(p);
   Workspace<float> sums(allocator, gate_gradient_floats(p));
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(slice_parallel_threads(p))
   {
     double* __restrict acc = reinterpret_cast<double*>(sums.data() + std::size_t(omp_get_thread_num()) * 2 * Dk);
 #pragma omp for schedule(dynamic, 1)
@@ -420,42 +436,61 @@ void scan_columns_backward(const Problem& p, const BackwardArgs<float>& a, Alloc
   const int W = scan_column_block(vec);
   const Split split = backward_split(p, W);
   const SlicePasses passes{p, float(attention_scale(Dk))};
-  const std::size_t DD = p.head_state_elems();
+  const std::size_t DD = p.head_state_elems(), tile_stride = tile_floats(p);
   {
-    const std::size_t per_thread = DD + gate_tile_floats(p) + group_tile_floats(p);
+    const std::size_t per_thread = group * DD + gate_tile_floats(p) + group_tile_floats(p);
     Workspace<float> starts(allocator, p.slices() * DD);
     Workspace<float> carried(allocator, std::size_t(split.threads) * per_thread);
 #pragma omp parallel num_threads(split.threads)
     {
-      float* G = carried.data() + omp_get_thread_num() * per_thread;
-      float* gate_buf = G + DD;
-      float* tile = group > 1 ? gate_buf + gate_tile_floats(p) : nullptr;
-      // Each thread packs the starting columns its own items read, so no barrier is needed.
+      float* carried_G = carried.data() + omp_get_thread_num() * per_thread;  // G of each value head
+      float* gate_buf = carried_G + group * DD;
+      float* tiles = group > 1 ? gate_buf + gate_tile_floats(p) : nullptr;
+      // Each thread packs the starting columns its own items read, so no barrier is needed. The
+      // value heads of a group walk each tile one after another, so that the tile's q and k rows
+      // come from memory once, and their dq and dk go through the tile buffers, summed there.
       for_each_share(p, split, [&](long unit, int b0, int b1) {
         const Columns kc = backward_columns(split, b0, b1, W, Dk), vc = backward_columns(split, b0, b1, W, Dv);
-        for (int member = 0; member < group; ++member) {
-          const std::size_t slice = std::size_t(unit) * group + member;
-          const HeadSlice h = p.slice(slice);
+        const std::size_t first = std::size_t(unit) * group;
+        const auto P = [&](int m) { return starts.data() + (first + m) * DD; };  // P, then G^T
+        const auto G = [&](int m) { return carried_G + std::size_t(m) * DD; };
+        const auto tile = [&](int m) { return tiles ? tiles + m * tile_stride : nullptr; };
+        const std::size_t key_at = p.slice(first).key;  // the group's q/k rows
+        // dq on P = S^T from h0^T.
+        for (int m = 0; m < group; ++m) pack(a.h0 + p.slice(first + m).state, true, P(m), Dv, Dk, W, kc.first, kc.last);
+        const GroupFlush dq_flush{p, first, tiles, a.dq + key_at, a.q + key_at, a.dg, 1.0f, true};
+        run_packed(
+            group,
+            [&](int m) {
+              const HeadSlice h = p.slice(first + m);
+              return Packed{passes.dq(h, a), P(m), kc.first, kc.last, tile(m), passes.gates(h, a.g, gate_buf)};
+            },
+            W, vec, [&](int t0, int n) { if (tiles) dq_flush(t0, n, kc.first, kc.last); });
+        // dv on G and dk on G^T, from dhT, in reverse; dh0 = A_0 G_0.
+        for (int m = 0; m < group; ++m) {
+          const HeadSlice h = p.slice(first + m);
+          pack(a.dhT + h.state, false, G(m), Dk, Dv, W, vc.first, vc.last);
+          pack(a.dhT + h.state, true, P(m), Dv, Dk, W, kc.first, kc.last);
+        }
+        const GroupFlush dk_flush{p, first, tiles, a.dk + key_at, a.k + key_at, a.dg, -1.0f, false};
+        run_packed(
+            2 * group,
+            [&](int i) {
+              const int m = i / 2;
+              const HeadSlice h = p.slice(first + m);
+              if (i % 2 == 0) return Packed{passes.dv(h, a), G(m), vc.first, vc.last, nullptr, passes.gates(h, a.g, gate_buf)};
+              return Packed{passes.dk(h, a), P(m), kc.first, kc.last, tile(m), passes.gates(h, a.g, gate_buf), false};
+            },
+            W, vec, [&](int t0, int n) { if (tiles) dk_flush(t0, n, kc.first, kc.last); });
+        for (int m = 0; m < group; ++m) {
+          const HeadSlice h = p.slice(first + m);
           const TileGates tg = passes.gates(h, a.g, gate_buf);
-          float* P = starts.data() + slice * DD;
-          float* dg = a.dg ? a.dg + h.gate : nullptr;
-          // dq on P = S^T from h0^T.
-          pack(a.h0 + h.state, true, P, Dv, Dk, W, kc.first, kc.last);
-          const GroupFlush dq_flush{p, tile, a.dq + h.key, a.q + h.key, dg, 1.0f, member == 0, true};
-          run_packed({{passes.dq(h, a), P, kc.first, kc.last, tile}}, W, vec, tg,
-                     [&](int t0, int n) { if (tile) dq_flush(t0, n, kc.first, kc.last); });
-          // dv on G and dk on G^T, from dhT, in reverse; dh0 = A_0 G_0 (after the walk the gate
-          // buffer holds exp(g_0), A_0's factors).
-          pack(a.dhT + h.state, false, G, Dk, Dv, W, vc.first, vc.last);
-          pack(a.dhT + h.state, true, P, Dv, Dk, W, kc.first, kc.last);
-          const GroupFlush dk_flush{p, tile, a.dk + h.key, a.k + h.key, dg, -1.0f, member == 0, false};
-          const ScanPass dv = passes.dv(h, a);
-          run_packed({{dv, G, vc.first, vc.last}, {passes.dk(h, a), P, kc.first, kc.last, tile}}, W, vec, tg,
-                     [&](int t0, int n) { if (tile) dk_flush(t0, n, kc.first, kc.last); });
-          if (tg.g)
-            unpack(G, a.dh0 + h.state, 1.0f, Dk, Dv, W, vc.first, vc.last, tg.buf, p.decay == Decay::vector ? 1 : 0);
-          else
-            unpack(G, a.dh0 + h.state, dv.gamma, Dk, Dv, W, vc.first, vc.last);
+          if (tg.g) {
+            take_gates(tg, 0, 1);  // A_0's factors
+            unpack(G(m), a.dh0 + h.state, 1.0f, Dk, Dv, W, vc.first, vc.last, tg.buf, p.decay == Decay::vector ? 1 : 0);
+          } else {
+            unpack(G(m), a.dh0 + h.state, float(decay_gamma(p.decay, h.head)), Dk, Dv, W, vc.first, vc.last);
+          }
         }
       });
     }
