@@ -1,5 +1,6 @@
-// One walk over a column block of a D x D state for one token, the building block of the delta
-// rule's scan kernels (cpu_scan_delta.cpp). Row by row, with r the row's W columns:
+// One walk over a column block of a state of D rows (Dk for S and G, Dv for S^T and G^T) for one
+// token, the building block of the delta rule's scan kernels (cpu_scan_delta.cpp). Row by row,
+// with r the row's W columns:
 //
 //   r <- r + b1[i] c1            (update 1)
 //   r <- r . A                   (the decay: a scalar, a factor per row, or a vector over the columns)

@@ -53,11 +53,11 @@ Group<U> group_at(const ScanPass& p, int step) {
   Group<U> g;
   for (int u = 0; u < U; ++u) {
     const int t = p.reverse ? p.T - 1 - (step + u) : step + u;
-    const std::size_t off = std::size_t(t) * p.D;
-    g.b[u] = p.upd_row + off;
-    g.c[u] = p.upd_col + off;
-    g.r[u] = p.read_row + off;
-    g.y[u] = p.out + off;
+    const std::size_t row = std::size_t(t) * p.row_step, col = std::size_t(t) * p.col_step;
+    g.b[u] = p.upd_row + row;
+    g.c[u] = p.upd_col + col;
+    g.r[u] = p.read_row + row;
+    g.y[u] = p.out + col;
     g.a[u] = p.gate ? p.gate + std::ptrdiff_t(t + p.gate_shift) * p.gate_stride : nullptr;
   }
   return g;
@@ -129,9 +129,10 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
     }
   // Locals: the vector stores below may alias anything, so fields of p would be reloaded.
   float* row = p.S + (c0 - p.s_col0);
-  const int D = p.D;
+  const int rows = p.rows;
   const std::ptrdiff_t ld = p.ld;
-  const std::ptrdiff_t ahead = (p.reverse ? -1L : 1L) * U * D;
+  const std::ptrdiff_t ahead = (p.reverse ? -1L : 1L) * U * p.row_step;
+  const std::ptrdiff_t col_ahead = (p.reverse ? -1L : 1L) * U * p.col_step;
   // The next group's row operands, one cache line per 16 rows: the first column block of a tile
   // reads them from memory, and the row walk is too regular for the prefetchers to run ahead.
   // The later blocks find them in cache, and there the prefetches cost ~12% of the rate.
@@ -151,18 +152,19 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
     for (int n = 0; n < NB; ++n) {
-      _mm_prefetch(reinterpret_cast<const char*>(g.c[u] + ahead + c0 + n * I::L), _MM_HINT_T0);
-      if (!p.stream_out) _mm_prefetch(reinterpret_cast<const char*>(g.y[u] + ahead + c0 + n * I::L), _MM_HINT_ET0);
+      _mm_prefetch(reinterpret_cast<const char*>(g.c[u] + col_ahead + c0 + n * I::L), _MM_HINT_T0);
+      if (!p.stream_out)
+        _mm_prefetch(reinterpret_cast<const char*>(g.y[u] + col_ahead + c0 + n * I::L), _MM_HINT_ET0);
     }
   // Rows go R at a time: within a row each readout waits on the state after the previous
   // token's update (a chain of U dependent FMAs), and the rows' chains are independent, so
   // interleaving them hands the FMA ports work the out-of-order window did not find on its own.
   int i = 0;
-  for (; i + R <= D; i += R, row += R * ld) {
+  for (; i + R <= rows; i += R, row += R * ld) {
     if ((i & 15) < R) prefetch_rows(i - (i & 15));
     row_group<I, K, R>(g, row, ld, i, c0, m, c, y, gam);
   }
-  for (; i < D; ++i, row += ld) {  // the rows left when R does not divide D
+  for (; i < rows; ++i, row += ld) {  // the rows left when R does not divide them
     if ((i & 15) == 0) prefetch_rows(i);
     row_group<I, K, 1>(g, row, ld, i, c0, m, c, y, gam);
   }
@@ -247,7 +249,6 @@ void run_vectorised(const ScanPass& p, int col_begin, int col_end) {
 
 // The portable form: one token at a time, the column loop left to the compiler's vectoriser.
 void run_generic(const ScanPass& p, int col_begin, int col_end) {
-  const int D = p.D;
   const Decays decays = decays_of(p);
   for (int step = 0; step < p.T; ++step) {
     const Group<1> g = group_at<1>(p, step);
@@ -255,7 +256,7 @@ void run_generic(const ScanPass& p, int col_begin, int col_end) {
     const float* a = g.a[0];  // the gate, or null
     float* __restrict y = g.y[0];
     for (int j = col_begin; j < col_end; ++j) y[j] = 0.0f;
-    for (int i = 0; i < D; ++i) {
+    for (int i = 0; i < p.rows; ++i) {
       float* __restrict row = p.S + std::size_t(i) * p.ld - p.s_col0;
       const float b = p.upd_scale * g.b[0][i], r = g.r[0][i];
       const float* __restrict c = g.c[0];
@@ -305,7 +306,7 @@ void run_scan_pass(const ScanPass& p, int col_begin, int col_end, Vec vec) {
   // Non-temporal stores only in whole cache lines: every output row and block must start on one.
   ScanPass pass = p;
   pass.stream_out = p.stream_out && vec != Vec::generic && reinterpret_cast<std::uintptr_t>(p.out) % 64 == 0 &&
-                    p.D % 16 == 0 && col_begin % 16 == 0;
+                    p.col_step % 16 == 0 && col_begin % 16 == 0;
   switch (vec) {
 #if defined(__AVX512F__)
     case Vec::avx512: run_vectorised<Avx512>(pass, col_begin, col_end); break;

@@ -1,5 +1,6 @@
-// One recurrent pass over a D x D state, the building block of every scan kernel (forward, and
-// the three passes of the backward):
+// One recurrent pass over a state of `rows` rows (the key channels, or the value channels of a
+// transposed state), the building block of every scan kernel (forward, and the three passes of the
+// backward):
 //
 //   for t in order (forward or reverse):
 //     S   <- A_t S + upd_scale * b_t c_t^T          (b_t = upd_row[t], c_t = upd_col[t])
@@ -21,7 +22,10 @@ namespace lattn::cpu {
 enum class GateScale { scalar, rows, columns };
 
 struct ScanPass {
-  int T = 0, D = 0;           // tokens, state dimension; token tensors are [T][D], S is [D][D]
+  int T = 0, rows = 0;        // tokens, state rows
+  // Floats from one token to the next: of the row operands (upd_row, read_row: `rows` each) and of
+  // the column operands and outputs (upd_col, out: a value for each state column).
+  int row_step = 0, col_step = 0;
   const float* upd_row = nullptr;
   const float* upd_col = nullptr;
   const float* read_row = nullptr;
@@ -33,7 +37,7 @@ struct ScanPass {
   int s_col0 = 0;
   float gamma = 1.0f, upd_scale = 1.0f, out_scale = 1.0f;
   // Gated passes: A_t's factors, exp(g) already taken, for step t (in token order, 0 .. T-1) at
-  // gate + (t + gate_shift) * gate_stride (gate_stride 1 for scalar gates, D for vector gates); the
+  // gate + (t + gate_shift) * gate_stride (gate_stride 1 for scalar gates, Dk for vector gates); the
   // reverse recurrences decay by the gate of the token after (gate_shift 1). gamma is then unused.
   const float* gate = nullptr;
   GateScale gate_scale = GateScale::scalar;

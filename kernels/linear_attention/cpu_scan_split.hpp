@@ -1,68 +1,91 @@
-// How the scan kernels share a problem's work among the OpenMP threads: items are (head, block of
-// W state columns), since the columns of a state are independent in every pass of both rules.
+// How the scan kernels share a problem's work among the OpenMP threads. A unit is a run of
+// `members` consecutive slices of the problem (Problem::slice): one (sequence, value head) pair, or
+// a group, the value heads of one sequence that share a q/k head, which one thread walks one after
+// another so that it alone writes that q/k head's dq and dk. Items are (unit, block of state
+// columns), since the columns of a state are independent in every pass of both rules.
 #pragma once
 
 #include <omp.h>
 
 #include <algorithm>
-#include <utility>
+#include <cstdint>
 
 #include "kernels/linear_attention/problem.hpp"
 
 namespace lattn::cpu {
 
 struct Split {
-  int dim;
-  int width;   // columns per item
-  int blocks;  // items per head
-  long items;
-  int threads;
+  long units = 0;
+  int members = 1;  // slices per unit
+  int blocks = 1;   // items per unit
+  long items = 0;
+  int threads = 1;
 };
 
-// Items of `width` state columns.
-inline Split scan_split(const Problem& p, int width) {
+// `blocks` items in each unit of `members` slices.
+inline Split scan_split(const Problem& p, int members, int blocks) {
   Split s;
-  s.dim = p.dim;
-  s.width = width;
-  s.blocks = (p.dim + s.width - 1) / s.width;
-  s.items = long(p.heads_total()) * s.blocks;
+  s.members = members;
+  s.blocks = blocks;
+  s.units = long(p.slices()) / members;
+  s.items = s.units * blocks;
   s.threads = int(std::max(1L, std::min<long>(omp_get_max_threads(), s.items)));
   return s;
 }
 
-// This thread's contiguous share of [0, n).
-inline std::pair<long, long> share(long n) {
-  const long nt = omp_get_num_threads(), id = omp_get_thread_num();
-  return {n * id / nt, n * (id + 1) / nt};
+// Blocks of `width` columns over `columns`: how many.
+inline int column_blocks(int columns, int width) { return (columns + width - 1) / width; }
+
+// The columns [first, last) of blocks [b0, b1) of `width` columns, cut at `columns`.
+struct Columns {
+  int first, last;
+};
+inline Columns block_columns(int b0, int b1, int width, int columns) {
+  return {std::min(b0 * width, columns), std::min(b1 * width, columns)};
 }
 
-// Calls f(head, c0, c1) for each run of consecutive items in [first, last) that share a head.
+// Calls f(unit, b0, b1) for each run of consecutive items in [first, last) that share a unit.
 template <class F>
-void for_each_head_range(const Split& split, long first, long last, F&& f) {
+void for_each_unit_range(const Split& split, long first, long last, F&& f) {
   for (long item = first; item < last;) {
-    const long bh = item / split.blocks;
-    const long end = std::min(last, (bh + 1) * split.blocks);
-    const int c0 = int(item % split.blocks) * split.width;
-    const int c1 = std::min(int(end - bh * split.blocks) * split.width, split.dim);
-    f(bh, c0, c1);
+    const long unit = item / split.blocks;
+    const long end = std::min(last, (unit + 1) * split.blocks);
+    f(unit, int(item - unit * split.blocks), int(end - unit * split.blocks));
     item = end;
   }
 }
 
-// Runs f(head, c0, c1) over this thread's work inside a parallel region. With at least as many
-// heads as threads, whole heads are handed out one at a time (dynamic: on a machine shared with
+// Runs f(unit, b0, b1) over this thread's work inside a parallel region. With at least as many
+// units as threads, whole units are handed out one at a time (dynamic: on a machine shared with
 // other jobs, a thread that is descheduled for a time slice does not hold the others at the
-// end); otherwise each thread takes a contiguous share of the (head, column block) items.
+// end, and packed documents of unequal lengths even out); otherwise each thread takes a
+// contiguous range of the (unit, column block) items holding its share of the tokens, so that
+// one unit's columns are split and a long document's items are spread over more threads than a
+// short one's.
 template <class F>
-void for_each_share(const Split& split, F&& f) {
-  const long heads = split.items / split.blocks;
-  if (heads >= split.threads) {
+void for_each_share(const Problem& p, const Split& split, F&& f) {
+  if (split.units >= split.threads) {
 #pragma omp for schedule(dynamic, 1) nowait
-    for (long bh = 0; bh < heads; ++bh) for_each_head_range(split, bh * split.blocks, (bh + 1) * split.blocks, f);
-  } else {
-    const auto [first, last] = share(split.items);
-    for_each_head_range(split, first, last, f);
+    for (long unit = 0; unit < split.units; ++unit) f(unit, 0, split.blocks);
+    return;
   }
+  // An item belongs to the thread whose share of the total holds the item's midpoint.
+  const auto tokens = [&](long unit) { return std::int64_t(p.slice(std::size_t(unit) * split.members).seq); };
+  std::int64_t total = 0;
+  for (long unit = 0; unit < split.units; ++unit) total += tokens(unit) * split.blocks;
+  const std::int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+  long first = split.items, last = split.items;
+  std::int64_t before = 0;
+  for (long item = 0; item < split.items; ++item) {
+    const std::int64_t w = tokens(item / split.blocks), mid = (2 * before + w) * nt;
+    if (first == split.items && mid >= 2 * total * id) first = item;
+    if (mid >= 2 * total * (id + 1)) {
+      last = item;
+      break;
+    }
+    before += w;
+  }
+  for_each_unit_range(split, std::min(first, last), last, f);
 }
 
 }  // namespace lattn::cpu

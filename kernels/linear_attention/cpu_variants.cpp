@@ -34,12 +34,12 @@ std::optional<std::string> without_tiles(const Problem&) {
 
 std::vector<CpuVariant> scan_table() {
   return {
-      {"scan_delta", {{Rule::delta}, all_decays},
+      {"scan_delta", {{Rule::delta}, all_decays, nullptr, true},
        [](const Problem& p, const ForwardArgs<float>& a, Allocator& m, float*) { scan_delta_forward(p, a, m); },
        [](const Problem& p, const BackwardArgs<float>& a, Allocator& m, const float*) { scan_delta_backward(p, a, m); },
        [](const Problem& p, bool) { return bytes(scan_delta_forward_floats(p)); },
        [](const Problem& p, bool) { return bytes(scan_delta_backward_floats(p)); }},
-      {"scan_columns", {{Rule::additive}, all_decays},
+      {"scan_columns", {{Rule::additive}, all_decays, nullptr, true},
        [](const Problem& p, const ForwardArgs<float>& a, Allocator& m, float*) { scan_columns_forward(p, a, m); },
        [](const Problem& p, const BackwardArgs<float>& a, Allocator& m, const float*) { scan_columns_backward(p, a, m); },
        [](const Problem& p, bool) { return bytes(scan_columns_forward_floats(p)); },
