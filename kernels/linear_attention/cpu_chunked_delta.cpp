@@ -1,8 +1,8 @@
 // The delta rule's chunked form on the CPU (docs/spec.md section 1b), float32, forward and backward, every
 // decay, in the WY / UT-transform representation (DeltaNet: Yang et al. 2024; with gates, Gated
-// DeltaNet: Yang, Kautz, Hatamizadeh 2025), on every shape of docs/spec.md section 1c. Over 500
-// lines: forward and backward share the gates' operands, the scores and the solve, and read best
-// side by side.
+// DeltaNet: Yang, Kautz, Hatamizadeh 2025), on every shape of docs/spec.md section 1c.
+// Over 500 lines: forward and backward share the gates' operands, the scores and the solve, and
+// read best side by side.
 //
 // Per chunk of n rows with S the Dk x Dv state entering it and b_i the cumulative log-gates from the
 // chunk's start (per key channel for vector gates; none and retnet are scalar gates 0 and log

@@ -8,6 +8,8 @@
 // work items are (unit, block of W state columns) (cpu_scan_split.hpp): with at least as many
 // units as threads, whole units are handed out dynamically; with fewer, each thread takes a
 // contiguous range of items, so one unit's columns are split. One level of threading, no BLAS.
+// Over 500 lines: the forward, the three backward passes and their shared work split read best
+// beside one another.
 //
 // Forward:  S_t = gamma S_{t-1} + k_t v_t^T, o_t = s S_t^T q_t; a unit is a slice, its blocks split
 // the value columns, Dv.

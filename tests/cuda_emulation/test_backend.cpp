@@ -211,7 +211,7 @@ Case shaped(const Problem& p, const std::string& impl, Mode mode, const std::str
 
 }  // namespace
 
-TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively; the chunked row declines them",
+TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively, and the chunked row declines them",
           "[emulation][backend]") {
   // Through the backend: DeviceCase sizes every tensor from the op's tensor specs, and the rows
   // bind them (bind_linear_tensors); the scan rows take the case as it is (their variant, no
