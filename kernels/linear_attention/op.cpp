@@ -88,6 +88,7 @@ double gate_norm(const Case& c) {
 // P V Dv wide), W the gate width (Dk for vector gates), C the chunk (shorter for a shorter sequence).
 struct TokenSizes {
   double DD, D, W, C;
+  double Dk, Dv, G;  // G: value heads per q/k head
 };
 
 // A form's flops per token and head, summed over the case's sequences (B of seq tokens, or the
@@ -96,7 +97,9 @@ double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const 
   const double dk = c.dim, dv = value_dim(c);
   const double W = c.decay == "vector" ? dk : c.decay == "scalar" ? 1.0 : 0.0;
   const auto of = [&](int length) {
-    return double(length) * c.heads * per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min(c.chunk, length))});
+    return double(length) * c.heads *
+           per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min(c.chunk, length)), dk, dv,
+                         double(c.heads) / qk_heads(c)});
   };
   const std::vector<int> docs = documents(c);
   if (docs.empty()) return c.batch * of(c.seq);
@@ -166,8 +169,11 @@ double chunked_token_flops(const Case& c, const TokenSizes& z) {
     }
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
+  // Grouped heads: the forward's Q K^T (C Dk of the 2 C D) is made once per q/k head and chunk and
+  // shared by its G value heads (cpu_chunked_tiled.cpp, cpu_chunked_gated.cpp's scalar gates).
+  const double scores = C * (z.Dk / z.G + z.Dv);
   if (c.decay == "scalar") {
-    const double forward = 4.0 * DD + 2.0 * C * D + C + DD / C + 4.0;
+    const double forward = 4.0 * DD + scores + C + DD / C + 4.0;
     const double backward = 8.0 * DD + 5.0 * C * D + C + 2.0 * DD / C + 4.0 * D + 4.0;
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
@@ -180,7 +186,7 @@ double chunked_token_flops(const Case& c, const TokenSizes& z) {
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
   const double forward = 4.0 * DD + 2.0 * C * D;
-  return c.mode == Mode::fwd ? forward : 3.0 * forward;
+  return c.mode == Mode::fwd ? 4.0 * DD + scores : 4.0 * DD + scores + 2.0 * forward;
 }
 
 double chunked_flops(const Case& c) { return sum_over_sequences(c, chunked_token_flops); }
