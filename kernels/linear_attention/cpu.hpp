@@ -20,8 +20,9 @@ bool chunked_uses_tiles();
 // Threads a kernel that splits work over batch x heads will use.
 int head_parallel_threads(const Problem& problem);
 
-// Threads the scan kernels use: items are (head, block of state columns), so fewer heads than
-// threads still keeps every thread busy.
+// Threads the scan kernels use: items are (slice, block of state columns), a slice being a
+// (sequence or packed document, value head) pair, so fewer slices than threads still keeps every
+// thread busy.
 int scan_threads(const Problem& problem);
 
 void scan_forward(const Problem& problem, const ForwardArgs<float>& args, Allocator& allocator);
