@@ -75,6 +75,7 @@ bool has_byte_model(const CaseRecord& r) { return r.kase.op && r.kase.op->bytes;
 // llc), tokens per second and microseconds per token.
 std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records) {
   std::vector<CaseRecord> copies;
+  copies.reserve(records.size());
   for (const CaseRecord* r : records) copies.push_back(*r);
   std::vector<std::pair<std::string, std::size_t>> varying;  // key, width
   for (const std::string& key : varying_keys(copies)) {
