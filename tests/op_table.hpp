@@ -55,27 +55,31 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendOptio
 inline TableRun run_op_table(const std::string& backend_name, const BackendFactory& make,
                              const std::function<bool(const Case&)>& include = {}, const std::string& only_op = {}) {
   TableRun run;
-  for (const bool keep : {true, false}) {
-    auto backend = make(BackendOptions{0, 0, false, keep});
-    for (const OpTestRow& row : op_test_table())
-      for (const ImplRow& impl : backend->impls) {
-        if (impl.op != row.shapes.front().op->name) continue;
-        if (!only_op.empty() && impl.op != only_op) continue;
-        for (Case kase : row.shapes)
-          for (Mode mode : {Mode::fwd, Mode::fwd_bwd})
-            for (const std::string dtype : {"float32", "bf16"}) {
+  // The impls and the two backends innermost: a shape's inputs and reference (the op's, whatever
+  // runs it) are made once for all of them.
+  const std::unique_ptr<Backend> keeping = make(BackendOptions{0, 0, false, true});
+  const std::unique_ptr<Backend> recomputing = make(BackendOptions{0, 0, false, false});
+  for (const OpTestRow& row : op_test_table()) {
+    if (!only_op.empty() && row.shapes.front().op->name != only_op) continue;
+    for (Case kase : row.shapes)
+      for (Mode mode : {Mode::fwd, Mode::fwd_bwd})
+        for (const std::string dtype : {"float32", "bf16"})
+          for (const ImplRow& impl : keeping->impls) {
+            if (impl.op != row.shapes.front().op->name) continue;
+            for (const bool keep : {true, false}) {
+              Backend& backend = keep ? *keeping : *recomputing;
               kase.impl = impl.impl;
               kase.mode = mode;
               kase.dtype = dtype;
               kase.backend = backend_name;
               if (!keep && (kase.impl != "chunked" || mode != Mode::fwd_bwd)) continue;
-              if (auto why = backend->unsupported(kase)) {
+              if (auto why = backend.unsupported(kase)) {
                 ++run.not_supported[kase.op->name + " " + kase.impl + ": " + *why];
                 continue;
               }
               if (include && !include(kase)) continue;
               INFO(describe(kase) << (keep ? "" : " (chunk states recomputed)"));
-              const Outcome r = run_on(*backend, kase, 5);
+              const Outcome r = run_on(backend, kase, 5);
               INFO(errors(r.check));
               CHECK(r.check.non_finite.empty());
               CHECK(r.check.passed);
@@ -83,7 +87,7 @@ inline TableRun run_op_table(const std::string& backend_name, const BackendFacto
               ++run.checked;
               ++run.checked_by_op[kase.op->name];
             }
-      }
+          }
   }
   return run;
 }

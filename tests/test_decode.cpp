@@ -111,11 +111,12 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
 }
 
 TEST_CASE("decode: the CPU step matches the reference on every vector width and thread count", "[decode]") {
+  // Each shape at every width and count in turn, so that its inputs and reference are made once.
   int checked = 0;
-  for (const cpu::Vec vec : cpu::available_vecs()) {
-    test::VecOverride force(vec);
-    for (const int threads : {1, 2, 3})
-      for (const DecodeProblem& p : test::decode_test_shapes()) {
+  for (const DecodeProblem& p : test::decode_test_shapes())
+    for (const cpu::Vec vec : cpu::available_vecs()) {
+      test::VecOverride force(vec);
+      for (const int threads : {1, 2, 3}) {
         const Case c = test::decode_case(p);
         INFO(test::describe(c) << " vec " << cpu::to_string(vec) << " threads " << threads);
         const CheckResult r = test::run_cpu_case(c, threads);
@@ -124,7 +125,7 @@ TEST_CASE("decode: the CPU step matches the reference on every vector width and 
         CHECK(r.rel_err < 1e-5);
         ++checked;
       }
-  }
+    }
   CHECK(checked >= int(test::decode_test_shapes().size()) * 3);
 }
 
