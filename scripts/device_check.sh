@@ -9,8 +9,8 @@
 #   3. compute-sanitizer (memcheck, racecheck, synccheck) on the small [sanitize] cases, each
 #      tool's verdict read from its exit status (--error-exitcode);
 #   4. benchmarks: the headline shape first (batch 4, heads 64, seq 4096, dim 128; scan and
-#      chunked, fwd and fwd_bwd; bf16 then float32), then, as time allows, a short kernel sweep
-#      and the layer suite.
+#      chunked, fwd and fwd_bwd; bf16 then float32), then, as time allows, a short kernel sweep,
+#      the layer suite, and flash-linear-attention's kernels as a Python impl where they import.
 # Writes two files into OUTDIR: summary.txt (each step's verdict and time, the occupancy and the
 # headline table against docs/cuda.md's estimate; also printed at the end) and device-check.tar.gz
 # (every log and result JSON). A step that cannot finish in the time left is cut short or skipped,
@@ -175,6 +175,14 @@ bench headline-float32 60 0 "${head[@]}" --chunk 64 --dtype float32
 short=(--suite kernel --batch 2 --heads 4 --seq 512,2048,8192 --dim 32,64,128 --chunk 64 --warmup 2 --reps 5 --min-sample-ms 5)
 bench kernel-bf16 40 0 "${short[@]}" --dtype bf16
 bench layer-float32 40 0 --suite layer --seq 512,2048 --dtype float32 --warmup 2 --reps 5 --min-sample-ms 5
+# A Python impl on the GPU through the bridge (docs/plugins.md): flash-linear-attention's Triton
+# kernels beside ours, where torch with CUDA and fla import (fla.py declines every case otherwise).
+if python3 -c "import torch, fla; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  bench python-fla 40 0 --suite kernel --batch 2 --heads 4 --seq 2048,8192 --dim 128 --mode fwd \
+    --plugin "$root/examples/python/fla.py" --impl fla:chunk,chunked --warmup 2 --reps 5 --min-sample-ms 5
+else
+  note "$(printf '%-28s %s' "bench python-fla" "skipped: torch with CUDA and fla do not import here")"
+fi
 
 # The headline against docs/cuda.md's estimates for an H200 (bf16; an estimate, not a measurement).
 if command -v python3 >/dev/null; then

@@ -260,9 +260,6 @@ class PythonImplFunctions final : public ImplFunctions {
   bool has_backward() const override { return backward_ != nullptr; }
 
   std::optional<std::string> unsupported(const lattn_case& c) const override {
-    if (std::strcmp(c.device, "cuda") == 0)
-      return std::string("Python impls run on the CPU backend only (the CUDA bridge, DLPack device pointers on the "
-                         "case's stream, has not run on a GPU)");
     Gil gil;
     PyObject* kase = make_case(c, nullptr);
     PyObject* why = kase ? PyObject_CallMethod(impl_, "_why_not", "O", kase) : nullptr;
