@@ -101,6 +101,17 @@ struct GradParts {
     h0 = hk * G + part * G / parts;
     h1 = hk * G + (part + 1) * G / parts;
   }
+  // Runs heads(sequence, h0, h1) on this thread's items, taken in `order` (item_at) one at a time
+  // as threads free up. Called inside a parallel region, by every thread.
+  template <class Heads>
+  void for_items(const Problem& p, const int* order, Heads heads) const {
+#pragma omp for schedule(dynamic, 1)
+    for (long pick = 0; pick < long(items); ++pick) {
+      int sequence, h0, h1;
+      of(p, item_at(order, pick), sequence, h0, h1);
+      heads(sequence, h0, h1);
+    }
+  }
   // A backward item: its sequence, its value heads [h0, h1), and the dq and dk they write: the
   // outputs for part 0, the part's partial copies (dq's, then dk's, each key_elems) otherwise.
   struct Item {

@@ -39,12 +39,6 @@ namespace lattn::cpu {
 namespace delta {
 namespace {
 
-using tile::kNR;
-using tile::panel_cols;
-using tile::Product;
-using tile::Range;
-using tile::seg;
-
 // Panels of X^T (Dv x P(Dk)) from the panels of a packed Dk x Dv matrix X, padding zero.
 void transpose_state(const float* Xp, int Dk, int Dv, float* dst) {
   if (Dk == Dv) return tile::transpose_packed(Xp, Dk, dst);

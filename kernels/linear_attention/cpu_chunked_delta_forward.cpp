@@ -38,11 +38,6 @@
 namespace lattn::cpu {
 namespace delta {
 
-using tile::panel_cols;
-using tile::Product;
-using tile::Range;
-using tile::seg;
-
 Buffers carve(const Problem& p, float* base, bool backward, bool own_states, bool own_dq) {
   const Shape s = shape_of(p);
   const std::size_t C = s.C, Dk = s.Dk, Dv = s.Dv, L = s.L;

@@ -27,6 +27,12 @@
 
 namespace lattn::cpu::delta {
 
+using tile::kNR;
+using tile::panel_cols;
+using tile::Product;
+using tile::Range;
+using tile::seg;
+
 inline std::size_t lines(std::size_t floats) { return (floats + 15) / 16 * 16; }
 
 // The sizes every item of a problem shares.
@@ -55,7 +61,7 @@ inline Shape shape_of(const Problem& p) {
   s.C = std::max(1, std::min(p.chunk, longest));
   s.L = score_ld(s.C);
   s.chunks = chunks_of(longest, p.chunk);
-  s.SF = std::size_t(s.Dk) * tile::panel_cols(s.Dv);
+  s.SF = std::size_t(s.Dk) * panel_cols(s.Dv);
   return s;
 }
 

@@ -529,13 +529,9 @@ void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
   {
     const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false, shared_heads(p));
     if (shares_scores(p)) {
-      const GradParts parts(p, omp_get_max_threads());
-#pragma omp for schedule(dynamic, 1)
-      for (long pick = 0; pick < long(parts.items); ++pick) {
-        int sequence, h0, h1;
-        parts.of(p, item_at(order, pick), sequence, h0, h1);
+      GradParts(p, omp_get_max_threads()).for_items(p, order, [&](int sequence, int h0, int h1) {
         forward_shared_item(B, p, a, keep, sequence, h0, h1);
-      }
+      });
     } else {
 // Items in order (a packed problem's longest documents first): the value heads of one q/k head
 // run side by side on the threads, so its rows come from memory once and from the shared cache

@@ -23,7 +23,6 @@
 namespace lattn::cpu {
 namespace tiled {
 namespace {
-using tile::panel_cols;
 
 // The backward's items split over whole items (GradParts: sequence, q/k head, part).
 int backward_item_threads(const Problem& p) {
@@ -59,10 +58,6 @@ std::size_t chunked_tiled_backward_floats(const Problem& p, bool kept) {
 #if defined(__AVX512F__)
 namespace tiled {
 namespace {
-
-using tile::Product;
-using tile::Range;
-using tile::seg;
 
 struct BackwardBuffers {
   float *mask, *P, *dA, *Ktp, *Vtp, *Kp, *Qp, *dOp, *dOl, *dSTp, *Sp, *dSp, *pw, *slam, *gam;
@@ -244,7 +239,10 @@ void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float*
     const BackwardBuffers b = backward_buffers(p, blocks.threads + omp_get_thread_num() * backward_thread_floats(p));
     const auto [e0, e1] = share(SF);
     for (std::size_t item = 0; item < p.slices(); ++item) {
-      const auto [sl, gamma, decay] = item_head(p, item, d, b.pw, b.mask);
+      // Named, not bound: clang does not let the OpenMP constructs below read structured bindings.
+      const ItemHead head = item_head(p, item, d, b.pw, b.mask);
+      const HeadSlice& sl = head.sl;
+      const bool decay = head.decay;
       const bool accumulate = sl.head % p.group() != 0;
       const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value, *dO = a.dO + sl.value;
       const float* states = kept ? kept + item * chunks * SF : own_states;
@@ -259,11 +257,11 @@ void backward_chunk_split(const Problem& p, const BackwardArgs<float>& a, float*
         if (!kept) state_product(own_states + c * SF, d, n, k + rk, v + rv, decay ? b.gam : nullptr, 1.0f, 0.0f, b.dOl);
         chunk_dstate(b, d, n, decay, q + rk, dO + rv, dstates + c * SF, 0.0f);
       }
-      if (!kept) prefix_states(p, gamma, own_states, run, e0, e1, false);
+      if (!kept) prefix_states(p, head.gamma, own_states, run, e0, e1, false);
 #pragma omp barrier
 #pragma omp single
       tile::pack(a.dhT + sl.state, d.Dv, false, d.Dk, d.Dv, nullptr, run);
-      prefix_states(p, gamma, dstates, run, e0, e1, true);
+      prefix_states(p, head.gamma, dstates, run, e0, e1, true);
 #pragma omp barrier
 #pragma omp single nowait
       tile::unpack(run, d.Dk, d.Dv, a.dh0 + sl.state, d.Dv);

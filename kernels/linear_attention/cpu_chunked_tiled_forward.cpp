@@ -21,7 +21,6 @@
 namespace lattn::cpu {
 namespace tiled {
 namespace {
-using tile::panel_cols;
 
 // A kept chunk state: S packed when split over chunks (the prefix runs on it), S^T panels otherwise.
 std::size_t kept_state_floats(const Problem& p) {
@@ -60,10 +59,6 @@ std::size_t chunked_tiled_forward_floats(const Problem& p, bool keep) {
 #if defined(__AVX512F__)
 namespace tiled {
 namespace {
-
-using tile::Product;
-using tile::Range;
-using tile::seg;
 
 struct ForwardBuffers {
   float *mask, *A, *Ktp, *Vp, *Vg, *Sp, *pw, *lam, *gam;
@@ -216,13 +211,9 @@ void forward_items(const Problem& p, const ForwardArgs<float>& a, float* scratch
   {
     const ForwardBuffers b = forward_buffers(p, scratch + omp_get_thread_num() * forward_thread_floats(p));
     if (shares_scores(p)) {
-      const GradParts parts = forward_parts(p);
-#pragma omp for schedule(dynamic, 1)
-      for (long pick = 0; pick < long(parts.items); ++pick) {
-        int sequence, h0, h1;
-        parts.of(p, item_at(order, pick), sequence, h0, h1);
+      forward_parts(p).for_items(p, order, [&](int sequence, int h0, int h1) {
         forward_shared_item(p, a, b, keep, sequence, h0, h1);
-      }
+      });
     } else {
 // Dynamic: a thread descheduled by another job does not hold the others at the end.
 #pragma omp for schedule(dynamic, 1)
@@ -269,7 +260,10 @@ void forward_chunk_split(const Problem& p, const ForwardArgs<float>& a, float* s
     const ForwardBuffers b = forward_buffers(p, blocks.threads + omp_get_thread_num() * forward_thread_floats(p));
     const auto [e0, e1] = share(SF);
     for (std::size_t item = 0; item < p.slices(); ++item) {
-      const auto [sl, gamma, decay] = item_head(p, item, d, b.pw, b.mask);
+      // Named, not bound: clang does not let the OpenMP constructs below read structured bindings.
+      const ItemHead head = item_head(p, item, d, b.pw, b.mask);
+      const HeadSlice& sl = head.sl;
+      const bool decay = head.decay;
       const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value;
       float* o = a.o + sl.value;
       float* chunk_states = keep ? keep + item * chunks * SF : own_states;
@@ -281,7 +275,7 @@ void forward_chunk_split(const Problem& p, const ForwardArgs<float>& a, float* s
         chunk_weights(b.pw, n, 1.0f, b.lam, b.gam);
         state_product(chunk_states + c * SF, d, n, k + rk, v + rv, decay ? b.gam : nullptr, 1.0f, 0.0f, b.Vg);
       }
-      prefix_states(p, gamma, chunk_states, run, e0, e1, false);
+      prefix_states(p, head.gamma, chunk_states, run, e0, e1, false);
 #pragma omp barrier
 #pragma omp single nowait
       tile::unpack(run, d.Dk, d.Dv, a.hT + sl.state, d.Dv);

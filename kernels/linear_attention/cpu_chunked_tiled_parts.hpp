@@ -29,6 +29,8 @@
 
 namespace lattn::cpu::tiled {
 
+using tile::panel_cols;
+
 // Fewer items than threads in a dense problem: all threads work on one item at a time, split over
 // its chunks (below). Otherwise each thread takes whole items and walks their chunks in order
 // (packed documents always: theirs are many and short).
@@ -58,6 +60,10 @@ inline int tiled_threads(const Problem& p) {
 }
 
 #if defined(__AVX512F__)
+using tile::Product;
+using tile::Range;
+using tile::seg;
+
 // Carves one thread's block into named buffers.
 struct Carver {
   float* next;
@@ -105,7 +111,7 @@ struct NextRows {
   std::size_t qk_floats = 0, v_floats = 0;
 };
 
-inline void prefetch_into(tile::Product& u, const float* rows, std::size_t floats) {
+inline void prefetch_into(Product& u, const float* rows, std::size_t floats) {
   u.prefetch = rows;
   u.prefetch_floats = rows ? floats : 0;
 }
@@ -122,7 +128,7 @@ inline Dims dims_of(const Problem& p) { return {p.dim, p.value_dim(), effective_
 // `next` (floats long) if given.
 inline void state_product(float* Yp, const Dims& d, int n, const float* X, Operand Z, float alpha, float beta,
                           const float* next = nullptr, std::size_t next_floats = 0) {
-  tile::Product u;
+  Product u;
   prefetch_into(u, next, next_floats);
   u.M = d.Dk;
   u.N = d.Dv;
@@ -131,7 +137,7 @@ inline void state_product(float* Yp, const Dims& d, int n, const float* X, Opera
   u.cps = long(d.Dk) * tile::kNR;
   u.beta = beta;
   u.alpha = alpha;
-  u.s1 = tile::seg(tile::Range::full, n, X, 1, d.Dk, Z.b, Z.brs);
+  u.s1 = seg(Range::full, n, X, 1, d.Dk, Z.b, Z.brs);
   tile::run(u);
 }
 
