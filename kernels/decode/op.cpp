@@ -20,19 +20,6 @@ namespace {
 // tokens; 64 leaves room for long drafts.
 constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
 
-// The shape keys of docs/spec.md section 1c, as the kernel suite's: 0 (the default) is "as heads" /
-// "as dim".
-int qk_heads(const Case& c) {
-  const std::string text = c.option("heads_k");
-  const int hk = text.empty() ? 0 : std::stoi(text);
-  return hk > 0 ? hk : c.heads;
-}
-int value_dim(const Case& c) {
-  const std::string text = c.option("dim_v");
-  const int dv = text.empty() ? 0 : std::stoi(text);
-  return dv > 0 ? dv : c.dim;
-}
-
 // q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp).
 std::vector<std::size_t> keys(const Case& c) {
   return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq), std::size_t(c.dim)};
@@ -138,26 +125,6 @@ Axis snapshots_axis() {
   return a;
 }
 
-// The shape keys of docs/spec.md section 1c, as the kernel suite has them: records leave a key out at
-// its default, so that square cases keep comparing with records written before the keys existed.
-Axis heads_k_axis() {
-  Axis a{"heads_k", Param::option, {"0"}, "q/k heads (grouped heads: heads % heads_k == 0; 0: as many as heads)", 0,
-         kMaxHeads};
-  a.recorded_at_default = false;
-  return a;
-}
-Axis dim_v_axis() {
-  Axis a{"dim_v", Param::option, {"0"}, "value head dims (the state is dim x dim_v; 0: as dim)", 0, kMaxDim};
-  a.recorded_at_default = false;
-  return a;
-}
-
-// heads_k and dim_v equal to heads and dim are their defaults (one case, one record identity).
-void settle_case(Case& c) {
-  if (qk_heads(c) == c.heads && c.options.count("heads_k")) c.options["heads_k"] = "0";
-  if (value_dim(c) == c.dim && c.options.count("dim_v")) c.options["dim_v"] = "0";
-}
-
 std::optional<std::string> case_limit(const Case& c) {
   const int hk = qk_heads(c);
   if (hk > c.heads || c.heads % hk != 0)
@@ -201,9 +168,9 @@ const Op& decode_op() {
     o.axes = {
         {"batch", Param::batch, {"1", "16", "64", "256"}, "sequences stepped together", 1, kMaxBatch},
         {"heads", Param::heads, {"16"}, "head counts (value heads: one state each)", 1, kMaxHeads},
-        heads_k_axis(),
+        heads_k_axis(kMaxHeads),
         {"dim", Param::dim, {"128"}, "key head dims (the state is dim x dim_v per value head)", 1, kMaxDim},
-        dim_v_axis(),
+        dim_v_axis(kMaxDim),
         rule_axis(),
         {"decay", Param::decay, {"scalar"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
         {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
@@ -227,7 +194,8 @@ const Op& decode_op() {
     o.reference = compute_reference;
     // The linear-attention op's tolerances (docs/harness.md, "Tolerances"): a step is its recurrence.
     o.tolerance = linear_attention_op().tolerance;
-    o.settle = settle_case;
+    // The shape keys of docs/spec.md section 1c, as the kernel suite takes them (linear_attention/op.hpp).
+    o.settle = settle_shape_keys;
     o.limit = case_limit;
     o.extra_identity = identity;
     o.bytes = decode_step_bytes;

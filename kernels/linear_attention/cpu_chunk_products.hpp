@@ -101,13 +101,30 @@ struct GradParts {
     h0 = hk * G + part * G / parts;
     h1 = hk * G + (part + 1) * G / parts;
   }
-  int part_of(std::size_t item) const { return int(item % parts); }
-  // dq (dk: + key_elems) of part `part`: the output for part 0, a partial copy otherwise.
-  float* dq_of(const Problem& p, float* dq, float* partials, int part) const {
-    return part == 0 ? dq : partials + 2 * std::size_t(part - 1) * p.key_elems();
+  // Runs heads(sequence, h0, h1) on this thread's items, taken in `order` (item_at) one at a time
+  // as threads free up. Called inside a parallel region, by every thread.
+  template <class Heads>
+  void for_items(const Problem& p, const int* order, Heads heads) const {
+#pragma omp for schedule(dynamic, 1)
+    for (long pick = 0; pick < long(items); ++pick) {
+      int sequence, h0, h1;
+      of(p, item_at(order, pick), sequence, h0, h1);
+      heads(sequence, h0, h1);
+    }
   }
-  float* dk_of(const Problem& p, float* dk, float* partials, int part) const {
-    return part == 0 ? dk : partials + (2 * std::size_t(part - 1) + 1) * p.key_elems();
+  // A backward item: its sequence, its value heads [h0, h1), and the dq and dk they write: the
+  // outputs for part 0, the part's partial copies (dq's, then dk's, each key_elems) otherwise.
+  struct Item {
+    int sequence = 0, h0 = 0, h1 = 0;
+    float *dq = nullptr, *dk = nullptr;
+  };
+  Item item(const Problem& p, std::size_t i, float* dq, float* dk, float* partials) const {
+    Item it;
+    of(p, i, it.sequence, it.h0, it.h1);
+    const int part = int(i % parts);
+    it.dq = part == 0 ? dq : partials + 2 * std::size_t(part - 1) * p.key_elems();
+    it.dk = part == 0 ? dk : partials + (2 * std::size_t(part - 1) + 1) * p.key_elems();
+    return it;
   }
   // Adds the partial copies into dq and dk: called inside a parallel region, by every thread.
   void reduce(const Problem& p, float* dq, float* dk, const float* partials) const {
@@ -126,7 +143,22 @@ struct GradParts {
   }
 };
 
-// The leading dimension of a chunk's C x C score tiles, as cpu_chunked_tiled.cpp's: transposes read
+// Lays one thread's buffers out one after another from base; with base null it only counts. The
+// thread's block is floats() long: rounded up to a cache line (16 floats), so that each thread's
+// block starts on one and its doubles stay aligned.
+struct BlockCarver {
+  float* base = nullptr;
+  std::size_t used = 0;
+  float* take(std::size_t n) {
+    float* out = base ? base + used : nullptr;
+    used += n;
+    return out;
+  }
+  double* take_doubles(std::size_t n) { return reinterpret_cast<double*>(take(2 * n)); }
+  std::size_t floats() const { return (used + 15) / 16 * 16; }
+};
+
+// The leading dimension of a chunk's C x C score tiles, as the tiled kernel's: transposes read
 // down columns.
 inline int score_ld(int C) { return C + 16; }
 
@@ -169,20 +201,29 @@ inline void scale_state_rows(float* Yp, int Dk, int Dv, const float* w) {
       for (int j = 0; j < tile::kNR; ++j) row[j] *= w[d];
     }
 }
-inline void scale_state_rows(float* Yp, int D, const float* w) {
-  for (int panel = 0; panel < tile::panel_cols(D) / tile::kNR; ++panel)
-    for (int d = 0; d < D; ++d) {
-      float* row = Yp + (std::size_t(panel) * D + d) * tile::kNR;
-#pragma omp simd
-      for (int j = 0; j < tile::kNR; ++j) row[j] *= w[d];
-    }
-}
+inline void scale_state_rows(float* Yp, int D, const float* w) { scale_state_rows(Yp, D, D, w); }
 
 // The loops below keep to forms GCC vectorises: one statement kind per loop, contiguous floats.
 // x[d] = exp(x[d]) for x <= 0.
 inline void exp_in_place(float* __restrict x, int n) {
 #pragma omp simd
   for (int d = 0; d < n; ++d) x[d] = exp_nonpositive(x[d]);
+}
+
+// Scalar gates' row factors and mask for a chunk of n rows from their cumulative log-gates b (last:
+// b[n - 1]): EQ_i = exp(b_i), EK_i = exp(last - b_i), and mask row i (ld L) exp(b_i - b_m) for
+// m <= i, zero on to column C.
+inline void scalar_gate_rows(const double* b, double last, int n, int C, int L, float* EQ, float* EK, float* mask) {
+  for (int i = 0; i < n; ++i) {
+    EQ[i] = exp_nonpositive(float(b[i]));
+    EK[i] = exp_nonpositive(float(last - b[i]));
+    float* row = mask + std::size_t(i) * L;
+    const double bi = b[i];
+#pragma omp simd
+    for (int m = 0; m <= i; ++m) row[m] = float(bi - b[m]);
+    exp_in_place(row, i + 1);
+    std::fill(row + i + 1, row + C, 0.0f);
+  }
 }
 
 // out[d] = exp(a[d] - b[d]) (b null: exp(a[d])), the difference taken in double.

@@ -21,7 +21,7 @@
 //     = prod exp(g) kept as a running product (no exp per pair).
 // Backward, dS = the gradient of the state leaving the chunk (dhT for the last), walking chunks in
 // reverse (vector gates; scalar gates are the same with the mask, the factors per row, and the
-// products fused as in cpu_chunked_tiled.cpp):
+// products fused as in cpu_chunked_tiled_backward.cpp):
 //   dA   = s (dO V^T) on and below the diagonal
 //   dV   = s A^T dO + (K . exp(b_{n-1} - b)) dS
 //   dQ_i = exp(b_i) . s (S dO_i) + exp(b_i - r_I) . sum_{J < I} dA_iJ (Kb_J . f_IJ) + the sub-chunk's own
@@ -79,7 +79,7 @@ struct Buffers {
   float *f, *decay, *tmp_row;             // Dk
   float* lanes;                           // Dk x kLaneRows: a sub-chunk's q rows in lanes (vector gates)
   double* sums;                           // Dk (dg)
-  std::size_t used = 0;
+  std::size_t used = 0;  // floats of the thread's block
 };
 
 // shared_heads: the value heads a forward item computes together on one Q K^T (0: one, unshared).
@@ -88,37 +88,32 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states, int
   const std::size_t L = score_ld(int(C)), PK = panel_cols(p.dim), PV = panel_cols(p.value_dim()),
                     PC = panel_cols(int(C));
   Buffers b;
-  auto take = [&](std::size_t n) {
-    float* out = base ? base + b.used : nullptr;
-    b.used += n;
-    return out;
-  };
-  auto take_doubles = [&](std::size_t n) { return reinterpret_cast<double*>(take(2 * n)); };
-  b.b = take_doubles(C * W);
-  b.sums = take_doubles(D);
-  for (float** x : {&b.a, &b.EQ, &b.EK}) *x = take(C * W);
-  for (float** x : {&b.Qh, &b.Kb, &b.QL, &b.KG}) *x = take(C * D);
-  for (float** x : {&b.mask, &b.A}) *x = take(C * L);
-  b.Bp = take(D * PC);
-  b.Vp = take(C * std::max(PK, PV));  // V's rows; K's in the scalar gates' backward
-  b.R = take(shared_heads > 0 ? C * L : 0);
-  b.Sp = take(key_state_floats(p) * std::size_t(std::max(1, shared_heads)));
-  b.f = take(D);
-  b.decay = take(D);
-  b.tmp_row = take(D);
-  b.lanes = take(p.decay == Decay::vector ? D * kLaneRows : 0);
+  BlockCarver block{base};
+  b.b = block.take_doubles(C * W);
+  b.sums = block.take_doubles(D);
+  for (float** x : {&b.a, &b.EQ, &b.EK}) *x = block.take(C * W);
+  for (float** x : {&b.Qh, &b.Kb, &b.QL, &b.KG}) *x = block.take(C * D);
+  for (float** x : {&b.mask, &b.A}) *x = block.take(C * L);
+  b.Bp = block.take(D * PC);
+  b.Vp = block.take(C * std::max(PK, PV));  // V's rows; K's in the scalar gates' backward
+  b.R = block.take(shared_heads > 0 ? C * L : 0);
+  b.Sp = block.take(key_state_floats(p) * std::size_t(std::max(1, shared_heads)));
+  b.f = block.take(D);
+  b.decay = block.take(D);
+  b.tmp_row = block.take(D);
+  b.lanes = block.take(p.decay == Decay::vector ? D * kLaneRows : 0);
   if (backward) {
-    for (float** x : {&b.tmp, &b.rows}) *x = take(C * D);
-    for (float** x : {&b.hdq, &b.hdk}) *x = take(p.group() > 1 ? C * D : 0);
-    for (float** x : {&b.ones, &b.dA}) *x = take(C * L);
-    b.Vtp = take(Dv * PC);
-    b.dOp = take(C * PV);
-    b.Xp = take(C * PK);
-    b.dSp = take(key_state_floats(p));
-    b.dSTp = take(value_state_floats(p));
-    b.states = take(own_states ? std::size_t(max_chunks(p)) * value_state_floats(p) : 0);
+    for (float** x : {&b.tmp, &b.rows}) *x = block.take(C * D);
+    for (float** x : {&b.hdq, &b.hdk}) *x = block.take(p.group() > 1 ? C * D : 0);
+    for (float** x : {&b.ones, &b.dA}) *x = block.take(C * L);
+    b.Vtp = block.take(Dv * PC);
+    b.dOp = block.take(C * PV);
+    b.Xp = block.take(C * PK);
+    b.dSp = block.take(key_state_floats(p));
+    b.dSTp = block.take(value_state_floats(p));
+    b.states = block.take(own_states ? std::size_t(max_chunks(p)) * value_state_floats(p) : 0);
   }
-  b.used = (b.used + 15) / 16 * 16;  // each thread's block on a cache line (and its doubles aligned)
+  b.used = block.floats();
   return b;
 }
 
@@ -168,16 +163,7 @@ void gate_operands(const Buffers& B, const Problem& p, int n, const float* q, co
   exp_of_difference(B.decay, last, nullptr, W);
   if (p.decay == Decay::scalar) {
     for (int w = 1; w < D; ++w) B.decay[w] = B.decay[0];
-    for (int i = 0; i < n; ++i) {
-      B.EQ[i] = exp_nonpositive(float(B.b[i]));
-      B.EK[i] = exp_nonpositive(float(last[0] - B.b[i]));
-      float* row = B.mask + std::size_t(i) * L;
-      const double bi = B.b[i];
-#pragma omp simd
-      for (int j = 0; j <= i; ++j) row[j] = float(bi - B.b[j]);
-      exp_in_place(row, i + 1);
-      std::fill(row + i + 1, row + C, 0.0f);
-    }
+    scalar_gate_rows(B.b, last[0], n, C, L, B.EQ, B.EK, B.mask);
     return;
   }
   for (int I = 0; I < blocks_of(n); ++I) {
@@ -543,13 +529,9 @@ void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
   {
     const Buffers B = carve(p, scratch.data() + omp_get_thread_num() * per_thread, false, false, shared_heads(p));
     if (shares_scores(p)) {
-      const GradParts parts(p, omp_get_max_threads());
-#pragma omp for schedule(dynamic, 1)
-      for (long pick = 0; pick < long(parts.items); ++pick) {
-        int sequence, h0, h1;
-        parts.of(p, item_at(order, pick), sequence, h0, h1);
+      GradParts(p, omp_get_max_threads()).for_items(p, order, [&](int sequence, int h0, int h1) {
         forward_shared_item(B, p, a, keep, sequence, h0, h1);
-      }
+      });
     } else {
 // Items in order (a packed problem's longest documents first): the value heads of one q/k head
 // run side by side on the threads, so its rows come from memory once and from the shared cache
@@ -591,14 +573,9 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
     fill_lower_ones(B.ones, effective_chunk(p));  // dA's mask for vector gates
 #pragma omp for schedule(dynamic, 1)
     for (long pick = 0; pick < long(parts.items); ++pick) {
-      const std::size_t item = item_at(order, pick);
-      int sequence, h0, h1;
-      parts.of(p, item, sequence, h0, h1);
-      const int part = parts.part_of(item);
-      float* dq_out = parts.dq_of(p, a.dq, partials, part);
-      float* dk_out = parts.dk_of(p, a.dk, partials, part);
-      for (int h = h0; h < h1; ++h) {
-        const std::size_t index = std::size_t(sequence) * p.heads + h;
+      const GradParts::Item it = parts.item(p, item_at(order, pick), a.dq, a.dk, partials);
+      for (int h = it.h0; h < it.h1; ++h) {
+        const std::size_t index = std::size_t(it.sequence) * p.heads + h;
         const HeadSlice sl = p.slice(index);
         const float *q = a.q + sl.key, *k = a.k + sl.key, *v = a.v + sl.value, *dO = a.dO + sl.value;
         const float* g = a.g + sl.gate;
@@ -610,14 +587,14 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
           const Chunk ch = chunk_at(p, sl.seq, c);
           // dg needs this value head's own dq and dk: with a shared q/k head they go to this
           // thread's rows first, then into the sum.
-          float* dq = grouped ? B.hdq : dq_out + sl.key + ch.rk;
-          float* dk = grouped ? B.hdk : dk_out + sl.key + ch.rk;
+          float* dq = grouped ? B.hdq : it.dq + sl.key + ch.rk;
+          float* dk = grouped ? B.hdk : it.dk + sl.key + ch.rk;
           backward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, dO + ch.rv, states + c * SF, dq, dk,
                          a.dv + sl.value + ch.rv, dg + ch.rg);
           if (!grouped) continue;
-          float *__restrict dq_rows = dq_out + sl.key + ch.rk, *__restrict dk_rows = dk_out + sl.key + ch.rk;
+          float *__restrict dq_rows = it.dq + sl.key + ch.rk, *__restrict dk_rows = it.dk + sl.key + ch.rk;
           const int e1 = ch.n * D;
-          if (h == h0) {
+          if (h == it.h0) {
             std::copy(B.hdq, B.hdq + e1, dq_rows);
             std::copy(B.hdk, B.hdk + e1, dk_rows);
           } else {

@@ -1,8 +1,9 @@
 // The additive rule's chunked form without gates: register-tiled AVX-512 products
-// (cpu_chunked_tiled.cpp, the `chunked_tiled` row of cpu_variants.cpp) where AVX-512 is compiled in
-// and active, OpenBLAS sgemm (cpu_chunked_blas.cpp, `chunked_blas`) otherwise; and the gated
-// decays' chunked form (cpu_chunked_gated.cpp, `chunked_gated`). Scratch in floats in closed form:
-// all threads' for the tiled path, one thread's for the BLAS path.
+// (cpu_chunked_tiled_forward.cpp and cpu_chunked_tiled_backward.cpp, the `chunked_tiled` row of
+// cpu_variants.cpp) where AVX-512 is compiled in and active, OpenBLAS sgemm (cpu_chunked_blas.cpp,
+// `chunked_blas`) otherwise; and the gated decays' chunked form (cpu_chunked_gated.cpp,
+// `chunked_gated`). Scratch in floats in closed form: all threads' for the tiled path, one thread's
+// for the BLAS path.
 //
 // For a chunk of n rows (the last may be shorter than C) and the state S entering it
 // (docs/spec.md section 1; M the causal decay mask, lam_i = gamma^(i+1), gam_j = gamma^(n-1-j)):

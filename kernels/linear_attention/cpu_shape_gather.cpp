@@ -30,11 +30,11 @@ Problem square(const Problem& p, int batch, int seq) {
   return Problem{batch, p.heads, seq, padded_dim(p), p.chunk, p.decay, p.rule};
 }
 
-// The longest run: the copies are sized for it and reused by the others.
-int longest(const std::vector<Run>& runs) {
+// The square problem of the longest run: the copies are sized for it and reused by the others.
+Problem biggest(const Problem& p, const std::vector<Run>& runs) {
   int most = 0;
   for (const Run& r : runs) most = std::max(most, r.seq);
-  return most;
+  return square(p, runs[0].batch, most);
 }
 
 // The copies of one square call: every tensor the kernel reads or writes.
@@ -130,14 +130,20 @@ void gather_inputs(const Map& m, const Copies& c, const float* q, const float* k
   }
 }
 
-void run_forward(const CpuVariant& inner, const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
+// Calls body(r, s, c, m) for each run r of p in turn: its square problem s, its copies c (one block
+// from the allocator, sized for the longest run) and its index maps m.
+template <class Body>
+void each_run(const Problem& p, Allocator& allocator, bool backward, Body body) {
   const std::vector<Run> runs = runs_of(p);
-  const Problem biggest = square(p, runs[0].batch, longest(runs));
-  Workspace<float> scratch(allocator, copies_floats(biggest, false));
+  Workspace<float> scratch(allocator, copies_floats(biggest(p, runs), backward));
   for (const Run& r : runs) {
     const Problem s = square(p, r.batch, r.seq);
-    const Copies c = carve(s, scratch.data(), false);
-    const Map m{p, r, padded_dim(p)};
+    body(r, s, carve(s, scratch.data(), backward), Map{p, r, padded_dim(p)});
+  }
+}
+
+void run_forward(const CpuVariant& inner, const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
+  each_run(p, allocator, false, [&](const Run& r, const Problem& s, const Copies& c, const Map& m) {
     gather_inputs(m, c, a.q, a.k, a.v, a.g, a.beta, a.h0, nullptr, nullptr);
     inner.forward(s, {c.q, c.k, c.v, c.h0, c.o, c.hT, c.g, c.beta}, allocator, nullptr);
     const long pairs = long(r.batch) * p.heads;
@@ -148,17 +154,11 @@ void run_forward(const CpuVariant& inner, const Problem& p, const ForwardArgs<fl
       for (int t = 0; t < r.seq; ++t) std::copy_n(c.o + m.copy_row(b, h, t), Dv, a.o + m.value_row(b, h, t));
       take_state(a.hT + m.state(b, h), c.hT + m.copy_state(b, h), Dk, Dv, P);
     }
-  }
+  });
 }
 
 void run_backward(const CpuVariant& inner, const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
-  const std::vector<Run> runs = runs_of(p);
-  const Problem biggest = square(p, runs[0].batch, longest(runs));
-  Workspace<float> scratch(allocator, copies_floats(biggest, true));
-  for (const Run& r : runs) {
-    const Problem s = square(p, r.batch, r.seq);
-    const Copies c = carve(s, scratch.data(), true);
-    const Map m{p, r, padded_dim(p)};
+  each_run(p, allocator, true, [&](const Run& r, const Problem& s, const Copies& c, const Map& m) {
     gather_inputs(m, c, a.q, a.k, a.v, a.g, a.beta, a.h0, a.dO, a.dhT);
     inner.backward(s, {c.q, c.k, c.v, c.h0, c.dO, c.dhT, c.dq, c.dk, c.dv, c.dh0, c.g, c.dg, c.beta, c.dbeta},
                    allocator, nullptr);
@@ -190,7 +190,7 @@ void run_backward(const CpuVariant& inner, const Problem& p, const BackwardArgs<
       }
       take_state(a.dh0 + m.state(b, h), c.dh0 + m.copy_state(b, h), Dk, Dv, P);
     }
-  }
+  });
 }
 
 // Peak scratch: the copies for the longest run, and the largest kernel scratch of any run.
@@ -205,14 +205,13 @@ std::size_t gathered_bytes(const CpuVariant& inner, const Problem& p, bool backw
     inner_most = std::max(inner_most, backward ? inner.backward_workspace_bytes(s, false)
                                                : inner.forward_workspace_bytes(s, false));
   }
-  return copies_floats(square(p, runs[0].batch, longest(runs)), backward) * sizeof(float) + inner_most;
+  return copies_floats(biggest(p, runs), backward) * sizeof(float) + inner_most;
 }
 
 }  // namespace
 
 Problem gathered_problem(const Problem& problem) {
-  const std::vector<Run> runs = runs_of(problem);
-  return square(problem, runs[0].batch, longest(runs));
+  return biggest(problem, runs_of(problem));
 }
 
 CpuVariant gathered(const CpuVariant& inner) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/random.hpp"
@@ -20,21 +21,26 @@ namespace {
 // Sizes beyond these are refused when the config is read, before anything is allocated.
 constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim = 1024, kMaxChunk = 8192;
 
-// The shape keys of docs/spec.md section 1c, as the case holds them (settle_case has made a packed
-// case batch 1 with seq the documents' sum).
-int qk_heads(const Case& c) {
-  const std::string text = c.option("heads_k");
-  const int hk = text.empty() ? 0 : std::stoi(text);
-  return hk > 0 ? hk : c.heads;
+// A varlen text's documents. A case asks for them for each shape, flop model and record, and a
+// draw fills up to kMaxDocuments uniforms, so each thread keeps its last draw: the draw is a
+// function of the text alone, and a thread's own copy needs no lock.
+std::vector<int> drawn_documents(const std::string& varlen) {
+  thread_local std::string last_text;
+  thread_local std::vector<int> last;
+  if (varlen != last_text) {
+    std::string text = varlen;
+    std::vector<int> drawn = draw_varlen(varlen);
+    // Both copies made before either is replaced: a failed one leaves the pair as it was.
+    last = std::move(drawn);
+    last_text = std::move(text);
+  }
+  return last;
 }
-int value_dim(const Case& c) {
-  const std::string text = c.option("dim_v");
-  const int dv = text.empty() ? 0 : std::stoi(text);
-  return dv > 0 ? dv : c.dim;
-}
+
+// A packed case's documents (settle_case has made it batch 1 with seq the documents' sum).
 std::vector<int> documents(const Case& c) {
   if (!c.option("lengths").empty()) return lengths_of(c.option("lengths"));
-  if (!c.option("varlen").empty()) return draw_varlen(c.option("varlen"));
+  if (!c.option("varlen").empty()) return drawn_documents(c.option("varlen"));
   return {};
 }
 int sequences(const Case& c) {
@@ -148,7 +154,7 @@ double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops
 //     rows scaled per chunk; backward: the scores again, dA, dQ and dK each with a block part
 //     (C D (nb - 1) / nb + the scaled copies they read, C D (nb - 1) / (2 c nb)) and a
 //     sub-chunk part by hand, P V^T, the state products (8 D^2), 30 D of elementwise gate work.
-// Delta rule, the WY form of cpu_chunked_delta.cpp (docs/performance.md derives each term), per
+// Delta rule, the WY form of cpu_chunked_delta_forward.cpp (docs/performance.md derives each term), per
 // token: the state products (K.G) S, (Q.G) S and the state update, 6 D^2 (+ D^2 / C for the decay);
 // the causal halves of the scores A_qk, A_kk and of T R and A_qk W, (C + 1) D each, or for vector
 // gates the scores by hand (6 D per pair: 3 (C + 1) D); the inverse T by forward substitution,
@@ -171,7 +177,7 @@ double chunked_token_flops(const Case& c, const TokenSizes& z) {
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
   // Grouped heads: the forward's Q K^T (C Dk of the 2 C D) is made once per q/k head and chunk and
-  // shared by its G value heads (cpu_chunked_tiled.cpp, cpu_chunked_gated.cpp's scalar gates).
+  // shared by its G value heads (cpu_chunked_tiled_forward.cpp, cpu_chunked_gated.cpp's scalar gates).
   const double scores = C * (z.Dk / z.G + z.Dv);
   if (c.decay == "scalar") {
     const double forward = 4.0 * DD + scores + C + DD / C + 4.0;
@@ -307,20 +313,6 @@ Axis normalize_keys_axis() {
   return a;
 }
 
-// The shape keys of docs/spec.md section 1c. heads_k and dim_v: 0 (the default) is "as heads" /
-// "as dim", and records leave a key out at its default, so that square dense cases keep comparing
-// with records written before the keys existed.
-Axis heads_k_axis() {
-  Axis a{"heads_k", Param::option, {"0"}, "q/k heads (grouped heads: heads % heads_k == 0; 0: as many as heads)", 0,
-         kMaxHeads};
-  a.recorded_at_default = false;
-  return a;
-}
-Axis dim_v_axis() {
-  Axis a{"dim_v", Param::option, {"0"}, "value head dims (the state is dim x dim_v; 0: as dim)", 0, kMaxDim};
-  a.recorded_at_default = false;
-  return a;
-}
 Axis packing_axis(const char* key, const char* help, std::string (*canonical)(const std::string&)) {
   Axis a{key, Param::option, {""}, help};
   a.kind = Kind::text;
@@ -332,8 +324,7 @@ Axis packing_axis(const char* key, const char* help, std::string (*canonical)(co
 // A packed case is one sequence of its documents' tokens (batch 1, seq their sum), whatever the
 // batch and seq keys said; heads_k and dim_v equal to heads and dim are their defaults.
 void settle_case(Case& c) {
-  if (qk_heads(c) == c.heads && c.options.count("heads_k")) c.options["heads_k"] = "0";
-  if (value_dim(c) == c.dim && c.options.count("dim_v")) c.options["dim_v"] = "0";
+  settle_shape_keys(c);
   const std::vector<int> docs = documents(c);
   if (docs.empty()) return;
   long total = 0;
@@ -416,6 +407,36 @@ Decay decay_from(const std::string& name) {
   throw RuntimeFailure("no decay '" + name + "'");
 }
 
+int qk_heads(const Case& c) {
+  const std::string text = c.option("heads_k");
+  const int hk = text.empty() ? 0 : std::stoi(text);
+  return hk > 0 ? hk : c.heads;
+}
+
+int value_dim(const Case& c) {
+  const std::string text = c.option("dim_v");
+  const int dv = text.empty() ? 0 : std::stoi(text);
+  return dv > 0 ? dv : c.dim;
+}
+
+Axis heads_k_axis(long max_heads) {
+  Axis a{"heads_k", Param::option, {"0"}, "q/k heads (grouped heads: heads % heads_k == 0; 0: as many as heads)", 0,
+         max_heads};
+  a.recorded_at_default = false;
+  return a;
+}
+
+Axis dim_v_axis(long max_dim) {
+  Axis a{"dim_v", Param::option, {"0"}, "value head dims (the state is dim x dim_v; 0: as dim)", 0, max_dim};
+  a.recorded_at_default = false;
+  return a;
+}
+
+void settle_shape_keys(Case& c) {
+  if (qk_heads(c) == c.heads && c.options.count("heads_k")) c.options["heads_k"] = "0";
+  if (value_dim(c) == c.dim && c.options.count("dim_v")) c.options["dim_v"] = "0";
+}
+
 Problem linear_problem(const Case& c) {
   const std::string rule = c.option("rule");
   Problem p{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay), rule.empty() ? Rule::additive : rule_from(rule)};
@@ -469,8 +490,8 @@ const Op& linear_attention_op() {
         rule_axis(),
         gate_norm_axis(),
         normalize_keys_axis(),
-        heads_k_axis(),
-        dim_v_axis(),
+        heads_k_axis(kMaxHeads),
+        dim_v_axis(kMaxDim),
         packing_axis("lengths", "a packed batch's document lengths, one value as \"7000 1000 192\" (sets batch 1, seq their sum)",
                      canonical_lengths),
         packing_axis("varlen", "a packed batch drawn: \"TOKENS MIN MAX [uniform|log] [SEED]\" (sets batch 1, seq TOKENS)",

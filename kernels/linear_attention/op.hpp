@@ -14,6 +14,17 @@ const Op& linear_attention_op();
 // The kernels' view of a case of this op (or of the layer's linear branch).
 Problem linear_problem(const Case& kase);
 
+// The shape keys of docs/spec.md section 1c, which the decode suite takes too. heads_k and dim_v as
+// a case holds them: 0 (the default) is "as heads" / "as dim".
+int qk_heads(const Case& kase);
+int value_dim(const Case& kase);
+// Their axes, up to the op's largest heads and dim. Records leave a key out at its default, so that
+// square cases keep comparing with records written before the keys existed.
+Axis heads_k_axis(long max_heads);
+Axis dim_v_axis(long max_dim);
+// heads_k and dim_v equal to heads and dim become their defaults (one case, one record identity).
+void settle_shape_keys(Case& kase);
+
 // One case's tensors of this op, bound by name once: the one binder the CPU rows, the CUDA rows
 // and the plugin call share. q, k, v and dO are in the case's dtype (void*); the rest float32.
 // A tensor the case does not have (by the op's TensorSpecs: g without a gated decay, beta without
