@@ -145,7 +145,7 @@ TEST_CASE("delta rule: each CPU kernel's scratch equals its closed form", "[delt
         const std::size_t items = p.heads_total() * ((D + W - 1) / W);
         CHECK(cpu::scan_forward_workspace_bytes(p) == std::min<std::size_t>(2, items) * scan_fwd * 4);
         CHECK(cpu::scan_backward_workspace_bytes(p) == heads_threads * scan_bwd * 4);
-        // The chunked WY form (cpu_chunked_delta.cpp): L = C + 16, PD, PC rounded up to 32, g = D
+        // The chunked WY form (cpu_chunked_delta_parts.hpp): L = C + 16, PD, PC rounded up to 32, g = D
         // for vector gates else 1; per thread b (C g doubles) and dg's D doubles, the gates'
         // factors, the mask (or the ones mask), A_qk, A_kk, T, three C x D operands and the
         // scores' lanes (2 sources x D x 32 rows) for vector gates, X, R, W, K^T and W^T panels, three C x PD panels and the packed state; the

@@ -1,8 +1,9 @@
-// The delta rule's chunked WY form (cpu_chunked_delta.cpp) on the shapes of docs/spec.md section 1c,
-// taken natively (no gather adapter): grouped q/k heads, Dk x Dv states and packed documents, every
-// decay, held to the float64 reference with the chunk states kept by the forward and recomputed by
-// the backward, on thread counts that take both of the backward's schemes for shared q/k heads; and
-// its scratch against its closed form, written out here independently of the kernel.
+// The delta rule's chunked WY form (cpu_chunked_delta_forward.cpp and _backward.cpp) on the shapes
+// of docs/spec.md section 1c, taken natively (no gather adapter): grouped q/k heads, Dk x Dv states
+// and packed documents, every decay, held to the float64 reference with the chunk states kept by
+// the forward and recomputed by the backward, on thread counts that take both of the backward's
+// schemes for shared q/k heads; and its scratch against its closed form, written out here
+// independently of the kernel.
 #include <catch2/catch.hpp>
 
 #include <omp.h>
