@@ -256,6 +256,74 @@ void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c
   unpack_blocks(s.S, hT, Dk, Dv, W, c0, c1);
 }
 
+// The per-token tails of R2 and F2 on one block's m columns (c onwards): plain loops over
+// restrict-qualified rows, one per case, so that they vectorise (with the branches and the
+// possible aliasing of dk, dg and the sums inside one loop they ran scalar, a sizeable share of a
+// walk of D rows). dg's sums stay in double.
+
+// R2: dk's write part beta_t G_t e_t (the group's first value head stores it, later ones add it),
+// and -sum_{tau >= t} k . dk_write in dg_t.
+void write_tail(const Ctx& x, float beta, const float* __restrict y3, const float* __restrict k, bool first,
+                float* __restrict dk, float* dg, int t, int c, int m, double* __restrict acc) {
+  if (first) {
+#pragma omp simd
+    for (int j = 0; j < m; ++j) dk[j] = beta * y3[j];
+  } else {
+#pragma omp simd
+    for (int j = 0; j < m; ++j) dk[j] += beta * y3[j];
+  }
+  if (!dg) return;
+  if (x.decay == Decay::vector) {
+    float* __restrict g = dg + std::size_t(t) * x.Dk + c;
+#pragma omp simd
+    for (int j = 0; j < m; ++j) {
+      acc[j] += double(k[j]) * double(beta * y3[j]);
+      g[j] = float(-acc[j]);
+    }
+    return;
+  }
+  double part = 0;
+#pragma omp simd reduction(+ : part)
+  for (int j = 0; j < m; ++j) {
+    acc[j] += double(k[j]) * double(beta * y3[j]);
+    part += acc[j];
+  }
+  dg[t] = float(c == 0 ? -part : dg[t] - part);
+}
+
+// F2: dq_t = s S_t do_t (stored or added as dk above), dk's read part, and dg_t's remaining terms.
+void read_tail(const Ctx& x, const float* __restrict y1, const float* __restrict y3, const float* __restrict q,
+               const float* __restrict k, bool first, float* __restrict dq, float* __restrict dk, float* dg, int t,
+               int c, int m, double* __restrict acc) {
+  const float s = x.s;
+  if (first) {
+#pragma omp simd
+    for (int j = 0; j < m; ++j) dq[j] = s * y3[j];
+  } else {
+#pragma omp simd
+    for (int j = 0; j < m; ++j) dq[j] += s * y3[j];
+  }
+#pragma omp simd
+  for (int j = 0; j < m; ++j) dk[j] -= y1[j];
+  if (!dg) return;
+  if (x.decay == Decay::vector) {
+    float* __restrict g = dg + std::size_t(t) * x.Dk + c;
+#pragma omp simd
+    for (int j = 0; j < m; ++j) {
+      g[j] = float(acc[j] + double(g[j]));
+      acc[j] -= double(q[j]) * double(s * y3[j]) - double(k[j]) * double(y1[j]);
+    }
+    return;
+  }
+  double total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int j = 0; j < m; ++j) {
+    total += acc[j];
+    acc[j] -= double(q[j]) * double(s * y3[j]) - double(k[j]) * double(y1[j]);
+  }
+  dg[t] = float(dg[t] + total);
+}
+
 int backward_threads(const Problem& p) {
   return int(std::min<std::size_t>(std::size_t(omp_get_max_threads()), p.slices() / std::size_t(p.group())));
 }
@@ -332,20 +400,7 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
         w.x3 = E + std::size_t(t) * e_step;
         w.y3 = s.y3;
         run_delta_walk(w, x.vec);
-        const float beta = h.beta[t];
-        double part = 0;
-        for (int j = 0; j < m; ++j) {
-          const std::size_t at = rk + c + j;
-          const float write = beta * s.y3[j];
-          dk[at] = first ? write : dk[at] + write;
-          if (dg) {  // -sum_{tau >= t} k . dk_write
-            double& acc = s.dg_acc[c + j];
-            acc += double(h.k[at]) * write;
-            if (x.decay == Decay::vector) dg[at] = float(-acc);
-            else part += acc;
-          }
-        }
-        if (dg && x.decay == Decay::scalar) dg[t] = float(c == 0 ? -part : dg[t] - part);
+        write_tail(x, h.beta[t], s.y3, h.k + rk + c, first, dk + rk + c, dg, t, c, m, s.dg_acc + c);
       }
     }
   }
@@ -390,20 +445,8 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
         w.x3 = dO + rv;
         w.y3 = s.y3;
         run_delta_walk(w, x.vec);
-        double total = 0;
-        for (int j = 0; j < m; ++j) {
-          const std::size_t at = rk + c + j;
-          const float dq_e = x.s * s.y3[j], read = -s.y1[j];
-          dq[at] = first ? dq_e : dq[at] + dq_e;
-          dk[at] += read;
-          if (dg) {
-            double& acc = s.dg_acc[c + j];
-            if (x.decay == Decay::vector) dg[at] = float(acc + dg[at]);
-            else total += acc;
-            acc -= double(h.q[at]) * dq_e + double(h.k[at]) * read;
-          }
-        }
-        if (dg && x.decay == Decay::scalar) dg[t] = float(dg[t] + total);
+        read_tail(x, s.y1, s.y3, h.q + rk + c, h.k + rk + c, first, dq + rk + c, dk + rk + c, dg, t, c, m,
+                  s.dg_acc + c);
       }
     }
   }
