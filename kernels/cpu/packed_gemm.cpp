@@ -285,6 +285,8 @@ std::size_t packed_b_floats(int k, int n) {
 
 int panel_width() { return blocking().nr; }
 
+int block_rows() { return blocking().mc; }
+
 void pack_b(bool trans_b, int k, int n, const float* B, int ldb, float* dst) {
   const Blocking s = blocking();
   const int panels = (n + s.nr - 1) / s.nr;

@@ -44,6 +44,9 @@ int panel_width();
 // team must call it (the panels are shared out; it ends in a barrier); outside, it runs alone.
 void pack_b(bool trans_b, int k, int n, const float* B, int ldb, float* dst);
 std::size_t packed_a_floats(int m, int k);  // A scratch of multiply_packed for m rows of depth k
+// The rows multiply_packed packs and multiplies at a time (MC): callers that tile C's rows for it
+// waste nothing with tiles of this many.
+int block_rows();
 void multiply_packed(bool trans_a, int m, int n, int k, const float* A, int lda, const float* packed_b, float beta,
                      float* C, int ldc, float* a_scratch);
 

@@ -35,19 +35,27 @@ namespace {
 
 constexpr int kRowTile = 256;  // 256 x 3M floats of projection output per thread: 1.5 MiB at M = 512
 
-std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + kRowTile - 1) / kRowTile; }
+// Rows of a projection tile: OpenBLAS's 256, or the packed products' row block (140 at AVX-512, a
+// multiple of the micro-tile's rows): a tile is then one packing of its rows and one pass over the
+// packed weights, and its output and packed rows (140 x (3M + 256) floats) take less scratch than
+// OpenBLAS's tile.
+std::size_t tile_rows(const LayerProblem& p) {
+  const int rows = product_path() == ProductPath::packed ? gemm::block_rows() : kRowTile;
+  return std::min<std::size_t>(std::size_t(rows), p.rows());
+}
+std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + tile_rows(p) - 1) / std::max<std::size_t>(tile_rows(p), 1); }
 
 // The input projections' scratch: [Wq Wk Wv] side by side (M x 3M: copied for OpenBLAS, packed
 // for the packed products), and per thread a row tile of all three outputs (and the packed path's
 // packing of the tile's rows).
 std::size_t projection_bytes(const LayerProblem& p) {
-  const std::size_t M = p.model_dim(), tile_rows = std::min<std::size_t>(kRowTile, p.rows());
+  const std::size_t M = p.model_dim(), rows = tile_rows(p);
   const std::size_t threads = std::size_t(threads_for(row_tiles(p)));
   if (product_path() == ProductPath::packed)
     return (3 * gemm::packed_b_floats(int(M), int(M)) +
-            threads * (tile_rows * 3 * M + gemm::packed_a_floats(int(tile_rows), int(M)))) *
+            threads * (rows * 3 * M + gemm::packed_a_floats(int(rows), int(M)))) *
            sizeof(float);
-  return (3 * M * M + threads * tile_rows * 3 * M) * sizeof(float);
+  return (3 * M * M + threads * rows * 3 * M) * sizeof(float);
 }
 
 // Rows [r0, r0 + n) of the tile (n x 3M, [Q K V] side by side) to the per-head layouts.
@@ -68,7 +76,7 @@ void project_to_heads_packed(const LayerProblem& p, const float* x, const float*
                              Allocator& allocator) {
   const int M = int(p.model_dim());
   const long tiles = long(row_tiles(p));
-  const int tile_rows = int(std::min<std::size_t>(kRowTile, p.rows()));
+  const std::size_t rows = tile_rows(p);
   const std::size_t per_weight = gemm::packed_b_floats(M, M);
   const bool joined = M % gemm::panel_width() == 0;
   Workspace<float> packed(allocator, 3 * per_weight);
@@ -76,11 +84,11 @@ void project_to_heads_packed(const LayerProblem& p, const float* x, const float*
   {
     for (int which = 0; which < 3; ++which)
       gemm::pack_b(false, M, M, w[which], M, packed.data() + which * per_weight);
-    Workspace<float> tile(allocator, std::size_t(tile_rows) * 3 * M);
-    Workspace<float> rows_packed(allocator, gemm::packed_a_floats(tile_rows, M));
+    Workspace<float> tile(allocator, rows * 3 * M);
+    Workspace<float> rows_packed(allocator, gemm::packed_a_floats(int(rows), M));
 #pragma omp for schedule(dynamic)  // as in parallel_sgemm
     for (long index = 0; index < tiles; ++index) {
-      const std::size_t r0 = std::size_t(index) * kRowTile, n = std::min<std::size_t>(kRowTile, p.rows() - r0);
+      const std::size_t r0 = std::size_t(index) * rows, n = std::min<std::size_t>(rows, p.rows() - r0);
       if (joined)
         gemm::multiply_packed(false, int(n), 3 * M, M, x + r0 * M, M, packed.data(), 0.0f, tile.data(), 3 * M,
                               rows_packed.data());
