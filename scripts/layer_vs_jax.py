@@ -47,6 +47,9 @@ ARGS = parse()
 os.environ.setdefault(
     "XLA_FLAGS", f"--xla_cpu_multi_thread_eigen={'true' if ARGS.threads > 1 else 'false'} "
     f"intra_op_parallelism_threads={ARGS.threads}")
+# float64 for the check's reference; the timed layer is float32 throughout (its inputs are, and
+# every constant is a weakly typed Python scalar or built with the inputs' dtype).
+os.environ.setdefault("JAX_ENABLE_X64", "1")
 try:
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:ARGS.threads])
 except (AttributeError, OSError):
@@ -156,6 +159,7 @@ def timed(fn, *args):
 def jax_ms(T, mode):
     params, x, d_out = inputs(T, jnp.float32)
     fwd = jax.jit(lambda p, x: layer(p, x, linear_chunked))
+    assert fwd(params, x).dtype == jnp.float32
     if mode == "fwd":
         return timed(fwd, params, x)
     loss = lambda p, x, d: jnp.vdot(layer(p, x, linear_chunked), d)  # noqa: E731
@@ -164,12 +168,11 @@ def jax_ms(T, mode):
 
 def check(T):
     """The timed float32 layer against the same layer in float64 with the scan recurrence."""
-    jax.config.update("jax_enable_x64", True)
     params, x, _ = inputs(T, jnp.float64)
     want = layer(params, x, linear_scan, sliding_window_dense)
     got = jax.jit(lambda p, x: layer(p, x, linear_chunked))(
         tuple(z.astype(jnp.float32) for z in params), x.astype(jnp.float32))
-    jax.config.update("jax_enable_x64", False)
+    assert want.dtype == jnp.float64 and got.dtype == jnp.float32, (want.dtype, got.dtype)
     return float(jnp.linalg.norm(got.astype(jnp.float64) - want) / jnp.linalg.norm(want))
 
 
@@ -181,7 +184,7 @@ def lattnbench_ms(seqs, impls, modes):
             out = os.path.join(tmp, "layer.json")
             subprocess.run([ARGS.lattnbench, "--suite", "layer", "--threads", str(ARGS.threads), "--seq",
                             ",".join(map(str, seqs)), "--impl", ",".join(impls), "--mode", ",".join(modes),
-                            "--reps", str(ARGS.reps), "--quiet", "--out", out], check=True)
+                            "--reps", str(ARGS.reps), "--quiet", "--out", out], check=True, stdout=sys.stderr)
             doc = json.load(open(out))
     found = {}
     for r in doc["results"]:
