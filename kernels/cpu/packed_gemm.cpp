@@ -45,6 +45,52 @@ void micro_generic(int kc, const float* a, const float* b, float* c, long ldc, i
 }
 
 #if defined(__AVX512F__)
+// In-register transpose of a 16 x 16 block: r[i] is row i on entry, column i on exit (as in
+// tile_gemm.cpp, whose copy is private to the chunked form's products).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16], w[16];
+  for (std::size_t i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (std::size_t i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (std::size_t m = 0; m < 4; ++m) {
+    w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+    w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+    w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+    w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+  }
+  for (std::size_t m = 0; m < 4; ++m) {
+    r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
+    r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
+    r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0xdd);
+  }
+}
+
+// A micro-panel of up to 16 rows of a row-major A, 16 depths at a time through a register
+// transpose: out[k * mr + i] = src[i * lda + k] for k < k_fast (a multiple of 16), rows past
+// `valid` zero. Read element by element with stride mr, this packing took ~7% of the products'
+// time at n = 512 (the output projection: 2n flops per packed element).
+int pack_rows_avx512(const float* src, long lda, int valid, int mr, int kc, float* out) {
+  const int k_fast = kc / 16 * 16;
+  const __mmask16 row_lanes = __mmask16((1u << mr) - 1);
+  for (int k0 = 0; k0 < k_fast; k0 += 16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < valid ? _mm512_loadu_ps(src + std::ptrdiff_t(i) * lda + k0) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int kk = 0; kk < 16; ++kk) _mm512_mask_storeu_ps(out + std::size_t(k0 + kk) * mr, row_lanes, r[kk]);
+  }
+  return k_fast;
+}
+
 inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1); }
 
 void micro_avx512(int kc, const float* a, const float* b, float* c, long ldc, int rows, int cols, float beta) {
@@ -150,12 +196,15 @@ void pack_a(const Blocking& s, bool trans_a, const float* A, long lda, int i0, i
         for (int i = valid; i < s.mr; ++i) o[i] = 0.0f;
       }
     } else {  // op(A)(i, k) = A[i * lda + k]: rows read along, written with stride mr
-      for (int i = 0; i < valid; ++i) {
-        const float* src = A + std::ptrdiff_t(i0 + r0 + i) * lda + k0;
-        for (int k = 0; k < kc; ++k) out[std::size_t(k) * s.mr + i] = src[k];
-      }
+      const float* rows = A + std::ptrdiff_t(i0 + r0) * lda + k0;
+      int k_done = 0;
+#if defined(__AVX512F__)
+      if (s.mr <= 16 && active_vec() == Vec::avx512) k_done = pack_rows_avx512(rows, lda, valid, s.mr, kc, out);
+#endif
+      for (int i = 0; i < valid; ++i)
+        for (int k = k_done; k < kc; ++k) out[std::size_t(k) * s.mr + i] = rows[std::ptrdiff_t(i) * lda + k];
       for (int i = valid; i < s.mr; ++i)
-        for (int k = 0; k < kc; ++k) out[std::size_t(k) * s.mr + i] = 0.0f;
+        for (int k = k_done; k < kc; ++k) out[std::size_t(k) * s.mr + i] = 0.0f;
     }
   }
 }
