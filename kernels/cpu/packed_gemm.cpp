@@ -1,7 +1,10 @@
-// See packed_gemm.hpp. Loop order (BLIS): C's columns in blocks of NC, the depth in blocks of KC
-// (op(B)'s KC x NC block packed once, shared by all threads), C's rows in blocks of MC (each
-// thread packs its own op(A) block), then B panels outside A micro-panels, so that one packed B
-// panel is read from L1 by every micro-tile of the A block.
+// See packed_gemm.hpp. Loop order: op(B) packed whole once (all threads share the panels out, then
+// read them all), then C's rows in blocks of MC that the threads take in turn; per block the depth
+// in blocks of KC (the block's op(A) rows packed by its thread), then B panels outside A
+// micro-panels, so that one KC x NR panel is read from L1 by every micro-tile of the block.
+// Packing B whole rather than KC x NC at a time (BLIS) costs k x n floats of scratch but leaves one
+// barrier per product: with a barrier per depth block, a thread that loses its core for a moment on
+// a shared machine stalls the other at each one (x^T G at k = 4096 tokens had 16).
 #include "kernels/cpu/packed_gemm.hpp"
 
 #include <omp.h>
@@ -26,7 +29,6 @@ struct Blocking {
   int mr, nr;  // micro-tile
   int kc;      // depth of a packed block: a KC x NR panel of B (32 KiB at AVX-512) is read from L1
   int mc;      // rows of a packed A block (MC x KC: 140 KiB at AVX-512) read from L2; a multiple of mr
-  int nc;      // columns of a packed B block (KC x NC: 3 MiB) read from L2/L3; a multiple of nr
   MicroKernel kernel;
 };
 
@@ -171,12 +173,12 @@ void micro_avx2(int kc, const float* a, const float* b, float* c, long ldc, int 
 Blocking blocking() {
   switch (active_vec()) {
 #if defined(__AVX512F__)
-    case Vec::avx512: return {14, 32, 256, 140, 3072, micro_avx512};
+    case Vec::avx512: return {14, 32, 256, 140, micro_avx512};
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: return {6, 16, 256, 120, 3072, micro_avx2};
+    case Vec::avx2: return {6, 16, 256, 120, micro_avx2};
 #endif
-    default: return {4, 16, 256, 64, 3072, micro_generic};
+    default: return {4, 16, 256, 64, micro_generic};
   }
 }
 
@@ -263,13 +265,12 @@ int row_block(const Blocking& s, int m) {
 }
 
 struct Plan {
-  int kc, nc, mc, blocks, threads;
+  int kc, mc, blocks, threads;
 };
 
-Plan plan(const Blocking& s, int m, int n, int k) {
+Plan plan(const Blocking& s, int m, int k) {
   Plan p{};
   p.kc = std::max(1, std::min(k, s.kc));
-  p.nc = std::min(round_up(std::max(n, 1), s.nr), s.nc);
   p.mc = row_block(s, std::max(m, 1));
   p.blocks = (m + p.mc - 1) / p.mc;
   p.threads = std::max(1, std::min(omp_get_max_threads(), p.blocks));
@@ -291,8 +292,8 @@ const char* kernel_name() {
 std::size_t parallel_scratch_bytes(int m, int n, int k) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   const Blocking s = blocking();
-  const Plan p = plan(s, m, n, k);
-  return (std::size_t(p.kc) * p.nc + std::size_t(p.threads) * p.mc * p.kc) * sizeof(float);
+  const Plan p = plan(s, m, k);
+  return (std::size_t(k) * round_up(n, s.nr) + std::size_t(p.threads) * p.mc * p.kc) * sizeof(float);
 }
 
 void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
@@ -300,29 +301,18 @@ void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const fl
   if (m <= 0 || n <= 0) return;
   if (k <= 0) return scale(m, n, beta, C, ldc);
   const Blocking s = blocking();
-  const Plan p = plan(s, m, n, k);
-  Workspace<float> b_block(allocator, std::size_t(p.kc) * p.nc);
+  const Plan p = plan(s, m, k);
+  Workspace<float> packed(allocator, std::size_t(k) * round_up(n, s.nr));
 #pragma omp parallel num_threads(p.threads)
   {
+    pack_b(trans_b, k, n, B, ldb, packed.data());  // shared out between the threads; ends in a barrier
     Workspace<float> a_block(allocator, std::size_t(p.mc) * p.kc);
-    for (int j0 = 0; j0 < n; j0 += p.nc) {
-      const int nc = std::min(p.nc, n - j0), panels = (nc + s.nr - 1) / s.nr;
-      for (int k0 = 0; k0 < k; k0 += p.kc) {
-        const int kc = std::min(p.kc, k - k0);
-        const std::size_t panel_stride = std::size_t(kc) * s.nr;
-#pragma omp for schedule(static)
-        for (int panel = 0; panel < panels; ++panel)
-          pack_b_panel(s, trans_b, B, ldb, j0 + nc, k0, kc, j0, panel, panel_stride, b_block.data());
-        // The depth's first block applies beta; the later ones add onto it.
-        const float block_beta = k0 == 0 ? beta : 1.0f;
 #pragma omp for schedule(dynamic)
-        for (int index = 0; index < p.blocks; ++index) {
-          const int i0 = index * p.mc, rows = std::min(p.mc, m - i0);
-          pack_a(s, trans_a, A, lda, i0, rows, k0, kc, a_block.data());
-          macro(s, kc, rows, nc, a_block.data(), b_block.data(), panel_stride, block_beta,
-                C + std::ptrdiff_t(i0) * ldc + j0, ldc);
-        }
-      }
+    for (int index = 0; index < p.blocks; ++index) {
+      const int i0 = index * p.mc, rows = std::min(p.mc, m - i0);
+      const float* a_rows = trans_a ? A + i0 : A + std::ptrdiff_t(i0) * lda;
+      multiply_packed(trans_a, rows, n, k, a_rows, lda, packed.data(), beta, C + std::ptrdiff_t(i0) * ldc, ldc,
+                      a_block.data());
     }
   }
 }

@@ -1,5 +1,5 @@
 // A packed, register-tiled float32 product for large row-major matrices (the layer's projections),
-// BLIS style: op(B) is packed into panels of NR columns (a KC x NR panel stays in L1 while every
+// op(B) is packed into panels of NR columns (a KC x NR panel stays in L1 while every
 // row micro-tile of the A block reads it), op(A) into micro-panels of MR rows (a MC x KC block
 // stays in L2), and an MR x NR micro-tile of C lives in registers for the whole KC depth.
 //
@@ -27,9 +27,10 @@ const char* kernel_name();
 // Scratch of parallel_multiply for these sizes with the threads it would take now (exact).
 std::size_t parallel_scratch_bytes(int m, int n, int k);
 
-// C = op(A) op(B) + beta C, row-major, op(A) m x k, op(B) k x n; beta 0 never reads C. OpenMP
-// threads over blocks of C's rows, whichever thread is free taking the next; op(B) packed KC rows at
-// a time into one buffer all threads read. Call from outside a parallel region.
+// C = op(A) op(B) + beta C, row-major, op(A) m x k, op(B) k x n; beta 0 never reads C. op(B) packed
+// whole once (k x n rounded up to the panel width: the scratch), shared out between the OpenMP
+// threads, which then take blocks of C's rows in turn, each packing its own op(A) rows. Call from
+// outside a parallel region.
 void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
                        int ldb, float beta, float* C, int ldc, Allocator& allocator);
 
