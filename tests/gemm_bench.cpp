@@ -60,9 +60,17 @@ int main(int argc, char** argv) {
        [&] { cpu::parallel_sgemm(true, rows, M, M, x.data(), M, w.data(), M, 1.0f, c.data(), M); },
        [&] { cpu::gemm::parallel_multiply(false, true, rows, M, M, x.data(), M, w.data(), M, 1.0f, c.data(), M, allocator); },
        2.0 * rows * M * M},
-      {"x^T G (M x 3M, k rows)",
+      {"x^T G (M x 3M, k rows, one)",
        [&] { cpu::k_split_product(M, 3 * M, rows, x.data(), M, x.data(), 3 * M, outs.data(), M, allocator); },
        [&] { cpu::gemm::parallel_multiply(true, false, M, 3 * M, rows, x.data(), M, x.data(), 3 * M, 0.0f, c.data(), 3 * M, allocator); },
+       6.0 * rows * M * M},
+      // As the layer makes it: one product per weight on the packed path.
+      {"x^T G (M x 3M, k rows, layer)",
+       [&] { cpu::k_split_product(M, 3 * M, rows, x.data(), M, x.data(), 3 * M, outs.data(), M, allocator); },
+       [&] {
+         cpu::set_product_path(cpu::ProductPath::packed);
+         cpu::layer_weight_product(M, 3 * M, rows, x.data(), M, x.data(), 3 * M, outs.data(), M, allocator);
+       },
        6.0 * rows * M * M},
   };
   for (const Shape& s : shapes) {

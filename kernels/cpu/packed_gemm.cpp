@@ -1,10 +1,12 @@
-// See packed_gemm.hpp. Loop order: op(B) packed whole once (all threads share the panels out, then
-// read them all), then C's rows in blocks of MC that the threads take in turn; per block the depth
-// in blocks of KC (the block's op(A) rows packed by its thread), then B panels outside A
-// micro-panels, so that one KC x NR panel is read from L1 by every micro-tile of the block.
-// Packing B whole rather than KC x NC at a time (BLIS) costs k x n floats of scratch but leaves one
-// barrier per product: with a barrier per depth block, a thread that loses its core for a moment on
-// a shared machine stalls the other at each one (x^T G at k = 4096 tokens had 16).
+// See packed_gemm.hpp. Loop order: op(B) packed a slab of rows at a time (whole where it fits in
+// 4 MiB: every weight of the layer at M = 512; all threads share the panels out, then read them
+// all), then C's rows in blocks of MC that the threads take in turn; per block the slab's depth in
+// blocks of KC (the block's op(A) rows packed by its thread), then B panels outside A micro-panels,
+// so that one KC x NR panel is read from L1 by every micro-tile of the block.
+// Slabs rather than BLIS's KC x NC blocks: two barriers per slab instead of per depth block of 256
+// (a thread that loses its core for a moment on a shared machine stalls the other at each one; x^T G
+// over 4096 tokens had 32), and a slab, unlike op(B) packed whole (25 MiB for x^T G at M = 512 and
+// 4096 tokens: ~5% slower), is read back from L3.
 #include "kernels/cpu/packed_gemm.hpp"
 
 #include <omp.h>
@@ -266,10 +268,17 @@ int row_block(const Blocking& s, int m) {
 
 struct Plan {
   int kc, mc, blocks, threads;
+  int slab;  // rows of op(B) packed at a time
 };
 
-Plan plan(const Blocking& s, int m, int k) {
+// op(B) is packed in slabs of at most kSlabFloats (4 MiB: a slab stays in L3 while the threads
+// read it), whole where it fits; a slab is at least KC rows deep.
+constexpr std::size_t kSlabFloats = std::size_t(1) << 20;
+
+Plan plan(const Blocking& s, int m, int n, int k) {
   Plan p{};
+  const std::size_t rows_fit = kSlabFloats / std::size_t(round_up(n, s.nr));
+  p.slab = std::size_t(k) <= rows_fit ? k : std::min(k, std::max(s.kc, int(rows_fit) / s.kc * s.kc));
   p.kc = std::max(1, std::min(k, s.kc));
   p.mc = row_block(s, std::max(m, 1));
   p.blocks = (m + p.mc - 1) / p.mc;
@@ -292,8 +301,8 @@ const char* kernel_name() {
 std::size_t parallel_scratch_bytes(int m, int n, int k) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   const Blocking s = blocking();
-  const Plan p = plan(s, m, k);
-  return (std::size_t(k) * round_up(n, s.nr) + std::size_t(p.threads) * p.mc * p.kc) * sizeof(float);
+  const Plan p = plan(s, m, n, k);
+  return (std::size_t(p.slab) * round_up(n, s.nr) + std::size_t(p.threads) * p.mc * p.kc) * sizeof(float);
 }
 
 void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
@@ -301,18 +310,23 @@ void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const fl
   if (m <= 0 || n <= 0) return;
   if (k <= 0) return scale(m, n, beta, C, ldc);
   const Blocking s = blocking();
-  const Plan p = plan(s, m, k);
-  Workspace<float> packed(allocator, std::size_t(k) * round_up(n, s.nr));
+  const Plan p = plan(s, m, n, k);
+  Workspace<float> packed(allocator, std::size_t(p.slab) * round_up(n, s.nr));
 #pragma omp parallel num_threads(p.threads)
   {
-    pack_b(trans_b, k, n, B, ldb, packed.data());  // shared out between the threads; ends in a barrier
     Workspace<float> a_block(allocator, std::size_t(p.mc) * p.kc);
+    for (int k0 = 0; k0 < k; k0 += p.slab) {
+      const int depth = std::min(p.slab, k - k0);
+      // The slab's rows of op(B): op(B)(k0 + r, j) is B[(k0 + r) * ldb + j], or B[j * ldb + k0 + r].
+      pack_b(trans_b, depth, n, trans_b ? B + k0 : B + std::ptrdiff_t(k0) * ldb, ldb, packed.data());
+      // The first slab applies beta; the later ones add onto it.
 #pragma omp for schedule(dynamic)
-    for (int index = 0; index < p.blocks; ++index) {
-      const int i0 = index * p.mc, rows = std::min(p.mc, m - i0);
-      const float* a_rows = trans_a ? A + i0 : A + std::ptrdiff_t(i0) * lda;
-      multiply_packed(trans_a, rows, n, k, a_rows, lda, packed.data(), beta, C + std::ptrdiff_t(i0) * ldc, ldc,
-                      a_block.data());
+      for (int index = 0; index < p.blocks; ++index) {
+        const int i0 = index * p.mc, rows = std::min(p.mc, m - i0);
+        const float* a_rows = trans_a ? A + std::ptrdiff_t(k0) * lda + i0 : A + std::ptrdiff_t(i0) * lda + k0;
+        multiply_packed(trans_a, rows, n, depth, a_rows, lda, packed.data(), k0 == 0 ? beta : 1.0f,
+                        C + std::ptrdiff_t(i0) * ldc, ldc, a_block.data());
+      }
     }
   }
 }

@@ -28,9 +28,9 @@ const char* kernel_name();
 std::size_t parallel_scratch_bytes(int m, int n, int k);
 
 // C = op(A) op(B) + beta C, row-major, op(A) m x k, op(B) k x n; beta 0 never reads C. op(B) packed
-// whole once (k x n rounded up to the panel width: the scratch), shared out between the OpenMP
-// threads, which then take blocks of C's rows in turn, each packing its own op(A) rows. Call from
-// outside a parallel region.
+// in slabs of rows (whole where it takes at most 4 MiB), each shared out between the OpenMP threads,
+// which then take blocks of C's rows in turn, each packing its own op(A) rows. Call from outside a
+// parallel region.
 void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
                        int ldb, float beta, float* C, int ldc, Allocator& allocator);
 
