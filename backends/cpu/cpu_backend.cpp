@@ -19,6 +19,7 @@
 #include "kernels/decode/op.hpp"
 #include "kernels/layer/block_cpu.hpp"
 #include "kernels/layer/cpu.hpp"
+#include "kernels/layer/cpu_products.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/linear_attention/cpu_variants.hpp"
@@ -198,6 +199,10 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
     h->bind([p, bwd](Allocator& a) { layer_forward_backward(p, bwd, a); }, states);
     return std::unique_ptr<PreparedCase>(std::move(h));
   };
+  // Which products ran: the hybrid block's follow product_path(), the modern block's are OpenBLAS's.
+  row.variant = [s](const Case& c) {
+    return "products " + (layer_problem(c, s.keep_chunk_states).modern() ? std::string("openblas") : product_path_name());
+  };
   row.memory_estimate = [s](const Case& c) {
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
     if (p.modern())
@@ -267,6 +272,15 @@ CpuDeviceInfo describe_cpu(int threads) {
   info.stream_gbytes_per_s = roof.stream_gbytes_per_s;
   info.stream_bytes = roof.stream_bytes;
   if (roof.fma_gflops > 0) info.fma_gflops = roof.fma_gflops;
+  // The hybrid layer's products: the packed ones unless OpenBLAS measured clearly faster (by 10%:
+  // two best-of figures of one host differ by a few percent from run to run, and the packed path
+  // also shares one packing of each weight between the threads, which the per-thread products
+  // measured here do not show).
+  if (roof.packed_gflops > 0) {
+    info.packed_gemm_gflops = roof.packed_gflops;
+    set_product_path(roof.packed_gflops < 0.9 * roof.sgemm_gflops ? ProductPath::openblas : ProductPath::packed);
+  }
+  info.layer_products = product_path_name();
   return info;
 }
 

@@ -11,10 +11,11 @@
 //   dq, dk, dv = linear backward (dO = dLin, dhT = 0) + sliding-window backward (dO = dSwa)
 //   dx = dQ Wq^T + dK Wk^T + dV Wv^T,   dW* = x^T d*       (d* gathered back to [B][T][M])
 //
-// The four projections carry most of the flops, so they run as large single-threaded sgemms on
-// blocks of rows that the OpenMP threads take in turn (one level of threading, like the kernels).
-// Their outputs are scattered to the per-head layout from an L2-sized tile, so the layout change
-// costs one write.
+// The four projections carry most of the flops (84% of the default suite's). They run through
+// cpu_products.hpp: the packed products of kernels/cpu/packed_gemm.hpp (each weight packed once and
+// shared by the threads, which take blocks of rows in turn), or OpenBLAS's sgemm single-threaded on
+// blocks of rows (product_path() says which). The input projections' outputs are scattered to the
+// per-head layout from an L2-sized tile, so the layout change costs one write.
 // Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
 // (Q, K, V, Lin, Swa, Y, per-row lse and r, and the chunked branch's chunk states) instead of
 // recomputing the forward.
@@ -23,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/packed_gemm.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/layer/cpu.hpp"
 #include "kernels/layer/cpu_products.hpp"
@@ -33,14 +35,70 @@ namespace {
 
 constexpr int kRowTile = 256;  // 256 x 3M floats of projection output per thread: 1.5 MiB at M = 512
 
-std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + kRowTile - 1) / kRowTile; }
+// Rows of a projection tile: OpenBLAS's 256, or the packed products' row block (140 at AVX-512, a
+// multiple of the micro-tile's rows): a tile is then one packing of its rows and one pass over the
+// packed weights, and its output and packed rows (140 x (3M + 256) floats) take less scratch than
+// OpenBLAS's tile.
+std::size_t tile_rows(const LayerProblem& p) {
+  const int rows = product_path() == ProductPath::packed ? gemm::block_rows() : kRowTile;
+  return std::min<std::size_t>(std::size_t(rows), p.rows());
+}
+std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + tile_rows(p) - 1) / std::max<std::size_t>(tile_rows(p), 1); }
 
-// The input projections' scratch: [Wq Wk Wv] side by side (M x 3M), and a row tile of all three
-// outputs per thread.
+// The input projections' scratch: [Wq Wk Wv] side by side (M x 3M: copied for OpenBLAS, packed
+// for the packed products), and per thread a row tile of all three outputs (and the packed path's
+// packing of the tile's rows).
 std::size_t projection_bytes(const LayerProblem& p) {
-  const std::size_t M = p.model_dim();
-  return (3 * M * M + std::size_t(threads_for(row_tiles(p))) * std::min<std::size_t>(kRowTile, p.rows()) * 3 * M) *
-         sizeof(float);
+  const std::size_t M = p.model_dim(), rows = tile_rows(p);
+  const std::size_t threads = std::size_t(threads_for(row_tiles(p)));
+  if (product_path() == ProductPath::packed)
+    return (3 * gemm::packed_b_floats(int(M), int(M)) +
+            threads * (rows * 3 * M + gemm::packed_a_floats(int(rows), int(M)))) *
+           sizeof(float);
+  return (3 * M * M + threads * rows * 3 * M) * sizeof(float);
+}
+
+// Rows [r0, r0 + n) of the tile (n x 3M, [Q K V] side by side) to the per-head layouts.
+void scatter_tile(const LayerProblem& p, const float* tile, std::size_t r0, std::size_t n, float* const out[3]) {
+  const int M = int(p.model_dim()), T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t b = (r0 + i) / T, t = (r0 + i) % T;
+    for (int which = 0; which < 3; ++which)
+      for (int h = 0; h < H; ++h)
+        std::copy_n(tile + (i * 3 + which) * M + std::size_t(h) * Dh, Dh, out[which] + ((b * H + h) * T + t) * Dh);
+  }
+}
+
+// The packed path: the weights packed once (the threads share the panels out), then each row tile
+// multiplied on its thread. Where M is a multiple of the panel width the three packings side by side
+// are [Wq Wk Wv]'s, and one product per tile reads the tile's rows once; else one product per weight.
+void project_to_heads_packed(const LayerProblem& p, const float* x, const float* const w[3], float* const out[3],
+                             Allocator& allocator) {
+  const int M = int(p.model_dim());
+  const long tiles = long(row_tiles(p));
+  const std::size_t rows = tile_rows(p);
+  const std::size_t per_weight = gemm::packed_b_floats(M, M);
+  const bool joined = M % gemm::panel_width() == 0;
+  Workspace<float> packed(allocator, 3 * per_weight);
+#pragma omp parallel num_threads(threads_for(std::size_t(tiles)))
+  {
+    for (int which = 0; which < 3; ++which)
+      gemm::pack_b(false, M, M, w[which], M, packed.data() + which * per_weight);
+    Workspace<float> tile(allocator, rows * 3 * M);
+    Workspace<float> rows_packed(allocator, gemm::packed_a_floats(int(rows), M));
+#pragma omp for schedule(dynamic)  // as in parallel_sgemm
+    for (long index = 0; index < tiles; ++index) {
+      const std::size_t r0 = std::size_t(index) * rows, n = std::min<std::size_t>(rows, p.rows() - r0);
+      if (joined)
+        gemm::multiply_packed(false, int(n), 3 * M, M, x + r0 * M, M, packed.data(), 0.0f, tile.data(), 3 * M,
+                              rows_packed.data());
+      else
+        for (int which = 0; which < 3; ++which)
+          gemm::multiply_packed(false, int(n), M, M, x + r0 * M, M, packed.data() + which * per_weight, 0.0f,
+                                tile.data() + std::ptrdiff_t(which) * M, 3 * M, rows_packed.data());
+      scatter_tile(p, tile.data(), r0, n, out);
+    }
+  }
 }
 
 // dst[b][h][t][:] = (x W)[b*T + t][h*Dh : (h+1)*Dh] for W = wq, wk, wv into q, k, v.
@@ -48,7 +106,8 @@ std::size_t projection_bytes(const LayerProblem& p) {
 // times (2 threads, 4096 x 512 rows: ~11% faster than three products of 512 columns).
 void project_to_heads(const LayerProblem& p, const float* x, const float* const w[3], float* const out[3],
                       Allocator& allocator) {
-  const int M = int(p.model_dim()), T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
+  if (product_path() == ProductPath::packed) return project_to_heads_packed(p, x, w, out, allocator);
+  const int M = int(p.model_dim());
   const long tiles = long(row_tiles(p));
   Workspace<float> wqkv(allocator, 3 * std::size_t(M) * M);
   for (int i = 0; i < M; ++i)
@@ -61,13 +120,7 @@ void project_to_heads(const LayerProblem& p, const float* x, const float* const 
     for (long index = 0; index < tiles; ++index) {
       const std::size_t r0 = std::size_t(index) * kRowTile, n = std::min<std::size_t>(kRowTile, p.rows() - r0);
       sgemm(false, false, int(n), 3 * M, M, x + r0 * M, M, wqkv.data(), 3 * M, 0.0f, tile.data(), 3 * M);
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::size_t b = (r0 + i) / T, t = (r0 + i) % T;
-        for (int which = 0; which < 3; ++which)
-          for (int h = 0; h < H; ++h)
-            std::copy_n(tile.data() + (i * 3 + which) * M + std::size_t(h) * Dh, Dh,
-                        out[which] + ((b * H + h) * T + t) * Dh);
-      }
+      scatter_tile(p, tile.data(), r0, n, out);
     }
   }
 }
@@ -138,7 +191,7 @@ void forward_pass(const LayerProblem& p, const LayerForwardArgs<float>& a, const
 
   norm_and_gate(p, a.g, a.beta, f.lin, f.swa, f.y, f.rinv);
   const int M = int(p.model_dim());
-  parallel_sgemm(false, int(p.rows()), M, M, f.y, M, a.wo, M, 0.0f, a.out, M);
+  layer_product(false, int(p.rows()), M, M, f.y, M, a.wo, M, 0.0f, a.out, M, allocator);
 }
 
 std::size_t max_of(std::initializer_list<std::size_t> values) { return std::max(values); }
@@ -149,7 +202,9 @@ std::size_t layer_forward_workspace_bytes(const LayerProblem& p) {
   const Problem& lp = p.linear;
   const std::size_t kept = (5 * p.token_elems() + 2 * lp.state_elems()) * sizeof(float);
   const std::size_t linear = p.chunked ? chunked_forward_workspace_bytes(lp) : scan_forward_workspace_bytes(lp);
-  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window)});
+  const int M = int(p.model_dim());
+  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
+                        layer_product_bytes(int(p.rows()), M, M)});
 }
 
 std::size_t layer_kept_chunk_states_bytes(const LayerProblem& p) {
@@ -167,7 +222,8 @@ std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) {
                 : max_of({scan_forward_workspace_bytes(lp), scan_backward_workspace_bytes(lp)});
   const int M = int(p.model_dim()), rows = int(p.rows());
   return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
-                        k_split_bytes(M, 3 * M, rows),
+                        layer_weight_product_bytes(M, 3 * M, rows, M), layer_weight_product_bytes(M, M, rows, M),
+                        layer_product_bytes(rows, M, M),
                         sliding_window_backward_workspace_bytes(lp, p.window)});
 }
 
@@ -203,8 +259,8 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
 
   // Output projection.
   float* const dwo[1] = {a.dwo};
-  k_split_product(M, M, rows, y, M, a.dOut, M, dwo, M, allocator);
-  parallel_sgemm(true, rows, M, M, a.dOut, M, a.wo, M, 0.0f, dy, M);
+  layer_weight_product(M, M, rows, y, M, a.dOut, M, dwo, M, allocator);
+  layer_product(true, rows, M, M, a.dOut, M, a.wo, M, 0.0f, dy, M, allocator);
 
   // Gate and norm, per head; beta's and g's sums are kept per (batch, head) in double and added up
   // after, so that no thread waits on another and long sums do not lose the small terms.
@@ -277,9 +333,10 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
   heads_to_rows(p, dv.data(), g3 + 2 * std::ptrdiff_t(M), 3 * std::size_t(M));
   const float* const w[3] = {a.wq, a.wk, a.wv};
   for (int i = 0; i < 3; ++i)
-    parallel_sgemm(true, rows, M, M, g3 + std::ptrdiff_t(i) * M, 3 * M, w[i], M, i == 0 ? 0.0f : 1.0f, a.dx, M);
+    layer_product(true, rows, M, M, g3 + std::ptrdiff_t(i) * M, 3 * M, w[i], M, i == 0 ? 0.0f : 1.0f, a.dx, M,
+                  allocator);
   float* const dw[3] = {a.dwq, a.dwk, a.dwv};
-  k_split_product(M, 3 * M, rows, a.x, M, g3, 3 * M, dw, M, allocator);
+  layer_weight_product(M, 3 * M, rows, a.x, M, g3, 3 * M, dw, M, allocator);
 }
 
 }  // namespace lattn::cpu

@@ -5,6 +5,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/packed_gemm.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -78,6 +82,59 @@ void k_split_product(int m, int n, int k, const float* A, int lda, const float* 
         }
       }
   }
+}
+
+namespace {
+
+std::optional<ProductPath> g_chosen;
+
+std::optional<ProductPath> path_from_environment() {
+  const char* env = std::getenv("LATTN_LAYER_PRODUCTS");
+  if (!env) return std::nullopt;
+  if (std::strcmp(env, "openblas") == 0) return ProductPath::openblas;
+  if (std::strcmp(env, "packed") == 0) return ProductPath::packed;
+  return std::nullopt;
+}
+
+}  // namespace
+
+ProductPath product_path() {
+  static const std::optional<ProductPath> forced = path_from_environment();
+  const ProductPath path = forced ? *forced : g_chosen ? *g_chosen : ProductPath::packed;
+  // Without a vector kernel the packed products are element by element: OpenBLAS then.
+  return path == ProductPath::packed && gemm::available() ? ProductPath::packed : ProductPath::openblas;
+}
+
+void set_product_path(std::optional<ProductPath> path) { g_chosen = path; }
+
+std::string product_path_name() {
+  return product_path() == ProductPath::packed ? std::string("packed_") + gemm::kernel_name() : "openblas";
+}
+
+std::size_t layer_product_bytes(int m, int n, int k) {
+  return product_path() == ProductPath::packed ? gemm::parallel_scratch_bytes(m, n, k) : 0;
+}
+
+void layer_product(bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float beta,
+                   float* C, int ldc, Allocator& allocator) {
+  if (product_path() == ProductPath::packed)
+    gemm::parallel_multiply(false, trans_b, m, n, k, A, lda, B, ldb, beta, C, ldc, allocator);
+  else
+    parallel_sgemm(trans_b, m, n, k, A, lda, B, ldb, beta, C, ldc);
+}
+
+// The packed path needs no split over k: its threads share one packing of B and take blocks of C's
+// rows, so each group of columns is one product straight into its output.
+std::size_t layer_weight_product_bytes(int m, int n, int k, int out_cols) {
+  return product_path() == ProductPath::packed ? gemm::parallel_scratch_bytes(m, out_cols, k) : k_split_bytes(m, n, k);
+}
+
+void layer_weight_product(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* const* outs,
+                          int out_cols, Allocator& allocator) {
+  if (product_path() != ProductPath::packed) return k_split_product(m, n, k, A, lda, B, ldb, outs, out_cols, allocator);
+  for (int j0 = 0; j0 < n; j0 += out_cols)
+    gemm::parallel_multiply(true, false, m, std::min(out_cols, n - j0), k, A, lda, B + j0, ldb, 0.0f, outs[j0 / out_cols],
+                            out_cols, allocator);
 }
 
 }  // namespace lattn::cpu

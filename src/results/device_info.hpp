@@ -42,6 +42,10 @@ struct CpuDeviceInfo {
   double stream_gbytes_per_s = 0;
   std::size_t stream_bytes = 0;
   std::optional<double> fma_gflops;
+  // The packed products (kernels/cpu/packed_gemm.hpp) on sgemm's products, where they have a vector
+  // kernel here, and the products the hybrid layer ran: "openblas" or "packed_<micro-kernel>".
+  std::optional<double> packed_gemm_gflops;
+  std::string layer_products;
 };
 
 struct GpuInfo {

@@ -1,0 +1,374 @@
+// See packed_gemm.hpp. Loop order: op(B) packed a slab of rows at a time (whole where it fits in
+// 4 MiB: every weight of the layer at M = 512; all threads share the panels out, then read them
+// all), then C's rows in blocks of MC that the threads take in turn; per block the slab's depth in
+// blocks of KC (the block's op(A) rows packed by its thread), then B panels outside A micro-panels,
+// so that one KC x NR panel is read from L1 by every micro-tile of the block.
+// Slabs rather than BLIS's KC x NC blocks: two barriers per slab instead of per depth block of 256
+// (a thread that loses its core for a moment on a shared machine stalls the other at each one; x^T G
+// over 4096 tokens had 32), and a slab, unlike op(B) packed whole (25 MiB for x^T G at M = 512 and
+// 4096 tokens: ~5% slower), is read back from L3.
+#include "kernels/cpu/packed_gemm.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/vec.hpp"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace lattn::cpu::gemm {
+namespace {
+
+// C's rows [0, rows) and columns [0, cols) of a micro-tile at c: beta C + the product of the
+// packed A micro-panel a (kc x MR) and B panel b (kc x NR).
+using MicroKernel = void (*)(int kc, const float* a, const float* b, float* c, long ldc, int rows, int cols,
+                             float beta);
+
+struct Blocking {
+  int mr, nr;  // micro-tile
+  int kc;      // depth of a packed block: a KC x NR panel of B (32 KiB at AVX-512) is read from L1
+  int mc;      // rows of a packed A block (MC x KC: 140 KiB at AVX-512) read from L2; a multiple of mr
+  MicroKernel kernel;
+};
+
+// The portable micro-tile (generic width): 4 x 16, element by element.
+void micro_generic(int kc, const float* a, const float* b, float* c, long ldc, int rows, int cols, float beta) {
+  constexpr int MR = 4, NR = 16;
+  float acc[MR][NR] = {};
+  for (int k = 0; k < kc; ++k, a += MR, b += NR)
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) acc[i][j] += a[i] * b[j];
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      float& out = c[i * ldc + j];
+      out = beta != 0.0f ? beta * out + acc[i][j] : acc[i][j];
+    }
+}
+
+#if defined(__AVX512F__)
+// In-register transpose of a 16 x 16 block: r[i] is row i on entry, column i on exit (as in
+// tile_gemm.cpp, whose copy is private to the chunked form's products).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16], w[16];
+  for (std::size_t i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (std::size_t i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (std::size_t m = 0; m < 4; ++m) {
+    w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+    w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+    w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+    w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+  }
+  for (std::size_t m = 0; m < 4; ++m) {
+    r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
+    r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
+    r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0xdd);
+  }
+}
+
+// A micro-panel of up to 16 rows of a row-major A, 16 depths at a time through a register
+// transpose: out[k * mr + i] = src[i * lda + k] for k < k_fast (a multiple of 16), rows past
+// `valid` zero. Read element by element with stride mr, this packing took ~7% of the products'
+// time at n = 512 (the output projection: 2n flops per packed element).
+int pack_rows_avx512(const float* src, long lda, int valid, int mr, int kc, float* out) {
+  const int k_fast = kc / 16 * 16;
+  const __mmask16 row_lanes = __mmask16((1u << mr) - 1);
+  for (int k0 = 0; k0 < k_fast; k0 += 16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < valid ? _mm512_loadu_ps(src + std::ptrdiff_t(i) * lda + k0) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int kk = 0; kk < 16; ++kk) _mm512_mask_storeu_ps(out + std::size_t(k0 + kk) * mr, row_lanes, r[kk]);
+  }
+  return k_fast;
+}
+
+inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1); }
+
+void micro_avx512(int kc, const float* a, const float* b, float* c, long ldc, int rows, int cols, float beta) {
+  constexpr int MR = 14;
+  __m512 acc[MR][2];
+#pragma GCC unroll 14
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int k = 0; k < kc; ++k, a += MR, b += 32) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 14
+    for (int i = 0; i < MR; ++i) {
+      const __m512 x = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+    }
+  }
+  const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
+  const __m512 vbeta = _mm512_set1_ps(beta);
+#pragma GCC unroll 14
+  for (int i = 0; i < MR; ++i) {
+    if (i >= rows) break;
+    float* row = c + i * ldc;
+    __m512 x0 = acc[i][0], x1 = acc[i][1];
+    if (beta != 0.0f) {
+      x0 = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(m0, row), x0);
+      x1 = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(m1, row + 16), x1);
+    }
+    _mm512_mask_storeu_ps(row, m0, x0);
+    _mm512_mask_storeu_ps(row + 16, m1, x1);
+  }
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+void micro_avx2(int kc, const float* a, const float* b, float* c, long ldc, int rows, int cols, float beta) {
+  constexpr int MR = 6, NR = 16;
+  __m256 acc[MR][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int k = 0; k < kc; ++k, a += MR, b += NR) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(x, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x, b1, acc[i][1]);
+    }
+  }
+  if (rows == MR && cols == NR) {
+    const __m256 vbeta = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      float* row = c + i * ldc;
+      __m256 x0 = acc[i][0], x1 = acc[i][1];
+      if (beta != 0.0f) {
+        x0 = _mm256_fmadd_ps(vbeta, _mm256_loadu_ps(row), x0);
+        x1 = _mm256_fmadd_ps(vbeta, _mm256_loadu_ps(row + 8), x1);
+      }
+      _mm256_storeu_ps(row, x0);
+      _mm256_storeu_ps(row + 8, x1);
+    }
+    return;
+  }
+  // An edge tile: through memory, element by element.
+  alignas(32) float tile[MR][NR];
+  for (int i = 0; i < MR; ++i) {
+    _mm256_store_ps(tile[i], acc[i][0]);
+    _mm256_store_ps(tile[i] + 8, acc[i][1]);
+  }
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      float& out = c[i * ldc + j];
+      out = beta != 0.0f ? beta * out + tile[i][j] : tile[i][j];
+    }
+}
+#endif
+
+Blocking blocking() {
+  switch (active_vec()) {
+#if defined(__AVX512F__)
+    case Vec::avx512: return {14, 32, 256, 140, micro_avx512};
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    case Vec::avx2: return {6, 16, 256, 120, micro_avx2};
+#endif
+    default: return {4, 16, 256, 64, micro_generic};
+  }
+}
+
+int round_up(int x, int to) { return (x + to - 1) / to * to; }
+
+// Micro-panels of op(A)'s rows [i0, i0 + rows) and depth [k0, k0 + kc): panel q holds
+// dst[q * kc * mr + k * mr + i] = op(A)(i0 + q * mr + i, k0 + k), rows past the end zero.
+void pack_a(const Blocking& s, bool trans_a, const float* A, long lda, int i0, int rows, int k0, int kc, float* dst) {
+  for (int q = 0; q * s.mr < rows; ++q) {
+    float* out = dst + std::size_t(q) * kc * s.mr;
+    const int r0 = q * s.mr, valid = std::min(s.mr, rows - r0);
+    if (trans_a) {  // op(A)(i, k) = A[k * lda + i]: each k's mr values are contiguous
+      for (int k = 0; k < kc; ++k) {
+        const float* src = A + std::ptrdiff_t(k0 + k) * lda + i0 + r0;
+        float* o = out + std::size_t(k) * s.mr;
+        for (int i = 0; i < valid; ++i) o[i] = src[i];
+        for (int i = valid; i < s.mr; ++i) o[i] = 0.0f;
+      }
+    } else {  // op(A)(i, k) = A[i * lda + k]: rows read along, written with stride mr
+      const float* rows = A + std::ptrdiff_t(i0 + r0) * lda + k0;
+      int k_done = 0;
+#if defined(__AVX512F__)
+      if (s.mr <= 16 && active_vec() == Vec::avx512) k_done = pack_rows_avx512(rows, lda, valid, s.mr, kc, out);
+#endif
+      for (int i = 0; i < valid; ++i)
+        for (int k = k_done; k < kc; ++k) out[std::size_t(k) * s.mr + i] = rows[std::ptrdiff_t(i) * lda + k];
+      for (int i = valid; i < s.mr; ++i)
+        for (int k = k_done; k < kc; ++k) out[std::size_t(k) * s.mr + i] = 0.0f;
+    }
+  }
+}
+
+// Panel p of op(B)'s depth [k0, k0 + kc) and columns [j0 + p * nr, + nr) at dst + p * panel_stride,
+// row k at + k * nr; columns past n zero.
+void pack_b_panel(const Blocking& s, bool trans_b, const float* B, long ldb, int n, int k0, int kc, int j0, int p,
+                  std::size_t panel_stride, float* dst) {
+  float* out = dst + std::size_t(p) * panel_stride;
+  const int c0 = j0 + p * s.nr, valid = std::min(s.nr, n - c0);
+  if (trans_b) {  // op(B)(k, j) = B[j * ldb + k]: columns read along, written with stride nr
+    for (int j = 0; j < valid; ++j) {
+      const float* src = B + std::ptrdiff_t(c0 + j) * ldb + k0;
+      for (int k = 0; k < kc; ++k) out[std::size_t(k) * s.nr + j] = src[k];
+    }
+    for (int k = 0; k < kc; ++k)
+      for (int j = valid; j < s.nr; ++j) out[std::size_t(k) * s.nr + j] = 0.0f;
+  } else {
+    for (int k = 0; k < kc; ++k) {
+      const float* src = B + std::ptrdiff_t(k0 + k) * ldb + c0;
+      float* o = out + std::size_t(k) * s.nr;
+      for (int j = 0; j < valid; ++j) o[j] = src[j];
+      for (int j = valid; j < s.nr; ++j) o[j] = 0.0f;
+    }
+  }
+}
+
+// C (rows x cols at c) = beta C + packed A block (micro-panels of depth kc) times packed B panels
+// (panel p at b + p * panel_stride).
+void macro(const Blocking& s, int kc, int rows, int cols, const float* a, const float* b, std::size_t panel_stride,
+           float beta, float* c, long ldc) {
+  for (int p = 0; p * s.nr < cols; ++p) {
+    const int j = p * s.nr, w = std::min(s.nr, cols - j);
+    for (int q = 0; q * s.mr < rows; ++q) {
+      const int i = q * s.mr;
+      s.kernel(kc, a + std::size_t(q) * kc * s.mr, b + std::size_t(p) * panel_stride, c + std::ptrdiff_t(i) * ldc + j,
+               ldc, std::min(s.mr, rows - i), w, beta);
+    }
+  }
+}
+
+// C = beta C where there is nothing to multiply (k = 0).
+void scale(int m, int n, float beta, float* C, long ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float& out = C[std::ptrdiff_t(i) * ldc + j];
+      out = beta != 0.0f ? beta * out : 0.0f;
+    }
+}
+
+// Rows of C per block: about four blocks per thread (a thread that loses its core for a while on
+// a shared machine then costs its blocks, not the product), at most MC.
+int row_block(const Blocking& s, int m) {
+  const int wanted = (m + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads());
+  return std::clamp(round_up(wanted, s.mr), s.mr, s.mc);
+}
+
+struct Plan {
+  int kc, mc, blocks, threads;
+  int slab;  // rows of op(B) packed at a time
+};
+
+// op(B) is packed in slabs of at most kSlabFloats (4 MiB: a slab stays in L3 while the threads
+// read it), whole where it fits; a slab is at least KC rows deep.
+constexpr std::size_t kSlabFloats = std::size_t(1) << 20;
+
+Plan plan(const Blocking& s, int m, int n, int k) {
+  Plan p{};
+  const std::size_t rows_fit = kSlabFloats / std::size_t(round_up(n, s.nr));
+  p.slab = std::size_t(k) <= rows_fit ? k : std::min(k, std::max(s.kc, int(rows_fit) / s.kc * s.kc));
+  p.kc = std::max(1, std::min(k, s.kc));
+  p.mc = row_block(s, std::max(m, 1));
+  p.blocks = (m + p.mc - 1) / p.mc;
+  p.threads = std::max(1, std::min(omp_get_max_threads(), p.blocks));
+  return p;
+}
+
+}  // namespace
+
+bool available() { return active_vec() != Vec::generic; }
+
+const char* kernel_name() {
+  switch (active_vec()) {
+    case Vec::avx512: return "avx512_14x32";
+    case Vec::avx2: return "avx2_6x16";
+    default: return "none";
+  }
+}
+
+std::size_t parallel_scratch_bytes(int m, int n, int k) {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const Blocking s = blocking();
+  const Plan p = plan(s, m, n, k);
+  return (std::size_t(p.slab) * round_up(n, s.nr) + std::size_t(p.threads) * p.mc * p.kc) * sizeof(float);
+}
+
+void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
+                       int ldb, float beta, float* C, int ldc, Allocator& allocator) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return scale(m, n, beta, C, ldc);
+  const Blocking s = blocking();
+  const Plan p = plan(s, m, n, k);
+  Workspace<float> packed(allocator, std::size_t(p.slab) * round_up(n, s.nr));
+#pragma omp parallel num_threads(p.threads)
+  {
+    Workspace<float> a_block(allocator, std::size_t(p.mc) * p.kc);
+    for (int k0 = 0; k0 < k; k0 += p.slab) {
+      const int depth = std::min(p.slab, k - k0);
+      // The slab's rows of op(B): op(B)(k0 + r, j) is B[(k0 + r) * ldb + j], or B[j * ldb + k0 + r].
+      pack_b(trans_b, depth, n, trans_b ? B + k0 : B + std::ptrdiff_t(k0) * ldb, ldb, packed.data());
+      // The first slab applies beta; the later ones add onto it.
+#pragma omp for schedule(dynamic)
+      for (int index = 0; index < p.blocks; ++index) {
+        const int i0 = index * p.mc, rows = std::min(p.mc, m - i0);
+        const float* a_rows = trans_a ? A + std::ptrdiff_t(k0) * lda + i0 : A + std::ptrdiff_t(i0) * lda + k0;
+        multiply_packed(trans_a, rows, n, depth, a_rows, lda, packed.data(), k0 == 0 ? beta : 1.0f,
+                        C + std::ptrdiff_t(i0) * ldc, ldc, a_block.data());
+      }
+    }
+  }
+}
+
+std::size_t packed_b_floats(int k, int n) {
+  if (k <= 0 || n <= 0) return 0;
+  return std::size_t(k) * round_up(n, blocking().nr);
+}
+
+int panel_width() { return blocking().nr; }
+
+int block_rows() { return blocking().mc; }
+
+void pack_b(bool trans_b, int k, int n, const float* B, int ldb, float* dst) {
+  const Blocking s = blocking();
+  const int panels = (n + s.nr - 1) / s.nr;
+#pragma omp for schedule(static)
+  for (int panel = 0; panel < panels; ++panel)
+    pack_b_panel(s, trans_b, B, ldb, n, 0, k, 0, panel, std::size_t(k) * s.nr, dst);
+}
+
+std::size_t packed_a_floats(int m, int k) {
+  if (m <= 0 || k <= 0) return 0;
+  const Blocking s = blocking();
+  return std::size_t(std::min(round_up(m, s.mr), s.mc)) * std::min(k, s.kc);
+}
+
+void multiply_packed(bool trans_a, int m, int n, int k, const float* A, int lda, const float* packed_b, float beta,
+                     float* C, int ldc, float* a_scratch) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return scale(m, n, beta, C, ldc);
+  const Blocking s = blocking();
+  const std::size_t panel_stride = std::size_t(k) * s.nr;  // whole-depth panels
+  for (int k0 = 0; k0 < k; k0 += s.kc) {
+    const int kc = std::min(s.kc, k - k0);
+    for (int i0 = 0; i0 < m; i0 += s.mc) {
+      const int rows = std::min(s.mc, m - i0);
+      pack_a(s, trans_a, A, lda, i0, rows, k0, kc, a_scratch);
+      macro(s, kc, rows, n, a_scratch, packed_b + std::size_t(k0) * s.nr, panel_stride, k0 == 0 ? beta : 1.0f,
+            C + std::ptrdiff_t(i0) * ldc, ldc);
+    }
+  }
+}
+
+}  // namespace lattn::cpu::gemm
