@@ -272,14 +272,6 @@ CpuDeviceInfo describe_cpu(int threads) {
   info.stream_gbytes_per_s = roof.stream_gbytes_per_s;
   info.stream_bytes = roof.stream_bytes;
   if (roof.fma_gflops > 0) info.fma_gflops = roof.fma_gflops;
-  // The hybrid layer's products: the packed ones unless OpenBLAS measured clearly faster (by 10%:
-  // two best-of figures of one host differ by a few percent from run to run, and the packed path
-  // also shares one packing of each weight between the threads, which the per-thread products
-  // measured here do not show).
-  if (roof.packed_gflops > 0) {
-    info.packed_gemm_gflops = roof.packed_gflops;
-    set_product_path(roof.packed_gflops < 0.9 * roof.sgemm_gflops ? ProductPath::openblas : ProductPath::packed);
-  }
   info.layer_products = product_path_name();
   return info;
 }

@@ -27,8 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/packed_gemm.hpp"
-
 namespace lattn {
 namespace {
 
@@ -38,37 +36,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// OpenBLAS's product of one thread: c = a b, n x n.
-struct BlasProduct {
-  void operator()(int, int n, const float* a, const float* b, float* c) const {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-  }
-};
-
-// The packed products' (kernels/cpu/packed_gemm.hpp) of one thread, against a packing of B made
-// beforehand, one per thread: B's packing (n^2 copies against 2 n^3 flops) is left out, as the
-// layer packs each weight once per call and shares it between the threads.
-struct PackedProduct {
-  std::vector<std::vector<float>> packed_b, a_scratch;
-  PackedProduct(int threads, int n) : packed_b(std::size_t(threads)), a_scratch(std::size_t(threads)) {
-    std::vector<float> b(std::size_t(n) * n);
-    for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(i % 5) * 0.5f;
-    for (int t = 0; t < threads; ++t) {
-      packed_b[std::size_t(t)].resize(cpu::gemm::packed_b_floats(n, n));
-      cpu::gemm::pack_b(false, n, n, b.data(), n, packed_b[std::size_t(t)].data());  // outside a parallel region
-      a_scratch[std::size_t(t)].resize(cpu::gemm::packed_a_floats(n, n));
-    }
-  }
-  void operator()(int thread, int n, const float* a, const float*, float* c) {
-    cpu::gemm::multiply_packed(false, n, n, n, a, n, packed_b[std::size_t(thread)].data(), 0.0f, c, n,
-                               a_scratch[std::size_t(thread)].data());
-  }
-};
-
 // Per product of all threads together: wall seconds, in product order, until
 // done(times, seconds since the first product) says so.
-template <class Done, class Product = BlasProduct>
-std::vector<double> sgemm_times(int threads, int n, Done&& done, Product&& product = Product{}) {
+template <class Done>
+std::vector<double> sgemm_times(int threads, int n, Done&& done) {
   std::vector<double> times;
   bool stop = false;
   std::chrono::steady_clock::time_point first;
@@ -87,7 +58,8 @@ std::vector<double> sgemm_times(int threads, int n, Done&& done, Product&& produ
         start = std::chrono::steady_clock::now();
         if (r == 0) first = start;
       }
-      product(omp_get_thread_num(), n, a.data(), b.data(), c.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                  c.data(), n);
 #pragma omp barrier
 #pragma omp master
       if (r >= 0) {
@@ -251,13 +223,6 @@ const Roofline& cpu_roofline(int threads) {
     roofline.stream_bytes = 3 * sizeof(float) * triad_elems;
     roofline.stream_gbytes_per_s = measure_triad(threads, triad_elems, 8);
     roofline.fma_gflops = measure_fma(threads, 50);
-    if (cpu::gemm::available()) {
-      // The same rule as sgemm's: on a shared host a fixed count can fall wholly in a busy stretch.
-      const std::vector<double> packed = sgemm_times(
-          threads, kSgemmN, [](const std::vector<double>& t, double elapsed) { return sgemm_peak_settled(t, elapsed, PeakRule{}); },
-          PackedProduct(threads, kSgemmN));
-      roofline.packed_gflops = sgemm_rate(threads, kSgemmN, *std::min_element(packed.begin(), packed.end()));
-    }
   });
   return roofline;
 }

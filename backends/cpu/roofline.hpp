@@ -18,9 +18,6 @@ struct Roofline {
   std::size_t stream_bytes = 0;     // bytes one triad pass moves (3 arrays), all threads
   double stream_gbytes_per_s = 0;   // best of the repetitions
   double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 50; 0 without AVX2
-  // The packed products (kernels/cpu/packed_gemm.hpp) on the same products, by the same rule; 0 where
-  // they have no vector kernel at the active width.
-  double packed_gflops = 0;
 };
 
 // The largest cache of cpu0 in bytes (sysfs), 0 where the system does not say.

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/cpu/packed_gemm.hpp"
+#include "kernels/cpu/vec.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -96,11 +97,19 @@ std::optional<ProductPath> path_from_environment() {
   return std::nullopt;
 }
 
+// The default, chosen by measurement (docs/performance.md): at AVX-512 the packed products, which
+// on Zen 4 run the layer's projections at 1.03-1.10x OpenBLAS's AVX-512 sgemm, and on Zen 5, where
+// OpenBLAS 0.3.21 runs its Haswell kernel at about half the FMA rate, have the full-width units to
+// themselves (not yet measured there); at AVX2 OpenBLAS's own kernels, which the 6 x 16 micro-tile
+// was not shown to beat. Not measured at each start: a product's rate takes half a second to
+// settle, which every run would pay.
+ProductPath default_path() { return active_vec() == Vec::avx512 ? ProductPath::packed : ProductPath::openblas; }
+
 }  // namespace
 
 ProductPath product_path() {
   static const std::optional<ProductPath> forced = path_from_environment();
-  const ProductPath path = forced ? *forced : g_chosen ? *g_chosen : ProductPath::packed;
+  const ProductPath path = forced ? *forced : g_chosen ? *g_chosen : default_path();
   // Without a vector kernel the packed products are element by element: OpenBLAS then.
   return path == ProductPath::packed && gemm::available() ? ProductPath::packed : ProductPath::openblas;
 }

@@ -33,12 +33,12 @@ void k_split_product(int m, int n, int k, const float* A, int lda, const float* 
                      int out_cols, Allocator& allocator);
 
 // Which products the hybrid layer runs: OpenBLAS's sgemm, or the packed products. By default the
-// packed ones where they have a vector kernel at the active width (cpu/vec.hpp); the CPU backend
-// sets the path it measured faster at start-up (backends/cpu/roofline.hpp), and the environment
-// variable LATTN_LAYER_PRODUCTS=openblas|packed overrides both (for A/B runs of one build).
+// packed ones at AVX-512 and OpenBLAS's otherwise (cpu/vec.hpp's active width); a test may set
+// another, and the environment variable LATTN_LAYER_PRODUCTS=openblas|packed overrides both (for
+// A/B runs of one build).
 enum class ProductPath { openblas, packed };
 ProductPath product_path();
-// A path chosen by measurement; the environment variable still wins. nullopt: back to the default.
+// A path set by a test; the environment variable still wins. nullopt: back to the default.
 void set_product_path(std::optional<ProductPath> path);
 // What the layer's records and the device block name: "openblas" or "packed_<micro-kernel>".
 std::string product_path_name();

@@ -44,7 +44,6 @@ struct CpuDeviceInfo {
   std::optional<double> fma_gflops;
   // The packed products (kernels/cpu/packed_gemm.hpp) on sgemm's products, where they have a vector
   // kernel here, and the products the hybrid layer ran: "openblas" or "packed_<micro-kernel>".
-  std::optional<double> packed_gemm_gflops;
   std::string layer_products;
 };
 
