@@ -70,8 +70,9 @@ void ask_variant_table(ImplRow& row, const std::string& form) {
     return std::nullopt;
   };
   row.variant = [form](const Case& c) {
-    return is_bf16(c) ? cpu_bf16_variant_for(form, linear_problem(c)).name
-                      : cpu_variant_for(form, linear_problem(c)).name;
+    if (!is_bf16(c)) return cpu_variant_for(form, linear_problem(c)).name;
+    const CpuBf16Variant v = cpu_bf16_variant_for(form, linear_problem(c));
+    return c.backward() && !v.backward_name.empty() ? v.name + "/" + v.backward_name : v.name;
   };
 }
 

@@ -63,6 +63,10 @@ struct CpuBf16Variant {
   std::function<std::size_t(const Problem&, bool keep)> forward_workspace_bytes = nullptr;
   std::function<std::size_t(const Problem&, bool kept)> backward_workspace_bytes = nullptr;
   std::function<std::size_t(const Problem&)> kept_states_bytes = nullptr;
+  // The variant whose backward this one's backward is, where it is another's (the native chunked
+  // forward's backward is the float32 table's, converted); empty: its own. A fwd_bwd record names
+  // both, "<name>/<backward_name>".
+  std::string backward_name = {};
 };
 
 // Whether this CPU has AVX512-BF16 (the bf16 kernels' dot products and conversions), unless a test

@@ -57,8 +57,11 @@ std::optional<std::string> cpu_bf16_refusal(const std::string& form, const Probl
 
 CpuBf16Variant cpu_bf16_variant_for(const std::string& form, const Problem& problem) {
   if (auto why = cpu_bf16_refusal(form, problem)) throw std::logic_error(*why);
-  if (const CpuBf16Variant* native = choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr))
-    return *native;
+  if (const CpuBf16Variant* native = choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) {
+    CpuBf16Variant v = *native;
+    v.backward_name = bf16_converted(cpu_variant_for(form, problem)).name;
+    return v;
+  }
   return bf16_converted(cpu_variant_for(form, problem));
 }
 
