@@ -96,7 +96,7 @@ void dot_tile(int pairs, const std::uint32_t* a, std::size_t a_row, std::size_t 
   for (int p = 0; p < pairs; ++p) {
     __m512bh bv[kBlocks];
     const std::uint32_t* brow = b + std::size_t(p) * ldb;
-    for (int c = 0; c < kBlocks; ++c) bv[c] = (__m512bh)_mm512_loadu_si512(brow + 16 * c);
+    for (int c = 0; c < kBlocks; ++c) bv[c] = (__m512bh)_mm512_loadu_si512(brow + std::size_t(16) * c);
     const std::uint32_t* ap = a + std::size_t(p) * a_pair;
     for (int m = 0; m < kRows; ++m) {
       const __m512bh av = (__m512bh)_mm512_set1_epi32(int(ap[std::size_t(m) * a_row]));
@@ -108,8 +108,8 @@ void dot_tile(int pairs, const std::uint32_t* a, std::size_t a_row, std::size_t 
     const __m512 sc = _mm512_set1_ps(scale ? scale[m] : 1.0f);
     for (int c = 0; c < kBlocks; ++c) {
       __m512 r = _mm512_mul_ps(acc[m][c], sc);
-      if (accumulate) r = _mm512_add_ps(r, _mm512_loadu_ps(o + 16 * c));
-      _mm512_storeu_ps(o + 16 * c, r);
+      if (accumulate) r = _mm512_add_ps(r, _mm512_loadu_ps(o + std::size_t(16) * c));
+      _mm512_storeu_ps(o + std::size_t(16) * c, r);
     }
   }
 }
@@ -133,6 +133,44 @@ inline void pair_rows16(const Bf16* lo, const Bf16* hi, std::uint32_t* out) {
 inline __m512 widen16(const Bf16* x) {
   return _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
+}
+
+// Part `part` of `parts` of [begin, begin + bytes) prefetched into L2: the next chunk's q, k and v
+// arrive while this chunk's products run, instead of stalling its first packing reads.
+inline void prefetch_part(const void* begin, std::size_t bytes, int part, int parts) {
+  const char* b = static_cast<const char*>(begin);
+  const std::size_t lines = (bytes + 63) / 64;
+  for (std::size_t l = lines * part / parts, end = lines * (part + 1) / parts; l < end; ++l)
+    _mm_prefetch(b + l * 64, _MM_HINT_T1);
+}
+
+// A 16 x 16 block of 32-bit words transposed in registers (tile_gemm.cpp's transpose16, on words).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16], w[16];
+  for (std::size_t i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (std::size_t i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (std::size_t m = 0; m < 4; ++m) {
+    w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+    w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+    w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+    w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+  }
+  for (std::size_t m = 0; m < 4; ++m) {
+    r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
+    r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
+    r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0xdd);
+  }
 }
 
 // One (sequence, value head) item: its chunks in order.
@@ -184,15 +222,19 @@ void run_item(const Problem& p, const Bf16ForwardArgs& a, const HeadSlice& item,
     }
     const float total = n > 0 ? exp_nonpositive(L[n - 1]) : 1.0f;
 
-    // K^T packed: kt[p][j] = K[j]'s pair p; zero for j >= n.
-    const auto* k_words = reinterpret_cast<const std::uint32_t*>(K);
-    for (int pr = 0; pr < Dk / 2; ++pr) {
-      std::uint32_t* row = kt + std::size_t(pr) * C;
-      for (int j = 0; j < n; ++j) row[j] = k_words[std::size_t(j) * (Dk / 2) + pr];
-      std::fill(row + n, row + C, 0u);
-    }
+    // K^T packed: kt[p][j] = K[j]'s pair p (zero for j >= n), through 16 x 16 word transposes.
+    const auto* k_words = reinterpret_cast<const float*>(K);
+    for (int j0 = 0; j0 < C; j0 += 16)
+      for (int p0 = 0; p0 < Dk / 2; p0 += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = j0 + i < n ? _mm512_loadu_ps(k_words + std::size_t(j0 + i) * (Dk / 2) + p0) : _mm512_setzero_ps();
+        transpose16(r);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(reinterpret_cast<float*>(kt + std::size_t(p0 + i) * C + j0), r[i]);
+      }
     // V packed (exact) and K_w packed (rounded unless every weight is 1); zero past n.
     const bool weighted = p.decay != Decay::none;
+    const int n_next = std::min(C, std::max(0, item.seq - c0 - C));  // the next chunk's rows
     for (int pr = 0; pr < C / 2; ++pr) {
       const int j = 2 * pr;
       std::uint32_t* vrow = vp + std::size_t(pr) * Dv;
@@ -225,10 +267,14 @@ void run_item(const Problem& p, const Bf16ForwardArgs& a, const HeadSlice& item,
 
     // scores = Q K^T on the blocks at or below the diagonal, then P = s (scores . decay mask).
     const auto* q_words = reinterpret_cast<const std::uint32_t*>(Q);
-    for (int m0 = 0; m0 < n; m0 += kRows)
+    const int row_tiles = (n + kRows - 1) / kRows;
+    for (int m0 = 0; m0 < n; m0 += kRows) {
+      prefetch_part(Q + std::size_t(C) * Dk, std::size_t(n_next) * Dk * sizeof(Bf16), m0 / kRows, row_tiles);
+      prefetch_part(K + std::size_t(C) * Dk, std::size_t(n_next) * Dk * sizeof(Bf16), m0 / kRows, row_tiles);
       for (int j0 = 0; j0 < m0 + kRows; j0 += kWidth)
         dot_tile(Dk / 2, q_words + std::size_t(m0) * (Dk / 2), Dk / 2, 1, kt + j0, C, scores + std::size_t(m0) * C + j0,
                  C, kRows, nullptr, false);
+    }
     for (int i = 0; i < n_pad; ++i) {
       Bf16* prow = P + std::size_t(i) * C;
       const int last = i < n ? i : -1;  // rows past n (a short chunk's padding) are zero
@@ -248,6 +294,7 @@ void run_item(const Problem& p, const Bf16ForwardArgs& a, const HeadSlice& item,
     for (int m0 = 0; m0 < n; m0 += kRows) {
       const int rows = std::min(kRows, n - m0);
       const int pairs = (m0 + kRows) / 2;
+      prefetch_part(V + std::size_t(C) * Dv, std::size_t(n_next) * Dv * sizeof(Bf16), m0 / kRows, row_tiles);
       for (int e0 = 0; e0 < Dv; e0 += kWidth) {
         float* out = O + std::size_t(m0) * Dv + e0;
         dot_tile(Dk / 2, q_words + std::size_t(m0) * (Dk / 2), Dk / 2, 1, sp + e0, Dv, out, Dv, rows, lam + m0, false);
