@@ -4,10 +4,12 @@
 // dtype's size; and the reason a CPU without AVX512-BF16 gives.
 #include <omp.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
+#include "core/random.hpp"
 #include "kernels/linear_attention/cpu.hpp"
 #include "kernels/linear_attention/cpu_bf16.hpp"
 #include "kernels/linear_attention/cpu_variants.hpp"
@@ -143,6 +145,36 @@ TEST_CASE("bf16 variants' scratch equals their closed forms; tokens are held at 
           CHECK(v.forward_workspace_bytes(p, keep) == fwd_cvt + inner.forward_workspace_bytes(p, keep));
           CHECK(v.backward_workspace_bytes(p, keep) == bwd_cvt + inner.backward_workspace_bytes(p, keep));
         }
+      }
+
+      // Measured, each call alone: its peak is its closed form, and it frees everything.
+      const TensorSet t = make_case_inputs(c, 0);
+      const auto bits = [&](const char* name) {
+        std::vector<cpu::Bf16> out(t.at(name).data.size());
+        std::transform(t.at(name).data.begin(), t.at(name).data.end(), out.begin(), float_to_bf16_bits);
+        return out;
+      };
+      const std::vector<cpu::Bf16> q = bits("q"), k = bits("k"), v16 = bits("v"), dO = bits("dO");
+      std::vector<float> o(p.value_elems()), hT(p.state_elems()), dq(p.key_elems()), dk(p.key_elems()),
+          dv(p.value_elems()), dh0(p.state_elems()), dg(p.gate_elems()), dbeta(p.delta() ? p.beta_elems() : 0);
+      const float* g = gated(p.decay) ? t.at("g").data.data() : nullptr;
+      const float* beta = p.delta() ? t.at("beta").data.data() : nullptr;
+      const cpu::Bf16ForwardArgs fa{q.data(), k.data(), v16.data(), t.at("h0").data.data(), o.data(), hT.data(), g, beta};
+      const cpu::Bf16BackwardArgs ba{q.data(),   k.data(),  v16.data(), t.at("h0").data.data(), dO.data(),
+                                     t.at("dhT").data.data(), dq.data(), dk.data(), dv.data(), dh0.data(), g,
+                                     g ? dg.data() : nullptr, beta, beta ? dbeta.data() : nullptr};
+      const auto peak_of = [](auto&& call) {
+        CountingAllocator allocator;
+        call(allocator);
+        CHECK(allocator.live_bytes() == 0);
+        return allocator.peak_bytes();
+      };
+      CHECK(peak_of([&](Allocator& a) { v.forward(p, fa, a, nullptr); }) == v.forward_workspace_bytes(p, false));
+      CHECK(peak_of([&](Allocator& a) { v.backward(p, ba, a, nullptr); }) == v.backward_workspace_bytes(p, false));
+      if (v.kept_states_bytes && v.kept_states_bytes(p) > 0) {
+        std::vector<float> kept(v.kept_states_bytes(p) / 4);
+        CHECK(peak_of([&](Allocator& a) { v.forward(p, fa, a, kept.data()); }) == v.forward_workspace_bytes(p, true));
+        CHECK(peak_of([&](Allocator& a) { v.backward(p, ba, a, kept.data()); }) == v.backward_workspace_bytes(p, true));
       }
 
       // Measured: the backend's one fwd_bwd call holds the kept states (where its variant keeps
