@@ -108,7 +108,7 @@ TEST_CASE("a plugin's own reason to decline a case is the case's skip reason", "
   INFO(result.output);
   CHECK(result.exit_status == 0);
   CHECK(records_of(read_json(dir / "bf16.json"), "mine:scan")[0]["skip_reason"] ==
-        "the CPU backend runs float32 only, not bf16");
+        "plugin impls run float32 only on the CPU backend, not bf16");
   const auto wrong = lattnbench("--plugin " LATTN_PLUGIN_wrong " --impl test_wrong:zeros --seq 13 --mode fwd_bwd --out " +
                                 (dir / "seq.json").string() + kSmall);
   INFO(wrong.output);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 
 #include "backends/cpu/host_case.hpp"
 #include "backends/cpu/plugin_rows.hpp"
@@ -22,6 +23,7 @@
 #include "kernels/layer/cpu_products.hpp"
 #include "kernels/layer/op.hpp"
 #include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_bf16.hpp"
 #include "kernels/linear_attention/cpu_variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cpu.hpp"
@@ -39,21 +41,79 @@ struct Settings {
 
 // ---- linear attention (kernels/linear_attention) ----
 
-// The case's tensors bound by name through the op's one binder (kernels/linear_attention/op.hpp).
+// The case's tensors bound by name through the op's one binder (kernels/linear_attention/op.hpp):
+// a bf16 case's q, k, v and dO are bf16.
 LinearTensors bound_tensors(HostCase& h, const Case& c) {
-  return bind_linear_tensors(c, [&h](const std::string& name) -> void* { return h.data(name); });
+  return bind_linear_tensors(c, [&h](const std::string& name) -> void* { return h.raw_data(name); });
 }
 
+Bf16ForwardArgs bf16_forward_args(const LinearTensors& t) {
+  const auto b = [](void* p) { return static_cast<const Bf16*>(p); };
+  return {b(t.q), b(t.k), b(t.v), t.h0, t.o, t.hT, t.g, t.beta};
+}
+
+Bf16BackwardArgs bf16_backward_args(const LinearTensors& t) {
+  const auto b = [](void* p) { return static_cast<const Bf16*>(p); };
+  return {b(t.q), b(t.k), b(t.v), t.h0, b(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
+}
+
+bool is_bf16(const Case& c) { return c.dtype == "bf16"; }
+
 // The form's variant table decides which kernel runs a case, and declines one it has no variant
-// for (cpu_variants.cpp); the dtype is the backend's to decline.
+// for (cpu_variants.cpp; cpu_bf16_variants.cpp for bf16 cases, declined where the CPU lacks
+// AVX512-BF16); any other dtype is the backend's to decline.
 void ask_variant_table(ImplRow& row, const std::string& form) {
   row.unsupported = [form](const Case& c) -> std::optional<std::string> {
+    if (is_bf16(c)) return cpu_bf16_refusal(form, linear_problem(c));
     if (auto why = cpu_dtype_unsupported(c)) return why;
     std::string why;
     if (!cpu_variant(form, linear_problem(c), &why)) return why;
     return std::nullopt;
   };
-  row.variant = [form](const Case& c) { return cpu_variant_for(form, linear_problem(c)).name; };
+  row.variant = [form](const Case& c) {
+    if (!is_bf16(c)) return cpu_variant_for(form, linear_problem(c)).name;
+    const CpuBf16Variant v = cpu_bf16_variant_for(form, linear_problem(c));
+    return c.backward() && !v.backward_name.empty() ? v.name + "/" + v.backward_name : v.name;
+  };
+}
+
+// A form's kernels in the case's dtype, bound to its buffers: the forward (taking `keep`, the kept
+// chunk states, or null) and the backward (taking them as `kept`).
+struct BoundCalls {
+  std::function<void(Allocator&, float* keep)> forward;
+  std::function<void(Allocator&, const float* kept)> backward;
+  std::function<std::size_t(const Problem&)> kept_states_bytes;
+};
+
+BoundCalls bound_calls(const std::string& form, HostCase& h, const Case& c, const Problem& p) {
+  const LinearTensors tensors = bound_tensors(h, c);
+  if (is_bf16(c)) {
+    const CpuBf16Variant v = cpu_bf16_variant_for(form, p);
+    const Bf16ForwardArgs fwd = bf16_forward_args(tensors);
+    const Bf16BackwardArgs bwd = bf16_backward_args(tensors);
+    return {[p, fwd, f = v.forward](Allocator& a, float* keep) { f(p, fwd, a, keep); },
+            [p, bwd, b = v.backward](Allocator& a, const float* kept) { b(p, bwd, a, kept); }, v.kept_states_bytes};
+  }
+  const CpuVariant v = cpu_variant_for(form, p);
+  const ForwardArgs<float> fwd = cpu_forward_args(tensors);
+  const BackwardArgs<float> bwd = cpu_backward_args(tensors);
+  return {[p, fwd, f = v.forward](Allocator& a, float* keep) { f(p, fwd, a, keep); },
+          [p, bwd, b = v.backward](Allocator& a, const float* kept) { b(p, bwd, a, kept); }, v.kept_states_bytes};
+}
+
+// Peak scratch of a form's call in the case's dtype (keep: the forward keeps the chunk states).
+std::size_t forward_scratch(const std::string& form, const Case& c, const Problem& p, bool keep) {
+  return is_bf16(c) ? cpu_bf16_variant_for(form, p).forward_workspace_bytes(p, keep)
+                    : cpu_variant_for(form, p).forward_workspace_bytes(p, keep);
+}
+std::size_t backward_scratch(const std::string& form, const Case& c, const Problem& p, bool kept) {
+  return is_bf16(c) ? cpu_bf16_variant_for(form, p).backward_workspace_bytes(p, kept)
+                    : cpu_variant_for(form, p).backward_workspace_bytes(p, kept);
+}
+std::size_t kept_states(const std::string& form, const Case& c, const Problem& p) {
+  const auto& bytes = is_bf16(c) ? cpu_bf16_variant_for(form, p).kept_states_bytes
+                                 : cpu_variant_for(form, p).kept_states_bytes;
+  return bytes ? bytes(p) : 0;
 }
 
 // A training step: the whole forward, then the backward from what it saved. dO and dhT stand for
@@ -64,24 +124,21 @@ ImplRow scan_row() {
   row.prepare = [](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
-    const CpuVariant& v = cpu_variant_for("scan", p);
-    const LinearTensors tensors = bound_tensors(*h, c);
-    const ForwardArgs<float> fwd = cpu_forward_args(tensors);
+    const BoundCalls calls = bound_calls("scan", *h, c, p);
     if (!c.backward()) {
-      h->bind([p, fwd, forward = v.forward](Allocator& a) { forward(p, fwd, a, nullptr); });
+      h->bind([forward = calls.forward](Allocator& a) { forward(a, nullptr); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
-    const BackwardArgs<float> bwd = cpu_backward_args(tensors);
-    h->bind([p, fwd, bwd, forward = v.forward, backward = v.backward](Allocator& a) {
-      forward(p, fwd, a, nullptr);
-      backward(p, bwd, a, nullptr);
+    h->bind([forward = calls.forward, backward = calls.backward](Allocator& a) {
+      forward(a, nullptr);
+      backward(a, nullptr);
     });
     return std::unique_ptr<PreparedCase>(std::move(h));
   };
   row.memory_estimate = [](const Case& c) {
     const Problem p = linear_problem(c);
-    const std::size_t scratch = c.backward() ? std::max(scan_forward_workspace_bytes(p), scan_backward_workspace_bytes(p))
-                                             : scan_forward_workspace_bytes(p);
+    const std::size_t fwd = forward_scratch("scan", c, p, false);
+    const std::size_t scratch = c.backward() ? std::max(fwd, backward_scratch("scan", c, p, false)) : fwd;
     return host_tensor_bytes(c) + scratch;
   };
   return row;
@@ -95,30 +152,28 @@ ImplRow chunked_row(const Settings& s) {
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const Problem p = linear_problem(c);
-    const CpuVariant& v = cpu_variant_for("chunked", p);
-    const LinearTensors tensors = bound_tensors(*h, c);
-    const ForwardArgs<float> fwd = cpu_forward_args(tensors);
+    const BoundCalls calls = bound_calls("chunked", *h, c, p);
     if (!c.backward()) {
-      h->bind([p, fwd, forward = v.forward](Allocator& a) { forward(p, fwd, a, nullptr); });
+      h->bind([forward = calls.forward](Allocator& a) { forward(a, nullptr); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
-    const BackwardArgs<float> bwd = cpu_backward_args(tensors);
-    const std::size_t kept_bytes = s.keep_chunk_states && v.kept_states_bytes ? v.kept_states_bytes(p) : 0;
+    const std::size_t kept_bytes = s.keep_chunk_states && calls.kept_states_bytes ? calls.kept_states_bytes(p) : 0;
     h->bind(
-        [p, fwd, bwd, kept_bytes, forward = v.forward, backward = v.backward](Allocator& a) {
+        [kept_bytes, forward = calls.forward, backward = calls.backward](Allocator& a) {
           Workspace<float> kept(a, kept_bytes / sizeof(float));
-          forward(p, fwd, a, kept.data());
-          backward(p, bwd, a, kept.data());
+          forward(a, kept.data());
+          backward(a, kept.data());
         },
         kept_bytes > 0 ? "kept" : "recomputed");
     return std::unique_ptr<PreparedCase>(std::move(h));
   };
   row.memory_estimate = [s](const Case& c) {
     const Problem p = linear_problem(c);
-    std::size_t scratch = chunked_forward_workspace_bytes(p);
-    if (c.backward())
-      scratch = s.keep_chunk_states ? chunked_forward_backward_workspace_bytes(p)
-                                    : std::max(scratch, chunked_backward_workspace_bytes(p));
+    std::size_t scratch = forward_scratch("chunked", c, p, false);
+    if (c.backward()) {
+      const std::size_t kept = s.keep_chunk_states ? kept_states("chunked", c, p) : 0;
+      scratch = kept + std::max(forward_scratch("chunked", c, p, kept > 0), backward_scratch("chunked", c, p, kept > 0));
+    }
     return host_tensor_bytes(c) + scratch;
   };
   return row;

@@ -3,6 +3,7 @@
 // scratch counted. Every CPU impl row prepares one of these (cpu_backend.cpp).
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <new>
@@ -15,10 +16,11 @@
 
 namespace lattn::cpu {
 
-// Why the CPU backend cannot run a case's dtype (it runs float32 only), or nothing.
+// Why a CPU row that runs float32 only cannot run a case's dtype, or nothing.
 std::optional<std::string> cpu_dtype_unsupported(const Case& c);
 
-// The backend's copies of a case's tensors, in bytes (its rows' memory estimates add the scratch).
+// The backend's copies of a case's tensors, in bytes (its rows' memory estimates add the scratch):
+// a bf16 case's tensors in the case dtype (kernels/<op>/op.cpp's in_case_dtype) at 2 bytes each.
 std::size_t host_tensor_bytes(const Case& c);
 
 class HostCase final : public PreparedCase {
@@ -29,8 +31,12 @@ class HostCase final : public PreparedCase {
   // `scratch`: where the counted temporaries come from (a plugin's need 256-byte alignment).
   HostCase(const Case& kase, const TensorSet& inputs, RawMemory scratch = host_memory());
 
-  // A tensor's buffer, input or output (the output names are the op's).
+  // A tensor's buffer, input or output (the output names are the op's). A bf16 case holds the
+  // tensors the op stores in the case dtype as bf16 bits (bf16_data); the others are float32.
   float* data(const std::string& name);
+  std::uint16_t* bf16_data(const std::string& name);
+  // Either, as the case holds it.
+  void* raw_data(const std::string& name);
 
   // Set once after construction: the call, and what it says of the chunk states (bwd_states).
   void bind(Call call, std::string bwd_states = {}) {
@@ -68,6 +74,8 @@ class HostCase final : public PreparedCase {
     std::string name;
     bool output = false;
     std::vector<float, LineAligned<float>> values;
+    std::vector<std::uint16_t, LineAligned<std::uint16_t>> bf16 = {};  // instead of values
+    bool is_bf16 = false;
   };
 
   std::vector<Buffer> buffers_;

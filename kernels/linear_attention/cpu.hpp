@@ -5,6 +5,7 @@
 // read the gradients, which in a model arrive only after the whole forward.
 // The *_workspace_bytes functions give each kernel's peak scratch in closed form; tests hold
 // the kernels to them.
+// bf16 token tensors take cpu_bf16.hpp's tables instead.
 #pragma once
 
 #include <cstddef>
