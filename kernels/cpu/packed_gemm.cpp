@@ -13,6 +13,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/transpose16.hpp"
 #include "kernels/cpu/vec.hpp"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -49,36 +50,6 @@ void micro_generic(int kc, const float* a, const float* b, float* c, long ldc, i
 }
 
 #if defined(__AVX512F__)
-// In-register transpose of a 16 x 16 block: r[i] is row i on entry, column i on exit (as in
-// tile_gemm.cpp, whose copy is private to the chunked form's products).
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16], w[16];
-  for (std::size_t i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (std::size_t i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (std::size_t m = 0; m < 4; ++m) {
-    w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
-    w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
-    w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
-    w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
-  }
-  for (std::size_t m = 0; m < 4; ++m) {
-    r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
-    r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
-    r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);
-    r[12 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0xdd);
-  }
-}
-
 // A micro-panel of up to 16 rows of a row-major A, 16 depths at a time through a register
 // transpose: out[k * mr + i] = src[i * lda + k] for k < k_fast (a multiple of 16), rows past
 // `valid` zero. Read element by element with stride mr, this packing took ~7% of the products'

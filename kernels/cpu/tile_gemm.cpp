@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/transpose16.hpp"
 #include "kernels/cpu/vec.hpp"
 
 namespace lattn::cpu::tile {
@@ -179,40 +180,6 @@ void run(const Product& p) {
   }
   prefetch_some(lines);
 }
-
-namespace {
-
-// In-register transpose of a 16 x 16 block: r[i] is row i on entry, column i on exit.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16], w[16];
-  for (std::size_t i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (std::size_t i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  // Now lane L of u[4i + m] holds column 4L + m of rows 4i..4i+3.
-  for (std::size_t m = 0; m < 4; ++m) {
-    w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
-    w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
-    w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
-    w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
-  }
-  for (std::size_t m = 0; m < 4; ++m) {
-    r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
-    r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
-    r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);
-    r[12 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0xdd);
-  }
-}
-
-}  // namespace
 
 void pack(const float* src, long lds, bool transposed, int K, int N, const float* w, float* dst) {
   const int panels = (N + kNR - 1) / kNR;

@@ -30,6 +30,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/exp.hpp"
+#include "kernels/cpu/transpose16.hpp"
 #include "kernels/linear_attention/cpu_bf16.hpp"
 
 namespace lattn::cpu {
@@ -142,35 +143,6 @@ inline void prefetch_part(const void* begin, std::size_t bytes, int part, int pa
   const std::size_t lines = (bytes + 63) / 64;
   for (std::size_t l = lines * part / parts, end = lines * (part + 1) / parts; l < end; ++l)
     _mm_prefetch(b + l * 64, _MM_HINT_T1);
-}
-
-// A 16 x 16 block of 32-bit words transposed in registers (tile_gemm.cpp's transpose16, on words).
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16], w[16];
-  for (std::size_t i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (std::size_t i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (std::size_t m = 0; m < 4; ++m) {
-    w[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
-    w[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
-    w[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
-    w[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
-  }
-  for (std::size_t m = 0; m < 4; ++m) {
-    r[m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0x88);
-    r[8 + m] = _mm512_shuffle_f32x4(w[m], w[8 + m], 0xdd);
-    r[4 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0x88);
-    r[12 + m] = _mm512_shuffle_f32x4(w[4 + m], w[12 + m], 0xdd);
-  }
 }
 
 // One (sequence, value head) item: its chunks in order.
