@@ -115,7 +115,7 @@ TEST_CASE("the native bf16 chunked forward's rows: retnet and scalar gates, shor
   }
 }
 
-TEST_CASE("bf16 variants' scratch equals their closed forms; tokens are held at 2 bytes", "[bf16][memory]") {
+TEST_CASE("bf16 variants' scratch equals their closed forms, and tokens are held at 2 bytes", "[bf16][memory]") {
   if (skipped_without_bf16()) return;
   omp_set_num_threads(2);
   for (const Problem& p : {Problem{2, 4, 300, 32, 128, Decay::none}, Problem{1, 1, 50, 64, 32, Decay::retnet},
