@@ -22,6 +22,13 @@ import traceback as _traceback
 
 import _lattn
 
+# lattnbench's own libraries (OpenBLAS among them) are in the process's global symbol scope, which
+# the dynamic linker searches before an extension module's own dependencies: without deep binding,
+# torch's libtorch_cpu.so (which defines sgemm_ from its MKL) calls OpenBLAS's sgemm_ here, and a
+# Python impl would be timed with another BLAS than the one it runs with on its own. RTLD_DEEPBIND
+# puts each extension's own dependencies first.
+_sys.setdlopenflags(_sys.getdlopenflags() | _os.RTLD_DEEPBIND)
+
 threads = 1  # the run's CPU threads (--threads), set before a plugin file loads
 
 OPS = ("linear_attention",)

@@ -180,6 +180,31 @@ class Torch(unittest.TestCase):
                 self.assertIsNone(r["temp_mb"])
 
 
+    def test_torch_calls_its_own_blas_not_lattnbenchs(self):
+        # lattnbench's OpenBLAS is in the process's global symbol scope; libtorch_cpu.so defines
+        # sgemm_ (its MKL) too, and must call its own, as it does outside lattnbench, or the impl is
+        # timed with another BLAS (src/plugins/python_module.cpp: RTLD_DEEPBIND).
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, LD_DEBUG="bindings", LD_DEBUG_OUTPUT=os.path.join(tmp, "ld"))
+            proc = subprocess.run([BINARY, "--quiet", "--out", os.path.join(tmp, "r.json"), *SMALL, "--seq", "64",
+                                   "--plugin", os.path.join(EXAMPLES, "torch_chunked.py"), "--impl", "torch:chunked",
+                                   "--mode", "fwd"], capture_output=True, text=True, timeout=600, env=env)
+            doc = json.load(open(os.path.join(tmp, "r.json"))) if os.path.exists(os.path.join(tmp, "r.json")) else None
+            if doc and all(r["status"] == "skipped" for r in records(doc, "torch:chunked")):
+                self.skipTest("torch is not installed")
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            bindings = []
+            for name in os.listdir(tmp):
+                if name.startswith("ld"):
+                    with open(os.path.join(tmp, name), errors="replace") as f:
+                        bindings += [line for line in f if "libtorch_cpu.so" in line.split(" to ")[0]
+                                     and "symbol `sgemm_'" in line]
+            if not bindings:
+                self.skipTest("this torch build's libtorch_cpu.so calls no sgemm_ through the dynamic linker")
+            for line in bindings:
+                self.assertIn("libtorch_cpu.so", line.split(" to ")[1], line)
+
+
 class Jax(unittest.TestCase):
     def test_jax_scan(self):
         for decay in ("none", "vector"):
