@@ -261,17 +261,23 @@ void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c
 // possible aliasing of dk, dg and the sums inside one loop they ran scalar, a sizeable share of a
 // walk of D rows). dg's sums stay in double.
 
+// out = scale x, or out += scale x (the first value head of a group stores, the later ones add).
+void store_scaled(float* __restrict out, const float* __restrict x, float scale, int m) {
+#pragma omp simd
+  for (int j = 0; j < m; ++j) out[j] = scale * x[j];
+}
+
+void add_scaled(float* __restrict out, const float* __restrict x, float scale, int m) {
+#pragma omp simd
+  for (int j = 0; j < m; ++j) out[j] += scale * x[j];
+}
+
 // R2: dk's write part beta_t G_t e_t (the group's first value head stores it, later ones add it),
 // and -sum_{tau >= t} k . dk_write in dg_t.
 void write_tail(const Ctx& x, float beta, const float* __restrict y3, const float* __restrict k, bool first,
                 float* __restrict dk, float* dg, int t, int c, int m, double* __restrict acc) {
-  if (first) {
-#pragma omp simd
-    for (int j = 0; j < m; ++j) dk[j] = beta * y3[j];
-  } else {
-#pragma omp simd
-    for (int j = 0; j < m; ++j) dk[j] += beta * y3[j];
-  }
+  if (first) store_scaled(dk, y3, beta, m);
+  else add_scaled(dk, y3, beta, m);
   if (!dg) return;
   if (x.decay == Decay::vector) {
     float* __restrict g = dg + std::size_t(t) * x.Dk + c;
@@ -296,13 +302,8 @@ void read_tail(const Ctx& x, const float* __restrict y1, const float* __restrict
                const float* __restrict k, bool first, float* __restrict dq, float* __restrict dk, float* dg, int t,
                int c, int m, double* __restrict acc) {
   const float s = x.s;
-  if (first) {
-#pragma omp simd
-    for (int j = 0; j < m; ++j) dq[j] = s * y3[j];
-  } else {
-#pragma omp simd
-    for (int j = 0; j < m; ++j) dq[j] += s * y3[j];
-  }
+  if (first) store_scaled(dq, y3, s, m);
+  else add_scaled(dq, y3, s, m);
 #pragma omp simd
   for (int j = 0; j < m; ++j) dk[j] -= y1[j];
   if (!dg) return;
