@@ -40,6 +40,9 @@ cat >"$fakes/cmake" <<EOF
 #!/usr/bin/env bash
 if [[ "\$*" == *--version* ]]; then echo "cmake version 3.25 (stand-in)"; exit 0; fi
 if [[ "\$*" == *--build* ]]; then sleep "\${FAKE_BUILD_SLEEP:-0}"; echo "building (stand-in)"; exit "\${FAKE_BUILD_RC:-0}"; fi
+if [[ -n \${FAKE_NO_PYTHON:-} && "\$*" != *LATTN_EMBED_PYTHON=OFF* ]]; then
+  echo "Could NOT find Python3 (missing: Development.Embed) (stand-in)"; exit 1
+fi
 build=; while ((\$#)); do [[ \$1 == -B ]] && build=\$2; shift; done
 mkdir -p "\$build/tests"
 cp "$fakes/lattnbench.in" "\$build/lattnbench"
@@ -50,6 +53,7 @@ EOF
 cat >"$fakes/lattn_cuda_tests.in" <<'EOF'
 #!/usr/bin/env bash
 case "$*" in
+  *--list-tests*) echo "2 test cases (stand-in)"; exit 2 ;;  # Catch2 exits with the count
   *occupancy*) echo "occupancy on NVIDIA H200: bf16 chunk 64 chunk_rows_kernel: 128 threads (stand-in)" ;;
   *sanitize*) echo "sanitize shapes (stand-in)" ;;
   *) echo "All tests passed (stand-in)"; exit "${FAKE_TESTS_RC:-0}" ;;
@@ -133,6 +137,33 @@ run build-fails FAKE_BUILD_RC=2
 expect_rc 1
 expect_file build.log
 grep -q "bench-" <<<"$listing" && fail "benchmarks ran after a failed build"
+
+# No Python library to embed: configured again without the Python impls.
+run no-python-to-embed FAKE_NO_PYTHON=1
+expect_rc 0
+expect_summary "^configure +exit 1"
+expect_summary "^configure \\(no Python\\) +ok"
+expect_file configure-with-python.log configure.log build.log headline-bf16.json
+
+# Binaries built elsewhere: used where they start (no configure or build), built over where not.
+mkdir -p "$tmp/prebuilt/tests" "$tmp/prebuilt-broken/tests"
+cp "$fakes/lattnbench.in" "$tmp/prebuilt/lattnbench"
+cp "$fakes/lattn_cuda_tests.in" "$tmp/prebuilt/tests/lattn_cuda_tests"
+printf '#!/usr/bin/env bash\necho "error while loading shared libraries: libfmt.so.9 (stand-in)"; exit 127\n' \
+  >"$tmp/prebuilt-broken/lattnbench"
+cp "$tmp/prebuilt-broken/lattnbench" "$tmp/prebuilt-broken/tests/lattn_cuda_tests"
+chmod +x "$tmp"/prebuilt*/lattnbench "$tmp"/prebuilt*/tests/lattn_cuda_tests
+
+run prebuilt LATTN_DEVICE_PREBUILT="$tmp/prebuilt"
+expect_rc 0
+expect_summary "^build +prebuilt: $tmp/prebuilt"
+expect_file cuda-tests.log headline-bf16.json
+grep -q "configure.log\|build.log" <<<"$listing" && fail "configured or built beside prebuilt binaries that start"
+
+run prebuilt-does-not-start LATTN_DEVICE_PREBUILT="$tmp/prebuilt-broken"
+expect_rc 0
+expect_summary "^prebuilt +does not start here: .*libfmt.so.9"
+expect_file configure.log build.log headline-bf16.json
 
 # A hanging benchmark (one that ignores TERM, too) is killed within its budget and leaves no
 # journal in OUTDIR; what has no time left after it is skipped, and says so.

@@ -10,6 +10,7 @@
 #include <array>
 #include <memory>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -124,7 +125,12 @@ inline ProcessResult run_process(const std::string& command) {
   return result;
 }
 
-inline std::string binary() { return LATTN_BINARY; }
+// The lattnbench these tests run: the one built beside them, or LATTN_BINARY's where the tests
+// were built elsewhere (scripts/device_check.sh with prebuilt binaries).
+inline std::string binary() {
+  const char* elsewhere = std::getenv("LATTN_BINARY");
+  return elsewhere && *elsewhere ? elsewhere : LATTN_BINARY;
+}
 
 // An empty folder of this test process's own under the system's temporary folder.
 inline std::filesystem::path fresh_dir(const std::string& name) {
