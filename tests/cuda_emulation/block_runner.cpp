@@ -1,20 +1,71 @@
-// The execution model of the emulation: one host thread per CUDA thread of a block, taken from a
-// pool that lives as long as the process (so that a launch does not pay for creating hundreds of
-// threads); the blocks of a grid run one after another, the threads of a block concurrently, so
-// that a missing barrier, or a thread reading what another has not written yet, changes the
-// result (shared memory starts as NaN) or shows as a race under ThreadSanitizer. Here too: the
-// block barrier, the block's shared memory, and what happens when a thread fails or returns.
+// The execution model of the emulation: every CUDA thread of a block runs the kernel on its own
+// stack, the blocks of a grid one after another, so that a missing barrier, or a thread reading
+// what another has not written yet, changes the result (shared memory starts as NaN). Two runners:
+//   threads  one host thread per CUDA thread, from a pool that lives as long as the process (a
+//            launch does not pay for creating hundreds of threads), all of a block's running
+//            concurrently: a race shows as a race under ThreadSanitizer. The default in builds
+//            with a sanitizer (ThreadSanitizer and AddressSanitizer know nothing of fibers).
+//   fibers   the CUDA threads of a block as fibers on the launching host thread (x86-64), each
+//            running until it waits (a barrier, a warp call, the next block) and then handing on
+//            to the next, in thread order: no system calls and no scheduler between them, several
+//            times faster for kernels with many barriers; deterministic, so a thread that reads
+//            what a later thread has not written yet always reads NaN. The default otherwise.
+// LATTN_EMU_RUNNER=threads|fibers chooses. Here too: the block barrier, the block's shared
+// memory, and what happens when a thread fails or returns.
 #include <algorithm>
 #include <bit>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string_view>
 #include <thread>
+#include <utility>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "block_state.hpp"
 #include "device_state.hpp"
 #include "lattn_emu/device.hpp"
 #include "pipeline_state.hpp"
+
+// switch_stack(save, to): pushes the callee-saved registers and the SSE and x87 control words,
+// stores the stack pointer in *save, takes `to` as the stack pointer and pops what a switch away
+// from it pushed (System V x86-64: everything else is the caller's to save).
+#if defined(__x86_64__)
+#define LATTN_EMU_FIBERS 1
+extern "C" void lattn_emu_switch_stack(void** save, void* to);
+asm(R"(
+  .text
+  .globl lattn_emu_switch_stack
+  .type lattn_emu_switch_stack, @function
+lattn_emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size lattn_emu_switch_stack, .-lattn_emu_switch_stack
+)");
+#endif
 
 namespace lattn_emu {
 namespace detail {
@@ -104,6 +155,161 @@ Pool& pool() {
   return p;
 }
 
+// What each CUDA thread keeps thread_local (its registers, as it were), carried by a fiber between
+// its turns on the one host thread.
+struct LaneLocals {
+  Grid* grid = nullptr;
+  unsigned thread = 0;
+  uint3 thread_idx{0, 0, 0}, block_idx{0, 0, 0};
+  dim3 block_dim{1, 1, 1}, grid_dim{1, 1, 1};
+  WmmaCalls wmma;
+  Pipeline pipeline;
+};
+
+void swap_lane_locals(LaneLocals& l) {
+  std::swap(t_grid, l.grid);
+  std::swap(t_thread, l.thread);
+  std::swap(threadIdx, l.thread_idx);
+  std::swap(blockIdx, l.block_idx);
+  std::swap(blockDim, l.block_dim);
+  std::swap(gridDim, l.grid_dim);
+  wmma_swap(l.wmma);
+  pipeline_swap(l.pipeline);
+}
+
+#ifdef LATTN_EMU_FIBERS
+// The CUDA threads of a launch as fibers on the launching host thread. Stacks (a guard page below
+// each) are mapped once per lane index and kept for the process, like the pool's threads; their
+// pages are committed only as a kernel touches them. A switch saves the callee-saved registers and
+// the floating-point control words on the old stack and takes the new one (switch_stack, below):
+// swapcontext would also save and restore the signal mask, a system call per switch, which cost
+// more than the kernels themselves.
+class Fibers {
+ public:
+  static constexpr std::size_t kStackBytes = std::size_t(2) << 20;  // a host thread's default is 8 MiB
+
+  // Runs job(i) for i = 0..n-1, each on its own fiber, until all have returned.
+  void run(unsigned n, const std::function<void(unsigned)>& job) {
+    while (lanes_.size() < n) lanes_.push_back(std::make_unique<Lane>(map_stack()));
+    job_ = &job;
+    for (unsigned i = 0; i < n; ++i) start(*lanes_[i]);
+    Fibers* outer = std::exchange(t_fibers, this);
+    for (unsigned live = n; live > 0;)
+      for (unsigned i = 0; i < n; ++i) {
+        Lane& l = *lanes_[i];
+        if (l.done) continue;
+        current_ = i;
+        swap_lane_locals(l.locals);
+        lattn_emu_switch_stack(&scheduler_sp_, l.sp);
+        swap_lane_locals(l.locals);
+        if (l.done) --live;
+      }
+    t_fibers = outer;
+  }
+
+  // From a fiber: back to the scheduler, which runs the others once before this one again.
+  void yield() { lattn_emu_switch_stack(&lanes_[current_]->sp, scheduler_sp_); }
+
+  // The runner of the calling host thread's fibers, while one of them runs (else null).
+  static Fibers* running() { return t_fibers; }
+
+ private:
+  struct Lane {
+    explicit Lane(unsigned char* s) : stack(s) {}
+    unsigned char* stack;  // guard page, then kStackBytes
+    void* sp = nullptr;    // where the fiber's registers were saved when it last switched away
+    bool done = false;
+    LaneLocals locals;
+  };
+
+  static std::size_t page() { return std::size_t(::sysconf(_SC_PAGESIZE)); }
+  [[noreturn]] static void fail(const char* what) {
+    std::fprintf(stderr, "lattn_emu: %s failed in the fiber runner\n", what);
+    std::abort();
+  }
+  static unsigned char* map_stack() {
+    void* p = ::mmap(nullptr, kStackBytes + page(), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED) fail("mmap of a fiber stack");
+    if (::mprotect(p, page(), PROT_NONE) != 0) fail("mprotect of a fiber stack's guard page");
+    return static_cast<unsigned char*>(p);
+  }
+  // The frame switch_stack pops on its first switch to the lane: the control words (the host
+  // thread's current ones), six zeroed callee-saved registers, `entry` as the return address, and a
+  // null return address above it that ends a backtrace. The top is 16-byte aligned; entry starts
+  // 24 bytes below it, with the stack as a call leaves it (8 past a multiple of 16).
+  void start(Lane& l) {
+    l.done = false;
+    auto* top = reinterpret_cast<std::uint64_t*>(l.stack + page() + kStackBytes);
+    std::uint64_t* sp = top - 11;  // control words, 6 registers, entry, null, 2 words of padding
+    std::uint32_t mxcsr;
+    std::uint16_t fpu_cw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpu_cw));
+    sp[0] = mxcsr | (std::uint64_t(fpu_cw) << 32);
+    for (int r = 1; r <= 6; ++r) sp[r] = 0;
+    sp[7] = reinterpret_cast<std::uint64_t>(&Fibers::entry);
+    sp[8] = sp[9] = sp[10] = 0;
+    l.sp = sp;
+  }
+  // A fiber's first frame: run_thread catches what the kernel throws; nothing may unwind past here.
+  [[noreturn]] static void entry() noexcept {
+    Fibers& f = *t_fibers;
+    (*f.job_)(f.current_);
+    Lane& l = *f.lanes_[f.current_];
+    l.done = true;
+    lattn_emu_switch_stack(&l.sp, f.scheduler_sp_);
+    fail("a finished fiber resumed");
+  }
+
+  static thread_local Fibers* t_fibers;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  void* scheduler_sp_ = nullptr;
+  const std::function<void(unsigned)>* job_ = nullptr;
+  unsigned current_ = 0;
+};
+
+thread_local Fibers* Fibers::t_fibers = nullptr;
+#endif
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+bool use_fibers() {
+  static const bool fibers = [] {
+    const char* chosen = std::getenv("LATTN_EMU_RUNNER");
+    const std::string_view runner = chosen ? chosen : "";
+#ifndef LATTN_EMU_FIBERS
+    return false;  // the fiber switch is written for x86-64
+#endif
+    if (runner == "threads") return false;
+    if (runner == "fibers") return true;
+    if (!runner.empty()) std::fprintf(stderr, "lattn_emu: LATTN_EMU_RUNNER=%s is neither threads nor fibers; ignored\n", chosen);
+    return !kSanitized;
+  }();
+  return fibers;
+}
+
+void run_lanes(unsigned n, const std::function<void(unsigned)>& job) {
+#ifdef LATTN_EMU_FIBERS
+  if (use_fibers()) {
+    thread_local Fibers fibers;  // one runner per launching host thread (launches are serialised anyway)
+    fibers.run(n, job);
+    return;
+  }
+#endif
+  pool().run(n, job);
+}
+
 uint3 index_of(std::size_t linear, dim3 extent) {
   const unsigned x = unsigned(linear % extent.x);
   linear /= extent.x;
@@ -185,7 +391,7 @@ void run_thread(Grid& g, unsigned thread) {
     } else {
       const std::uint32_t seen = g.next_block.read();
       lock.unlock();
-      while (g.next_block.read() == seen) g.next_block.value.wait(seen, std::memory_order_acquire);
+      wait_for_change(g.next_block, seen);
       lock.lock();
     }
   }
@@ -230,8 +436,18 @@ void wait_unlocking(Grid& g, std::unique_lock<std::mutex>& lock, Signal& signal,
     throw Aborted{};
   }
   lock.unlock();
-  while (signal.read() == seen) signal.value.wait(seen, std::memory_order_acquire);
+  wait_for_change(signal, seen);
   if (g.aborted.load(std::memory_order_acquire)) throw Aborted{};
+}
+
+void wait_for_change(Signal& signal, std::uint32_t seen) {
+#ifdef LATTN_EMU_FIBERS
+  if (Fibers* fibers = Fibers::running()) {
+    while (signal.read() == seen) fibers->yield();
+    return;
+  }
+#endif
+  while (signal.read() == seen) signal.value.wait(seen, std::memory_order_acquire);
 }
 
 }  // namespace detail
@@ -264,7 +480,7 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& thread_bo
     std::lock_guard lock(g.mutex);
     detail::start_block(g);
   }
-  detail::pool().run(threads, [&](unsigned thread) { detail::run_thread(g, thread); });
+  detail::run_lanes(threads, [&](unsigned thread) { detail::run_thread(g, thread); });
   detail::free_sites(g);
   if (g.dynamic_allocation) ::operator delete(g.dynamic_allocation, std::align_val_t(2 * detail::kDynamicAlign));
   if (g.aborted) throw Error(g.error);

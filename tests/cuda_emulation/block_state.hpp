@@ -96,6 +96,10 @@ unsigned current_thread();
 
 // Under g.mutex: records the first error (with where it happened) and wakes every waiting thread.
 void abort_locked(Grid& g, const std::string& message);
+// Waits (without g.mutex) until `signal` has moved on from `seen`: sleeping on it where each CUDA
+// thread is a host thread, handing the host thread to the block's other CUDA threads where they
+// are fibers (block_runner.cpp).
+void wait_for_change(Signal& signal, std::uint32_t seen);
 // Under g.mutex (which it releases): waits until `signal` has moved on from `seen`; a wait that
 // leaves every thread of the block waiting is a deadlock and aborts the block. Whoever releases
 // waiters takes them off g.blocked. Throws Aborted when the launch was aborted meanwhile.
@@ -105,6 +109,7 @@ std::string where(const Grid& g, unsigned thread);
 // The calling thread's WMMA calls, and their reset when it starts a block.
 WmmaCalls wmma_calls();
 void wmma_reset();
+void wmma_swap(WmmaCalls& other);  // with the calling host thread's (the fiber runner's turns)
 // Under g.mutex: aborts the block (and returns false) unless the lanes of `mask` in warp `warp`
 // agree on their WMMA calls (by_lane: indexed by lane).
 bool wmma_agree(Grid& g, unsigned warp, unsigned mask, const WmmaCalls* by_lane);

@@ -18,16 +18,7 @@
 namespace lattn_emu::detail {
 namespace {
 
-struct Copy {
-  void* dst;
-  const void* src;
-  std::size_t bytes, zfill;
-};
-
-struct Pipeline {
-  std::vector<Copy> open;              // issued, not yet committed
-  std::deque<std::vector<Copy>> groups;  // committed, oldest first
-};
+using Copy = PipelineCopy;
 
 thread_local Pipeline t_pipeline;
 
@@ -42,6 +33,11 @@ void perform(const std::vector<Copy>& group) {
 }  // namespace
 
 void pipeline_reset() { t_pipeline = Pipeline{}; }
+
+void pipeline_swap(Pipeline& other) {  // member swaps: a std::deque's move allocates
+  t_pipeline.open.swap(other.open);
+  t_pipeline.groups.swap(other.groups);
+}
 
 std::size_t pipeline_pending() {
   std::size_t n = t_pipeline.open.size();

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 
 #include "block_state.hpp"
 #include "lattn_emu/device.hpp"
@@ -28,6 +29,7 @@ thread_local WmmaCalls t_wmma;
 }  // namespace
 
 WmmaCalls wmma_calls() { return t_wmma; }
+void wmma_swap(WmmaCalls& other) { std::swap(t_wmma, other); }
 void wmma_reset() { t_wmma = WmmaCalls{}; }
 
 bool wmma_agree(Grid& g, unsigned warp, unsigned mask, const WmmaCalls* by_lane) {

@@ -1,6 +1,6 @@
 // What emulated device code sees of the thread running it: the built-in index variables, the
 // block barrier, warp barriers and shuffles, and the block's shared memory. Every CUDA thread is a
-// host thread (tests/cuda_emulation/block_runner.cpp); these are the calls by which the threads of
+// host thread or a fiber (tests/cuda_emulation/block_runner.cpp); these are the calls by which the threads of
 // one block meet, each checked against the rules CUDA states for it, a broken rule failing the
 // launch with lattn_emu::Error.
 #pragma once

@@ -45,7 +45,7 @@ struct LaunchConfig {
 
 // Checks the configuration against the device's limits and the kernel's attributes, records it
 // in the launch log, then runs every block, calling `thread_body` once per CUDA thread (on a host
-// thread of its own, with the built-in index variables set). Throws Error for a broken rule, and
+// thread or a fiber of its own, with the built-in index variables set). Throws Error for a broken rule, and
 // for anything a thread of the kernel threw.
 void run_grid(const LaunchConfig& config, const std::function<void()>& thread_body);
 
