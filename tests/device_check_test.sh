@@ -167,12 +167,12 @@ expect_file configure.log build.log headline-bf16.json
 
 # A hanging benchmark (one that ignores TERM, too) is killed within its budget and leaves no
 # journal in OUTDIR; what has no time left after it is skipped, and says so.
-run benchmark-hangs LATTN_DEVICE_CHECK_SECONDS=25 FAKE_BENCH_HANG=headline-bf16 FAKE_BENCH_IGNORE_TERM=1
+run benchmark-hangs LATTN_DEVICE_CHECK_SECONDS=8 FAKE_BENCH_HANG=headline-bf16 FAKE_BENCH_IGNORE_TERM=1
 expect_rc 4
 expect_summary "bench headline-bf16 +timed out after"
 expect_summary "skipped: no time left"
 expect_file bench-headline-bf16.log cuda-tests.log
-(( took <= 25 + 10 )) || fail "took ${took}s with a 25 s budget"
+(( took <= 8 + 10 )) || fail "took ${took}s with an 8 s budget"
 
 # So little time that not even the configuration starts: skipped, status 4, the archive written.
 run out-of-time LATTN_DEVICE_CHECK_SECONDS=3
