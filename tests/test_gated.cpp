@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "test_util.hpp"
@@ -76,16 +77,37 @@ float deepest_chunk_gate(const Problem& p, const std::vector<float>& g) {
   return deepest;
 }
 
+// How many runs of `run` consecutive scalar log-gates (any head) sum below and at or above `bound`.
+std::pair<int, int> gate_runs_below(const Problem& p, const std::vector<float>& g, int run, float bound) {
+  int below = 0, above = 0;
+  for (std::size_t bh = 0; bh < p.heads_total(); ++bh)
+    for (int t0 = 0; t0 + run <= p.seq; ++t0) {
+      float sum = 0.0f;
+      for (int t = t0; t < t0 + run; ++t) sum += g[bh * p.seq + t];
+      ++(sum < bound ? below : above);
+    }
+  return {below, above};
+}
+
 }  // namespace
 
 TEST_CASE("strong gates: scan and chunked stay finite and within the float32 tolerance", "[gated][strong]") {
   auto backend = make_backend("cpu", BackendOptions{2});
   for (const Decay decay : {Decay::scalar, Decay::vector})
-    for (const std::string gate_norm : {"1", "0.25"}) {
+    for (const std::string gate_norm : {"1", "0.25", "0.1"}) {
       const Problem p{1, 2, 2048, 64, 128, decay};
       const Case fwd_bwd = test::gated_case(p, gate_norm, "scan", Mode::fwd_bwd);
       // The premise: a chunk's gates sum far past float32's exp range (exp(88.7) overflows).
-      CHECK(deepest_chunk_gate(p, make_case_inputs(fwd_bwd, 3).at("g").data) < -88.7f);
+      const std::vector<float>& g = make_case_inputs(fwd_bwd, 3).at("g").data;
+      CHECK(deepest_chunk_gate(p, g) < -88.7f);
+      // And the scan's walks (cpu_scan_pass.cpp) take a scalar gate's 6 steps out of the row walk
+      // only while their product stays over 2^-64 (log -44.4): at gate_norm 0.1 some runs of 6
+      // stay over it and some fall under, so both forms of the walk run.
+      if (decay == Decay::scalar && gate_norm == "0.1") {
+        const auto [below, above] = gate_runs_below(p, g, 6, -44.4f);
+        CHECK(below > 0);
+        CHECK(above > 0);
+      }
       for (const std::string impl : {"scan", "chunked"}) {
         Case kase = fwd_bwd;
         kase.impl = impl;

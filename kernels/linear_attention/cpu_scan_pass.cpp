@@ -64,8 +64,14 @@ Group<U> group_at(const ScanPass& p, int step) {
 }
 
 // How the steps of a walk decay the state: not at all, by gamma, or by a gate (per token, per
-// row, per column).
-enum class Decays { none, gamma, scalar, rows, columns };
+// row, per column); or by one factor per step (gamma or a scalar gate) taken out of the row walk:
+// with A_u the product of the group's factors up to step u, S_u = A_u S'_u where
+// S'_u = S'_{u-1} + (b_u / A_u) c_u^T, and y_u = A_u S'_u^T r_u. So the walk scales the column
+// operands by 1 / A_u and the readouts by A_u once per group, and each row once, by A_{U-1}, when
+// it leaves the registers: 2 vector operations per row and step instead of 3 (the multiply was a
+// third of the walk's FMA-port work). A group whose A_{U-1} is under 2^-64 (strong gates: 1 / A
+// would leave float's range) walks with the factors applied step by step instead.
+enum class Decays { none, gamma, scalar, rows, columns, factored };
 
 // What a block walk is compiled for: U steps, NB registers of columns, R rows at a time, how the
 // steps decay the state, whether the block is full width, whether it prefetches the next group's
@@ -110,23 +116,33 @@ inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i
 #pragma GCC unroll 4
   for (int h = 0; h < R; ++h)
 #pragma GCC unroll 4
-    for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(row + h * ld + n * I::L, m[n], s[h][n]);
+    for (int n = 0; n < NB; ++n) {
+      if constexpr (K::DECAY == Decays::factored) s[h][n] = I::mul(s[h][n], gam);  // gam: A_{U-1}
+      store_lanes<I, K::FULL>(row + h * ld + n * I::L, m[n], s[h][n]);
+    }
 }
 
 // K::U steps of the pass on one column block [c0, c0 + NB * L) (masked by m) of S.
+// factor: the group's A_u (Decays::factored only).
 template <class I, class K>
-void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename I::M* m) {
+void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename I::M* m,
+                 const float* factor = nullptr) {
   using V = typename I::V;
   constexpr int U = K::U, NB = K::NB, R = I::R;
   V c[U][NB], y[U][NB];
-  const V us = I::set1(p.upd_scale), gam = I::set1(p.gamma);
+  const V us = I::set1(p.upd_scale);
+  V gam = I::set1(p.gamma);
+  if constexpr (K::DECAY == Decays::factored) gam = I::set1(factor[U - 1]);
 #pragma GCC unroll 8
-  for (int u = 0; u < U; ++u)
+  for (int u = 0; u < U; ++u) {
+    V cs = us;
+    if constexpr (K::DECAY == Decays::factored) cs = I::set1(p.upd_scale / factor[u]);
 #pragma GCC unroll 4
     for (int n = 0; n < NB; ++n) {
-      c[u][n] = I::mul(load_lanes<I, K::FULL>(m[n], g.c[u] + c0 + n * I::L), us);
+      c[u][n] = I::mul(load_lanes<I, K::FULL>(m[n], g.c[u] + c0 + n * I::L), cs);
       y[u][n] = I::zero();
     }
+  }
   // Locals: the vector stores below may alias anything, so fields of p would be reloaded.
   float* row = p.S + (c0 - p.s_col0);
   const int rows = p.rows;
@@ -168,18 +184,30 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
     if ((i & 15) == 0) prefetch_rows(i);
     row_group<I, K, 1>(g, row, ld, i, c0, m, c, y, gam);
   }
-  const V os = I::set1(p.out_scale);
+  V os[U];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+    os[u] = I::set1(K::DECAY == Decays::factored ? p.out_scale * factor[u] : p.out_scale);
   if (K::FULL && p.stream_out) {
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
-      for (int n = 0; n < NB; ++n) I::stream(g.y[u] + c0 + n * I::L, I::mul(y[u][n], os));
+      for (int n = 0; n < NB; ++n) I::stream(g.y[u] + c0 + n * I::L, I::mul(y[u][n], os[u]));
     return;
   }
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
-    for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(g.y[u] + c0 + n * I::L, m[n], I::mul(y[u][n], os));
+    for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(g.y[u] + c0 + n * I::L, m[n], I::mul(y[u][n], os[u]));
+}
+
+// The group's products A_u of its factors (gamma, or the scalar gates), if A_{U-1} keeps
+// 1 / A_u inside float's range.
+template <int U, Decays DECAY>
+bool factors(const ScanPass& p, const Group<U>& g, float (&a)[U]) {
+  float product = 1.0f;
+  for (int u = 0; u < U; ++u) a[u] = product *= DECAY == Decays::gamma ? p.gamma : g.a[u][0];
+  return product >= 0x1p-64f && product <= 0x1p64f;
 }
 
 // Calls block_steps compiled for `left` steps (1 <= left <= U), and the pass's decay (or none).
@@ -187,8 +215,14 @@ template <class I, int NB, Decays DECAY, bool FULL, bool PREFETCH, int U = I::U>
 void steps(const ScanPass& p, int step, int left, bool decay, int c0, const typename I::M* m) {
   if constexpr (U > 0) {
     if (left == U) {
-      if (decay) block_steps<I, Walk<U, NB, DECAY, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
-      else block_steps<I, Walk<U, NB, Decays::none, FULL, PREFETCH>>(p, group_at<U>(p, step), c0, m);
+      const Group<U> g = group_at<U>(p, step);
+      if constexpr (DECAY == Decays::gamma || DECAY == Decays::scalar) {
+        float a[U];
+        if (decay && U > 1 && factors<U, DECAY>(p, g, a))
+          return block_steps<I, Walk<U, NB, Decays::factored, FULL, PREFETCH>>(p, g, c0, m, a);
+      }
+      if (decay) block_steps<I, Walk<U, NB, DECAY, FULL, PREFETCH>>(p, g, c0, m);
+      else block_steps<I, Walk<U, NB, Decays::none, FULL, PREFETCH>>(p, g, c0, m);
       return;
     }
     steps<I, NB, DECAY, FULL, PREFETCH, U - 1>(p, step, left, decay, c0, m);
@@ -238,6 +272,7 @@ void run_decays(const ScanPass& p, int col_begin, int col_end) {
     case Decays::scalar: return column_blocks<I, Decays::scalar, PREFETCH>(p, col_begin, col_end);
     case Decays::rows: return column_blocks<I, Decays::rows, PREFETCH>(p, col_begin, col_end);
     case Decays::columns: return column_blocks<I, Decays::columns, PREFETCH>(p, col_begin, col_end);
+    case Decays::factored: break;  // a group's choice (steps), never a pass's
   }
 }
 
