@@ -290,6 +290,22 @@ void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c
   unpack_blocks(s.S, hT, Dk, Dv, W, c0, c1);
 }
 
+// R1's tail on a block's m columns: dv = beta G^T k (y3), the carry -dv that the next walk applies,
+// and dbeta's part y3 . e. Restrict-qualified, with the sum a reduction, so that it vectorises (as
+// a loop over dv and the carry, which might alias, and an ordered float sum it ran scalar).
+float dv_tail(const float* __restrict y3, const float* __restrict e, float beta, float* __restrict dv,
+              float* __restrict carry, int m) {
+  float db = 0.0f;
+#pragma omp simd reduction(+ : db)
+  for (int j = 0; j < m; ++j) {
+    const float d = beta * y3[j];
+    dv[j] = d;
+    carry[j] = -d;
+    db += y3[j] * e[j];
+  }
+  return db;
+}
+
 // The per-token tails of R2 and F2 on one block's m columns (c onwards): plain loops over
 // restrict-qualified rows, one per case, so that they vectorise (with the branches and the
 // possible aliasing of dk, dg and the sums inside one loop they ran scalar, a sizeable share of a
@@ -405,14 +421,7 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
         w.x3 = h.k + rk;
         w.y3 = s.y3;
         run_delta_walk(w, x.vec);
-        const float beta = h.beta[t];
-        const float* e = E + std::size_t(t) * e_step + c;
-        float db = 0.0f;
-        for (int j = 0; j < m; ++j) {
-          dv[rv + c + j] = beta * s.y3[j];
-          s.carry[c + j] = -dv[rv + c + j];
-          db += s.y3[j] * e[j];
-        }
+        const float db = dv_tail(s.y3, E + std::size_t(t) * e_step + c, h.beta[t], dv + rv + c, s.carry + c, m);
         dbeta[t] = c == 0 ? db : dbeta[t] + db;
       }
     }
