@@ -70,8 +70,10 @@ Group<U> group_at(const ScanPass& p, int step) {
 // operands by 1 / A_u and the readouts by A_u once per group, and each row once, by A_{U-1}, when
 // it leaves the registers: 2 vector operations per row and step instead of 3 (the multiply was a
 // third of the walk's FMA-port work). A group whose A_{U-1} is under 2^-64 (strong gates: 1 / A
-// would leave float's range) walks with the factors applied step by step instead.
-enum class Decays { none, gamma, scalar, rows, columns, factored };
+// would leave float's range) walks with the factors applied step by step instead. A gate per row
+// (vector gates on S's rows) factors the same way row by row: b_u / A_u and r_u A_u are row
+// operands, formed for the group before its walk (rows_factored).
+enum class Decays { none, gamma, scalar, rows, columns, factored, rows_factored };
 
 // What a block walk is compiled for: U steps, NB registers of columns, R rows at a time, how the
 // steps decay the state, whether the block is full width, whether it prefetches the next group's
@@ -118,15 +120,18 @@ inline void row_group(const Group<K::U>& g, float* row, std::ptrdiff_t ld, int i
 #pragma GCC unroll 4
     for (int n = 0; n < NB; ++n) {
       if constexpr (K::DECAY == Decays::factored) s[h][n] = I::mul(s[h][n], gam);  // gam: A_{U-1}
+      if constexpr (K::DECAY == Decays::rows_factored) s[h][n] = I::mul(s[h][n], I::set1(g.a[0][i + h]));
       store_lanes<I, K::FULL>(row + h * ld + n * I::L, m[n], s[h][n]);
     }
 }
 
 // K::U steps of the pass on one column block [c0, c0 + NB * L) (masked by m) of S.
-// factor: the group's A_u (Decays::factored only).
+// factor: the group's A_u (Decays::factored only). ops: the row operands the walk reads (the
+// factored ones for Decays::rows_factored, with a[0] the rows' A_{U-1}), else g's.
 template <class I, class K>
 void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename I::M* m,
-                 const float* factor = nullptr) {
+                 const float* factor = nullptr, const Group<K::U>* ops = nullptr) {
+  const Group<K::U>& walked = ops ? *ops : g;
   using V = typename I::V;
   constexpr int U = K::U, NB = K::NB, R = I::R;
   V c[U][NB], y[U][NB];
@@ -178,11 +183,11 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
   int i = 0;
   for (; i + R <= rows; i += R, row += R * ld) {
     if ((i & 15) < R) prefetch_rows(i - (i & 15));
-    row_group<I, K, R>(g, row, ld, i, c0, m, c, y, gam);
+    row_group<I, K, R>(walked, row, ld, i, c0, m, c, y, gam);
   }
   for (; i < rows; ++i, row += ld) {  // the rows left when R does not divide them
     if ((i & 15) == 0) prefetch_rows(i);
-    row_group<I, K, 1>(g, row, ld, i, c0, m, c, y, gam);
+    row_group<I, K, 1>(walked, row, ld, i, c0, m, c, y, gam);
   }
   V os[U];
 #pragma GCC unroll 8
@@ -199,6 +204,58 @@ void block_steps(const ScanPass& p, const Group<K::U>& g, int c0, const typename
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
     for (int n = 0; n < NB; ++n) store_lanes<I, K::FULL>(g.y[u] + c0 + n * I::L, m[n], I::mul(y[u][n], os[u]));
+}
+
+// Gates per row factor out of the walk for states of up to this many rows (the group's operands
+// live on the stack: 2 U rows + 1 floats).
+constexpr int kMaxFactoredRows = 256;
+
+// The group's row operands with the gates per row taken out: b_u / A_u and r_u A_u, and A_{U-1}
+// (ops points at them; ops.a[0] at A_{U-1}), if every row's A_{U-1} keeps 1 / A_u in float's range.
+template <int U>
+bool row_factors(const ScanPass& p, const Group<U>& g, float (*b)[kMaxFactoredRows], float (*r)[kMaxFactoredRows],
+                 float* a, Group<U>& ops) {
+  const int rows = p.rows;
+  // r_u A_u going forward (A_u cumulative, left in a), then b_u / A_u going back from one division
+  // per row: 1 / A_u = (1 / A_{u+1}) a_{u+1}.
+  for (int u = 0; u < U; ++u) {
+    const float *__restrict ru = g.r[u], *__restrict au = g.a[u];
+    float *__restrict ro = r[u], *__restrict A = a;
+#pragma omp simd
+    for (int i = 0; i < rows; ++i) {
+      A[i] = u == 0 ? au[i] : A[i] * au[i];
+      ro[i] = ru[i] * A[i];
+    }
+    ops.r[u] = ro;
+  }
+  // b[u] holds 1 / A_u first, then b_u / A_u.
+  {
+    const float* __restrict A = a;
+    float* __restrict last = b[U - 1];
+#pragma omp simd
+    for (int i = 0; i < rows; ++i) last[i] = 1.0f / A[i];
+  }
+  for (int u = U - 2; u >= 0; --u) {
+    const float *__restrict next = b[u + 1], *__restrict an = g.a[u + 1];
+    float* __restrict bo = b[u];
+#pragma omp simd
+    for (int i = 0; i < rows; ++i) bo[i] = next[i] * an[i];
+  }
+  for (int u = 0; u < U; ++u) {
+    const float* __restrict bu = g.b[u];
+    float* __restrict bo = b[u];
+#pragma omp simd
+    for (int i = 0; i < rows; ++i) bo[i] *= bu[i];
+    ops.b[u] = bo;
+  }
+  float lo = 1.0f, hi = 1.0f;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+  for (int i = 0; i < rows; ++i) {
+    lo = std::min(lo, a[i]);
+    hi = std::max(hi, a[i]);
+  }
+  ops.a[0] = a;
+  return lo >= 0x1p-64f && hi <= 0x1p64f;
 }
 
 // The group's products A_u of its factors (gamma, or the scalar gates), if A_{U-1} keeps
@@ -220,6 +277,14 @@ void steps(const ScanPass& p, int step, int left, bool decay, int c0, const type
         float a[U];
         if (decay && U > 1 && factors<U, DECAY>(p, g, a))
           return block_steps<I, Walk<U, NB, Decays::factored, FULL, PREFETCH>>(p, g, c0, m, a);
+      }
+      if constexpr (DECAY == Decays::rows) {
+        if (decay && U > 1 && p.rows <= kMaxFactoredRows) {
+          alignas(64) float b[U][kMaxFactoredRows], r[U][kMaxFactoredRows], a[kMaxFactoredRows];
+          Group<U> ops = g;
+          if (row_factors<U>(p, g, b, r, a, ops))
+            return block_steps<I, Walk<U, NB, Decays::rows_factored, FULL, PREFETCH>>(p, g, c0, m, nullptr, &ops);
+        }
       }
       if (decay) block_steps<I, Walk<U, NB, DECAY, FULL, PREFETCH>>(p, g, c0, m);
       else block_steps<I, Walk<U, NB, Decays::none, FULL, PREFETCH>>(p, g, c0, m);
@@ -272,7 +337,8 @@ void run_decays(const ScanPass& p, int col_begin, int col_end) {
     case Decays::scalar: return column_blocks<I, Decays::scalar, PREFETCH>(p, col_begin, col_end);
     case Decays::rows: return column_blocks<I, Decays::rows, PREFETCH>(p, col_begin, col_end);
     case Decays::columns: return column_blocks<I, Decays::columns, PREFETCH>(p, col_begin, col_end);
-    case Decays::factored: break;  // a group's choice (steps), never a pass's
+    case Decays::factored:
+    case Decays::rows_factored: break;  // a group's choice (steps), never a pass's
   }
 }
 
