@@ -98,7 +98,8 @@ TEST_CASE("strong gates: scan and chunked stay finite and within the float32 tol
       const Problem p{1, 2, 2048, 64, 128, decay};
       const Case fwd_bwd = test::gated_case(p, gate_norm, "scan", Mode::fwd_bwd);
       // The premise: a chunk's gates sum far past float32's exp range (exp(88.7) overflows).
-      const std::vector<float>& g = make_case_inputs(fwd_bwd, 3).at("g").data;
+      const TensorSet inputs = make_case_inputs(fwd_bwd, 3);
+      const std::vector<float>& g = inputs.at("g").data;
       CHECK(deepest_chunk_gate(p, g) < -88.7f);
       // And the scan's walks (cpu_scan_pass.cpp) take a scalar gate's 6 steps out of the row walk
       // only while their product stays over 2^-64 (log -44.4): at gate_norm 0.1 some runs of 6
