@@ -77,15 +77,17 @@ float deepest_chunk_gate(const Problem& p, const std::vector<float>& g) {
   return deepest;
 }
 
-// How many runs of `run` consecutive scalar log-gates (any head) sum below and at or above `bound`.
+// How many runs of `run` consecutive log-gates (any head and channel) sum below and at or above `bound`.
 std::pair<int, int> gate_runs_below(const Problem& p, const std::vector<float>& g, int run, float bound) {
+  const int W = p.gate_width();
   int below = 0, above = 0;
   for (std::size_t bh = 0; bh < p.heads_total(); ++bh)
-    for (int t0 = 0; t0 + run <= p.seq; ++t0) {
-      float sum = 0.0f;
-      for (int t = t0; t < t0 + run; ++t) sum += g[bh * p.seq + t];
-      ++(sum < bound ? below : above);
-    }
+    for (int w = 0; w < W; ++w)
+      for (int t0 = 0; t0 + run <= p.seq; ++t0) {
+        float sum = 0.0f;
+        for (int t = t0; t < t0 + run; ++t) sum += g[(bh * p.seq + t) * W + w];
+        ++(sum < bound ? below : above);
+      }
   return {below, above};
 }
 
@@ -94,21 +96,11 @@ std::pair<int, int> gate_runs_below(const Problem& p, const std::vector<float>& 
 TEST_CASE("strong gates: scan and chunked stay finite and within the float32 tolerance", "[gated][strong]") {
   auto backend = make_backend("cpu", BackendOptions{2});
   for (const Decay decay : {Decay::scalar, Decay::vector})
-    for (const std::string gate_norm : {"1", "0.25", "0.1"}) {
+    for (const std::string gate_norm : {"1", "0.25"}) {
       const Problem p{1, 2, 2048, 64, 128, decay};
       const Case fwd_bwd = test::gated_case(p, gate_norm, "scan", Mode::fwd_bwd);
       // The premise: a chunk's gates sum far past float32's exp range (exp(88.7) overflows).
-      const TensorSet inputs = make_case_inputs(fwd_bwd, 3);
-      const std::vector<float>& g = inputs.at("g").data;
-      CHECK(deepest_chunk_gate(p, g) < -88.7f);
-      // And the scan's walks (cpu_scan_pass.cpp) take a scalar gate's 6 steps out of the row walk
-      // only while their product stays over 2^-64 (log -44.4): at gate_norm 0.1 some runs of 6
-      // stay over it and some fall under, so both forms of the walk run.
-      if (decay == Decay::scalar && gate_norm == "0.1") {
-        const auto [below, above] = gate_runs_below(p, g, 6, -44.4f);
-        CHECK(below > 0);
-        CHECK(above > 0);
-      }
+      CHECK(deepest_chunk_gate(p, make_case_inputs(fwd_bwd, 3).at("g").data) < -88.7f);
       for (const std::string impl : {"scan", "chunked"}) {
         Case kase = fwd_bwd;
         kase.impl = impl;
@@ -120,6 +112,34 @@ TEST_CASE("strong gates: scan and chunked stay finite and within the float32 tol
         CHECK(r.check.rel_err <= 1e-4);
       }
     }
+}
+
+TEST_CASE("strong gates: the scan's walks, with the gates factored out and without, match the reference",
+          "[gated][strong]") {
+  // The scan's walks (cpu_scan_pass.cpp) take a group of 6 steps' gates out of the row walk only
+  // while their product stays over 2^-64 (log -44.4), else apply them step by step: at gate_norm
+  // 0.1 some runs of 6 stay over it and some fall under, so both forms run in one pass. dg is left
+  // out of the bound: its sum over T carries dq's and dk's rounding and passes 1e-4 at this
+  // strength with either form (docs/kernels.md); its finiteness is still checked.
+  auto backend = make_backend("cpu", BackendOptions{2});
+  for (const Decay decay : {Decay::scalar, Decay::vector}) {
+    const Problem p{1, 2, 2048, 64, 128, decay};
+    const Case kase = test::gated_case(p, "0.1", "scan", Mode::fwd_bwd);
+    INFO(test::describe(kase));
+    const TensorSet inputs = make_case_inputs(kase, 3);
+    const std::vector<float>& g = inputs.at("g").data;
+    const auto [below, above] = gate_runs_below(p, g, 6, -44.4f);
+    CHECK(below > 0);
+    CHECK(above > 0);
+    const test::Outcome r = test::run_on(*backend, kase);
+    INFO(test::errors(r.check));
+    CHECK(r.check.non_finite.empty());
+    for (const auto& [output, error] : r.check.per_output)
+      if (output != "dg") {
+        INFO(output);
+        CHECK(error <= 1e-5);
+      }
+  }
 }
 
 TEST_CASE("strong gates: the chunked form factorised as exp(G_i) exp(-G_j) fails where ours passes", "[gated][strong]") {
