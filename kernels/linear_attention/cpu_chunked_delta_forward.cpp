@@ -160,10 +160,11 @@ void invert_columns(const Buffers& B, const Shape& s, const Chunk& c, int i, int
   for (int m = j0; m < i; ++m) {
     const V f = I::set1(-beta * ak[m]);
     const float* tm = B.T + std::size_t(m) * s.L + j0;
-    for (int k = 0; k < 4; ++k) acc[k] = I::fma(f, simd::load_lanes<I, FULL>(m4[k], tm + k * L), acc[k]);
+    for (int k = 0; k < 4; ++k)
+      acc[k] = I::fma(f, simd::load_lanes<I, FULL>(m4[k], tm + std::ptrdiff_t(k) * L), acc[k]);
   }
   float* row = B.T + std::size_t(i) * s.L + j0;
-  for (int k = 0; k < 4; ++k) simd::store_lanes<I, FULL>(row + k * L, m4[k], acc[k]);
+  for (int k = 0; k < 4; ++k) simd::store_lanes<I, FULL>(row + std::ptrdiff_t(k) * L, m4[k], acc[k]);
 }
 
 template <class I>
