@@ -135,13 +135,16 @@ TEST_CASE("delta rule: each CPU kernel's scratch equals its closed form", "[delt
         const bool vector = decay == Decay::vector;
         auto lines = [](std::size_t floats) { return (floats + 15) / 16 * 16; };
         // The scan (cpu_scan_delta.cpp): walks of W columns (32, 16, 8 by width), Dp = D rounded up
-        // to W; per thread a packed state, the tile's gates ((64 + 1) x gw, gw = Dp or 1), the
-        // pending update of each block (Dp), five W-float operands and 64 q . k; the backward's
-        // thread has a second state, e of a tile (64 D) and, with gates, dg's Dp doubles.
+        // to W; per thread a packed state, the tile's gates ((64 + 2) x gw, gw = Dp or 1), the two
+        // pending updates of each block (Dp each), six W-float operands, 64 q . k and the forward's
+        // 32 pairs of tokens (three D rows each, a fourth for vector gates, three scalars); the
+        // backward's thread has a second state, e of a tile (64 D) and, with gates, dg's Dp doubles.
         const std::size_t W = vec == cpu::Vec::avx512 ? 32 : vec == cpu::Vec::avx2 ? 16 : 8;
         const std::size_t Dp = (D + W - 1) / W * W, gw = vector ? Dp : decay == Decay::scalar ? 1 : 0;
-        const std::size_t scan_fwd = lines(D * Dp + 65 * gw + Dp + 5 * W + 64);
-        const std::size_t scan_bwd = lines((gw ? 2 * Dp : 0) + 2 * D * Dp + 65 * gw + 64 * D + Dp + 5 * W + 64);
+        const std::size_t pairs = 32 * ((vector ? 4 : 3) * D + 3);
+        const std::size_t scan_fwd = lines(D * Dp + 66 * gw + 2 * Dp + 6 * W + 64 + pairs);
+        const std::size_t scan_bwd =
+            lines((gw ? 2 * Dp : 0) + 2 * D * Dp + 66 * gw + 64 * D + 2 * Dp + 6 * W + 64 + pairs);
         const std::size_t items = p.heads_total() * ((D + W - 1) / W);
         CHECK(cpu::scan_forward_workspace_bytes(p) == std::min<std::size_t>(2, items) * scan_fwd * 4);
         CHECK(cpu::scan_backward_workspace_bytes(p) == heads_threads * scan_bwd * 4);

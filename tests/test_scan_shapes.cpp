@@ -99,8 +99,9 @@ Floats scan_columns_floats(const Problem& p, cpu::Vec vec, std::size_t threads) 
 }
 
 // The scratch of scan_delta, in floats: per thread (whole cache lines of 16 floats) a Dk x Dvp
-// state (Dvp, Dkp: Dv, Dk rounded up to the walk's W), a tile's gates ((64 + 1) x gw, gw = Dkp or
-// 1), the pending update (Dvp), five W-float operands and 64 q . k; the backward's thread adds a
+// state (Dvp, Dkp: Dv, Dk rounded up to the walk's W), a tile's gates ((64 + 2) x gw, gw = Dkp or
+// 1), the two pending updates (Dvp each), six W-float operands, 64 q . k and the forward's 32 pairs
+// (three Dk rows each, a fourth for vector gates, and three scalars); the backward's thread adds a
 // Dv x Dkp state, e of a tile (64 Dv), with gates dg's Dkp doubles, and e of the longest slice (T
 // x Dv) unless e fits in dq (one value head per q/k head, Dv <= Dk). Items: (slice, block of value
 // columns) forward, whole groups backward.
@@ -109,9 +110,10 @@ Floats scan_delta_floats(const Problem& p, cpu::Vec vec, std::size_t threads) {
   const std::size_t W = cpu::delta_walk_width(vec), Dkp = round_up(Dk, W), Dvp = round_up(Dv, W);
   const std::size_t gw = p.decay == Decay::vector ? Dkp : p.decay == Decay::scalar ? 1 : 0;
   const std::size_t e = G > 1 || Dv > Dk ? std::size_t(longest_document(p)) * Dv : 0;
-  const std::size_t fwd = round_up(Dk * Dvp + 65 * gw + Dvp + 5 * W + 64, 16);
+  const std::size_t pairs = 32 * ((p.decay == Decay::vector ? 4 : 3) * Dk + 3);
+  const std::size_t fwd = round_up(Dk * Dvp + 66 * gw + 2 * Dvp + 6 * W + 64 + pairs, 16);
   const std::size_t bwd =
-      round_up((gw ? 2 * Dkp : 0) + Dk * Dvp + Dv * Dkp + 65 * gw + 64 * Dv + Dvp + 5 * W + 64 + e, 16);
+      round_up((gw ? 2 * Dkp : 0) + Dk * Dvp + Dv * Dkp + 66 * gw + 64 * Dv + 2 * Dvp + 6 * W + 64 + pairs + e, 16);
   return {std::min(threads, slices * ((Dv + W - 1) / W)) * fwd, std::min(threads, slices / G) * bwd};
 }
 

@@ -10,10 +10,11 @@
 //
 // each stage present or not. Unlike the additive rule's pass (cpu_scan_pass.hpp), which applies six
 // tokens to a row while it is in registers, a delta-rule token cannot start before the previous
-// one's readout is complete: its update needs v_t - S'_t^T k_t, a sum over every row. So a walk is
-// one token, and the forward pipelines instead: walk t finishes token t-1's update (update 1 with
-// its w_{t-1}) and reads out token t in the same pass over the rows, so that every row is loaded
-// and stored once per token with 3 to 4 vector operations between (docs/kernels.md).
+// one's readout is complete: its update needs v_t - S'_t^T k_t, a sum over every row. So the
+// backward's walks are one token each, pipelined: a walk finishes the previous token's update and
+// reads out its own in the same pass over the rows, every row loaded and stored once per token with
+// 3 to 4 vector operations between. The forward's walk (DeltaPairWalk below) reads out two tokens
+// from one state, the second's readouts corrected afterwards by the first's update (docs/kernels.md).
 //
 // The block is packed: D rows of W floats, W = delta_walk_width(vec) (32 on AVX-512); columns past
 // the state's last are zero and stay zero, since every column operand is zero-padded.
@@ -38,6 +39,30 @@ struct DeltaWalk {
   const float *c1 = nullptr, *c2 = nullptr;
   float *y1 = nullptr, *y2 = nullptr, *y3 = nullptr;
 };
+
+// A walk for two tokens at once, the forward's (cpu_scan_delta.cpp): row by row,
+//
+//   r <- r + b1[i] c1            (the first pending update)
+//   r <- r . A                   (the decays of both tokens: a scalar or a factor per row)
+//   r <- r + b2[i] c2            (the second pending update, its row operand scaled by the later decay)
+//   y_j += x_j[i] r              (readouts, j < readouts: 0, 2 or 4)
+//
+// With a row loaded and stored once per two tokens, a row costs 2 + readouts vector FMAs (and a
+// multiply) per load and store instead of half that, which is what bounds the one-token walk.
+struct DeltaPairWalk {
+  int D = 0;
+  float* S = nullptr;                        // the packed block, D x W
+  WalkDecay decay = WalkDecay::none;         // none, scalar or rows
+  float a_scalar = 1.0f;                     // WalkDecay::scalar
+  const float* a_rows = nullptr;             // WalkDecay::rows: D factors
+  const float *b1 = nullptr, *b2 = nullptr;  // row operands, D floats each
+  const float *c1 = nullptr, *c2 = nullptr;  // column operands, W floats each
+  int readouts = 0;
+  const float* x[4] = {};  // row operands of the readouts, D floats each
+  float* y[4] = {};        // the readouts, W floats each (overwritten)
+};
+
+void run_delta_pair_walk(const DeltaPairWalk& walk, Vec vec);
 
 // Columns of a walk's block at this vector width.
 int delta_walk_width(Vec vec);

@@ -7,14 +7,17 @@
 // Over 500 lines: the forward and the backward's four passes share the walks' setup, the tails and
 // the scratch carve, and read best together.
 //
-// Every pass is a sequence of walks (cpu_delta_walk.hpp), one per token, over column blocks of a
-// packed state; the columns of S (and of G, S^T, G^T) are independent in every pass, so a block is
-// walked through all tokens of a tile before the next block, and the tile's token rows are read
-// from L2 by every block after the first. S and G have Dv columns, S^T and G^T Dk.
+// Every pass is a sequence of walks (cpu_delta_walk.hpp) over column blocks of a packed state; the
+// columns of S (and of G, S^T, G^T) are independent in every pass, so each token (or pair of
+// tokens) is walked over every block before the next: a walk cannot start before the previous
+// token's tail on its block is done (its pending update needs all of that walk's readouts), and a
+// walk on the next block, which needs nothing of it, fills that wait. S and G have Dv columns, S^T
+// and G^T Dk.
 //
-// Forward (one walk per token, each row loaded and stored once): walk t applies token t-1's
-// pending update k_{t-1} w_{t-1}^T, the decay A_t, and reads out u_t and S'^T_t q_t; w_t and o_t
-// follow from them, and a last walk applies w_{T-1} for hT.
+// Forward (one walk per pair of tokens, each row loaded and stored once per pair; the algebra at
+// prepare_pairs): the walk for tokens t, t+1 applies the pending updates of t-2 and t-1 with the
+// decays between, and reads out S'_t^T of k_t, q_t, a_{t+1} . k_{t+1} and a_{t+1} . q_{t+1}; w_t,
+// w_{t+1}, o_t and o_{t+1} follow from them, and a last walk applies the last pair's for hT.
 //
 // Backward, with G_t = dL/dS_t, P_t = dL/dS'_t = G_t - k_t dv_t^T (dv_t = beta_t G_t^T k_t), and
 // e_t = v_t - u_t:
@@ -53,6 +56,7 @@ namespace lattn::cpu {
 namespace {
 
 constexpr int kTile = 64;  // tokens per tile: 64 tokens of ~5 row operands of D = 128 are 160 KiB, in L2
+constexpr int kPairs = kTile / 2;  // the forward's pairs of tokens per tile
 
 struct Ctx {
   Vec vec;
@@ -93,11 +97,15 @@ Ctx context(const Problem& p) {
 struct Scratch {
   double* dg_acc;  // Dkp: dg's running sums per key channel
   float *S, *ST;   // packed states, Dk x Dvp and (backward only) Dv x Dkp
-  float *gates;    // exp(g) of a tile's tokens (and the one after), (kTile + 1) x gw
+  float *gates;    // exp(g) of a tile's tokens and the ones before and after it, (kTile + 2) x gw
   float *stage;    // e of a tile's tokens, kTile x Dv (backward only)
-  float *carry;    // Dvp: the pending update's column operand of each block
-  float *c1, *c2, *y1, *y2, *y3;  // W each
+  float *carry, *carry2;  // Dvp each: the pending updates' column operands of each block
+  float *c1, *c2, *y1, *y2, *y3, *y4;  // W each
   float* qk;       // kTile: q_t . k_t (forward)
+  // The forward's pairs (prepare_pairs), kPairs of each: a_{t-1} a_t (vector gates), a_t . k_{t-1},
+  // a_{t+1} . k_{t+1}, a_{t+1} . q_{t+1} (Dk floats each), and three scalars (a_{t-1} a_t for scalar
+  // decays, k_t . (a_{t+1} . k_{t+1}), k_t . (a_{t+1} . q_{t+1})).
+  float *pair_a, *pair_b2, *pair_k, *pair_q, *pair_decay, *pair_kk, *pair_kq;
   float* e;        // e_tokens x Dv: e_t (backward, Ctx::e_scratch)
   std::size_t used = 0;
 };
@@ -113,11 +121,15 @@ Scratch carve(const Ctx& x, float* base, bool backward) {
   s.dg_acc = reinterpret_cast<double*>(take(backward && x.gw ? 2 * Dkp : 0));
   s.S = take(Dk * Dvp);
   s.ST = take(backward ? Dv * Dkp : 0);
-  s.gates = take(std::size_t(kTile + 1) * x.gw);
+  s.gates = take(std::size_t(kTile + 2) * x.gw);
   s.stage = take(backward ? kTile * Dv : 0);
   s.carry = take(Dvp);
-  for (float** p : {&s.c1, &s.c2, &s.y1, &s.y2, &s.y3}) *p = take(W);
+  s.carry2 = take(Dvp);
+  for (float** p : {&s.c1, &s.c2, &s.y1, &s.y2, &s.y3, &s.y4}) *p = take(W);
   s.qk = take(kTile);
+  s.pair_a = take(x.decay == Decay::vector ? std::size_t(kPairs) * Dk : 0);
+  for (float** p : {&s.pair_b2, &s.pair_k, &s.pair_q}) *p = take(std::size_t(kPairs) * Dk);
+  for (float** p : {&s.pair_decay, &s.pair_kk, &s.pair_kq}) *p = take(kPairs);
   s.e = take(backward ? std::size_t(x.e_tokens) * Dv : 0);
   s.used = (s.used + 15) / 16 * 16;  // each thread's block on its own cache line
   return s;
@@ -200,92 +212,226 @@ void set_decay(const Ctx& x, const Head& h, const float* buf, int first, int t, 
   }
 }
 
-// The forward recurrence on value columns [c0, c1) of one slice from h0: o (when given), e_t = v_t -
-// u_t (when given, rows e_step apart) and hT (when given).
-// The forward's per-token tail on a block's m columns: e = v - S'^T k (y1), the pending update
-// carry = beta e, and o = scale (S'^T q (y2) + (q . k) carry); e and o where asked for. One
-// restrict-qualified loop per case, so that each vectorises (with the branches inside one loop it
-// ran scalar: a third of the forward at D 64).
-void forward_tail(const float* __restrict v, const float* __restrict y1, const float* __restrict y2, float beta,
-                  float qk, float scale, float* __restrict carry, float* __restrict e, float* __restrict o, int m) {
-  if (o && !e) {
+float row_dot(const float* __restrict x, const float* __restrict y, int n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int d = 0; d < n; ++d) sum += x[d] * y[d];
+  return sum;
+}
+
+void multiply_into(float* __restrict out, const float* __restrict a, const float* __restrict x, int n) {
 #pragma omp simd
-    for (int j = 0; j < m; ++j) {
-      const float c = beta * (v[j] - y1[j]);
-      carry[j] = c;
-      o[j] = scale * (y2[j] + qk * c);
-    }
-    return;
-  }
-  if (e && !o) {
+  for (int d = 0; d < n; ++d) out[d] = a[d] * x[d];
+}
+
+void scale_into(float* __restrict out, float a, const float* __restrict x, int n) {
 #pragma omp simd
-    for (int j = 0; j < m; ++j) {
-      const float ej = v[j] - y1[j];
-      e[j] = ej;
-      carry[j] = beta * ej;
-    }
-    return;
-  }
-#pragma omp simd
-  for (int j = 0; j < m; ++j) carry[j] = beta * (v[j] - y1[j]);
-  if (e) {
-#pragma omp simd
-    for (int j = 0; j < m; ++j) e[j] = v[j] - y1[j];
-  }
-  if (o) {
-#pragma omp simd
-    for (int j = 0; j < m; ++j) o[j] = scale * (y2[j] + qk * carry[j]);
+  for (int d = 0; d < n; ++d) out[d] = a * x[d];
+}
+
+// The decay's factor of token t on every key channel, for scalar decays (1 for none and t < 0).
+float scalar_gate(const Ctx& x, const Head& h, const float* buf, int first, int t) {
+  if (t < 0) return 1.0f;
+  switch (x.decay) {
+    case Decay::retnet:
+      return h.gamma;
+    case Decay::scalar:
+      return buf[t - first];
+    default:
+      return 1.0f;
   }
 }
 
-void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c1, const Scratch& s, float* o,
-                     float* e, std::size_t e_step, float* hT) {
-  const int Dk = x.Dk, Dv = x.Dv, W = x.W, T = h.T;
-  pack_blocks(h0, false, s.S, Dk, Dv, W, c0, c1);
-  std::fill(s.carry + c0, s.carry + std::min(x.Dvp, (c1 + W - 1) / W * W), 0.0f);
-  for (int t0 = 0; t0 < T; t0 += kTile) {
-    const int n = std::min(kTile, T - t0);
-    take_gates(x, h, s.gates, t0, n);
-    if (o)
-      for (int u = 0; u < n; ++u) {
-        const float *qt = h.q + std::size_t(t0 + u) * Dk, *kt = h.k + std::size_t(t0 + u) * Dk;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < Dk; ++d) dot += qt[d] * kt[d];
-        s.qk[u] = dot;
+// The pairs of tokens [t0, t0 + n): their operands (above) into the scratch, and q_t . k_t into
+// s.qk when the forward makes o. The gates buffer takes tokens t0 - 1 .. t0 + n - 1.
+void prepare_pairs(const Ctx& x, const Head& h, const Scratch& s, int t0, int n, bool with_o) {
+  const int Dk = x.Dk, T = h.T, first = t0 - 1;
+  const bool vector = x.decay == Decay::vector;
+  if (t0 == 0) {
+    if (x.gw) std::fill_n(s.gates, x.gw, 1.0f);
+    take_gates(x, h, s.gates + x.gw, t0, n);
+  } else {
+    take_gates(x, h, s.gates, first, n + 1);
+  }
+  auto gate_row = [&](int t) { return s.gates + std::size_t(t - first) * x.gw; };
+  if (with_o)
+    for (int u = 0; u < n; ++u) s.qk[u] = row_dot(h.q + std::size_t(t0 + u) * Dk, h.k + std::size_t(t0 + u) * Dk, Dk);
+  for (int j = 0; 2 * j < n; ++j) {
+    const int t = t0 + 2 * j;
+    const bool second = t + 1 < T;
+    float* __restrict b2 = s.pair_b2 + std::size_t(j) * Dk;
+    float* __restrict xk = s.pair_k + std::size_t(j) * Dk;
+    float* __restrict xq = s.pair_q + std::size_t(j) * Dk;
+    const float* k_prev = t > 0 ? h.k + std::size_t(t - 1) * Dk : nullptr;
+    const float *k_next = second ? h.k + std::size_t(t + 1) * Dk : nullptr,
+                *q_next = second ? h.q + std::size_t(t + 1) * Dk : nullptr;
+    if (vector) {
+      const float *__restrict a_prev = gate_row(t - 1), *__restrict a_t = gate_row(t);
+      float* __restrict a = s.pair_a + std::size_t(j) * Dk;
+#pragma omp simd
+      for (int d = 0; d < Dk; ++d) a[d] = a_prev[d] * a_t[d];
+      if (k_prev) multiply_into(b2, a_t, k_prev, Dk);
+      if (second) {
+        multiply_into(xk, gate_row(t + 1), k_next, Dk);
+        if (with_o) multiply_into(xq, gate_row(t + 1), q_next, Dk);
       }
-    for (int c = c0; c < c1; c += W) {
-      float* carry = s.carry + c;
-      const int m = std::min(W, Dv - c);
-      for (int u = 0; u < n; ++u) {
-        const int t = t0 + u;
-        const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
-        DeltaWalk w;
-        w.D = Dk;
-        w.S = s.S + std::size_t(c) * Dk;
-        w.b1 = h.k + (t > 0 ? rk - Dk : rk);  // token t-1's pending update (none before token 0: carry 0)
-        w.c1 = carry;
-        set_decay(x, h, s.gates, t0, t, c, false, w);
-        w.x1 = h.k + rk;
-        w.y1 = s.y1;
-        if (o) {
-          w.x2 = h.q + rk;
-          w.y2 = s.y2;
-        }
-        run_delta_walk(w, x.vec);
-        forward_tail(h.v + rv + c, s.y1, s.y2, h.beta[t], o ? s.qk[u] : 0.0f, x.s, carry,
-                     e ? e + std::size_t(t) * e_step + c : nullptr, o ? o + rv + c : nullptr, m);
+    } else {
+      const float a_t = scalar_gate(x, h, s.gates, first, t);
+      const float a_next = second ? scalar_gate(x, h, s.gates, first, t + 1) : 0.0f;
+      s.pair_decay[j] = scalar_gate(x, h, s.gates, first, t - 1) * a_t;
+      if (k_prev) scale_into(b2, a_t, k_prev, Dk);
+      if (second) {
+        scale_into(xk, a_next, k_next, Dk);
+        if (with_o) scale_into(xq, a_next, q_next, Dk);
       }
     }
+    if (!k_prev) std::fill_n(b2, Dk, 0.0f);
+    if (!second) {
+      std::fill_n(xk, Dk, 0.0f);
+      std::fill_n(xq, Dk, 0.0f);
+    }
+    const float* kt = h.k + std::size_t(t) * Dk;
+    s.pair_kk[j] = row_dot(kt, xk, Dk);
+    s.pair_kq[j] = with_o ? row_dot(kt, xq, Dk) : 0.0f;
+  }
+}
+
+// A pair's tail on a block's m columns, from its readouts y[0..3] (S'_t^T of k_t, q_t, a_{t+1} .
+// k_{t+1}, a_{t+1} . q_{t+1}; the q ones only with o): the pending updates w_t = beta_t e_t (carry1)
+// and w_{t+1} (carry2, 0 past the last token), e (when given, rows e_step apart) and o (when given,
+// rows Dv apart). One restrict-qualified loop per output, so that each vectorises.
+struct PairTail {
+  const float* v;  // v_t's columns; v_{t+1}'s Dv further
+  std::size_t Dv;
+  float beta0, beta1, qk0, qk1, kk, kq;  // beta, q . k of both tokens; k_t . (a k_{t+1}), k_t . (a q_{t+1})
+  bool second;
+  float scale;
+};
+
+void pair_tail(const PairTail& p, float* const (&y)[4], float* __restrict carry1, float* __restrict carry2,
+               float* __restrict e, std::size_t e_step, float* __restrict o, int m) {
+  const float *__restrict v0 = p.v, *__restrict v1 = p.v + p.Dv, *__restrict y0 = y[0], *__restrict y2 = y[2];
+  const float beta0 = p.beta0, beta1 = p.beta1, kk = p.kk;
+#pragma omp simd
+  for (int j = 0; j < m; ++j) carry1[j] = beta0 * (v0[j] - y0[j]);
+  if (p.second) {
+#pragma omp simd
+    for (int j = 0; j < m; ++j) carry2[j] = beta1 * (v1[j] - y2[j] - kk * carry1[j]);
+  } else {
+    std::fill_n(carry2, m, 0.0f);
+  }
+  if (e) {
+    float *__restrict e0 = e, *__restrict e1 = e + e_step;
+#pragma omp simd
+    for (int j = 0; j < m; ++j) e0[j] = v0[j] - y0[j];
+    if (p.second) {
+#pragma omp simd
+      for (int j = 0; j < m; ++j) e1[j] = v1[j] - y2[j] - kk * carry1[j];
+    }
+  }
+  if (o) {
+    const float *__restrict y1 = y[1], *__restrict y3 = y[3];
+    float *__restrict o0 = o, *__restrict o1 = o + p.Dv;
+    const float s = p.scale, qk0 = p.qk0, qk1 = p.qk1, kq = p.kq;
+#pragma omp simd
+    for (int j = 0; j < m; ++j) o0[j] = s * (y1[j] + qk0 * carry1[j]);
+    if (p.second) {
+#pragma omp simd
+      for (int j = 0; j < m; ++j) o1[j] = s * (y3[j] + kq * carry1[j] + qk1 * carry2[j]);
+    }
+  }
+}
+
+// The forward recurrence on value columns [c0, c1) of one slice from h0: o (when given), e_t = v_t -
+// u_t (when given, rows e_step apart) and hT (when given).
+void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c1, const Scratch& s, float* o, float* e,
+                     std::size_t e_step, float* hT) {
+  const int Dk = x.Dk, Dv = x.Dv, W = x.W, T = h.T;
+  const bool vector = x.decay == Decay::vector, decayed = x.decay != Decay::none;
+  const int cend = std::min(x.Dvp, (c1 + W - 1) / W * W);
+  pack_blocks(h0, false, s.S, Dk, Dv, W, c0, c1);
+  std::fill(s.carry + c0, s.carry + cend, 0.0f);
+  std::fill(s.carry2 + c0, s.carry2 + cend, 0.0f);
+  // The pair's decay on a walk: a_{t-1} a_t.
+  auto set_pair_decay = [&](DeltaPairWalk& w, int j) {
+    w.decay = vector ? WalkDecay::rows : decayed ? WalkDecay::scalar : WalkDecay::none;
+    w.a_rows = vector ? s.pair_a + std::size_t(j) * Dk : nullptr;
+    w.a_scalar = s.pair_decay[j];
+  };
+  int last_pair = 0;  // the first token of the slice's last pair
+  for (int t0 = 0; t0 < T; t0 += kTile) {
+    const int n = std::min(kTile, T - t0);
+    prepare_pairs(x, h, s, t0, n, o != nullptr);
+    // Pair by pair, each over every block: consecutive walks on different blocks are independent,
+    // so one block's walk runs while the one before waits for its readouts and tail (a walk's
+    // first row needs the pending updates, which need every row of the walk before).
+    for (int j = 0; 2 * j < n; ++j)
+      for (int c = c0; c < c1; c += W) {
+        const int m = std::min(W, Dv - c);
+        const int t = t0 + 2 * j;
+        const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
+        DeltaPairWalk w;
+        w.D = Dk;
+        w.S = s.S + std::size_t(c) * Dk;
+        w.b1 = h.k + (t >= 2 ? rk - 2 * std::size_t(Dk) : rk);  // w_{t-2} (none before token 2: carry 0)
+        w.c1 = s.carry + c;
+        set_pair_decay(w, j);
+        w.b2 = s.pair_b2 + std::size_t(j) * Dk;
+        w.c2 = s.carry2 + c;
+        float* const y[4] = {s.y1, s.y2, s.y3, s.y4};
+        if (o) {
+          w.readouts = 4;
+          w.x[0] = h.k + rk;
+          w.x[1] = h.q + rk;
+          w.x[2] = s.pair_k + std::size_t(j) * Dk;
+          w.x[3] = s.pair_q + std::size_t(j) * Dk;
+          std::copy(y, y + 4, w.y);
+        } else {
+          w.readouts = 2;
+          w.x[0] = h.k + rk;
+          w.x[1] = s.pair_k + std::size_t(j) * Dk;
+          w.y[0] = s.y1;
+          w.y[1] = s.y3;
+        }
+        run_delta_pair_walk(w, x.vec);
+        const bool second = t + 1 < T;
+        const PairTail tail{h.v + rv + c,
+                            std::size_t(Dv),
+                            h.beta[t],
+                            second ? h.beta[t + 1] : 0.0f,
+                            o ? s.qk[2 * std::size_t(j)] : 0.0f,
+                            o && second ? s.qk[2 * std::size_t(j) + 1] : 0.0f,
+                            s.pair_kk[j],
+                            s.pair_kq[j],
+                            second,
+                            x.s};
+        pair_tail(tail, y, s.carry + c, s.carry2 + c, e ? e + std::size_t(t) * e_step + c : nullptr, e_step,
+                  o ? o + rv + c : nullptr, m);
+      }
+    last_pair = t0 + (n - 1) / 2 * 2;
   }
   if (!hT) return;
+  // hT = S_{T-1}: the last pair's updates, with token t + 1's decay between them when it exists.
+  const int t = last_pair;
+  const bool second = t + 1 < T;
+  const float* a_next = nullptr;
+  if (second && vector) {
+    // The gates buffer holds the last tile's tokens from one before its first.
+    const int first = (T - 1) / kTile * kTile - 1;
+    a_next = s.gates + std::size_t(t + 1 - first) * x.gw;
+  }
   for (int c = c0; c < c1; c += W) {
-    DeltaWalk w;
+    DeltaPairWalk w;
     w.D = Dk;
     w.S = s.S + std::size_t(c) * Dk;
-    w.b1 = h.k + std::size_t(T - 1) * Dk;
+    w.b1 = h.k + std::size_t(t) * Dk;
     w.c1 = s.carry + c;
-    run_delta_walk(w, x.vec);
+    w.decay = !second || !decayed ? WalkDecay::none : vector ? WalkDecay::rows : WalkDecay::scalar;
+    w.a_rows = a_next;
+    w.a_scalar = second ? scalar_gate(x, h, s.gates, (T - 1) / kTile * kTile - 1, t + 1) : 1.0f;
+    w.b2 = h.k + std::size_t(second ? t + 1 : t) * Dk;  // carry2 is 0 without a second token
+    w.c2 = s.carry2 + c;
+    run_delta_pair_walk(w, x.vec);
   }
   unpack_blocks(s.S, hT, Dk, Dv, W, c0, c1);
 }
@@ -405,9 +551,9 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
   for (int t1 = T; t1 > 0; t1 -= kTile) {
     const int t0 = std::max(0, t1 - kTile);
     take_gates(x, h, s.gates, t0 + 1, t1 - t0);  // A_{t+1}
-    for (int c = 0; c < Dv; c += W) {
-      const int m = std::min(W, Dv - c);
-      for (int t = t1 - 1; t >= t0; --t) {
+    for (int t = t1 - 1; t >= t0; --t)
+      for (int c = 0; c < Dv; c += W) {
+        const int m = std::min(W, Dv - c);
         const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
         DeltaWalk w;
         w.D = Dk;
@@ -424,18 +570,19 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
         const float db = dv_tail(s.y3, E + std::size_t(t) * e_step + c, h.beta[t], dv + rv + c, s.carry + c, m);
         dbeta[t] = c == 0 ? db : dbeta[t] + db;
       }
-    }
-    for (int c = 0; c < Dk; c += W) {
-      const int m = std::min(W, Dk - c);
-      for (int t = t1 - 1; t >= t0; --t) {
+    for (int t = t1 - 1; t >= t0; --t)
+      for (int c = 0; c < Dk; c += W) {
+        const int m = std::min(W, Dk - c);
         const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
         const bool last = t + 1 == T;
         DeltaWalk w;
         w.D = Dv;
         w.S = s.ST + std::size_t(c) * Dv;
         w.b1 = dv + (last ? rv : rv + Dv);
-        if (last) std::fill_n(s.c1, W, 0.0f);
-        else padded(s.c1, h.k + rk + Dk, -1.0f, Dk, W, c);
+        if (last)
+          std::fill_n(s.c1, W, 0.0f);
+        else
+          padded(s.c1, h.k + rk + Dk, -1.0f, Dk, W, c);
         w.c1 = s.c1;
         set_decay(x, h, s.gates, t0 + 1, t + 1, c, true, w);
         padded(s.c2, h.q + rk, x.s, Dk, W, c);
@@ -446,7 +593,6 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
         run_delta_walk(w, x.vec);
         write_tail(x, h.beta[t], s.y3, h.k + rk + c, first, dk + rk + c, dg, t, c, m, s.dg_acc + c);
       }
-    }
   }
   // dh0 = A_0 P_0: token 0's pending update and its decay.
   take_gates(x, h, s.gates, 0, 1);
@@ -473,9 +619,9 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
     const int n = std::min(kTile, T - t0);
     for (int u = 0; u < n; ++u) std::copy_n(E + std::size_t(t0 + u) * e_step, Dv, s.stage + std::size_t(u) * Dv);
     take_gates(x, h, s.gates, t0, n);
-    for (int c = 0; c < Dk; c += W) {
-      const int m = std::min(W, Dk - c);
-      for (int t = t0; t < t0 + n; ++t) {
+    for (int t = t0; t < t0 + n; ++t)
+      for (int c = 0; c < Dk; c += W) {
+        const int m = std::min(W, Dk - c);
         const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
         DeltaWalk w;
         w.D = Dv;
@@ -492,7 +638,6 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
         read_tail(x, s.y1, s.y3, h.q + rk + c, h.k + rk + c, first, dq + rk + c, dk + rk + c, dg, t, c, m,
                   s.dg_acc + c);
       }
-    }
   }
 }
 
