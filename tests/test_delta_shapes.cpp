@@ -133,14 +133,14 @@ TEST_CASE("chunked delta rule's scratch on the section 1c shapes equals its clos
         const std::size_t L = C + 16, PK = panels(Dk), PV = panels(Dv), PC = panels(C), g = vector ? Dk : 1;
         const std::size_t SF = Dk * PV;  // a packed Dk x Dv state
         // Per thread (test_delta.cpp's list with the dims apart): b (C g doubles), dg's Dk doubles,
-        // exp(g) for vector gates, EQ and EK (C g), two Dk vectors, the mask, A_qk, A_kk, T, three
+        // exp(g) for vector gates, EQ and EK (C g), two Dk vectors, the mask, A_qk, A_kk, T, six
         // C x Dk operands and the lanes for vector gates, X R W (C x Dv), K^T (Dk x PC), W^T
         // (Dv x PC), three C x PV panels and the state; the backward adds dP_qk, dP_kk, dW (C x Dv),
         // dK_read and dK_write (C x Dk), K and Q panels (C x PK), dO and Z panels (C x PV), S^T and
         // dS^T (Dv x PK), dS, every chunk's state of the longest sequence when recomputing, and a
         // chunk of dq (C x Dk) when a thread runs a group's value heads one after another.
         const std::size_t fwd_floats = (2 * C * g + 2 * Dk + (vector ? C * Dk : 0) + 2 * C * g + 2 * Dk + 4 * C * L +
-                                      (vector ? 3 * C * Dk + 2 * Dk * 32 : 0) + 3 * C * Dv + Dk * PC + Dv * PC +
+                                      (vector ? 6 * C * Dk + 2 * Dk * 32 : 0) + 3 * C * Dv + Dk * PC + Dv * PC +
                                       3 * C * PV + SF);
         const std::size_t fwd = lines(fwd_floats);
         auto bwd_thread = [&](bool kept, bool grouped) {

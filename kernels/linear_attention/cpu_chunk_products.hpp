@@ -290,4 +290,16 @@ inline void multiply(float* __restrict x, const float* __restrict y, int n) {
   for (int d = 0; d < n; ++d) x[d] *= y[d];
 }
 
+// out = x . y elementwise.
+inline void multiply_into(float* __restrict out, const float* __restrict x, const float* __restrict y, int n) {
+#pragma omp simd
+  for (int d = 0; d < n; ++d) out[d] = x[d] * y[d];
+}
+
+// out = a x.
+inline void scale_into(float* __restrict out, float a, const float* __restrict x, int n) {
+#pragma omp simd
+  for (int d = 0; d < n; ++d) out[d] = a * x[d];
+}
+
 }  // namespace lattn::cpu

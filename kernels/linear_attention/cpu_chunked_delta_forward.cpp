@@ -16,9 +16,9 @@
 // wide (value columns). Every gate factor is exp of a difference <= 0 (formed in double where the
 // gated form does), so strong gates stay finite. Scalar gates make exp(b_i - b_m) a mask the tile
 // products apply; vector gates cannot be a mask (the factor is per channel inside the dot product):
-// their scores come from lane_scores (cpu_chunk_products.hpp: a running product of exp(g), the rows
-// in the vector lanes) and the scores' gradients are summed pair by pair (the gated form's products
-// between sub-chunks are not used here yet: docs/kernels.md).
+// their scores are the gated form's sub-chunk products (at scores) with lane_scores within a
+// sub-chunk (cpu_chunk_products.hpp: a running product of exp(g), the rows in the vector lanes),
+// and the backward sums the scores' gradients pair by pair (docs/kernels.md).
 //
 // The forward's items, (sequence, value head) pairs, are independent; the states entering the
 // chunks are kept when the caller asks (packed S, per item at the item's offset).
@@ -55,7 +55,7 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states, boo
   b.mask = block.take(vector ? 0 : C * L);
   b.ones = block.take(vector ? C * L : 0);
   for (float** x : {&b.Aqk, &b.Akk, &b.T}) *x = block.take(C * L);
-  for (float** x : {&b.Qx, &b.Kx, &b.Ke}) *x = block.take(vector ? C * Dk : 0);
+  for (float** x : {&b.Qx, &b.Kx, &b.Ke, &b.Qh, &b.Kh, &b.Kb}) *x = block.take(vector ? C * Dk : 0);
   for (float** x : {&b.X, &b.R, &b.Wm}) *x = block.take(C * Dv);
   b.Bp = block.take(Dk * PC);
   b.WTp = block.take(Dv * PC);
@@ -133,10 +133,43 @@ void scores(const Buffers& B, const Shape& s, const Problem& p, const Chunk& c, 
     for (int i = 0; i < n; ++i) B.Akk[std::size_t(i) * L + i] = 0.0f;
     return;
   }
-  // Rows in blocks of kLaneRows, each against every column up to its last row.
-  for (int i0 = 0; i0 < n; i0 += kLaneRows)
-    lane_scores<2>(D, i0, std::min(n, i0 + kLaneRows), 0, c.k, B.a, {c.q, c.k}, {alpha, 1.0f}, {B.Aqk, B.Akk}, L,
+  // Vector gates: the rows in sub-chunks of kGateSubChunk = kLaneRows (the gated form's secondary
+  // chunking, cpu_chunked_gated.cpp). Between sub-chunks I > J, with r_I = b at the row before I
+  // and e_J = b at J's last row, exp(b_i - b_m) = exp(b_i - r_I) exp(r_I - e_J) exp(e_J - b_m),
+  // three factors <= 1: Qh = Q . exp(b - r), Kh = K . exp(b - r), Kb = K . exp(e - b) and f_IJ =
+  // exp(r_I - e_J) on the packed Kb^T's rows, one tile product per row block and source. Within a
+  // sub-chunk, lane_scores (a running product of exp(g), the rows in the vector lanes).
+  static_assert(kGateSubChunk == kLaneRows && kGateSubChunk == tile::kNR);
+  constexpr int c0 = kGateSubChunk;
+  const int blocks = (n + c0 - 1) / c0;
+  float* __restrict f = B.row;
+  for (int j = 0; j < (blocks - 1) * c0; ++j) {  // Kb of every whole sub-chunk but the last
+    const std::size_t o = std::size_t(j) * D;
+    exp_of_difference(f, B.b + std::size_t(j / c0 * c0 + c0 - 1) * D, B.b + o, D);
+    multiply_into(B.Kb + o, c.k + o, f, D);
+  }
+  for (int I = 1; I < blocks; ++I) {
+    const int i0 = I * c0, i1 = std::min(n, i0 + c0);
+    const double* r = B.b + std::size_t(i0 - 1) * D;
+    for (int i = i0; i < i1; ++i) {
+      const std::size_t o = std::size_t(i) * D;
+      exp_of_difference(f, B.b + o, r, D);
+      multiply_into(B.Qh + o, c.q + o, f, D);
+      multiply_into(B.Kh + o, c.k + o, f, D);
+    }
+    for (int J = 0; J < I; ++J) {
+      exp_of_difference(f, r, B.b + std::size_t(J * c0 + c0 - 1) * D, D);
+      tile::pack(B.Kb + std::size_t(J) * c0 * D, D, true, D, c0, f, B.Bp + std::size_t(J) * D * tile::kNR);
+    }
+    for (const auto& [out, x, scale] : {std::tuple{B.Aqk, B.Qh, alpha}, std::tuple{B.Akk, B.Kh, 1.0f}})
+      tile::run(rows_product(out + std::size_t(i0) * L, L, i1 - i0, i0,
+                             seg(Range::full, D, x + std::size_t(i0) * D, D, 1, B.Bp), scale));
+  }
+  for (int I = 0; I < blocks; ++I) {
+    const int i0 = I * c0;
+    lane_scores<2>(D, i0, std::min(n, i0 + c0), i0, c.k, B.a, {c.q, c.k}, {alpha, 1.0f}, {B.Aqk, B.Akk}, L,
                    B.lanes);
+  }
   for (int i = 0; i < n; ++i) {
     std::fill(B.Aqk + std::size_t(i) * L + i + 1, B.Aqk + std::size_t(i) * L + C, 0.0f);
     std::fill(B.Akk + std::size_t(i) * L + i, B.Akk + std::size_t(i) * L + C, 0.0f);  // A_kk: strictly lower

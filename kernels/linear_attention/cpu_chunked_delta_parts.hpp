@@ -71,6 +71,7 @@ struct Buffers {
   float *a, *EQ, *EK, *decay, *row;    // exp(g), exp(b), exp(b_{n-1} - b): C x gw; Dk; Dk (vector gates' pair factors)
   float *mask, *ones, *Aqk, *Akk, *T;  // C x score_ld
   float *Qx, *Kx, *Ke;                 // vector gates: Q . G, K . G, K . exp(b_{n-1} - b), C x Dk
+  float *Qh, *Kh, *Kb;                 // vector gates' sub-chunk operands (scores), C x Dk
   float *X, *R, *Wm;                   // C x Dv: (K . G) S then E; R; W
   float *Bp, *WTp;                     // K^T panels Dk x P(C), W^T panels Dv x P(C)
   float *Rp, *Wp, *Wep;                // C x P(Dv) panels

@@ -48,6 +48,7 @@
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu.hpp"
+#include "kernels/linear_attention/cpu_chunk_products.hpp"
 #include "kernels/linear_attention/cpu_delta.hpp"
 #include "kernels/linear_attention/cpu_delta_walk.hpp"
 #include "kernels/linear_attention/cpu_scan_split.hpp"
@@ -212,23 +213,6 @@ void set_decay(const Ctx& x, const Head& h, const float* buf, int first, int t, 
   }
 }
 
-float row_dot(const float* __restrict x, const float* __restrict y, int n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int d = 0; d < n; ++d) sum += x[d] * y[d];
-  return sum;
-}
-
-void multiply_into(float* __restrict out, const float* __restrict a, const float* __restrict x, int n) {
-#pragma omp simd
-  for (int d = 0; d < n; ++d) out[d] = a[d] * x[d];
-}
-
-void scale_into(float* __restrict out, float a, const float* __restrict x, int n) {
-#pragma omp simd
-  for (int d = 0; d < n; ++d) out[d] = a * x[d];
-}
-
 // The decay's factor of token t on every key channel, for scalar decays (1 for none and t < 0).
 float scalar_gate(const Ctx& x, const Head& h, const float* buf, int first, int t) {
   if (t < 0) return 1.0f;
@@ -255,7 +239,7 @@ void prepare_pairs(const Ctx& x, const Head& h, const Scratch& s, int t0, int n,
   }
   auto gate_row = [&](int t) { return s.gates + std::size_t(t - first) * x.gw; };
   if (with_o)
-    for (int u = 0; u < n; ++u) s.qk[u] = row_dot(h.q + std::size_t(t0 + u) * Dk, h.k + std::size_t(t0 + u) * Dk, Dk);
+    for (int u = 0; u < n; ++u) s.qk[u] = dot(h.q + std::size_t(t0 + u) * Dk, h.k + std::size_t(t0 + u) * Dk, Dk);
   for (int j = 0; 2 * j < n; ++j) {
     const int t = t0 + 2 * j;
     const bool second = t + 1 < T;
@@ -291,8 +275,8 @@ void prepare_pairs(const Ctx& x, const Head& h, const Scratch& s, int t0, int n,
       std::fill_n(xq, Dk, 0.0f);
     }
     const float* kt = h.k + std::size_t(t) * Dk;
-    s.pair_kk[j] = row_dot(kt, xk, Dk);
-    s.pair_kq[j] = with_o ? row_dot(kt, xq, Dk) : 0.0f;
+    s.pair_kk[j] = dot(kt, xk, Dk);
+    s.pair_kq[j] = with_o ? dot(kt, xq, Dk) : 0.0f;
   }
 }
 
