@@ -152,12 +152,13 @@ TEST_CASE("delta rule: each CPU kernel's scratch equals its closed form", "[delt
         // for vector gates else 1; per thread b (C g doubles) and dg's D doubles, the gates'
         // factors, the mask (or the ones mask), A_qk, A_kk, T, six C x D operands and the
         // scores' lanes (2 sources x D x 32 rows) for vector gates, X, R, W, K^T and W^T panels, three C x PD panels and the packed state; the
-        // backward adds dP_qk, dP_kk, dW, dK_read, dK_write, four C x PD panels, S^T, dS, dS^T and,
-        // without kept states, every chunk's packed state.
+        // backward adds dP_qk, dP_kk, dW, dK_read, dK_write, four C x PD panels, S^T, dS, dS^T, for
+        // vector gates three C x D rows for the score gradients' products and, without kept states,
+        // every chunk's packed state.
         const std::size_t L = C + 16, PD = (D + 31) / 32 * 32, PC = (C + 31) / 32 * 32, g = vector ? D : 1;
         const std::size_t fwd = lines(2 * C * g + 2 * D + (vector ? C * D : 0) + 2 * C * g + 2 * D + C * L + 3 * C * L +
                                       (vector ? 6 * C * D + 2 * D * 32 : 0) + 3 * C * D + 2 * D * PC + 3 * C * PD + D * PD);
-        const std::size_t bwd_extra = 2 * C * L + 3 * C * D + 4 * C * PD + 3 * D * PD;
+        const std::size_t bwd_extra = 2 * C * L + 3 * C * D + 4 * C * PD + 3 * D * PD + (vector ? 3 * C * D : 0);
         const std::size_t SF = D * PD;
         auto bwd = [&](bool kept) {
           return lines(2 * C * g + 2 * D + (vector ? C * D : 0) + 2 * C * g + 2 * D + C * L + 3 * C * L +

@@ -138,14 +138,15 @@ TEST_CASE("chunked delta rule's scratch on the section 1c shapes equals its clos
         // (Dv x PC), three C x PV panels and the state; the backward adds dP_qk, dP_kk, dW (C x Dv),
         // dK_read and dK_write (C x Dk), K and Q panels (C x PK), dO and Z panels (C x PV), S^T and
         // dS^T (Dv x PK), dS, every chunk's state of the longest sequence when recomputing, and a
-        // chunk of dq (C x Dk) when a thread runs a group's value heads one after another.
+        // chunk of dq (C x Dk) when a thread runs a group's value heads one after another, and for
+        // vector gates three C x Dk rows for the score gradients' products.
         const std::size_t fwd_floats = (2 * C * g + 2 * Dk + (vector ? C * Dk : 0) + 2 * C * g + 2 * Dk + 4 * C * L +
                                       (vector ? 6 * C * Dk + 2 * Dk * 32 : 0) + 3 * C * Dv + Dk * PC + Dv * PC +
                                       3 * C * PV + SF);
         const std::size_t fwd = lines(fwd_floats);
         auto bwd_thread = [&](bool kept, bool grouped) {
           return lines(fwd_floats + 2 * C * L + C * Dv + 2 * C * Dk + 2 * C * PK + 2 * C * PV + 2 * Dv * PK + SF +
-                       (kept ? 0 : most_chunks * SF) + (grouped ? C * Dk : 0));
+                       (kept ? 0 : most_chunks * SF) + (grouped ? C * Dk : 0) + (vector ? 3 * C * Dk : 0));
         };
         // The documents' order table (one int each, on a cache line) when packed.
         const std::size_t order = p.packed() ? lines(N) : 0;

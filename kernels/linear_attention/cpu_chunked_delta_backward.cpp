@@ -58,16 +58,73 @@ void scale_rows(float* __restrict x, const float* __restrict f, int n, int D) {
   for (int e = 0; e < n * D; ++e) x[e] *= f[e];
 }
 
-// The scores' gradients into dQ, dK_read and dK_write for vector gates, by hand: for every pair
-// m <= i, w = exp(b_i - b_m) kept as a running product while m walks down.
+// The scores' gradients into dQ, dK_read and dK_write for vector gates, with w_im = exp(b_i - b_m)
+// per channel for m <= i:
+//   dq_i += sum_m dP_qk[i][m] w_im . k_m,   dK_read_i += sum_m dP_kk[i][m] w_im . k_m,
+//   dK_write_m += sum_i w_im . (dP_qk[i][m] q_i + dP_kk[i][m] k_i).
+// Between sub-chunks I > J (the forward's scores: r_I, e_J, Qh, Kh, Kb, left in the buffers by
+// scores), w_im = exp(b_i - r_I) f_IJ exp(e_J - b_m), f_IJ = exp(r_I - e_J), so each sum is a tile
+// product over the rows of Kb, Qh or Kh scaled by f of their block pair, times the factor of the
+// output's own row after. Within a sub-chunk, pair by pair with w a running product.
 void vector_score_gradients(const Buffers& B, const Shape& s, const Chunk& c, float* dq) {
-  const int D = s.Dk, L = s.L;
+  const int D = s.Dk, L = s.L, n = c.n;
+  constexpr int c0 = kGateSubChunk;
+  const int blocks = (n + c0 - 1) / c0;
+  float* __restrict f = B.row;
+  auto last_of = [&](int J) { return B.b + std::size_t(J * c0 + c0 - 1) * D; };  // e_J
+  // out[i] += F_i . Y[i - i0] for rows [i0, i1): F_i = exp(b_i - r_I) for a row block's own rows
+  // (dq, dK_read), exp(e_J - b_i) for a column block's (dK_write).
+  auto add_scaled_rows = [&](float* out, int i0, int i1, const double* ref, bool row_side) {
+    for (int i = i0; i < i1; ++i) {
+      const std::size_t o = std::size_t(i) * D;
+      if (row_side) exp_of_difference(f, B.b + o, ref, D);
+      else exp_of_difference(f, ref, B.b + o, D);
+      float* __restrict x = out + o;
+      const float* __restrict y = B.Y + std::size_t(i - i0) * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) x[d] += f[d] * y[d];
+    }
+  };
+  for (int I = 1; I < blocks; ++I) {  // rows of I against the columns of every J < I
+    const int i0 = I * c0, i1 = std::min(n, i0 + c0);
+    const double* r = B.b + std::size_t(i0 - 1) * D;
+    for (int J = 0; J < I; ++J) {
+      exp_of_difference(f, r, last_of(J), D);
+      for (int m = J * c0; m < J * c0 + c0; ++m)
+        multiply_into(B.Xq + std::size_t(m) * D, B.Kb + std::size_t(m) * D, f, D);
+    }
+    tile::pack(B.Xq, D, false, i0, D, nullptr, B.Kp);
+    for (const auto& [dP, out] : {std::pair{B.dPqk, dq}, std::pair{B.dPkk, B.dKr}}) {
+      tile::run(rows_product(B.Y, D, i1 - i0, D, seg(Range::full, i0, dP + std::size_t(i0) * L, L, 1, B.Kp)));
+      add_scaled_rows(out, i0, i1, r, true);
+    }
+  }
+  for (int J = 0; J + 1 < blocks; ++J) {  // columns of J against the rows of every I > J
+    const int j0 = J * c0, j1 = j0 + c0;
+    const double* e = last_of(J);
+    for (int I = J + 1; I < blocks; ++I) {
+      const int i0 = I * c0, i1 = std::min(n, i0 + c0);
+      exp_of_difference(f, B.b + std::size_t(i0 - 1) * D, e, D);
+      for (int i = i0; i < i1; ++i) {
+        const std::size_t o = std::size_t(i) * D;
+        multiply_into(B.Xq + o, B.Qh + o, f, D);
+        multiply_into(B.Xk + o, B.Kh + o, f, D);
+      }
+    }
+    const int rows = n - j1;
+    tile::pack(B.Xq + std::size_t(j1) * D, D, false, rows, D, nullptr, B.Qp);
+    tile::pack(B.Xk + std::size_t(j1) * D, D, false, rows, D, nullptr, B.Kp);
+    Product y = rows_product(B.Y, D, c0, D, seg(Range::full, rows, B.dPqk + std::size_t(j1) * L + j0, 1, L, B.Qp));
+    y.s2 = seg(Range::full, rows, B.dPkk + std::size_t(j1) * L + j0, 1, L, B.Kp);
+    tile::run(y);
+    add_scaled_rows(B.dKw, j0, j1, e, false);
+  }
   float* __restrict w = B.row;
-  for (int i = 0; i < c.n; ++i) {
+  for (int i = 0; i < n; ++i) {
     std::fill_n(w, D, 1.0f);
     const float *qi = c.q + std::size_t(i) * D, *ki = c.k + std::size_t(i) * D;
     float *__restrict dqi = dq + std::size_t(i) * D, *__restrict dkri = B.dKr + std::size_t(i) * D;
-    for (int m = i; m >= 0; --m) {
+    for (int m = i; m >= i / c0 * c0; --m) {
       const float* km = c.k + std::size_t(m) * D;
       float* __restrict dkwm = B.dKw + std::size_t(m) * D;
       const float x = B.dPqk[std::size_t(i) * L + m], y = B.dPkk[std::size_t(i) * L + m];

@@ -18,7 +18,7 @@
 // products apply; vector gates cannot be a mask (the factor is per channel inside the dot product):
 // their scores are the gated form's sub-chunk products (at scores) with lane_scores within a
 // sub-chunk (cpu_chunk_products.hpp: a running product of exp(g), the rows in the vector lanes),
-// and the backward sums the scores' gradients pair by pair (docs/kernels.md).
+// and the backward's score gradients take the same sub-chunks (docs/kernels.md).
 //
 // The forward's items, (sequence, value head) pairs, are independent; the states entering the
 // chunks are kept when the caller asks (packed S, per item at the item's offset).
@@ -73,6 +73,7 @@ Buffers carve(const Problem& p, float* base, bool backward, bool own_states, boo
     b.dSTp = block.take(Dv * PK);
     b.states = block.take(own_states ? std::size_t(s.chunks) * s.SF : 0);
     b.dQ = block.take(own_dq ? C * Dk : 0);
+    for (float** x : {&b.Xq, &b.Xk, &b.Y}) *x = block.take(vector ? C * Dk : 0);
   }
   b.used = block.floats();
   return b;

@@ -83,6 +83,7 @@ struct Buffers {
   float *Kp, *Qp, *dOp, *Zp;           // C x P(Dk); C x P(Dk); C x P(Dv); C x P(Dv)
   float *STp, *dSp, *dSTp, *states;    // Dv x P(Dk), Dk x P(Dv), Dv x P(Dk); states: chunks of them, when recomputed
   float *dQ;                           // C x Dk: a group member's own dq, when members add into a shared dq
+  float *Xq, *Xk, *Y;                  // vector gates: rows scaled for packing, and a product, C x Dk each
   std::size_t used = 0;  // floats of the thread's block
 };
 
