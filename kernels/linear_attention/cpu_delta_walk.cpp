@@ -32,47 +32,53 @@ void walk(const DeltaWalk& w) {
   for (int h = 0; h < 2; ++h)
     for (int n = 0; n < NV; ++n) y1[h][n] = y2[h][n] = y3[h][n] = I::zero();
 
+  // The operands' pointers in locals: read through w, every store to the state would make the
+  // compiler load them again for the next row.
+  float* const S = w.S;
+  const float *__restrict b1 = w.b1, *__restrict b2 = w.b2, *__restrict a_rows = w.a_rows;
+  const float *__restrict x1 = w.x1, *__restrict x2 = w.x2, *__restrict x3 = w.x3;
   auto row = [&](int h, int i) __attribute__((always_inline)) {
-    float* p = w.S + std::size_t(i) * W;
+    float* p = S + std::size_t(i) * W;
     V r[NV];
     for (int n = 0; n < NV; ++n) r[n] = I::loadu(p + n * L);
     if constexpr (U1) {
-      const V b = I::set1(w.b1[i]);
+      const V b = I::set1(b1[i]);
       for (int n = 0; n < NV; ++n) r[n] = I::fma(b, c1[n], r[n]);
     }
     if constexpr (DEC == WalkDecay::scalar)
       for (int n = 0; n < NV; ++n) r[n] = I::mul(r[n], as);
     if constexpr (DEC == WalkDecay::rows) {
-      const V a = I::set1(w.a_rows[i]);
+      const V a = I::set1(a_rows[i]);
       for (int n = 0; n < NV; ++n) r[n] = I::mul(r[n], a);
     }
     if constexpr (DEC == WalkDecay::columns)
       for (int n = 0; n < NV; ++n) r[n] = I::mul(r[n], ac[n]);
     if constexpr (NA >= 1) {
-      const V x = I::set1(w.x1[i]);
+      const V x = I::set1(x1[i]);
       for (int n = 0; n < NV; ++n) y1[h][n] = I::fma(x, r[n], y1[h][n]);
     }
     if constexpr (NA >= 2) {
-      const V x = I::set1(w.x2[i]);
+      const V x = I::set1(x2[i]);
       for (int n = 0; n < NV; ++n) y2[h][n] = I::fma(x, r[n], y2[h][n]);
     }
     if constexpr (U2) {
-      const V b = I::set1(w.b2[i]);
+      const V b = I::set1(b2[i]);
       for (int n = 0; n < NV; ++n) r[n] = I::fma(b, c2[n], r[n]);
     }
     if constexpr (RB) {
-      const V x = I::set1(w.x3[i]);
+      const V x = I::set1(x3[i]);
       for (int n = 0; n < NV; ++n) y3[h][n] = I::fma(x, r[n], y3[h][n]);
     }
     for (int n = 0; n < NV; ++n) I::storeu(p + n * L, r[n]);
   };
 
+  const int D = w.D;
   int i = 0;
-  for (; i + 2 <= w.D; i += 2) {
+  for (; i + 2 <= D; i += 2) {
     row(0, i);
     row(1, i + 1);
   }
-  if (i < w.D) row(0, i);
+  if (i < D) row(0, i);
   for (int n = 0; n < NV; ++n) {
     if constexpr (NA >= 1) I::storeu(w.y1 + n * L, I::add(y1[0][n], y1[1][n]));
     if constexpr (NA >= 2) I::storeu(w.y2 + n * L, I::add(y2[0][n], y2[1][n]));
