@@ -17,7 +17,7 @@
 // Forward (one walk per pair of tokens, each row loaded and stored once per pair; the algebra at
 // prepare_pairs): the walk for tokens t, t+1 applies the pending updates of t-2 and t-1 with the
 // decays between, and reads out S'_t^T of k_t, q_t, a_{t+1} . k_{t+1} and a_{t+1} . q_{t+1}; w_t,
-// w_{t+1}, o_t and o_{t+1} follow from them, and a last walk applies the last pair's for hT.
+// w_{t+1}, o_t and o_{t+1} follow from them, and a last walk applies the last pair's updates for hT.
 //
 // Backward, with G_t = dL/dS_t, P_t = dL/dS'_t = G_t - k_t dv_t^T (dv_t = beta_t G_t^T k_t), and
 // e_t = v_t - u_t:
@@ -217,12 +217,9 @@ void set_decay(const Ctx& x, const Head& h, const float* buf, int first, int t, 
 float scalar_gate(const Ctx& x, const Head& h, const float* buf, int first, int t) {
   if (t < 0) return 1.0f;
   switch (x.decay) {
-    case Decay::retnet:
-      return h.gamma;
-    case Decay::scalar:
-      return buf[t - first];
-    default:
-      return 1.0f;
+    case Decay::retnet: return h.gamma;
+    case Decay::scalar: return buf[t - first];
+    default: return 1.0f;
   }
 }
 
