@@ -1,7 +1,7 @@
 // The delta rule's CPU kernels (docs/spec.md section 1b), behind the entry points of cpu.hpp, which call
-// them for problems with rule delta: the scan (cpu_scan_delta.cpp) and the chunked WY form
-// (cpu_chunked_delta_forward.cpp and cpu_chunked_delta_backward.cpp). Scratch sizes in floats, in
-// closed form (docs/kernels.md).
+// them for problems with rule delta: the scan (cpu_scan_delta_forward.cpp and cpu_scan_delta.cpp)
+// and the chunked WY form (cpu_chunked_delta_forward.cpp and cpu_chunked_delta_backward.cpp).
+// Scratch sizes in floats, in closed form (docs/kernels.md).
 #pragma once
 
 #include <cstddef>

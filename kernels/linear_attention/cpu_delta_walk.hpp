@@ -40,7 +40,7 @@ struct DeltaWalk {
   float *y1 = nullptr, *y2 = nullptr, *y3 = nullptr;
 };
 
-// A walk for two tokens at once, the forward's (cpu_scan_delta.cpp): row by row,
+// A walk for two tokens at once, the forward's (cpu_scan_delta_forward.cpp): row by row,
 //
 //   r <- r + b1[i] c1            (the first pending update)
 //   r <- r . A                   (the decays of both tokens: a scalar or a factor per row)

@@ -4,8 +4,9 @@
 // the key channels, one per slice (Problem::slice: a sequence, or a packed document, and a value
 // head), whose q and k rows are read in place from its q/k head.
 //
-// Over 500 lines: the forward and the backward's four passes share the walks' setup, the tails and
-// the scratch carve, and read best together.
+// This file: the method (below), what the forward and the backward share (declared in
+// cpu_scan_delta_parts.hpp), and the backward; the forward's pairs of tokens and its recurrence,
+// which the backward runs again as F1, are in cpu_scan_delta_forward.cpp.
 //
 // Every pass is a sequence of walks (cpu_delta_walk.hpp) over column blocks of a packed state; the
 // columns of S (and of G, S^T, G^T) are independent in every pass, so each token (or pair of
@@ -14,8 +15,8 @@
 // walk on the next block, which needs nothing of it, fills that wait. S and G have Dv columns, S^T
 // and G^T Dk.
 //
-// Forward (one walk per pair of tokens, each row loaded and stored once per pair; the algebra at
-// prepare_pairs): the walk for tokens t, t+1 applies the pending updates of t-2 and t-1 with the
+// Forward (one walk per pair of tokens, each row loaded and stored once per pair; the algebra in
+// cpu_scan_delta_forward.cpp): the walk for tokens t, t+1 applies the pending updates of t-2 and t-1 with the
 // decays between, and reads out S'_t^T of k_t, q_t, a_{t+1} . k_{t+1} and a_{t+1} . q_{t+1}; w_t,
 // w_{t+1}, o_t and o_{t+1} follow from them, and a last walk applies the last pair's updates for hT.
 //
@@ -48,35 +49,21 @@
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu.hpp"
-#include "kernels/linear_attention/cpu_chunk_products.hpp"
 #include "kernels/linear_attention/cpu_delta.hpp"
 #include "kernels/linear_attention/cpu_delta_walk.hpp"
-#include "kernels/linear_attention/cpu_scan_split.hpp"
+#include "kernels/linear_attention/cpu_scan_delta_parts.hpp"
 
 namespace lattn::cpu {
+namespace scan_delta {
 namespace {
-
-constexpr int kTile = 64;  // tokens per tile: 64 tokens of ~5 row operands of D = 128 are 160 KiB, in L2
-constexpr int kPairs = kTile / 2;  // the forward's pairs of tokens per tile
-
-struct Ctx {
-  Vec vec;
-  int Dk, Dv, W;
-  int Dkp, Dvp;  // Dk, Dv rounded up to W
-  int gw;        // gate floats per token in the tile buffer
-  Decay decay;
-  float s;
-  // Where the backward keeps e_t: in dq (false), or in T x Dv floats of the thread's scratch, T the
-  // longest slice's tokens (e_tokens).
-  bool e_scratch;
-  int e_tokens;
-};
 
 int longest_slice(const Problem& p) {
   int most = 0;
   for (int n = 0; n < p.sequences(); ++n) most = std::max(most, p.slice(std::size_t(n) * p.heads).seq);
   return most;
 }
+
+}  // namespace
 
 Ctx context(const Problem& p) {
   Ctx x;
@@ -93,23 +80,6 @@ Ctx context(const Problem& p) {
   x.e_tokens = x.e_scratch ? longest_slice(p) : 0;
   return x;
 }
-
-// One thread's buffers, carved from its block (base null: only counted).
-struct Scratch {
-  double* dg_acc;  // Dkp: dg's running sums per key channel
-  float *S, *ST;   // packed states, Dk x Dvp and (backward only) Dv x Dkp
-  float *gates;    // exp(g) of a tile's tokens and the ones before and after it, (kTile + 2) x gw
-  float *stage;    // e of a tile's tokens, kTile x Dv (backward only)
-  float *carry, *carry2;  // Dvp each: the pending updates' column operands of each block
-  float *c1, *c2, *y1, *y2, *y3, *y4;  // W each
-  float* qk;       // kTile: q_t . k_t (forward)
-  // The forward's pairs (prepare_pairs), kPairs of each: a_{t-1} a_t (vector gates), a_t . k_{t-1},
-  // a_{t+1} . k_{t+1}, a_{t+1} . q_{t+1} (Dk floats each), and three scalars (a_{t-1} a_t for scalar
-  // decays, k_t . (a_{t+1} . k_{t+1}), k_t . (a_{t+1} . q_{t+1})).
-  float *pair_a, *pair_b2, *pair_k, *pair_q, *pair_decay, *pair_kk, *pair_kq;
-  float* e;        // e_tokens x Dv: e_t (backward, Ctx::e_scratch)
-  std::size_t used = 0;
-};
 
 Scratch carve(const Ctx& x, float* base, bool backward) {
   Scratch s;
@@ -159,18 +129,6 @@ void unpack_blocks(const float* src, float* dst, int rows, int cols, int W, int 
   }
 }
 
-// W floats of x (n of them) from column c, scaled, zero past the last.
-void padded(float* out, const float* x, float scale, int n, int W, int c) {
-  for (int j = 0; j < W; ++j) out[j] = c + j < n ? scale * x[c + j] : 0.0f;
-}
-
-// One slice's inputs.
-struct Head {
-  const float *q, *k, *v, *beta, *g;  // g: this slice's log-gates, or null
-  float gamma;                         // retnet's (1 otherwise)
-  int T;
-};
-
 Head head_of(const Problem& p, const HeadSlice& h, const float* q, const float* k, const float* v,
              const float* beta, const float* g) {
   return {q + h.key, k + h.key, v + h.value, beta + h.beta, g ? g + h.gate : nullptr,
@@ -188,6 +146,17 @@ void take_gates(const Ctx& x, const Head& h, float* buf, int first, int count) {
     for (int d = 0; d < width; ++d) out[d] = exp_nonpositive(g[d]);
     for (int d = width; d < x.gw; ++d) out[d] = 0.0f;
   }
+}
+
+}  // namespace scan_delta
+
+namespace {
+
+using namespace scan_delta;
+
+// W floats of x (n of them) from column c, scaled, zero past the last.
+void padded(float* out, const float* x, float scale, int n, int W, int c) {
+  for (int j = 0; j < W; ++j) out[j] = c + j < n ? scale * x[c + j] : 0.0f;
 }
 
 // A_t on a walk over block c of S or G (rows: the key channels) or of S^T or G^T (columns); no
@@ -211,210 +180,6 @@ void set_decay(const Ctx& x, const Head& h, const float* buf, int first, int t, 
       else w.a_rows = buf + std::size_t(t - first) * x.gw;
       return;
   }
-}
-
-// The decay's factor of token t on every key channel, for scalar decays (1 for none and t < 0).
-float scalar_gate(const Ctx& x, const Head& h, const float* buf, int first, int t) {
-  if (t < 0) return 1.0f;
-  switch (x.decay) {
-    case Decay::retnet: return h.gamma;
-    case Decay::scalar: return buf[t - first];
-    default: return 1.0f;
-  }
-}
-
-// The pairs of tokens [t0, t0 + n): their operands (above) into the scratch, and q_t . k_t into
-// s.qk when the forward makes o. The gates buffer takes tokens t0 - 1 .. t0 + n - 1.
-void prepare_pairs(const Ctx& x, const Head& h, const Scratch& s, int t0, int n, bool with_o) {
-  const int Dk = x.Dk, T = h.T, first = t0 - 1;
-  const bool vector = x.decay == Decay::vector;
-  if (t0 == 0) {
-    if (x.gw) std::fill_n(s.gates, x.gw, 1.0f);
-    take_gates(x, h, s.gates + x.gw, t0, n);
-  } else {
-    take_gates(x, h, s.gates, first, n + 1);
-  }
-  auto gate_row = [&](int t) { return s.gates + std::size_t(t - first) * x.gw; };
-  if (with_o)
-    for (int u = 0; u < n; ++u) s.qk[u] = dot(h.q + std::size_t(t0 + u) * Dk, h.k + std::size_t(t0 + u) * Dk, Dk);
-  for (int j = 0; 2 * j < n; ++j) {
-    const int t = t0 + 2 * j;
-    const bool second = t + 1 < T;
-    float* __restrict b2 = s.pair_b2 + std::size_t(j) * Dk;
-    float* __restrict xk = s.pair_k + std::size_t(j) * Dk;
-    float* __restrict xq = s.pair_q + std::size_t(j) * Dk;
-    const float* k_prev = t > 0 ? h.k + std::size_t(t - 1) * Dk : nullptr;
-    const float *k_next = second ? h.k + std::size_t(t + 1) * Dk : nullptr,
-                *q_next = second ? h.q + std::size_t(t + 1) * Dk : nullptr;
-    if (vector) {
-      const float *__restrict a_prev = gate_row(t - 1), *__restrict a_t = gate_row(t);
-      float* __restrict a = s.pair_a + std::size_t(j) * Dk;
-#pragma omp simd
-      for (int d = 0; d < Dk; ++d) a[d] = a_prev[d] * a_t[d];
-      if (k_prev) multiply_into(b2, a_t, k_prev, Dk);
-      if (second) {
-        multiply_into(xk, gate_row(t + 1), k_next, Dk);
-        if (with_o) multiply_into(xq, gate_row(t + 1), q_next, Dk);
-      }
-    } else {
-      const float a_t = scalar_gate(x, h, s.gates, first, t);
-      const float a_next = second ? scalar_gate(x, h, s.gates, first, t + 1) : 0.0f;
-      s.pair_decay[j] = scalar_gate(x, h, s.gates, first, t - 1) * a_t;
-      if (k_prev) scale_into(b2, a_t, k_prev, Dk);
-      if (second) {
-        scale_into(xk, a_next, k_next, Dk);
-        if (with_o) scale_into(xq, a_next, q_next, Dk);
-      }
-    }
-    if (!k_prev) std::fill_n(b2, Dk, 0.0f);
-    if (!second) {
-      std::fill_n(xk, Dk, 0.0f);
-      std::fill_n(xq, Dk, 0.0f);
-    }
-    const float* kt = h.k + std::size_t(t) * Dk;
-    s.pair_kk[j] = dot(kt, xk, Dk);
-    s.pair_kq[j] = with_o ? dot(kt, xq, Dk) : 0.0f;
-  }
-}
-
-// A pair's tail on a block's m columns, from its readouts y[0..3] (S'_t^T of k_t, q_t, a_{t+1} .
-// k_{t+1}, a_{t+1} . q_{t+1}; the q ones only with o): the pending updates w_t = beta_t e_t (carry1)
-// and w_{t+1} (carry2, 0 past the last token), e (when given, rows e_step apart) and o (when given,
-// rows Dv apart). One restrict-qualified loop per output, so that each vectorises.
-struct PairTail {
-  const float* v;  // v_t's columns; v_{t+1}'s Dv further
-  std::size_t Dv;
-  float beta0, beta1, qk0, qk1, kk, kq;  // beta, q . k of both tokens; k_t . (a k_{t+1}), k_t . (a q_{t+1})
-  bool second;
-  float scale;
-};
-
-void pair_tail(const PairTail& p, float* const (&y)[4], float* __restrict carry1, float* __restrict carry2,
-               float* __restrict e, std::size_t e_step, float* __restrict o, int m) {
-  const float *__restrict v0 = p.v, *__restrict v1 = p.v + p.Dv, *__restrict y0 = y[0], *__restrict y2 = y[2];
-  const float beta0 = p.beta0, beta1 = p.beta1, kk = p.kk;
-#pragma omp simd
-  for (int j = 0; j < m; ++j) carry1[j] = beta0 * (v0[j] - y0[j]);
-  if (p.second) {
-#pragma omp simd
-    for (int j = 0; j < m; ++j) carry2[j] = beta1 * (v1[j] - y2[j] - kk * carry1[j]);
-  } else {
-    std::fill_n(carry2, m, 0.0f);
-  }
-  if (e) {
-    float *__restrict e0 = e, *__restrict e1 = e + e_step;
-#pragma omp simd
-    for (int j = 0; j < m; ++j) e0[j] = v0[j] - y0[j];
-    if (p.second) {
-#pragma omp simd
-      for (int j = 0; j < m; ++j) e1[j] = v1[j] - y2[j] - kk * carry1[j];
-    }
-  }
-  if (o) {
-    const float *__restrict y1 = y[1], *__restrict y3 = y[3];
-    float *__restrict o0 = o, *__restrict o1 = o + p.Dv;
-    const float s = p.scale, qk0 = p.qk0, qk1 = p.qk1, kq = p.kq;
-#pragma omp simd
-    for (int j = 0; j < m; ++j) o0[j] = s * (y1[j] + qk0 * carry1[j]);
-    if (p.second) {
-#pragma omp simd
-      for (int j = 0; j < m; ++j) o1[j] = s * (y3[j] + kq * carry1[j] + qk1 * carry2[j]);
-    }
-  }
-}
-
-// The forward recurrence on value columns [c0, c1) of one slice from h0: o (when given), e_t = v_t -
-// u_t (when given, rows e_step apart) and hT (when given).
-void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c1, const Scratch& s, float* o, float* e,
-                     std::size_t e_step, float* hT) {
-  const int Dk = x.Dk, Dv = x.Dv, W = x.W, T = h.T;
-  const bool vector = x.decay == Decay::vector, decayed = x.decay != Decay::none;
-  const int cend = std::min(x.Dvp, (c1 + W - 1) / W * W);
-  pack_blocks(h0, false, s.S, Dk, Dv, W, c0, c1);
-  std::fill(s.carry + c0, s.carry + cend, 0.0f);
-  std::fill(s.carry2 + c0, s.carry2 + cend, 0.0f);
-  // The pair's decay on a walk: a_{t-1} a_t.
-  auto set_pair_decay = [&](DeltaPairWalk& w, int j) {
-    w.decay = vector ? WalkDecay::rows : decayed ? WalkDecay::scalar : WalkDecay::none;
-    w.a_rows = vector ? s.pair_a + std::size_t(j) * Dk : nullptr;
-    w.a_scalar = s.pair_decay[j];
-  };
-  int last_pair = 0;  // the first token of the slice's last pair
-  for (int t0 = 0; t0 < T; t0 += kTile) {
-    const int n = std::min(kTile, T - t0);
-    prepare_pairs(x, h, s, t0, n, o != nullptr);
-    // Pair by pair, each over every block: consecutive walks on different blocks are independent,
-    // so one block's walk runs while the one before waits for its readouts and tail (a walk's
-    // first row needs the pending updates, which need every row of the walk before).
-    for (int j = 0; 2 * j < n; ++j)
-      for (int c = c0; c < c1; c += W) {
-        const int m = std::min(W, Dv - c);
-        const int t = t0 + 2 * j;
-        const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
-        DeltaPairWalk w;
-        w.D = Dk;
-        w.S = s.S + std::size_t(c) * Dk;
-        w.b1 = h.k + (t >= 2 ? rk - 2 * std::size_t(Dk) : rk);  // w_{t-2} (none before token 2: carry 0)
-        w.c1 = s.carry + c;
-        set_pair_decay(w, j);
-        w.b2 = s.pair_b2 + std::size_t(j) * Dk;
-        w.c2 = s.carry2 + c;
-        float* const y[4] = {s.y1, s.y2, s.y3, s.y4};
-        if (o) {
-          w.readouts = 4;
-          w.x[0] = h.k + rk;
-          w.x[1] = h.q + rk;
-          w.x[2] = s.pair_k + std::size_t(j) * Dk;
-          w.x[3] = s.pair_q + std::size_t(j) * Dk;
-          std::copy(y, y + 4, w.y);
-        } else {
-          w.readouts = 2;
-          w.x[0] = h.k + rk;
-          w.x[1] = s.pair_k + std::size_t(j) * Dk;
-          w.y[0] = s.y1;
-          w.y[1] = s.y3;
-        }
-        run_delta_pair_walk(w, x.vec);
-        const bool second = t + 1 < T;
-        const PairTail tail{h.v + rv + c,
-                            std::size_t(Dv),
-                            h.beta[t],
-                            second ? h.beta[t + 1] : 0.0f,
-                            o ? s.qk[2 * std::size_t(j)] : 0.0f,
-                            o && second ? s.qk[2 * std::size_t(j) + 1] : 0.0f,
-                            s.pair_kk[j],
-                            s.pair_kq[j],
-                            second,
-                            x.s};
-        pair_tail(tail, y, s.carry + c, s.carry2 + c, e ? e + std::size_t(t) * e_step + c : nullptr, e_step,
-                  o ? o + rv + c : nullptr, m);
-      }
-    last_pair = t0 + (n - 1) / 2 * 2;
-  }
-  if (!hT) return;
-  // hT = S_{T-1}: the last pair's updates, with token t + 1's decay between them when it exists.
-  const int t = last_pair;
-  const bool second = t + 1 < T;
-  const float* a_next = nullptr;
-  if (second && vector) {
-    // The gates buffer holds the last tile's tokens from one before its first.
-    const int first = (T - 1) / kTile * kTile - 1;
-    a_next = s.gates + std::size_t(t + 1 - first) * x.gw;
-  }
-  for (int c = c0; c < c1; c += W) {
-    DeltaPairWalk w;
-    w.D = Dk;
-    w.S = s.S + std::size_t(c) * Dk;
-    w.b1 = h.k + std::size_t(t) * Dk;
-    w.c1 = s.carry + c;
-    w.decay = !second || !decayed ? WalkDecay::none : vector ? WalkDecay::rows : WalkDecay::scalar;
-    w.a_rows = a_next;
-    w.a_scalar = second ? scalar_gate(x, h, s.gates, (T - 1) / kTile * kTile - 1, t + 1) : 1.0f;
-    w.b2 = h.k + std::size_t(second ? t + 1 : t) * Dk;  // carry2 is 0 without a second token
-    w.c2 = s.carry2 + c;
-    run_delta_pair_walk(w, x.vec);
-  }
-  unpack_blocks(s.S, hT, Dk, Dv, W, c0, c1);
 }
 
 // R1's tail on a block's m columns: dv = beta G^T k (y3), the carry -dv that the next walk applies,
@@ -624,30 +389,10 @@ void backward_slice(const Ctx& x, const Problem& p, const HeadSlice& slice, bool
 
 }  // namespace
 
-std::size_t scan_delta_forward_floats(const Problem& p) {
-  const Ctx x = context(p);
-  return std::size_t(scan_split(p, 1, column_blocks(x.Dv, x.W)).threads) * carve(x, nullptr, false).used;
-}
+using namespace scan_delta;
 
 std::size_t scan_delta_backward_floats(const Problem& p) {
   return std::size_t(backward_threads(p)) * carve(context(p), nullptr, true).used;
-}
-
-void scan_delta_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
-  const Ctx x = context(p);
-  const Split split = scan_split(p, 1, column_blocks(x.Dv, x.W));
-  const std::size_t per_thread = carve(x, nullptr, false).used;
-  Workspace<float> scratch(allocator, std::size_t(split.threads) * per_thread);
-#pragma omp parallel num_threads(split.threads)
-  {
-    const Scratch s = carve(x, scratch.data() + omp_get_thread_num() * per_thread, false);
-    for_each_share(p, split, [&](long slice, int b0, int b1) {
-      const HeadSlice h = p.slice(std::size_t(slice));
-      const Columns v = block_columns(b0, b1, x.W, x.Dv);
-      forward_columns(x, head_of(p, h, a.q, a.k, a.v, a.beta, a.g), a.h0 + h.state, v.first, v.last, s,
-                      a.o + h.value, nullptr, 0, a.hT + h.state);
-    });
-  }
 }
 
 void scan_delta_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {

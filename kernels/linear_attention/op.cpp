@@ -86,8 +86,9 @@ double gate_norm(const Case& c) {
 // takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
 // the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
 // tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
-// Delta rule (cpu_scan_delta.cpp, docs/performance.md): the forward's walk per token applies the
-// pending update (2 D^2), decays (D^2, not for none) and reads out S'^T k and S'^T q (4 D^2), with
+// Delta rule (cpu_scan_delta.cpp, docs/performance.md): per token the forward applies the pending
+// update (2 D^2), decays (D^2, not for none: the recurrence's count, though the kernel's walk of two
+// tokens multiplies once for both) and reads out S'^T k and S'^T q (4 D^2), with
 // 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
 // (6 D^2 + decay each), 15 D of per-token vector work, and for gates 6 D (dg) and 3 W exps.
 // The sizes one token's flops depend on (docs/spec.md section 1c): DD = Dk Dv for the state
@@ -121,8 +122,9 @@ double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const 
 // takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
 // the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
 // tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
-// Delta rule (cpu_scan_delta.cpp, docs/performance.md): the forward's walk per token applies the
-// pending update (2 D^2), decays (D^2, not for none) and reads out S'^T k and S'^T q (4 D^2), with
+// Delta rule (cpu_scan_delta.cpp, docs/performance.md): per token the forward applies the pending
+// update (2 D^2), decays (D^2, not for none: the recurrence's count, though the kernel's walk of two
+// tokens multiplies once for both) and reads out S'^T k and S'^T q (4 D^2), with
 // 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
 // (6 D^2 + decay each), 15 D of per-token vector work, and for gates 6 D (dg) and 3 W exps.
 double scan_token_flops(const Case& c, const TokenSizes& z) {
