@@ -147,11 +147,16 @@ TEST_CASE("the packed products name their micro-kernel", "[gemm]") {
 // The hybrid layer on both product paths at every width: each call's scratch equals its closed form,
 // and the two paths give the same outputs and gradients. M = 48 is a multiple of the AVX2 panel (16)
 // but not of the AVX-512 one (32): the input projection then takes one product per weight there, and
-// one against [Wq Wk Wv] packed side by side at AVX2; 150 rows leave a short last row tile.
+// one against [Wq Wk Wv] packed side by side at AVX2; 150 rows leave a short last row tile. Head
+// dim 32 (a multiple of both panels) has the packed path write Q, K, V straight into the per-head
+// layouts, from row tiles that two sequences of 75 tokens cut in two.
 TEST_CASE("the layer's products: both paths agree, and their scratch equals the closed form", "[gemm][layer]") {
   omp_set_num_threads(2);
+  for (const LayerProblem& shape : {LayerProblem{{1, 2, 150, 24, 64, Decay::none}, 40, false},
+                                    LayerProblem{{2, 2, 75, 32, 64, Decay::none}, 40, false}})
   for (const bool chunked : {false, true}) {
-    LayerProblem p{{1, 2, 150, 24, 64, Decay::none}, 40, chunked};
+    LayerProblem p = shape;
+    p.chunked = chunked;
     const std::size_t N = p.token_elems(), W = p.weight_elems(), M = p.model_dim();
     std::mt19937 rng(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -169,7 +174,8 @@ TEST_CASE("the layer's products: both paths agree, and their scratch equals the 
       std::vector<std::vector<float>> results[2];
       for (const cpu::ProductPath path : {cpu::ProductPath::openblas, cpu::ProductPath::packed}) {
         cpu::set_product_path(path);
-        INFO(cpu::to_string(vec) << " " << cpu::product_path_name() << (chunked ? " chunked" : " scan"));
+        INFO(cpu::to_string(vec) << " " << cpu::product_path_name() << (chunked ? " chunked" : " scan") << " D"
+                                 << p.linear.dim);
         std::vector<float> out(N), dx(N), dwq(W), dwk(W), dwv(W), dwo(W), dg(M), dbeta(std::size_t(p.linear.heads));
         CountingAllocator fwd, bwd;
         cpu::layer_forward(p, {x.data(), wq.data(), wk.data(), wv.data(), wo.data(), g.data(), beta.data(), out.data()},

@@ -48,7 +48,22 @@ std::size_t packed_a_floats(int m, int k);  // A scratch of multiply_packed for 
 // The rows multiply_packed packs and multiplies at a time (MC): callers that tile C's rows for it
 // waste nothing with tiles of this many.
 int block_rows();
+// C's m rows in blocks of whole micro-tiles for `threads` threads that take them in turn: about four
+// blocks per thread, at most MC rows each, their count a multiple of the threads and their sizes
+// within one micro-tile of each other, so that the threads finish together.
+struct RowBlocks {
+  int count = 0;      // blocks
+  int most_rows = 0;  // rows of the largest block, a multiple of the micro-tile's (the A scratch's)
+  int rows = 0, tiles = 0, mr = 1;
+  int begin(int index) const;  // first row of block `index`; begin(count) is m
+};
+RowBlocks row_blocks(int m, int threads);
 void multiply_packed(bool trans_a, int m, int n, int k, const float* A, int lda, const float* packed_b, float beta,
                      float* C, int ldc, float* a_scratch);
+// The same with C's columns in panels of panel_width() placed apart: C(i, p * panel_width() + j) at
+// panel_c[p][i * ldc + j] (a product written straight into another layout, as the layer's
+// projections into [batch][head][token][dim]).
+void multiply_packed_to_panels(bool trans_a, int m, int n, int k, const float* A, int lda, const float* packed_b,
+                               float beta, float* const* panel_c, int ldc, float* a_scratch);
 
 }  // namespace lattn::cpu::gemm

@@ -35,22 +35,37 @@ namespace {
 
 constexpr int kRowTile = 256;  // 256 x 3M floats of projection output per thread: 1.5 MiB at M = 512
 
-// Rows of a projection tile: OpenBLAS's 256, or the packed products' row block (140 at AVX-512, a
-// multiple of the micro-tile's rows): a tile is then one packing of its rows and one pass over the
-// packed weights, and its output and packed rows (140 x (3M + 256) floats) take less scratch than
-// OpenBLAS's tile.
+// Rows of the projection tiles: OpenBLAS's 256, or the packed products' row blocks (gemm::row_blocks:
+// at most 140 rows at AVX-512, whole micro-tiles, as many per thread): a tile is then one packing of
+// its rows and one pass over the packed weights, and its output and packed rows (140 x (3M + 256)
+// floats) take less scratch than OpenBLAS's tile.
+gemm::RowBlocks packed_tiles(const LayerProblem& p) { return gemm::row_blocks(int(p.rows()), omp_get_max_threads()); }
 std::size_t tile_rows(const LayerProblem& p) {
-  const int rows = product_path() == ProductPath::packed ? gemm::block_rows() : kRowTile;
-  return std::min<std::size_t>(std::size_t(rows), p.rows());
+  if (product_path() == ProductPath::packed) return std::size_t(packed_tiles(p).most_rows);
+  return std::min<std::size_t>(kRowTile, p.rows());
 }
-std::size_t row_tiles(const LayerProblem& p) { return (p.rows() + tile_rows(p) - 1) / std::max<std::size_t>(tile_rows(p), 1); }
+std::size_t row_tiles(const LayerProblem& p) {
+  if (product_path() == ProductPath::packed) return std::size_t(packed_tiles(p).count);
+  return (p.rows() + kRowTile - 1) / kRowTile;
+}
+
+// Whether the packed path writes the input projections straight into the per-head layouts: every
+// packed panel's columns lie in one head of one of Q, K, V.
+bool projects_directly(const LayerProblem& p) {
+  const int nr = gemm::panel_width();
+  return product_path() == ProductPath::packed && int(p.model_dim()) % nr == 0 && p.linear.dim % nr == 0;
+}
 
 // The input projections' scratch: [Wq Wk Wv] side by side (M x 3M: copied for OpenBLAS, packed
 // for the packed products), and per thread a row tile of all three outputs (and the packed path's
-// packing of the tile's rows).
+// packing of the tile's rows); written directly, a thread's panel destinations instead of the tile.
 std::size_t projection_bytes(const LayerProblem& p) {
   const std::size_t M = p.model_dim(), rows = tile_rows(p);
   const std::size_t threads = std::size_t(threads_for(row_tiles(p)));
+  if (projects_directly(p))
+    return 3 * gemm::packed_b_floats(int(M), int(M)) * sizeof(float) +
+           threads * (gemm::packed_a_floats(int(rows), int(M)) * sizeof(float) +
+                      3 * M / std::size_t(gemm::panel_width()) * sizeof(float*));
   if (product_path() == ProductPath::packed)
     return (3 * gemm::packed_b_floats(int(M), int(M)) +
             threads * (rows * 3 * M + gemm::packed_a_floats(int(rows), int(M)))) *
@@ -71,32 +86,50 @@ void scatter_tile(const LayerProblem& p, const float* tile, std::size_t r0, std:
 
 // The packed path: the weights packed once (the threads share the panels out), then each row tile
 // multiplied on its thread. Where M is a multiple of the panel width the three packings side by side
-// are [Wq Wk Wv]'s, and one product per tile reads the tile's rows once; else one product per weight.
+// are [Wq Wk Wv]'s, and one product per tile reads the tile's rows once; where the head dim is one too,
+// every panel's columns lie in one head, and the product writes them straight into the per-head
+// layouts (a tile's rows cut where a sequence ends), with no tile to scatter from.
 void project_to_heads_packed(const LayerProblem& p, const float* x, const float* const w[3], float* const out[3],
                              Allocator& allocator) {
-  const int M = int(p.model_dim());
-  const long tiles = long(row_tiles(p));
-  const std::size_t rows = tile_rows(p);
+  const int M = int(p.model_dim()), T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
+  const gemm::RowBlocks blocks = packed_tiles(p);
+  const long tiles = blocks.count;
+  const std::size_t rows = std::size_t(blocks.most_rows);
   const std::size_t per_weight = gemm::packed_b_floats(M, M);
-  const bool joined = M % gemm::panel_width() == 0;
+  const int nr = gemm::panel_width();
+  const bool joined = M % nr == 0, direct = projects_directly(p);
   Workspace<float> packed(allocator, 3 * per_weight);
 #pragma omp parallel num_threads(threads_for(std::size_t(tiles)))
   {
     for (int which = 0; which < 3; ++which)
       gemm::pack_b(false, M, M, w[which], M, packed.data() + which * per_weight);
-    Workspace<float> tile(allocator, rows * 3 * M);
+    Workspace<float> tile(allocator, direct ? 0 : rows * 3 * M);
     Workspace<float> rows_packed(allocator, gemm::packed_a_floats(int(rows), M));
+    Workspace<float*> panel_c(allocator, direct ? std::size_t(3 * M / nr) : 0);
 #pragma omp for schedule(dynamic)  // as in parallel_sgemm
     for (long index = 0; index < tiles; ++index) {
-      const std::size_t r0 = std::size_t(index) * rows, n = std::min<std::size_t>(rows, p.rows() - r0);
-      if (joined)
+      const std::size_t r0 = std::size_t(blocks.begin(int(index))), n = std::size_t(blocks.begin(int(index) + 1)) - r0;
+      if (direct) {
+        for (std::size_t s0 = r0; s0 < r0 + n;) {
+          const std::size_t b = s0 / T, t0 = s0 % T, s1 = std::min(r0 + n, (b + 1) * T);
+          for (std::size_t panel = 0; panel < panel_c.size(); ++panel) {
+            const std::size_t col = panel * nr, which = col / M, h = col % M / Dh, d0 = col % Dh;
+            panel_c[panel] = out[which] + ((b * H + h) * T + t0) * Dh + d0;
+          }
+          gemm::multiply_packed_to_panels(false, int(s1 - s0), 3 * M, M, x + s0 * M, M, packed.data(), 0.0f,
+                                          panel_c.data(), Dh, rows_packed.data());
+          s0 = s1;
+        }
+      } else if (joined) {
         gemm::multiply_packed(false, int(n), 3 * M, M, x + r0 * M, M, packed.data(), 0.0f, tile.data(), 3 * M,
                               rows_packed.data());
-      else
+        scatter_tile(p, tile.data(), r0, n, out);
+      } else {
         for (int which = 0; which < 3; ++which)
           gemm::multiply_packed(false, int(n), M, M, x + r0 * M, M, packed.data() + which * per_weight, 0.0f,
                                 tile.data() + std::ptrdiff_t(which) * M, 3 * M, rows_packed.data());
-      scatter_tile(p, tile.data(), r0, n, out);
+        scatter_tile(p, tile.data(), r0, n, out);
+      }
     }
   }
 }
