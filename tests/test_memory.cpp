@@ -147,11 +147,12 @@ TEST_CASE("the sliding-window kernel's scratch equals its closed form and is O(T
       const std::size_t tasks = p.heads_total() * segments, bwd_threads = std::min<std::size_t>(threads, tasks);
       const std::size_t spill = segments > 1 ? tasks * 2 * std::min<std::size_t>(window - 1, p.seq) * p.dim : 0;
       // With the register-tiled products the forward takes groups of 8 blocks: a tile of Bq x
-      // (L + 31) (block key ranges start at multiples of 32), K^T of the group's keys as 32-wide
-      // panels, and the group's V rows padded to a panel when D is not a multiple of 32.
+      // (L + 31) (block key ranges start at multiples of 32) and the Bq rows' 1 / sum, K^T of the
+      // group's keys as 32-wide panels, and the group's V rows padded to a panel when D is not a
+      // multiple of 32.
       auto round32 = [](std::size_t n) { return (n + 31) / 32 * 32; };
       const std::size_t group_keys = std::min<std::size_t>(p.seq, 8 * Bq + window - 1 + 31);
-      const std::size_t tiled_fwd = Bq * std::min<std::size_t>(p.seq, Bq + window - 1 + 31) +
+      const std::size_t tiled_fwd = Bq * (std::min<std::size_t>(p.seq, Bq + window - 1 + 31) + 1) +
                                     p.dim * round32(group_keys) + (p.dim % 32 ? group_keys * round32(p.dim) : 0);
       const std::size_t fwd_tasks = p.heads_total() * (cpu::chunked_uses_tiles() ? (blocks + 7) / 8 : blocks);
       const std::size_t fwd_threads = std::min<std::size_t>(threads, fwd_tasks);

@@ -23,6 +23,10 @@ float segment_sum(const Segment& s, int i, int i0, int j) {
   int k0 = 0, k1 = s.K;
   if (s.range == Range::lower) k1 = std::min(s.K, i0 + kMR);
   if (s.range == Range::upper) k0 = std::min(s.K, i0);
+  if (s.range == Range::band) {
+    k0 = std::clamp(i0 + s.band_lo, 0, s.K);
+    k1 = std::clamp(i0 + kMR + s.band_hi, k0, s.K);
+  }
   float sum = 0.0f;
   for (int k = k0; k < k1; ++k) sum += s.a[std::ptrdiff_t(i) * s.ars + std::ptrdiff_t(k) * s.acs] * b_at(s, k, j);
   return sum;
@@ -62,6 +66,10 @@ void segment_range(const Segment& s, int i0, int& k0, int& k1) {
   k1 = s.K;
   if (s.range == Range::lower) k1 = std::min(s.K, i0 + MR);
   if (s.range == Range::upper) k0 = std::min(s.K, i0);
+  if (s.range == Range::band) {
+    k0 = std::clamp(i0 + s.band_lo, 0, s.K);
+    k1 = std::clamp(i0 + MR + s.band_hi, k0, s.K);
+  }
 }
 
 template <int MR>

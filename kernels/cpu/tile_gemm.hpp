@@ -14,8 +14,9 @@
 // broadcasts for 16 FMAs.
 //
 // Causal structure: a segment's k range can be cut to k < i0 + 8 (A lower triangular: masked
-// scores) or k >= i0 (A the transpose of a lower-triangular matrix), and an output marked lower
-// skips tiles that lie wholly above the diagonal (they are never read).
+// scores) or k >= i0 (A the transpose of a lower-triangular matrix), or to a band that moves with
+// the rows (A zero outside a sliding window), and an output marked lower skips tiles that lie
+// wholly above the diagonal (they are never read).
 #pragma once
 
 #include <cstddef>
@@ -27,7 +28,9 @@ constexpr int kNR = 32;  // columns of a micro-tile and of a packed panel
 
 inline int panel_cols(int n) { return (n + kNR - 1) / kNR * kNR; }
 
-enum class Range { none, full, lower, upper };
+// The k range of the micro-tile whose rows start at i0 (rows i0 .. i0 + MR - 1): full 0 .. K-1;
+// lower k < i0 + MR; upper k >= i0; band i0 + band_lo <= k < i0 + MR + band_hi (clipped to 0 .. K-1).
+enum class Range { none, full, lower, upper, band };
 
 struct Segment {
   Range range = Range::none;
@@ -38,6 +41,7 @@ struct Segment {
   // Or, with brs set, B read in place: B(k, j) = b[k * brs + j] for a row-major matrix whose
   // width is a multiple of 32 (no zero padding is needed then).
   long brs = 0;
+  int band_lo = 0, band_hi = 0;  // Range::band's offsets
 };
 
 // A segment over k < K of A(i, k) = a[i * ars + k * acs] and B (packed, or in place with brs).

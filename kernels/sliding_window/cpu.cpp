@@ -157,12 +157,13 @@ int max_group_keys(const Problem& p, int window) {
 bool values_in_place(int D) { return D % tile::kNR == 0; }
 
 // Per thread in the forward: the block's score tile, and with the register-tiled products also
-// the group's keys as panels of K^T and, unless V is read in place, its value rows.
+// the rows' 1 / sum (applied to P V's rows rather than to P), the group's keys as panels of K^T and,
+// unless V is read in place, its value rows.
 std::size_t forward_thread_floats(const Problem& p, int window) {
   if (!tiles_active()) return std::size_t(query_block(p)) * max_keys(p, window);
   const std::size_t G = max_group_keys(p, window), PD = tile::panel_cols(p.dim);
-  return std::size_t(query_block(p)) * max_aligned_keys(p, window) + std::size_t(p.dim) * tile::panel_cols(int(G)) +
-         (values_in_place(p.dim) ? 0 : G * PD);
+  return std::size_t(query_block(p)) * (max_aligned_keys(p, window) + 1) +
+         std::size_t(p.dim) * tile::panel_cols(int(G)) + (values_in_place(p.dim) ? 0 : G * PD);
 }
 
 std::size_t sliding_window_forward_workspace_bytes(const Problem& p, int window) {
@@ -188,14 +189,16 @@ std::size_t sliding_window_backward_workspace_bytes(const Problem& p, int window
 namespace {
 
 // Row i of block b's score tile P (ld floats per row) -> its softmax, zero outside the window;
-// keeps the row's log-sum-exp when `lse` is given.
-void softmax_rows(float* P, int ld, const Block& b, int window, float* lse) {
+// keeps the row's log-sum-exp when `lse` is given. With `inv_sums`, the rows are left unnormalised
+// (exp(s - max)) and their 1 / sum go there.
+void softmax_rows(float* P, int ld, const Block& b, int window, float* lse, float* inv_sums = nullptr) {
   for (int i = 0; i < b.n; ++i) {
     float* row = P + std::size_t(i) * ld;
     const int lo = first_column(b, window, i), n = last_column(b, i) - lo + 1;
     const float m = row_max(row + lo, n);
     const float sum = exp_shifted(row + lo, n, m);
-    scale(row + lo, n, 1.0f / sum);
+    if (inv_sums) inv_sums[i] = 1.0f / sum;
+    else scale(row + lo, n, 1.0f / sum);
     std::fill(row, row + lo, 0.0f);
     std::fill(row + lo + n, row + b.L, 0.0f);
     if (lse) lse[b.q0 + i] = m + std::log(sum);
@@ -239,7 +242,8 @@ void forward_tiled(const Problem& p, int window, const SlidingWindowForwardArgs&
   {
     Workspace<float> scratch(allocator, forward_thread_floats(p, window));
     float* P = scratch.data();
-    float* Ktp = P + std::size_t(query_block(p)) * ld;
+    float* inv_sums = P + std::size_t(query_block(p)) * ld;
+    float* Ktp = inv_sums + query_block(p);
     float* Vrows = Ktp + std::size_t(D) * tile::panel_cols(max_group_keys(p, window));  // unless in place
 #pragma omp for schedule(dynamic)  // as in forward_blas
     for (long task = 0; task < tasks; ++task) {
@@ -269,14 +273,19 @@ void forward_tiled(const Problem& p, int window, const SlidingWindowForwardArgs&
         b.L = b.q0 + b.n - b.k0;
         panel_scores(a.q + head + std::size_t(b.q0) * D, Ktp + std::size_t((b.k0 - g0) / tile::kNR) * D * tile::kNR, b,
                      D, s, P, ld);
-        softmax_rows(P, ld, b, window, a.lse ? a.lse + std::size_t(bh) * p.seq : nullptr);
+        softmax_rows(P, ld, b, window, a.lse ? a.lse + std::size_t(bh) * p.seq : nullptr, inv_sums);
+        // O = diag(1 / sum) exp(S - max) V, each micro-tile's k range cut to its rows' windows
+        // (keys q0 + i - W + 1 .. q0 + i, tile columns less k0): 135 of a block's 160 at W 128.
         tile::Product out;
         out.M = b.n;
         out.N = D;
         out.c = a.o + head + std::size_t(b.q0) * D;
         out.ldc = D;
-        out.s1.range = tile::Range::full;
+        out.s1.range = tile::Range::band;
+        out.s1.band_lo = b.q0 - window + 1 - b.k0;
+        out.s1.band_hi = b.q0 - b.k0;
         out.s1.K = b.L;
+        out.rs = inv_sums;
         out.s1.a = P;
         out.s1.ars = ld;
         out.s1.acs = 1;
