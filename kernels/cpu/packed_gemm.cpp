@@ -322,8 +322,6 @@ std::size_t packed_b_floats(int k, int n) {
 
 int panel_width() { return blocking().nr; }
 
-int block_rows() { return blocking().mc; }
-
 // Whole micro-tiles per block, as even as they go: with the blocks' count a multiple of the threads,
 // threads taking them in turn finish together. Blocks of MC rows each with a short last one (1024
 // rows: 7 x 140 + 44) left one thread 560 rows against 464.

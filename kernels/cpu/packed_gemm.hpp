@@ -45,11 +45,8 @@ int panel_width();
 // team must call it (the panels are shared out; it ends in a barrier); outside, it runs alone.
 void pack_b(bool trans_b, int k, int n, const float* B, int ldb, float* dst);
 std::size_t packed_a_floats(int m, int k);  // A scratch of multiply_packed for m rows of depth k
-// The rows multiply_packed packs and multiplies at a time (MC): callers that tile C's rows for it
-// waste nothing with tiles of this many.
-int block_rows();
 // C's m rows in blocks of whole micro-tiles for `threads` threads that take them in turn: about four
-// blocks per thread, at most MC rows each, their count a multiple of the threads and their sizes
+// blocks per thread, at most MC rows each (the rows multiply_packed packs and multiplies at a time), their count a multiple of the threads and their sizes
 // within one micro-tile of each other, so that the threads finish together.
 struct RowBlocks {
   int count = 0;      // blocks
