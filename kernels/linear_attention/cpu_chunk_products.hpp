@@ -278,6 +278,31 @@ void lane_scores(int D, int i0, int i1, int m0, const float* k, const float* a, 
   }
 }
 
+// Vector gates' scores between sub-chunks (the gated form's secondary chunking): for each sub-chunk
+// I > 0 of kGateSubChunk rows (rows i0 .. i1 - 1 of n), with r_I = b at row i0 - 1 and e_J = b at
+// sub-chunk J's last row, the packed Kb^T of every J < I scaled by f_IJ = exp(r_I - e_J) (a factor
+// <= 1), then out[s] rows i0 .. i1 - 1, columns < i0, = alpha[s] x[s] (Kb f)^T, one tile product
+// per source sharing the packing. x[s] = X . exp(b - r_I) and Kb = K . exp(e_J - b) row by row, so
+// every factor of exp(b_i - b_m) stays <= 1. b: the cumulative gates, n x D doubles; f: D floats;
+// Bp: D x P(n) floats of panels.
+template <int S>
+void subchunk_scores(int D, int n, const double* b, const float* Kb, const float* const (&x)[S],
+                     const float (&alpha)[S], float* const (&out)[S], long ld, float* f, float* Bp) {
+  static_assert(kGateSubChunk == tile::kNR);  // sub-chunk J is panel J of Bp
+  constexpr int c0 = kGateSubChunk;
+  for (int I = 1; I * c0 < n; ++I) {
+    const int i0 = I * c0, i1 = std::min(n, i0 + c0);
+    const double* r = b + std::size_t(i0 - 1) * D;
+    for (int J = 0; J < I; ++J) {
+      exp_of_difference(f, r, b + std::size_t(J * c0 + c0 - 1) * D, D);
+      tile::pack(Kb + std::size_t(J) * c0 * D, D, true, D, c0, f, Bp + std::size_t(J) * D * tile::kNR);
+    }
+    for (int s = 0; s < S; ++s)
+      tile::run(rows_product(out[s] + std::size_t(i0) * ld, ld, i1 - i0, i0,
+                             tile::seg(tile::Range::full, D, x[s] + std::size_t(i0) * D, D, 1, Bp), alpha[s]));
+  }
+}
+
 inline float dot(const float* __restrict x, const float* __restrict y, int n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

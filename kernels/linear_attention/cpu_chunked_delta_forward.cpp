@@ -137,10 +137,10 @@ void scores(const Buffers& B, const Shape& s, const Problem& p, const Chunk& c, 
   // Vector gates: the rows in sub-chunks of kGateSubChunk = kLaneRows (the gated form's secondary
   // chunking, cpu_chunked_gated.cpp). Between sub-chunks I > J, with r_I = b at the row before I
   // and e_J = b at J's last row, exp(b_i - b_m) = exp(b_i - r_I) exp(r_I - e_J) exp(e_J - b_m),
-  // three factors <= 1: Qh = Q . exp(b - r), Kh = K . exp(b - r), Kb = K . exp(e - b) and f_IJ =
-  // exp(r_I - e_J) on the packed Kb^T's rows, one tile product per row block and source. Within a
-  // sub-chunk, lane_scores (a running product of exp(g), the rows in the vector lanes).
-  static_assert(kGateSubChunk == kLaneRows && kGateSubChunk == tile::kNR);
+  // three factors <= 1: Qh = Q . exp(b - r), Kh = K . exp(b - r), Kb = K . exp(e - b), and
+  // subchunk_scores applies f_IJ = exp(r_I - e_J) to the packed Kb^T's rows. Within a sub-chunk,
+  // lane_scores (a running product of exp(g), the rows in the vector lanes).
+  static_assert(kGateSubChunk == kLaneRows);
   constexpr int c0 = kGateSubChunk;
   const int blocks = (n + c0 - 1) / c0;
   float* __restrict f = B.row;
@@ -149,23 +149,13 @@ void scores(const Buffers& B, const Shape& s, const Problem& p, const Chunk& c, 
     exp_of_difference(f, B.b + std::size_t(j / c0 * c0 + c0 - 1) * D, B.b + o, D);
     multiply_into(B.Kb + o, c.k + o, f, D);
   }
-  for (int I = 1; I < blocks; ++I) {
-    const int i0 = I * c0, i1 = std::min(n, i0 + c0);
-    const double* r = B.b + std::size_t(i0 - 1) * D;
-    for (int i = i0; i < i1; ++i) {
-      const std::size_t o = std::size_t(i) * D;
-      exp_of_difference(f, B.b + o, r, D);
-      multiply_into(B.Qh + o, c.q + o, f, D);
-      multiply_into(B.Kh + o, c.k + o, f, D);
-    }
-    for (int J = 0; J < I; ++J) {
-      exp_of_difference(f, r, B.b + std::size_t(J * c0 + c0 - 1) * D, D);
-      tile::pack(B.Kb + std::size_t(J) * c0 * D, D, true, D, c0, f, B.Bp + std::size_t(J) * D * tile::kNR);
-    }
-    for (const auto& [out, x, scale] : {std::tuple{B.Aqk, B.Qh, alpha}, std::tuple{B.Akk, B.Kh, 1.0f}})
-      tile::run(rows_product(out + std::size_t(i0) * L, L, i1 - i0, i0,
-                             seg(Range::full, D, x + std::size_t(i0) * D, D, 1, B.Bp), scale));
+  for (int i = c0; i < n; ++i) {  // Qh and Kh of every sub-chunk but the first
+    const std::size_t o = std::size_t(i) * D;
+    exp_of_difference(f, B.b + o, B.b + std::size_t(i / c0 * c0 - 1) * D, D);
+    multiply_into(B.Qh + o, c.q + o, f, D);
+    multiply_into(B.Kh + o, c.k + o, f, D);
   }
+  subchunk_scores<2>(D, n, B.b, B.Kb, {B.Qh, B.Kh}, {alpha, 1.0f}, {B.Aqk, B.Akk}, L, f, B.Bp);
   for (int I = 0; I < blocks; ++I) {
     const int i0 = I * c0;
     lane_scores<2>(D, i0, std::min(n, i0 + c0), i0, c.k, B.a, {c.q, c.k}, {alpha, 1.0f}, {B.Aqk, B.Akk}, L,

@@ -212,17 +212,9 @@ void scores(const Buffers& B, const Problem& p, int n, const float* q, const flo
     tile::run(u);
     return;
   }
+  subchunk_scores<1>(D, n, B.b, B.Kb, {B.Qh}, {alpha}, {B.A}, L, B.f, B.Bp);
   for (int I = 0; I < blocks_of(n); ++I) {
     const int i0 = I * kGateSubChunk, i1 = std::min(n, i0 + kGateSubChunk);
-    if (i0 > 0) {
-      for (int J = 0; J < I; ++J) {
-        block_factor(B, D, i0, (J + 1) * kGateSubChunk);
-        tile::pack(B.Kb + std::size_t(J) * kGateSubChunk * D, D, true, D, kGateSubChunk, B.f,
-                   B.Bp + std::size_t(J) * D * kNR);
-      }
-      tile::run(rows_product(B.A + std::size_t(i0) * L, L, i1 - i0, i0,
-                             seg(Range::full, D, B.Qh + std::size_t(i0) * D, D, 1, B.Bp), alpha));
-    }
     for (int i = i0; i < i1; ++i) {
       float* row = B.A + std::size_t(i) * L;
       std::fill(row + i + 1, row + std::min(C, i0 + kGateSubChunk), 0.0f);
