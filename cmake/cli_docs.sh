@@ -1,6 +1,6 @@
 #!/bin/sh
 # Writes the man page (lattnbench.1) and the bash completion of lattnbench from the built binary's
-# own --help, so that both list exactly the flags the binary takes (tests/install_test.sh checks
+# own --help, so that both list exactly the flags the binary takes (tests/cli/install_test.sh checks
 # every flag of --help is in both). Run by the build (CMakeLists.txt); POSIX sh and awk only.
 #   cli_docs.sh BINARY VERSION MAN_OUT COMPLETION_OUT CONFIG_NAMES...
 set -eu

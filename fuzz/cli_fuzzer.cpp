@@ -3,7 +3,7 @@
 // refused with a UsageError; anything else (a crash, another exception, a hang) is a bug. A
 // --config it names is read as the binary would (capped at 1 MiB; a device or folder refused).
 // Built with -DLATTN_FUZZ=ON and clang; scripts/fuzz.sh runs it, and
-// tests/test_fuzz_regressions.cpp replays what it found (fuzz/regressions/cli/).
+// tests/config/test_fuzz_regressions.cpp replays what it found (fuzz/regressions/cli/).
 #include <cstddef>
 #include <cstdint>
 #include <string>

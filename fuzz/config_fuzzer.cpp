@@ -1,7 +1,7 @@
 // libFuzzer target: the config loader and validator on arbitrary bytes, as YAML and as JSON.
 // Every input must either load to a plan or be refused with a UsageError; anything else (a crash,
 // another exception, a hang, an unbounded allocation) is a bug. Built with -DLATTN_FUZZ=ON and
-// clang; scripts/fuzz.sh runs it, and tests/test_fuzz_regressions.cpp replays what it found.
+// clang; scripts/fuzz.sh runs it, and tests/config/test_fuzz_regressions.cpp replays what it found.
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -3,7 +3,7 @@
 // and read back into a record (record_from_json), with the journal's own header standing for this
 // run's so that the records, not only the header, are reached. Every input must be accepted or be
 // refused with a UsageError; anything else is a bug. Built with -DLATTN_FUZZ=ON and clang;
-// scripts/fuzz.sh runs it, and tests/test_fuzz_regressions.cpp replays what it found
+// scripts/fuzz.sh runs it, and tests/config/test_fuzz_regressions.cpp replays what it found
 // (fuzz/regressions/journal/).
 #include <cstddef>
 #include <cstdint>

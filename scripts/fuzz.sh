@@ -3,7 +3,7 @@
 # another on one core: config_fuzzer (the config loader, seeded from configs/), cli_fuzzer (the
 # command-line parser) and journal_fuzzer (the journal reader and its records), each also seeded
 # from fuzz/regressions/<kind>/. A crashing input is copied to fuzz/regressions/<kind>/, where
-# tests/test_fuzz_regressions.cpp replays it from then on, and the script fails.
+# tests/config/test_fuzz_regressions.cpp replays it from then on, and the script fails.
 # Usage: scripts/fuzz.sh [SECONDS [TARGET...]]   (targets: config cli journal; default all three)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

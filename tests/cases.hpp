@@ -8,7 +8,7 @@
 
 #include "core/op.hpp"
 #include "kernels/decode/op.hpp"
-#include "kernels/layer/op.hpp"
+#include "kernels/layer/hybrid/op.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/op.hpp"
 
@@ -227,7 +227,7 @@ inline std::vector<DecodeProblem> decode_test_shapes() {
       shapes.push_back({1, 2, 8, 128, 3, decay, rule});
       shapes.push_back({4, 8, 2, 40, 2, decay, rule});    // 32 heads: a work item is a head
       shapes.push_back({3, 1, 2, 5, 2, decay, rule});     // odd D
-      // States over 4 MiB, which the CPU walks in strips as wide as the rows (cpu_step.cpp)
+      // States over 4 MiB, which the CPU walks in strips as wide as the rows (kernels/decode/cpu.cpp)
       shapes.push_back({4, 17, 2, 128, 2, decay, rule});
       shapes.push_back({8, 17, 1, 100, 1, decay, rule});  // a ragged wide strip
       shapes.push_back({2, 4, 1, 32, 1, decay, rule, 2, 16});    // Dv = Dk / 2: a half strip

@@ -10,7 +10,7 @@
 #include <functional>
 #include <memory>
 
-#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
 #include "test_util.hpp"
 
 namespace lattn::test {

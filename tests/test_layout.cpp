@@ -114,6 +114,26 @@ TEST_CASE("src/'s rooms include one way: config < results < plugins < run < cli"
   CHECK(crossings > 10);
 }
 
+// Under kernels/ a backend is named by a folder (cpu/, cuda/) or by a whole file name (cpu.cpp,
+// cuda.cu, cuda/check.hpp), never as a prefix or suffix of a longer name: the folder does the work
+// the prefix would, so that a kernel's room is found by walking the tree.
+TEST_CASE("no file under kernels/ names its backend in a prefix or suffix", "[layout]") {
+  const fs::path root = lattn::test::source_dir();
+  static const std::regex backend_affix(R"re(^(cpu|cuda)_|_(cpu|cuda)$)re");
+  std::size_t files = 0, in_backend_rooms = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(root / "kernels")) {
+    if (!entry.is_regular_file()) continue;
+    ++files;
+    const std::string relative = fs::relative(entry.path(), root).string();
+    INFO(relative);
+    CHECK_FALSE(std::regex_search(entry.path().stem().string(), backend_affix));
+    const std::string folder = entry.path().parent_path().filename().string();
+    in_backend_rooms += folder == "cpu" || folder == "cuda" || relative.find("/cpu/") != std::string::npos;
+  }
+  CHECK(files > 80);
+  CHECK(in_backend_rooms > 30);
+}
+
 TEST_CASE("a source file over 500 lines says why in its opening comment", "[layout]") {
   for (const char* folder : {"core", "kernels", "src", "backends"})
     for (const Source& s : sources(folder)) {

@@ -1,5 +1,5 @@
 // The CPU backend's table: one row per (op, form) it runs, each binding the case's buffers to the
-// kernels of kernels/<op>/cpu*.cpp once, and the device block with the roofline measured at
+// CPU kernels of kernels/<op>/ (cpu.cpp, or cpu/) once, and the device block with the roofline measured at
 // start-up. OpenMP runs the kernels' outer loops on the run's threads; BLAS stays single-threaded
 // inside them.
 #include "backends/cpu/cpu_backend.hpp"
@@ -18,13 +18,13 @@
 #include "kernels/cpu/vec.hpp"
 #include "kernels/decode/cpu.hpp"
 #include "kernels/decode/op.hpp"
-#include "kernels/layer/block_cpu.hpp"
-#include "kernels/layer/cpu.hpp"
-#include "kernels/layer/cpu_products.hpp"
-#include "kernels/layer/op.hpp"
-#include "kernels/linear_attention/cpu.hpp"
-#include "kernels/linear_attention/cpu_bf16.hpp"
-#include "kernels/linear_attention/cpu_variants.hpp"
+#include "kernels/layer/block/cpu.hpp"
+#include "kernels/layer/hybrid/cpu.hpp"
+#include "kernels/layer/cpu/products.hpp"
+#include "kernels/layer/hybrid/op.hpp"
+#include "kernels/linear_attention/cpu/kernels.hpp"
+#include "kernels/linear_attention/cpu/bf16.hpp"
+#include "kernels/linear_attention/cpu/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cpu.hpp"
 #include "src/results/build_info.hpp"
@@ -60,7 +60,7 @@ Bf16BackwardArgs bf16_backward_args(const LinearTensors& t) {
 bool is_bf16(const Case& c) { return c.dtype == "bf16"; }
 
 // The form's variant table decides which kernel runs a case, and declines one it has no variant
-// for (cpu_variants.cpp; cpu_bf16_variants.cpp for bf16 cases, declined where the CPU lacks
+// for (cpu/variants.cpp; cpu/bf16_variants.cpp for bf16 cases, declined where the CPU lacks
 // AVX512-BF16); any other dtype is the backend's to decline.
 void ask_variant_table(ImplRow& row, const std::string& form) {
   row.unsupported = [form](const Case& c) -> std::optional<std::string> {
@@ -225,7 +225,7 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
-    if (p.modern()) {  // the block of docs/spec.md section 2b (kernels/layer/block.hpp)
+    if (p.modern()) {  // the block of docs/spec.md section 2b (kernels/layer/block/block.hpp)
       const BlockArgs<float> args = block::bind_args<float>([&](const char* name) -> float* {
         for (const TensorSpec& spec : c.op->tensors)
           if (spec.name == name && spec.in(c)) return h->data(name);

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/layer/cuda.hpp"
+#include "kernels/layer/hybrid/cuda/kernels.hpp"
 
 namespace lattn::cuda {
 
@@ -25,7 +25,7 @@ class CublasHandle {
   CublasHandle& operator=(const CublasHandle&) = delete;
   ~CublasHandle();
 
-  // The row-major product the layer's kernels take (kernels/layer/cuda.hpp).
+  // The row-major product the layer's kernels take (kernels/layer/hybrid/cuda/kernels.hpp).
   DeviceGemm gemm() const;
 
  private:

@@ -1,5 +1,5 @@
 // The CUDA backend's table: one row per (op, form) it runs, each binding the case's device buffers
-// to the kernels of kernels/<op>/cuda*.cu once (device_case.hpp), and the device block. Host code
+// to the CUDA kernels of kernels/<op>/ (cuda.cu, or cuda/) once (device_case.hpp), and the device block. Host code
 // only, built by the host compiler.
 #include "backends/cuda/cuda_backend.hpp"
 
@@ -15,13 +15,13 @@
 #include "backends/cuda/plugin_rows.hpp"
 #include "core/error.hpp"
 #include "core/op.hpp"
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/check.hpp"
 #include "kernels/decode/cuda.hpp"
 #include "kernels/decode/op.hpp"
-#include "kernels/layer/cuda.hpp"
-#include "kernels/layer/op.hpp"
-#include "kernels/linear_attention/cuda.hpp"
-#include "kernels/linear_attention/cuda_variants.hpp"
+#include "kernels/layer/hybrid/cuda/kernels.hpp"
+#include "kernels/layer/hybrid/op.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
+#include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "src/results/build_info.hpp"
@@ -75,10 +75,10 @@ std::size_t tensor_bytes(const Case& c) { return (case_input_elems(c) + case_out
 
 SwaProblem window_problem(const Case& c) { return {c.batch, c.heads, c.seq, c.dim, c.window}; }
 
-// ---- linear attention (kernels/linear_attention/cuda_*.cu): the chunked form's chunk states are
-// scratch (cuda.hpp) ----
+// ---- linear attention (kernels/linear_attention/cuda/): the chunked form's chunk states are
+// scratch (kernels/linear_attention/cuda/kernels.hpp) ----
 
-// The form's variant table (kernels/linear_attention/cuda_variants.cpp) decides which kernel runs a
+// The form's variant table (kernels/linear_attention/cuda/variants.cpp) decides which kernel runs a
 // case and declines one it has no variant for. A fwd_bwd whose variant can keep the forward's
 // chunk states holds them across both calls (counted with the backward's own scratch) unless the
 // run asked for them recomputed.
@@ -179,7 +179,7 @@ ImplRow window_row(const Settings& s) {
   return row;
 }
 
-// ---- the layer (kernels/layer/cuda_layer.cpp) ----
+// ---- the layer (kernels/layer/hybrid/cuda/layer.cpp) ----
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -272,7 +272,7 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   return row;
 }
 
-// ---- the decode step (kernels/decode/cuda_step.cu): the state hT is stepped in place, re-seeded
+// ---- the decode step (kernels/decode/cuda.cu): the state hT is stepped in place, re-seeded
 // from h0 by a device copy outside the timed region (src/run/in_place_case.hpp) ----
 
 ImplRow decode_row(const Settings& s) {

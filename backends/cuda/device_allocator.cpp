@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/check.hpp"
 
 namespace lattn::cuda {
 

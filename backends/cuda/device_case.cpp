@@ -7,7 +7,7 @@
 #include "core/error.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/check.hpp"
 
 namespace lattn::cuda {
 

@@ -10,7 +10,7 @@
 
 #include "backends/cuda/device_case.hpp"
 #include "core/op.hpp"
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/check.hpp"
 #include "src/plugins/plugin_call.hpp"
 
 namespace lattn::cuda {

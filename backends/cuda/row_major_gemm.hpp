@@ -2,7 +2,7 @@
 // column-major call cuBLAS makes: a row-major matrix read column-major is its transpose, so the
 // call computes C^T = op(B)^T op(A)^T, with the operands and the transposes swapped and m, n
 // exchanged. Host-only and dependency-free, so that the CPU tests hold the mapping to OpenBLAS's
-// column-major sgemm where no GPU is (tests/test_row_major_gemm.cpp).
+// column-major sgemm where no GPU is (tests/kernels/test_row_major_gemm.cpp).
 #pragma once
 
 namespace lattn::cuda {

@@ -1,6 +1,6 @@
 // In-register transpose of a 16 x 16 block of 32-bit lanes: r[i] is row i on entry, column i on
 // exit. The one copy that the tile products (tile_gemm.cpp), the packed products (packed_gemm.cpp)
-// and the bf16 chunked form (cpu_chunked_bf16.cpp, on pairs of bf16 as 32-bit words) share.
+// and the bf16 chunked form (cpu/chunked/chunked_bf16.cpp, on pairs of bf16 as 32-bit words) share.
 // Compiled for AVX-512F by its own target attribute, so that a file built without it (the bf16
 // form, which enables AVX-512 by a target pragma) can include it at the top; only code running
 // where AVX-512F is active may call it.

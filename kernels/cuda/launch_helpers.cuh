@@ -1,4 +1,4 @@
-// Host-side launch helpers that kernels/linear_attention/cuda_chunked.cu and kernels/sliding_window/cuda.cu share: the element size of a
+// Host-side launch helpers that kernels/linear_attention/cuda/chunked.cu and kernels/sliding_window/cuda.cu share: the element size of a
 // dtype, the current device, and the dynamic shared-memory limits, each queried or raised once per
 // device and kernel so that no attribute call lands inside a timed loop. Included inside each .cu's
 // own unit (internal linkage; the caches are per file, as the kernels they serve are).
@@ -10,7 +10,7 @@
 #include <map>
 #include <utility>
 
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/check.hpp"
 #include "kernels/cuda/dtype.hpp"
 
 namespace lattn::cuda {

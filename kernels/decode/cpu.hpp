@@ -1,6 +1,6 @@
-// The decode step on the CPU (cpu_step.cpp): every rule and decay, grouped heads and a Dk x Dv
+// The decode step on the CPU (cpu.cpp): every rule and decay, grouped heads and a Dk x Dv
 // state, float32, the state updated in place. Its reference is reference.cpp beside it; the test
-// table (tests/op_table.hpp) and tests/test_decode.cpp check it.
+// table (tests/op_table.hpp) and tests/kernels/test_decode.cpp check it.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// The decode step on the GPU (cuda_step.cu): every rule and decay, grouped heads and a Dk x Dv
+// The decode step on the GPU (cuda.cu): every rule and decay, grouped heads and a Dk x Dv
 // state, float32 or bf16 q, k, v, a float32 state updated in place. Its reference is reference.cpp
 // beside it; the test table (tests/op_table.hpp) checks it on a GPU and on the CPU emulation
 // (tests/cuda_emulation).

@@ -1,8 +1,8 @@
 // The decode step (docs/spec.md section 1d) as a table row: the decode suite's keys, its one form and its
 // flop and byte models, the tensors, the inputs (docs/spec.md section 3, the same streams as the
 // linear-attention op's, so that a decode case and a kernel case of seq = tokens draw the same
-// values), the float64 reference (reference.cpp) and the tolerances. The kernels are cpu_step.cpp
-// and cuda_step.cu beside this file.
+// values), the float64 reference (reference.cpp) and the tolerances. The kernels are cpu.cpp
+// and cuda.cu beside this file.
 #include "kernels/decode/op.hpp"
 
 #include <cmath>
@@ -45,7 +45,7 @@ bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
 
-// Per token and value head, what cpu_step.cpp does, with DD = Dk Dv the state's size: additive, the
+// Per token and value head, what cpu.cpp does, with DD = Dk Dv the state's size: additive, the
 // decayed update and the readout (4 DD, DD more for a decay); delta, the two readouts of the decayed
 // state (4 DD, the decay folded into their row weights) and the update with its decay (2 DD, DD more
 // for a decay), 6 D for the row weights and w, o (D = (Dk + Dv) / 2, as the kernel suite counts the

@@ -1,6 +1,6 @@
 // The decode step in float64, written as docs/spec.md section 1b states it: S' = A_t S, then the rule's
 // write, then o_t = s S^T q_t, with the Dk x Dv state and grouped heads of section 1c. Slow and plain
-// on purpose: the kernels are checked against it, and tests/test_decode.cpp checks it against the
+// on purpose: the kernels are checked against it, and tests/kernels/test_decode.cpp checks it against the
 // linear-attention op's own reference.
 #include "kernels/decode/reference.hpp"
 

@@ -6,7 +6,7 @@
 //   wq, wk, wv, wo and grads   : [M][M]            (Q = x Wq: column h*head_dim + j is head h's channel j)
 //   g, dg : [M]                beta, dbeta : [heads]
 // The modern block's parts (docs/spec.md section 2b: short convolution, projected gates, gated norm) and
-// their tensors' layouts are in block.hpp.
+// their tensors' layouts are in block/block.hpp.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +30,7 @@ struct LayerProblem {
   int window = 1;        // query t attends keys max(0, t - window + 1) .. t
   bool chunked = false;  // the linear branch's form: chunked, else scan
   // fwd_bwd on the CPU: the chunked branch's forward keeps its chunk states for the backward
-  // (kernels/linear_attention/cpu.hpp), else the backward recomputes them.
+  // (kernels/linear_attention/cpu/kernels.hpp), else the backward recomputes them.
   bool keep_chunk_states = true;
   LayerBlock block{};
 
@@ -38,8 +38,8 @@ struct LayerProblem {
   std::size_t rows() const { return std::size_t(linear.batch) * linear.seq; }  // tokens of the batch
   std::size_t token_elems() const { return rows() * model_dim(); }            // one of x, out, Q, ...
   std::size_t weight_elems() const { return model_dim() * model_dim(); }
-  // Whether the case needs the block of section 2b (block_cpu.cpp, block_reference.cpp) rather
-  // than the hybrid block's own kernels (cpu.cpp, reference.cpp).
+  // Whether the case needs the block of section 2b (block/cpu.cpp, block/reference.cpp) rather
+  // than the hybrid block's own kernels (hybrid/cpu.cpp, hybrid/reference.cpp).
   bool modern() const {
     return block.short_conv > 0 || block.projected_gates || block.norm_gate || !block.window || gated(linear.decay) ||
            linear.delta();

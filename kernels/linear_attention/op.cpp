@@ -1,6 +1,6 @@
 // Causal linear attention (docs/spec.md section 1) as a table row: the kernel suite's config keys, the two
 // forms and their flop models, the tensors, the inputs of docs/spec.md section 3, the float64 reference
-// (reference.cpp) and the tolerances. The kernels are cpu_*.cpp and cuda_*.cu beside this file.
+// (reference.cpp) and the tolerances. The kernels are in cpu/ and cuda/ beneath this file.
 // Over 500 lines: the keys, the flop models and the inputs are one row, read together.
 #include "kernels/linear_attention/op.hpp"
 
@@ -86,7 +86,7 @@ double gate_norm(const Case& c) {
 // takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
 // the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
 // tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
-// Delta rule (cpu_scan_delta.cpp, docs/performance.md): per token the forward applies the pending
+// Delta rule (cpu/scan/scan_delta.cpp, docs/performance.md): per token the forward applies the pending
 // update (2 D^2), decays (D^2, not for none: the recurrence's count, though the kernel's walk of two
 // tokens multiplies once for both) and reads out S'^T k and S'^T q (4 D^2), with
 // 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
@@ -122,7 +122,7 @@ double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const 
 // takes exp of the gates (counted one flop each, W per token: D for vector gates, 1 for scalar);
 // the backward is three passes (dq on S^T, dv on G, dk on G^T: 15 D^2, the reverse two sharing one
 // tile's exps) and dg from q.dq - k.dk, summed in reverse (4 D).
-// Delta rule (cpu_scan_delta.cpp, docs/performance.md): per token the forward applies the pending
+// Delta rule (cpu/scan/scan_delta.cpp, docs/performance.md): per token the forward applies the pending
 // update (2 D^2), decays (D^2, not for none: the recurrence's count, though the kernel's walk of two
 // tokens multiplies once for both) and reads out S'^T k and S'^T q (4 D^2), with
 // 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
@@ -145,7 +145,7 @@ double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops
 // Per token and head: 4 D^2 for the inter-chunk products (Q S and the state update K^T V) and
 // 2 C D for the causal half of the intra-chunk products (Q K^T and P V over C rows); the
 // backward's products are twice the forward's.
-// Gated, what cpu_chunked_gated.cpp does (docs/performance.md has the derivation):
+// Gated, what cpu/chunked/chunked_gated.cpp does (docs/performance.md has the derivation):
 //   scalar: the same products with the causal mask exp(b_i - b_j) made per chunk (C/2 exps and
 //     C/2 multiplies per token), the state scaled once per chunk (D^2 / C), 4 per token for the
 //     cumulative gates and the row weights; backward 8 D^2 + 5 C D (the scores recomputed) + C
@@ -156,7 +156,7 @@ double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops
 //     rows scaled per chunk; backward: the scores again, dA, dQ and dK each with a block part
 //     (C D (nb - 1) / nb + the scaled copies they read, C D (nb - 1) / (2 c nb)) and a
 //     sub-chunk part by hand, P V^T, the state products (8 D^2), 30 D of elementwise gate work.
-// Delta rule, the WY form of cpu_chunked_delta_forward.cpp (docs/performance.md derives each term), per
+// Delta rule, the WY form of cpu/chunked/chunked_delta_forward.cpp (docs/performance.md derives each term), per
 // token: the state products (K.G) S, (Q.G) S and the state update, 6 D^2 (+ D^2 / C for the decay);
 // the causal halves of the scores A_qk, A_kk and of T R and A_qk W, (C + 1) D each, or for vector
 // gates the scores by hand (6 D per pair: 3 (C + 1) D); the inverse T by forward substitution,
@@ -179,7 +179,7 @@ double chunked_token_flops(const Case& c, const TokenSizes& z) {
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
   // Grouped heads: the forward's Q K^T (C Dk of the 2 C D) is made once per q/k head and chunk and
-  // shared by its G value heads (cpu_chunked_tiled_forward.cpp, cpu_chunked_gated.cpp's scalar gates).
+  // shared by its G value heads (cpu/chunked/chunked_tiled_forward.cpp, cpu/chunked/chunked_gated.cpp's scalar gates).
   const double scores = C * (z.Dk / z.G + z.Dv);
   if (c.decay == "scalar") {
     const double forward = 4.0 * DD + scores + C + DD / C + 4.0;

@@ -113,7 +113,7 @@ struct Problem {
   std::size_t beta_elems() const { return heads_total() * seq; }  // beta, dbeta (rule delta)
 };
 
-// A decay added at run time (docs/adding-a-kernel.md; tests/test_variants.cpp's toy decay): a fixed
+// A decay added at run time (docs/adding-a-kernel.md; tests/kernels/test_variants.cpp's toy decay): a fixed
 // gamma_h per head, like retnet's. It becomes a Decay value past `vector`, named in decay_names();
 // the reference takes it through decay_gamma, and a backend's variant rows take it only where a
 // row names it (no built-in row does). Adding a name twice returns the first one's value.
@@ -129,7 +129,7 @@ inline double decay_gamma(Decay decay, int head) {
   return 1.0;
 }
 
-// The chunked form with vector gates works in sub-chunks of this many rows (cpu_chunked_gated.cpp):
+// The chunked form with vector gates works in sub-chunks of this many rows (cpu/chunked/chunked_gated.cpp):
 // the scores between two sub-chunks are products of operands scaled relative to a point between
 // them, those within one are summed by hand.
 constexpr int kGateSubChunk = 32;

@@ -13,7 +13,7 @@
 //   delta:    dw_t = G_t^T k_t,  dv_t = beta_t dw_t,  dbeta_t = dw_t . (v_t - u_t),
 //             dk_t = G_t w_t - beta_t S'_t dw_t,  P_t = G_t - beta_t k_t dw_t^T
 //   dq_t = s S_t do_t,  dg_t[i] = sum_j P_t[i][j] S'_t[i][j]  (vector gates; scalar gates sum over i)
-// (docs/kernels.md derives the delta rule's lines; tests/test_reference.cpp holds all of them to
+// (docs/kernels.md derives the delta rule's lines; tests/kernels/test_reference.cpp holds all of them to
 // central finite differences.)
 //
 // dg needs the state before each token while G runs in reverse. The states are not stored per

@@ -1,6 +1,6 @@
 // What a kernel variant of the linear-attention op takes: the rules and decays it computes, and a
 // check of everything else (the shape keys, the machine's vector width). Each backend keeps one
-// table of variants per form (cpu_variants.cpp, cuda_variants.cpp); its impl rows ask the table,
+// table of variants per form (cpu/variants.cpp, cuda/variants.cpp); its impl rows ask the table,
 // and a case no variant takes is skipped with the reason the table gives, never run by a variant
 // that does not compute it.
 #pragma once

@@ -1,6 +1,6 @@
 // CPU float32 sliding-window softmax attention (docs/spec.md section 2), the layer's second branch. Like
 // every CPU kernel: OpenMP threads set by the caller, every temporary from `allocator`, and the
-// peak scratch in closed form (*_workspace_bytes, tested in tests/test_memory.cpp). The shape is a
+// peak scratch in closed form (*_workspace_bytes, tested in tests/run/test_memory.cpp). The shape is a
 // linear-attention Problem's token layout (its chunk and decay are not read) and `window`.
 #pragma once
 

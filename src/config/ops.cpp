@@ -2,7 +2,7 @@
 #include "src/config/ops.hpp"
 
 #include "kernels/decode/op.hpp"
-#include "kernels/layer/op.hpp"
+#include "kernels/layer/hybrid/op.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/op.hpp"
 

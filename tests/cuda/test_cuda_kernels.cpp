@@ -8,7 +8,7 @@
 
 #include "src/run/counting_allocator.hpp"
 #include "backends/cuda/device_allocator.hpp"
-#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
 #include "cuda_backend_checks.hpp"
 
 using namespace lattn;

@@ -1,5 +1,5 @@
 // The CUDA layer (cuBLAS projections, the scan / chunked and sliding-window kernels, the norm and
-// gate of kernels/layer/cuda.cu): its scratch against a closed form (cuda_backend_checks.hpp), a second
+// gate of kernels/layer/hybrid/cuda/kernels.cu): its scratch against a closed form (cuda_backend_checks.hpp), a second
 // call over the same scratch, the suite's model width, and a whole CLI run. Runs only with a GPU
 // (test_cuda_main.cpp skips otherwise).
 #include <catch2/catch.hpp>

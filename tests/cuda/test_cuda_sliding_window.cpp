@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/check.hpp"
 #include "backends/cuda/device_allocator.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "core/random.hpp"

@@ -1,7 +1,7 @@
 // Stand-in for backends/cuda/cublas.cpp in the CPU emulation: the same CublasHandle, whose gemm()
 // makes the same column-major call (row_major_gemm.hpp) that cublas.cpp hands cublasSgemm, here to
 // OpenBLAS's column-major cblas_sgemm on the host memory that emulated device memory is. So the
-// CUDA layer case runs in the emulation with its real composition (kernels/layer/cuda_layer.cpp)
+// CUDA layer case runs in the emulation with its real composition (kernels/layer/hybrid/cuda/layer.cpp)
 // and its real mapping of row-major products onto a column-major BLAS. Like cuBLAS, it refuses
 // pointers that are not device memory. OpenBLAS runs single-threaded here: the shapes are small,
 // and ThreadSanitizer cannot see the synchronisation of its own (uninstrumented) threads.

@@ -1,5 +1,5 @@
 // The CUDA backend itself (backends/cuda: its impl rows, DeviceCase, the counting device allocator,
-// the layer's composition in kernels/layer/cuda_layer.cpp) built against the emulation, with
+// the layer's composition in kernels/layer/hybrid/cuda/layer.cpp) built against the emulation, with
 // cuBLAS stood in by OpenBLAS (cublas_emulated.cpp): the correctness table (tests/op_table.hpp),
 // every op x impl row x shape x mode x dtype against the float64 reference, the chunk states kept
 // and recomputed, exactly as tests/cuda/test_cuda_ops.cpp runs it on a GPU. CTest runs it once per
@@ -10,8 +10,8 @@
 
 #include "backends/cuda/cuda_backend.hpp"
 #include "kernels/decode/cuda.hpp"
-#include "kernels/linear_attention/cuda.hpp"
-#include "kernels/linear_attention/cuda_variants.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
+#include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 #include "lattn_emu/control.hpp"

@@ -1,7 +1,7 @@
-// The CUDA layer's own kernels (kernels/layer/cuda.cu), run in the emulation: the layout changes
+// The CUDA layer's own kernels (kernels/layer/hybrid/cuda/kernels.cu), run in the emulation: the layout changes
 // between rows [B*T][ld] and heads [B][H][T][Dh] (exact copies and sums, so held exactly), and the
 // RMSNorm-and-gate forward and backward against a float64 implementation of what they compute
-// (the steps of kernels/layer/reference.cpp and kernels/layer/cpu.cpp), intermediate rows and
+// (the steps of kernels/layer/hybrid/reference.cpp and kernels/layer/hybrid/cpu.cpp), intermediate rows and
 // per-row sums included. Shapes: Dh below, at and above 32 and not a multiple of it, B*H*T not a
 // multiple of a block's 8 warps, M not a multiple of 32 columns, B*T under 8 and over 256.
 #include <catch2/catch.hpp>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "src/run/check.hpp"
-#include "kernels/layer/cuda.hpp"
+#include "kernels/layer/hybrid/cuda/kernels.hpp"
 #include "device_buffers.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"

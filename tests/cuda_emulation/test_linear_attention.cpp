@@ -1,5 +1,5 @@
-// The scan and chunked kernels (kernels/linear_attention/cuda_scan.cu, cuda_chunked.cu and
-// cuda_chunk_states.cu), run in the emulation, against the float64 reference with the runner's
+// The scan and chunked kernels (kernels/linear_attention/cuda/scan.cu, cuda/chunked.cu and
+// cuda/chunk_states.cu), run in the emulation, against the float64 reference with the runner's
 // inputs and tolerances (core/op.cpp, src/run/check.cpp): every output of fwd_bwd (o, hT, dq, dk, dv,
 // dh0) on D = 1, D off multiples of 16 and 32, ragged last chunks, chunks of several row blocks,
 // chunk > seq, both decays, float32 and bf16 (inputs rounded to bf16 before the reference sees
@@ -16,8 +16,8 @@
 #include <string>
 
 #include "src/run/check.hpp"
-#include "kernels/linear_attention/cuda.hpp"
-#include "kernels/linear_attention/cuda_variants.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
+#include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "cases.hpp"
 #include "cuda_backend_checks.hpp"

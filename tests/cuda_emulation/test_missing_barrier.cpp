@@ -1,14 +1,14 @@
-// The emulation sees a missing barrier: cuda_scan.cu compiled with the __syncthreads() between staging
+// The emulation sees a missing barrier: cuda/scan.cu compiled with the __syncthreads() between staging
 // a group of tokens and reading it taken out (by the build step, from the real file, so the test
 // follows the kernel as it changes; tests/cuda_emulation/CMakeLists.txt names the spot). Threads
 // then read staged tokens other threads have not written yet: NaN (shared memory starts as NaN),
-// which the recurrence carries into the outputs. The same case passes with the real cuda_scan.cu in
+// which the recurrence carries into the outputs. The same case passes with the real cuda/scan.cu in
 // lattn_cuda_emulation_tests. Under ThreadSanitizer the race itself is reported too (CTest checks
 // for the report there).
 #include <catch2/catch.hpp>
 
 #include "src/run/check.hpp"
-#include "kernels/linear_attention/cuda.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "cases.hpp"
 #include "device_buffers.hpp"

@@ -1,5 +1,5 @@
 /* Plugins that misbehave on purpose, one per VARIANT (tests/CMakeLists.txt builds each), for
-   tests/test_plugins.cpp: what lattnbench must refuse at load time (another ABI, no entry point,
+   tests/plugins/test_plugins.cpp: what lattnbench must refuse at load time (another ABI, no entry point,
    a malformed or duplicate name), and what must fail a case without stopping the run (a wrong
    result, an error returned, scratch left allocated, a crash under --isolate). */
 #include <lattn/plugin.h>

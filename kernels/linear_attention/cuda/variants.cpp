@@ -1,0 +1,85 @@
+// The CUDA backend's variants of the linear-attention op: which kernel runs which (rule, decay) in
+// each form, and the scan's entry points of kernels.hpp, which ask the table. Rows are tried in order.
+// The chunked kernels take the ungated additive rule only: the delta rule's WY form needs a
+// triangular solve per chunk and the gated decays the gates' cumulative sums within each tile,
+// neither of which they have; the scan runs both. Of docs/spec.md section 1c's shapes (grouped
+// heads, dim_v != dim, packed documents) the chunked row takes none (its tiles are D x D and its
+// chunks those of whole batch rows) and declines them with variants.hpp's reason; the scan rows
+// take them all.
+#include "kernels/linear_attention/cuda/variants.hpp"
+
+#include "core/error.hpp"
+
+namespace lattn::cuda {
+namespace {
+
+constexpr Decay kAllDecays[] = {Decay::none, Decay::retnet, Decay::scalar, Decay::vector};
+const std::vector<Decay> all_decays(std::begin(kAllDecays), std::end(kAllDecays));
+
+// The scan rows take section 1c's shapes as they are (cuda/scan_shapes.cuh).
+std::vector<CudaVariant> scan_table() {
+  return {
+      {"scan_delta", {{Rule::delta}, all_decays, scan_unsupported, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
+         scan_delta_forward(p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void*) {
+         scan_delta_backward(p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype) { return scan_delta_forward_workspace_bytes(p); },
+       [](const Problem& p, Dtype, bool) { return scan_delta_backward_workspace_bytes(p); }},
+      {"scan", {{Rule::additive}, all_decays, scan_unsupported, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
+         scan_additive_forward(p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void*) {
+         scan_additive_backward(p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype) { return scan_additive_forward_workspace_bytes(p); },
+       [](const Problem& p, Dtype, bool) { return scan_additive_backward_workspace_bytes(p); }},
+  };
+}
+
+std::vector<CudaVariant> chunked_table() {
+  return {
+      {"chunked", {{Rule::additive}, {Decay::none, Decay::retnet}}, chunked_forward, chunked_backward,
+       chunked_forward_workspace_bytes, chunked_backward_workspace_bytes, chunked_states_bytes},
+  };
+}
+
+}  // namespace
+
+const std::vector<CudaVariant>& cuda_variants(const std::string& form) {
+  static const std::vector<CudaVariant> scan = scan_table(), chunked = chunked_table(), none;
+  return form == "scan" ? scan : form == "chunked" ? chunked : none;
+}
+
+const CudaVariant* cuda_variant(const std::string& form, const Problem& problem, std::string* why) {
+  return choose_variant(cuda_variants(form), problem, "CUDA " + form, why);
+}
+
+const CudaVariant& cuda_variant_for(const std::string& form, const Problem& problem) {
+  std::string why;
+  if (const CudaVariant* v = cuda_variant(form, problem, &why)) return *v;
+  throw RuntimeFailure(why);
+}
+
+// ---- kernels.hpp's scan entry points ----
+
+void scan_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator& allocator, cudaStream_t stream) {
+  cuda_variant_for("scan", p).forward(p, dtype, a, allocator, stream, nullptr);
+}
+
+void scan_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator& allocator, cudaStream_t stream) {
+  cuda_variant_for("scan", p).backward(p, dtype, a, allocator, stream, nullptr);
+}
+
+std::size_t scan_forward_workspace_bytes(const Problem& p) {
+  return cuda_variant_for("scan", p).forward_workspace_bytes(p, Dtype::f32);
+}
+
+std::size_t scan_backward_workspace_bytes(const Problem& p) {
+  return cuda_variant_for("scan", p).backward_workspace_bytes(p, Dtype::f32, false);
+}
+
+}  // namespace lattn::cuda

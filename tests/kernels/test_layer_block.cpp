@@ -1,0 +1,92 @@
+// The modern layer block (docs/spec.md section 2b, kernels/layer/block/block.hpp): the float64 reference's
+// gradients of every input and weight against central finite differences of its own forward, for
+// Gated DeltaNet, KDA and Mamba2 blocks and the kernel suite's gates inside the hybrid block. (The
+// CPU float32 block is held to this reference by the test table, tests/op_table.hpp.)
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/layer/block/reference.hpp"
+#include "test_util.hpp"
+
+using namespace lattn;
+
+namespace {
+
+using Tensors = std::map<std::string, std::vector<double>>;
+
+// The op's inputs for the case (docs/spec.md section 2b's initialisation), widened, with the norm weight
+// moved away from 1 so that its gradient is not just the norm's output.
+Tensors inputs_of(const Case& c) {
+  const TensorSet set = make_case_inputs(c, 5);
+  Tensors t;
+  for (const Tensor& tensor : set.tensors()) t[tensor.name] = widened(set, tensor.name);
+  for (std::size_t i = 0; i < t["g"].size(); ++i) t["g"][i] = 1.0 + 0.1 * double(i % 7);
+  return t;
+}
+
+BlockArgs<double> bind(Tensors& t) {
+  return block::bind_args<double>([&](const char* name) -> double* {
+    auto it = t.find(name);
+    return it == t.end() ? nullptr : it->second.data();
+  });
+}
+
+double loss(const LayerProblem& p, Tensors t) {  // a copy: `out` is written
+  t["out"].assign(p.token_elems(), 0.0);
+  BlockArgs<double> a = bind(t);
+  a.dOut = nullptr;
+  reference::block_forward(p, a);
+  double l = 0;
+  for (std::size_t i = 0; i < t["out"].size(); ++i) l += t["out"][i] * t["dOut"][i];
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("the block reference's gradients match central finite differences", "[layer][block][reference][grad]") {
+  for (const LayerProblem& shape : test::block_test_shapes()) {
+    LayerProblem p = shape;
+    p.linear.seq = std::min(p.linear.seq, 9);  // a few tokens keep the differences quick
+    p.linear.chunk = 4;
+    const Case c = test::layer_case(p, Mode::fwd_bwd);
+    INFO(test::describe(c));
+    Tensors t = inputs_of(c);
+    // Every gradient the case has, from the reference.
+    std::vector<std::string> inputs;
+    for (const TensorSpec& spec : c.op->tensors) {
+      if (!spec.in(c)) continue;
+      if (spec.role == Role::input) inputs.push_back(spec.name);
+      if (spec.role == Role::gradient || spec.role == Role::output) {
+        std::size_t n = 1;
+        for (std::size_t d : spec.shape(c)) n *= d;
+        t[spec.name].assign(n, 0.0);
+      }
+    }
+    reference::block_forward_backward(p, bind(t));
+    std::mt19937_64 rng(3);
+    int compared = 0;
+    for (const std::string& name : inputs) {
+      const std::vector<double>& grad = t.at("d" + name);
+      double scale = 0;
+      for (double g : grad) scale = std::max(scale, std::abs(g));
+      std::uniform_int_distribution<std::size_t> pick(0, grad.size() - 1);
+      for (int trial = 0; trial < 6; ++trial) {
+        const std::size_t i = pick(rng);
+        const double h = 1e-5 * std::max(1.0, std::abs(t[name][i]));
+        Tensors plus = t, minus = t;
+        plus[name][i] += h;
+        minus[name][i] -= h;
+        const double numeric = (loss(p, plus) - loss(p, minus)) / (2 * h);
+        INFO(name << "[" << i << "]: analytic " << grad[i] << ", numeric " << numeric);
+        CHECK(std::abs(numeric - grad[i]) <= 1e-6 * scale + 1e-9);
+        ++compared;
+      }
+    }
+    CHECK(compared >= 6 * 7);  // x and at least six weights per shape
+  }
+}
