@@ -98,14 +98,15 @@ std::size_t linear_scratch_bytes(const Case& c, const std::string& form, const S
 ImplRow linear_row(const std::string& form, const Settings& s) {
   const bool chunked = form == "chunked";
   ImplRow row{"linear_attention", form, nullptr, nullptr, nullptr};
-  row.unsupported = [s, form, chunked](const Case& c) -> std::optional<std::string> {
+  row.unsupported = [s, form](const Case& c) -> std::optional<std::string> {
     if (auto why = dtype_unsupported(c, false)) return why;
     const auto shared = shared_memory(s.device);
     if (!shared) return no_shared_memory(s.device);
     const Problem p = linear_problem(c);
     std::string why;
-    if (!cuda_variant(form, p, &why)) return why;
-    return chunked ? chunked_unsupported(p, dtype_of(c.dtype), *shared) : std::nullopt;
+    const CudaVariant* v = cuda_variant(form, p, &why);
+    if (!v) return why;
+    return v->device_limits ? v->device_limits(p, dtype_of(c.dtype), *shared) : std::nullopt;
   };
   row.variant = [form](const Case& c) { return cuda_variant_for(form, linear_problem(c)).name; };
   row.prepare = [s, form, chunked](const Case& c, const TensorSet& inputs) {

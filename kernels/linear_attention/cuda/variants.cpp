@@ -1,14 +1,15 @@
 // The CUDA backend's variants of the linear-attention op: which kernel runs which (rule, decay) in
 // each form, and the scan's entry points of kernels.hpp, which ask the table. Rows are tried in order.
-// The chunked kernels take the ungated additive rule only: the delta rule's WY form needs a
-// triangular solve per chunk and the gated decays the gates' cumulative sums within each tile,
-// neither of which they have; the scan runs both. Of docs/spec.md section 1c's shapes (grouped
-// heads, dim_v != dim, packed documents) the chunked row takes none (its tiles are D x D and its
-// chunks those of whole batch rows) and declines them with variants.hpp's reason; the scan rows
-// take them all.
+// The chunked rows: `chunked` takes the ungated additive rule, square dense problems only (its tiles
+// are D x D and its chunks those of whole batch rows; section 1c's shapes are declined with
+// variants.hpp's reason); `chunked_gated` the additive rule with scalar or vector gates and every
+// shape of docs/spec.md section 1c (cuda/chunked_gated.hpp). The delta rule's WY form needs a
+// triangular solve per chunk, which no chunked row has; the scan rows take every rule, decay and
+// shape.
 #include "kernels/linear_attention/cuda/variants.hpp"
 
 #include "core/error.hpp"
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
 
 namespace lattn::cuda {
 namespace {
@@ -43,7 +44,10 @@ std::vector<CudaVariant> scan_table() {
 std::vector<CudaVariant> chunked_table() {
   return {
       {"chunked", {{Rule::additive}, {Decay::none, Decay::retnet}}, chunked_forward, chunked_backward,
-       chunked_forward_workspace_bytes, chunked_backward_workspace_bytes, chunked_states_bytes},
+       chunked_forward_workspace_bytes, chunked_backward_workspace_bytes, chunked_states_bytes, chunked_unsupported},
+      {"chunked_gated", {{Rule::additive}, {Decay::scalar, Decay::vector}, nullptr, true}, chunked_gated_forward,
+       chunked_gated_backward, chunked_gated_forward_workspace_bytes, chunked_gated_backward_workspace_bytes,
+       chunked_gated_states_bytes, chunked_gated_unsupported},
   };
 }
 

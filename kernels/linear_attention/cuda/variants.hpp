@@ -1,12 +1,14 @@
 // The CUDA backend's kernel variants of the linear-attention op, one table per form
 // (variants.cpp). scan_forward and scan_backward (kernels.hpp) run the first row of the scan
 // table that takes the problem; the backend's impl rows skip a case no row takes with the table's
-// reason. What a device cannot hold (the chunked tiles' shared memory) is the row's to decline.
+// reason. What a device cannot hold (the chunked tiles' shared memory) is the row's to decline
+// (device_limits).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,9 @@ struct CudaVariant {
   std::size_t (*forward_workspace_bytes)(const Problem&, Dtype) = nullptr;
   std::size_t (*backward_workspace_bytes)(const Problem&, Dtype, bool kept) = nullptr;
   std::size_t (*kept_states_bytes)(const Problem&, Dtype) = nullptr;
+  // Why the device (its opt-in shared memory per block) cannot run a problem the row takes, or
+  // nothing; null: any device that runs the backend can.
+  std::optional<std::string> (*device_limits)(const Problem&, Dtype, std::size_t max_shared_bytes) = nullptr;
 };
 
 // The device kernels' arguments from the op's one binder (kernels/linear_attention/op.hpp).

@@ -1,0 +1,468 @@
+// What the gated chunked form's kernels share (cuda/chunked_gated*.cu; docs/cuda.md, "Gated
+// decays, chunked"): where a chunk of a (sequence, value head) pair lives in every tensor, for
+// every shape of docs/spec.md section 1c; the warp products whose one operand is scaled per
+// channel on its way from shared memory to the tensor cores (or the FMA units); the element-wise
+// diagonal tiles of vector gates; and the gates' sums. Included inside each .cu's own unit
+// (internal linkage, as warp_tiles.cuh).
+//
+// The gates enter only as exp of sums of log-gates over a range of rows, each formed so that it is
+// <= 1 (docs/kernels.md, "Gated decays"): within a 16-row tile as running products of exp(g) (the
+// tile's "EQ" = exp(b_i - b before the tile), "EK" = exp(b at the tile's end - b_j)), and between
+// tiles or row blocks as exp of a double sum of whole tiles' or blocks' log-gates. A difference of
+// two large cumulative sums (exp(b_i) exp(-b_j)) is never formed: at gate_norm 1 a chunk's gates
+// sum to -50 to -100 and that product overflows float32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_pipeline.h>
+#include <mma.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/dtype.hpp"
+#include "kernels/cuda/warp_tiles.cuh"
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
+
+namespace lattn::cuda {
+namespace {
+
+constexpr int kGatedWarps = 8;
+constexpr int kGatedThreads = kGatedWarps * 32;
+constexpr int kRowTile = 16;  // rows of a tile; the vector gates' sub-chunk
+
+// Chunk k of value head h: element offsets of its first row in the key tensors (q, k: its q/k
+// head), in the per-value-head key tensors (dq and dk parts), the value tensors and the gates; of
+// its state slot and of its sequence's state (h0, hT); its rows, its index in its sequence, the
+// sequence's chunks and the sequence's first chunk.
+struct ChunkRef {
+  std::size_t key, key_part, value, gate, state, seq_state;
+  int n, c, chunks, first;
+};
+
+__device__ __forceinline__ ChunkRef locate_chunk(const GatedShape& s, int k, int h) {
+  int seq, c, start, len, b, first;
+  if (s.cu) {
+    int lo = 0, hi = s.docs - 1;  // the document with first[seq] <= k < first[seq + 1]
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (s.first[mid] <= k) lo = mid;
+      else hi = mid - 1;
+    }
+    seq = lo, first = s.first[seq], c = k - first, start = s.cu[seq], len = s.cu[seq + 1] - start, b = 0;
+  } else {
+    seq = k / s.per_seq, first = seq * s.per_seq, c = k - first, start = 0, len = s.T, b = seq;
+  }
+  const int t0 = start + c * s.C;
+  const std::size_t row = (std::size_t(b) * s.H + h) * s.T + t0;
+  ChunkRef r;
+  r.key = ((std::size_t(b) * s.Hk + h / s.group) * s.T + t0) * s.Dk;
+  r.key_part = row * s.Dk;
+  r.value = row * s.Dv;
+  r.gate = row * s.W;
+  r.state = (std::size_t(k) * s.H + h) * s.Dk * s.Dv;
+  r.seq_state = (std::size_t(seq) * s.H + h) * s.Dk * s.Dv;
+  r.n = min(s.C, len - c * s.C);
+  r.c = c;
+  r.chunks = (len + s.C - 1) / s.C;
+  r.first = first;
+  return r;
+}
+
+// A chunk-parallel launch's parameters: grid x = chunks x heads x row_blocks (row block fastest,
+// then the value head), grid y = column tiles.
+struct GatedParams {
+  GatedShape shape;
+  GatedArgs args;
+  int row_blocks;
+};
+
+// The block's chunk, value head and row block.
+struct BlockAt {
+  ChunkRef ch;
+  int h, rb;
+};
+__device__ __forceinline__ BlockAt block_at(const GatedParams& p) {
+  const int rb = int(blockIdx.x % unsigned(p.row_blocks)), kh = int(blockIdx.x / unsigned(p.row_blocks));
+  const int h = kh % p.shape.H, k = kh / p.shape.H;
+  return {locate_chunk(p.shape, k, h), h, rb};
+}
+
+// Carves a block's dynamic shared memory: each buffer 128-byte aligned.
+struct Carve {
+  std::size_t at = 0;
+  __host__ __device__ std::size_t take(std::size_t bytes) {
+    const std::size_t o = at;
+    at += align128(bytes);
+    return o;
+  }
+};
+
+// Leading dimensions (elements) of a row of `cols` elements of size es: a multiple of 16 bytes
+// plus one 16-byte access of padding against bank conflicts.
+__host__ __device__ inline int padded_ld(int cols, int es) { return round16(cols) + 16 / es; }
+
+// A warp's own area of shared memory: a 16 x 16 float tile (WMMA accumulators' element-wise
+// epilogues, bf16) that doubles as the 16 x 16 scaled operand piece of the products below, then
+// a vector of floats (per-channel factors).
+constexpr int kPieceLd = 24;  // elements: 48 bytes (bf16) or 96 (float), multiples of 16
+__host__ __device__ inline std::size_t warp_area_bytes(int f_floats) {
+  const std::size_t tile = align128(std::size_t(16) * (kPieceLd > kTileScratchLd ? kPieceLd : kTileScratchLd) * 4);
+  return tile + align128(std::size_t(f_floats) * 4);
+}
+
+// Calls F<T, Vector, RB, MinBlocks>::run(args...) for the dtype, the gates and the tiles a
+// chunk-parallel launch was given: RB 64 for two blocks per multiprocessor, or 32 for two or one.
+template <template <class, bool, int, int> class F, class... Args>
+auto dispatch_tiles(Dtype dtype, bool vector, GatedTiles tiles, Args&&... args) {
+  auto by_tiles = [&](auto t, auto v) {
+    using T = decltype(t);
+    constexpr bool V = decltype(v)::value;
+    if (tiles.rows_per_block == 64) return F<T, V, 64, 2>::run(args...);
+    if (tiles.blocks_per_sm == 2) return F<T, V, 32, 2>::run(args...);
+    return F<T, V, 32, 1>::run(args...);
+  };
+  if (dtype == Dtype::f32) return vector ? by_tiles(float{}, std::true_type{}) : by_tiles(float{}, std::false_type{});
+  return vector ? by_tiles(bf16{}, std::true_type{}) : by_tiles(bf16{}, std::false_type{});
+}
+
+// ---- 8 values at a time (16-byte aligned shared memory) ----
+__device__ __forceinline__ void load8(const float* p, float (&x)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const bf16* h = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) x[c] = __bfloat162float(h[c]);
+}
+__device__ __forceinline__ void store8(float* p, const float (&x)[8]) {
+  *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(x[4], x[5], x[6], x[7]);
+}
+__device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) {
+  uint4 v;
+  bf16* h = reinterpret_cast<bf16*>(&v);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) h[c] = __float2bfloat16_rn(x[c]);
+  *reinterpret_cast<uint4*>(p) = v;
+}
+
+// ---- a warp's 16-row products with one operand scaled per channel ----
+// Lane l scales 8 elements of a 16 x 16 piece: row (or column, column-major) l / 2, elements
+// 8 (l % 2) .. + 7 along the other index, so that a row of 16 takes two 16-byte accesses.
+
+// acc[t] += (A . f) B_t over `ksteps` steps of 16: A 16 rows, row-major (lda), each column k
+// times f[k]; B_t the t-th 16 columns of B, column-major (BCol: B_t at B + t*16*ldb) or row-major.
+// `piece` is the warp's 16 x kPieceLd tile.
+template <bool BCol, int TN, class T>
+__device__ void mma_scaled_a(typename Tiles<T>::Acc* acc, const T* A, int lda, const float* f, const T* B, int ldb,
+                             int ksteps, T* piece) {
+  const int lane = int(threadIdx.x) & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+  for (int k = 0; k < ksteps; ++k) {
+    float x[8], s[8];
+    load8(A + r * lda + k * 16 + c0, x);
+    load8(f + k * 16 + c0, s);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) x[c] *= s[c];
+    store8(piece + r * kPieceLd + c0, x);
+    __syncwarp();
+    if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+      for (int t = 0; t < TN; ++t)
+        Tiles<float>::mma<false, BCol>(acc[t], piece, kPieceLd,
+                                       BCol ? B + t * 16 * ldb + k * 16 : B + k * 16 * ldb + t * 16, ldb);
+    } else {
+      using namespace nvcuda;
+      using LB = std::conditional_t<BCol, wmma::col_major, wmma::row_major>;
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+      wmma::load_matrix_sync(a, piece, unsigned(kPieceLd));
+#pragma unroll
+      for (int t = 0; t < TN; ++t) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> b;
+        wmma::load_matrix_sync(b, BCol ? B + t * 16 * ldb + k * 16 : B + k * 16 * ldb + t * 16, unsigned(ldb));
+        wmma::mma_sync(acc[t], a, b, acc[t]);
+      }
+    }
+    __syncwarp();  // every lane has read the piece before it is written again
+  }
+}
+
+// acc[t] += A (B_t . f_t) over `ksteps` steps of 16: A 16 rows, row-major (lda); B's column n
+// (of the warp's 16 TN) times f[n]; B column-major (BCol) or row-major, as above.
+template <bool BCol, int TN, class T>
+__device__ void mma_scaled_b(typename Tiles<T>::Acc* acc, const T* A, int lda, const T* B, int ldb, const float* f,
+                             int ksteps, T* piece) {
+  const int lane = int(threadIdx.x) & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+  for (int k = 0; k < ksteps; ++k) {
+#pragma unroll
+    for (int t = 0; t < TN; ++t) {
+      float x[8];
+      if constexpr (BCol) {  // column n = r of the piece: 8 consecutive k
+        load8(B + (t * 16 + r) * ldb + k * 16 + c0, x);
+        const float s = f[t * 16 + r];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) x[c] *= s;
+      } else {  // row k = r of the piece: 8 consecutive n
+        float s[8];
+        load8(B + (k * 16 + r) * ldb + t * 16 + c0, x);
+        load8(f + t * 16 + c0, s);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) x[c] *= s[c];
+      }
+      store8(piece + r * kPieceLd + c0, x);
+      __syncwarp();
+      Tiles<T>::template mma<false, BCol>(acc[t], A + k * 16, lda, piece, kPieceLd);
+      __syncwarp();
+    }
+  }
+}
+
+// acc += A B over `ksteps` steps of 16 for one 16 x 16 tile: A 16 rows, row-major; B's 16 columns,
+// column-major (BCol) or row-major.
+template <bool BCol, class T>
+__device__ void tile_mma(typename Tiles<T>::Acc& acc, const T* A, int lda, const T* B, int ldb, int ksteps) {
+  for (int k = 0; k < ksteps; ++k)
+    Tiles<T>::template mma<false, BCol>(acc, A + k * 16, lda, BCol ? B + k * 16 : B + k * 16 * ldb, ldb);
+}
+
+// f(t, r, c, value) for the elements of a warp's 16 x 16 TN block that lane l owns in Tiles<float>'s
+// layout: row l / 2, columns 8 (l % 2) .. + 7 of each tile t. float: the accumulator's own
+// registers; bf16: through the warp's float scratch (the lanes' share of a WMMA accumulator is
+// unspecified): store, update, load back.
+template <class T, int TN, class F>
+__device__ void each_lane(WarpBlock<T, 1, TN>& acc, float* scratch, F&& f) {
+  const int lane = int(threadIdx.x) & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+#pragma unroll
+  for (int t = 0; t < TN; ++t) {
+    if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) f(t, r, c0 + c, acc.acc[0][t].x[c]);
+    } else {
+      Tiles<T>::store(scratch, acc.acc[0][t], kTileScratchLd);
+      __syncwarp();
+#pragma unroll
+      for (int c = 0; c < 8; ++c) f(t, r, c0 + c, scratch[r * kTileScratchLd + c0 + c]);
+      __syncwarp();
+      Tiles<T>::load(acc.acc[0][t], scratch, kTileScratchLd);
+      __syncwarp();
+    }
+  }
+}
+
+// The warp's per-channel factors: f[d] = exp(x(d)) for d < count (x a double sum of log-gates,
+// <= 0), 0 from count to `padded` (the padded channels' operands are zero either way).
+template <class X>
+__device__ void warp_factors(float* f, int count, int padded, X&& x) {
+  for (int d = int(threadIdx.x & 31); d < padded; d += 32) f[d] = d < count ? expf(float(x(d))) : 0.0f;
+  __syncwarp();
+}
+
+// ---- the vector gates' diagonal tiles: running products of exp(g) (docs/kernels.md) ----
+
+// Scores within diagonal tile `tile` of a row block: acc[j] = sum over this lane's channels of
+// q_i . k_j . exp(b_i - b_j) for j <= i (i = lane % 16; 0 for j > i), with Q, K the block's raw
+// rows (ld ldk) and a = exp(g) per row and channel (ld lda). Lane l of the tile's `parts` (16-channel
+// groups interleaved) is part `part0 + l / 16`; the caller adds the parts.
+template <class T>
+__device__ void diagonal_scores(float (&acc)[16], const T* Q, const T* K, int ldk, const float* a, int lda, int tile,
+                                int Dp, int part, int parts) {
+  const int i = int(threadIdx.x) & 15;
+  const T* q = Q + (tile * 16 + i) * ldk;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
+  for (int d0 = part * 16; d0 < Dp; d0 += parts * 16) {
+    float qi[16], w[16];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) qi[c] = to_float(q[d0 + c]), w[c] = 1.0f;
+#pragma unroll
+    for (int j = 15; j >= 0; --j) {  // w = exp(b_i - b_j) = prod of a over rows j+1 .. i
+      const bool on = j <= i;
+      const T* kj = K + (tile * 16 + j) * ldk + d0;
+      const float* aj = a + (tile * 16 + j) * lda + d0;
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) s = fmaf(qi[c] * w[c], to_float(kj[c]), s);
+      acc[j] += on ? s : 0.0f;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) w[c] = on ? w[c] * aj[c] : w[c];
+    }
+  }
+}
+
+// dQ within diagonal tile `tile` (rows of the tile, the warp's 8 TN channels in each_lane's
+// layout, from channel col0 of the block's columns): out[t*8 + c] = sum_{j <= i} dA_ij k_jd exp(b_id - b_jd),
+// with i = lane / 2, dA the block's score tile (ld lds), K the raw key rows' columns (ld ldk), a = exp(g) (ld lda).
+template <int TN, class T>
+__device__ void diagonal_dq(float (&out)[8 * TN], const T* dA, int lds, const T* K, int ldk, const float* a, int lda,
+                            int tile, int col0) {
+  const int lane = int(threadIdx.x) & 31, i = lane >> 1, c0 = col0 + (lane & 1) * 8;
+  float w[8 * TN];
+#pragma unroll
+  for (int v = 0; v < 8 * TN; ++v) out[v] = 0.0f, w[v] = 1.0f;
+  const T* da = dA + (tile * 16 + i) * lds + tile * 16;
+#pragma unroll
+  for (int j = 15; j >= 0; --j) {
+    const bool on = j <= i;
+    const float x = on ? to_float(da[j]) : 0.0f;
+    const T* kj = K + (tile * 16 + j) * ldk + c0;
+    const float* aj = a + (tile * 16 + j) * lda + c0;
+#pragma unroll
+    for (int t = 0; t < TN; ++t) {
+      float kv[8], av[8];
+      load8(kj + t * 16, kv);
+      load8(aj + t * 16, av);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        out[t * 8 + c] = fmaf(x * kv[c], w[t * 8 + c], out[t * 8 + c]);
+        w[t * 8 + c] = on ? w[t * 8 + c] * av[c] : w[t * 8 + c];
+      }
+    }
+  }
+}
+
+// dK within diagonal tile `tile`: out[t*8 + c] = sum_{i >= j} dA_ij q_id exp(b_id - b_jd), with
+// j = lane / 2 (a key row), dAT the block's transposed score tile (rows: keys, ld lds), Q the raw
+// query rows' columns.
+template <int TN, class T>
+__device__ void diagonal_dk(float (&out)[8 * TN], const T* dAT, int lds, const T* Q, int ldq, const float* a, int lda,
+                            int tile, int col0) {
+  const int lane = int(threadIdx.x) & 31, j = lane >> 1, c0 = col0 + (lane & 1) * 8;
+  float w[8 * TN];
+#pragma unroll
+  for (int v = 0; v < 8 * TN; ++v) out[v] = 0.0f, w[v] = 1.0f;
+  const T* da = dAT + (tile * 16 + j) * lds + tile * 16;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {  // w = exp(b_i - b_j) = prod of a over rows j+1 .. i
+    const bool after = i > j, on = i >= j;
+    const float x = on ? to_float(da[i]) : 0.0f;
+    const T* qi = Q + (tile * 16 + i) * ldq + c0;
+    const float* ai = a + (tile * 16 + i) * lda + c0;
+#pragma unroll
+    for (int t = 0; t < TN; ++t) {
+      float qv[8], av[8];
+      load8(qi + t * 16, qv);
+      load8(ai + t * 16, av);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        w[t * 8 + c] = after ? w[t * 8 + c] * av[c] : w[t * 8 + c];
+        out[t * 8 + c] = fmaf(x * qv[c], w[t * 8 + c], out[t * 8 + c]);
+      }
+    }
+  }
+}
+
+// ---- the gates of a row block in shared memory (vector gates) ----
+
+// For the staged log-gates g of a block's rows (rows x cols floats, ld ldg; rows past the chunk's
+// end zero): tiles[t * cols + d] = the sum of tile t's rows (double), then g <- exp(g) in place.
+// Every thread of the block; a barrier after.
+__device__ inline void tile_sums_and_exp(float* g, int ldg, int rows, int cols, double* tiles) {
+  const int tiles_n = rows / 16;
+  for (int e = int(threadIdx.x); e < tiles_n * cols; e += kGatedThreads) {
+    const int t = e / cols, d = e - t * cols;
+    double s = 0;
+    for (int r = 0; r < 16; ++r) s += g[(t * 16 + r) * ldg + d];
+    tiles[e] = s;
+  }
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < rows * cols; e += kGatedThreads) {
+    const int r = e / cols, d = e - r * cols;
+    g[r * ldg + d] = expf(g[r * ldg + d]);
+  }
+}
+
+// Within each 16-row tile of `rows` rows, per column d < cols: X[r][d] *= the tile's EQ
+// (prefix: prod of a over the tile's rows up to r) or EK (suffix: prod of a over the rows after r
+// to the tile's end). a = exp(g), ld lda; X of the token dtype (ld ldx). Every thread; a barrier
+// after.
+template <bool Prefix, class U>
+__device__ void tile_factors(U* X, int ldx, const float* a, int lda, int rows, int cols) {
+  for (int e = int(threadIdx.x); e < (rows / 16) * cols; e += kGatedThreads) {
+    const int t = e / cols, d = e - t * cols;
+    float w = 1.0f;
+    if (Prefix) {
+      for (int r = t * 16; r < t * 16 + 16; ++r) {
+        w *= a[r * lda + d];
+        X[r * ldx + d] = from_float<U>(to_float(X[r * ldx + d]) * w);
+      }
+    } else {
+      for (int r = t * 16 + 15; r >= t * 16; --r) {
+        X[r * ldx + d] = from_float<U>(to_float(X[r * ldx + d]) * w);
+        w *= a[r * lda + d];
+      }
+    }
+  }
+}
+
+// The same factors in place of a itself: a[r][d] <- EQ (Prefix) or EK of row r. Every thread; a
+// barrier after.
+template <bool Prefix>
+__device__ void tile_products(float* a, int lda, int rows, int cols) {
+  for (int e = int(threadIdx.x); e < (rows / 16) * cols; e += kGatedThreads) {
+    const int t = e / cols, d = e - t * cols;
+    float w = 1.0f;
+    if (Prefix) {
+      for (int r = t * 16; r < t * 16 + 16; ++r) a[r * lda + d] = w *= a[r * lda + d];
+    } else {
+      for (int r = t * 16 + 15; r >= t * 16; --r) {
+        const float ar = a[r * lda + d];
+        a[r * lda + d] = w;
+        w *= ar;
+      }
+    }
+  }
+}
+
+// A walked block's operand relative to the block's own ends (vector gates): for rows r < valid
+// of X (ld ldx, columns d < cols), Prefix: X[r][d] *= exp(sum of g over rows 0 .. r) (queries:
+// b_r - b before the block); else X[r][d] *= exp(sum over rows r+1 .. valid-1) (keys: b at the
+// block's last row - b_r). g read from global memory (its rows, stride W, from column 0 of the
+// block's columns). total[d] = the block's sum (double). Every thread; a barrier after.
+template <bool Prefix, class T>
+__device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, int cols, double* total) {
+  for (int d = int(threadIdx.x); d < cols; d += kGatedThreads) {
+    float s = 0.0f;
+    double sum = 0;
+    if (Prefix) {
+      for (int r = 0; r < valid; ++r) {
+        const float gr = g[std::size_t(r) * W + d];
+        s += gr;
+        sum += gr;
+        X[r * ldx + d] = from_float<T>(to_float(X[r * ldx + d]) * expf(s));
+      }
+    } else {
+      for (int r = valid - 1; r >= 0; --r) {
+        X[r * ldx + d] = from_float<T>(to_float(X[r * ldx + d]) * expf(s));
+        const float gr = g[std::size_t(r) * W + d];
+        s += gr;
+        sum += gr;
+      }
+    }
+    total[d] = sum;
+  }
+}
+
+// Scalar gates: sums[r] = sum of g over rows 0 .. r (Prefix) or r+1 .. valid-1 of a block's rows
+// (double), 0 past valid; returns the block's total. One thread.
+template <bool Prefix>
+__device__ double row_sums(const float* g, int valid, int rows, double* sums) {
+  double s = 0;
+  if (Prefix) {
+    for (int r = 0; r < rows; ++r) {
+      if (r < valid) s += g[r];
+      sums[r] = s;
+    }
+    return s;
+  }
+  for (int r = rows - 1; r >= 0; --r) {
+    sums[r] = r < valid ? s : 0.0;
+    if (r < valid) s += g[r];
+  }
+  return s;
+}
+
+}  // namespace
+}  // namespace lattn::cuda

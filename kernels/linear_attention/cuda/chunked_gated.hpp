@@ -1,0 +1,136 @@
+// The chunkwise-parallel form with gated decays on the GPU (decay scalar or vector, the additive
+// rule): its host API, which the CUDA variant table's chunked_gated row runs (cuda/variants.cpp),
+// and what its .cu files share. Host-side declarations only; every pointer is device memory in
+// the layouts of kernels/linear_attention/problem.hpp. docs/cuda.md ("Gated decays, chunked")
+// describes the kernels:
+//   cuda/chunked_gated_states.cu  the state pass, forward (h_c, hT) and reverse (dh_c, dh0, dg's
+//                                 per-chunk state term)
+//   cuda/chunked_gated_output.cu  O, chunk-parallel
+//   cuda/chunked_gated_dv.cu      dV, chunk-parallel
+//   cuda/chunked_gated_dqk.cu     dQ and dK, chunk-parallel
+//   cuda/chunked_gated.cu         dg, and the host API below
+// Every shape of docs/spec.md section 1c is taken as it is (grouped q/k heads, dim_v != dim,
+// packed documents): a block works on one (sequence, value head) pair's chunk.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/workspace.hpp"
+#include "kernels/cuda/dtype.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
+#include "kernels/linear_attention/problem.hpp"
+
+namespace lattn::cuda {
+
+// ---- the host API ----
+
+// kept_states (chunked_gated_states_bytes of device memory, or null): the forward writes the chunk
+// states there, and the backward reads them instead of recomputing them (`bwd_states: kept`).
+void chunked_gated_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
+                           cudaStream_t stream, void* kept_states = nullptr);
+void chunked_gated_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
+                            cudaStream_t stream, const void* kept_states = nullptr);
+
+// Chunks of every value head: the sum over the sequences (batch rows, or packed documents) of
+// ceil(length / chunk).
+int gated_chunk_count(const Problem& problem);
+// One set of chunk states: chunks x heads x Dk x Dv elements of the token dtype.
+std::size_t chunked_gated_states_bytes(const Problem& problem, Dtype dtype);
+// What the forward (without kept states) and the backward take from the allocator: a packed
+// problem's tables (2 (documents + 1) ints), the states unless kept, and in the backward the
+// states' gradients, dg's per-chunk state terms (chunks x heads x ceil(Dv / 64) x Dk floats) and,
+// with grouped heads, dq and dk per value head (2 B H T Dk floats).
+std::size_t chunked_gated_forward_workspace_bytes(const Problem& problem, Dtype dtype);
+std::size_t chunked_gated_backward_workspace_bytes(const Problem& problem, Dtype dtype, bool states_kept);
+
+// Why a problem cannot run on a device with `max_shared_bytes` of opt-in shared memory per block
+// (the widest kernel's tiles, which grow with dim and dim_v), or nothing.
+std::optional<std::string> chunked_gated_unsupported(const Problem& problem, Dtype dtype,
+                                                     std::size_t max_shared_bytes);
+// The tiles the launch code chooses for each chunk-parallel kernel under an opt-in limit.
+struct GatedTiles {
+  int rows_per_block = 0;  // 64 or 32; 0 when none fits
+  int blocks_per_sm = 0;   // what its launch bounds promise: 2 or 1
+};
+// kernel: "output", "dv", "dq" or "dk".
+GatedTiles gated_tiles(const std::string& kernel, const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
+std::size_t gated_shared_bytes(const std::string& kernel, const Problem& problem, Dtype dtype, int rows_per_block);
+// The gated form's kernels as a case launches them on the current device (chunked_kernels' fields).
+std::vector<ChunkedKernel> chunked_gated_kernels(const Problem& problem, Dtype dtype);
+
+// ---- what the .cu files share ----
+
+// A problem as the kernels see it (cuda/chunked_gated.cuh locates a chunk from it). Chunk k (of
+// every value head) is chunk c of sequence n, numbered sequence by sequence.
+struct GatedShape {
+  int T;             // tokens of a batch row (a packed batch: all its documents)
+  int H, Hk, group;  // value heads, q/k heads, value heads per q/k head
+  int Dk, Dv, W;     // key dim, value dim, log-gates per token (Dk: vector, 1: scalar)
+  int C;             // the chunk (at most T)
+  int chunks;        // chunks of every value head (all sequences)
+  int per_seq;       // dense: chunks per batch row
+  int docs;          // packed: documents
+  const int* cu;     // packed: the documents' boundaries (docs + 1); null: dense
+  const int* first;  // packed: the first chunk of each document (docs + 1)
+  bool vector;
+  float scale;       // dim^-1/2
+};
+
+// The pointers a chunk-parallel kernel reads and writes (the roles each kernel gives them are in
+// its file). states: h_c (or dh_c), the token dtype; out: float32.
+struct GatedArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* dO;
+  const float* g;
+  const void* states;
+  float* out;
+};
+
+// The state pass (cuda/chunked_gated_states.cu): per sequence and value head, chunk by chunk
+//   forward: stores S (entering chunk c) into states[c], then S <- diag(exp(b_last)) S +
+//            (K . exp(b_last - b))^T V, from S = h0; the last S into final_state (hT)
+//   reverse: stores dS (leaving chunk c) into states[c], then dS <- diag(exp(b_last)) dS +
+//            s (Q . exp(b))^T dO, from dS = dhT; the last into final_state (dh0); after chunk c,
+//            rowsums[c][h][Dv tile][d] = sum over the tile's columns of dS[d][.] h_c[d][.] (dg's
+//            state term), h_c read from fwd_states.
+struct GatedStatePass {
+  const void* a;  // K or Q
+  const void* x;  // V or dO
+  const float* g;
+  const float* s0;
+  float* final_state;  // may be null
+  void* states;
+  const void* fwd_states;  // reverse only
+  float* rowsums;          // reverse only
+  bool reverse;
+};
+void gated_state_pass(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedStatePass& args,
+                      cudaStream_t stream);
+
+// The chunk-parallel launches, each with the tiles gated_tiles chooses for it.
+void gated_output(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args,
+                  cudaStream_t stream);
+void gated_dv(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args,
+              cudaStream_t stream);
+// dq (dk_pass false) or dk; out in the per-value-head key layout [B][H][T][Dk] (dq or dk itself
+// with one value head per q/k head).
+void gated_dqk(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args, bool dk_pass,
+               cudaStream_t stream);
+std::size_t gated_output_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
+std::size_t gated_dv_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
+std::size_t gated_dqk_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block, bool dk_pass);
+std::size_t gated_state_pass_shared_bytes(Dtype dtype);
+// Resident blocks per multiprocessor of each kernel as launched (cudaOccupancy...).
+int gated_state_pass_occupancy(Dtype dtype, bool vector);
+int gated_output_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
+int gated_dv_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
+int gated_dqk_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles, bool dk_pass);
+
+}  // namespace lattn::cuda

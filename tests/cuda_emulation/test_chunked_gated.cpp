@@ -1,0 +1,188 @@
+// The gated chunked kernels (kernels/linear_attention/cuda/chunked_gated*.cu, the CUDA chunked
+// table's chunked_gated row), run in the emulation, against the float64 reference with the
+// runner's inputs and tolerances: every output of fwd_bwd (o, hT, dq, dk, dv, dh0, dg), scalar and
+// vector gates at gate_norm 16 and 1 (strong: a chunk's gates sum to -50 and less), float32 and
+// bf16, the chunk states kept by the forward and recomputed by the backward, on ragged last
+// chunks, chunks of several row blocks, chunk > seq, chunk 1, dims off multiples of 16, and the
+// shapes of docs/spec.md section 1c (grouped heads, dim_v != dim, packed documents); the scratch
+// against the row's closed forms; every tile choice under the run's device limit.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+
+#include "src/run/check.hpp"
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
+#include "kernels/linear_attention/cuda/variants.hpp"
+#include "kernels/linear_attention/op.hpp"
+#include "cases.hpp"
+#include "device_buffers.hpp"
+#include "core/op.hpp"
+#include "lattn_emu/control.hpp"
+
+using namespace lattn;
+using namespace lattn::emulation_test;
+
+namespace {
+
+struct GatedCase {
+  Problem p;
+  std::string gate_norm = "16";
+  cuda::Dtype dtype = cuda::Dtype::f32;
+  bool keep = true;  // the chunk states kept by the forward, or recomputed by the backward
+};
+
+std::string describe(const GatedCase& g) {
+  const Problem& p = g.p;
+  std::string lengths;
+  for (std::size_t n = 1; n < p.cu_seqlens.size(); ++n)
+    lengths += (lengths.empty() ? " lengths " : "+") + std::to_string(p.cu_seqlens[n] - p.cu_seqlens[n - 1]);
+  return std::string(g.dtype == cuda::Dtype::f32 ? "float32" : "bf16") + " " + to_string(p.decay) + " gate_norm " +
+         g.gate_norm + " B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " heads_k " +
+         std::to_string(p.qk_heads()) + " T" + std::to_string(p.seq) + " D" + std::to_string(p.dim) + " dim_v " +
+         std::to_string(p.value_dim()) + " C" + std::to_string(p.chunk) + lengths +
+         (g.keep ? " (states kept)" : " (states recomputed)");
+}
+
+// The case as the config writes it (heads_k, dim_v, lengths), settled as a run settles it.
+Case gated_kase(const GatedCase& g) {
+  Case c = test::kernel_case(g.p, "chunked", Mode::fwd_bwd, "cuda", g.dtype == cuda::Dtype::f32 ? "float32" : "bf16");
+  c.options["gate_norm"] = g.gate_norm;
+  c.options["heads_k"] = std::to_string(g.p.qk_heads());
+  c.options["dim_v"] = std::to_string(g.p.value_dim());
+  std::string lengths;
+  for (std::size_t n = 1; n < g.p.cu_seqlens.size(); ++n)
+    lengths += (lengths.empty() ? "" : "+") + std::to_string(g.p.cu_seqlens[n] - g.p.cu_seqlens[n - 1]);
+  if (!lengths.empty()) c.options["lengths"] = lengths;
+  if (c.op->settle) c.op->settle(c);
+  return c;
+}
+
+std::string errors(const CheckResult& c) {
+  std::string s;
+  for (const auto& [name, e] : c.per_output) s += name + "=" + std::to_string(e) + " ";
+  return s + (c.non_finite.empty() ? "" : "non-finite at " + c.non_finite);
+}
+
+// One fwd_bwd through the chunked table's row, every output held to the float64 reference, the
+// scratch to the row's closed forms.
+CheckResult run_gated(const GatedCase& g, std::uint64_t seed = 7) {
+  const Case kase = gated_kase(g);
+  const Problem p = linear_problem(kase);
+  REQUIRE(p.qk_heads() == g.p.qk_heads());
+  REQUIRE(p.value_dim() == g.p.value_dim());
+  REQUIRE(p.cu_seqlens == g.p.cu_seqlens);
+  const cuda::CudaVariant& v = cuda::cuda_variant_for("chunked", p);
+  REQUIRE(v.name == "chunked_gated");
+  const TensorSet in = make_case_inputs(kase, seed);  // bf16 cases: the token tensors rounded
+  std::map<std::string, DeviceBuffer> device;
+  for (const Tensor& t : in) {
+    const bool token = t.name == "q" || t.name == "k" || t.name == "v" || t.name == "dO";
+    device[t.name] = token ? upload_tokens(t.data, g.dtype) : upload(t.data);
+  }
+  TensorSet out = make_case_outputs(kase);
+  for (const Tensor& t : out) device[t.name] = output(t.data.size());
+  const auto at = [&](const char* name) -> void* { return device.count(name) ? device.at(name).get() : nullptr; };
+  const auto f = [&](const char* name) { return static_cast<float*>(at(name)); };
+  const cuda::DeviceForward fwd{at("q"), at("k"), at("v"), f("h0"), f("o"), f("hT"), f("g")};
+  const cuda::DeviceBackward bwd{at("q"), at("k"), at("v"), f("h0"), at("dO"), f("dhT"), f("dq"), f("dk"),
+                                 f("dv"), f("dh0"), f("g"), f("dg")};
+  // The scratch, written out: a packed problem's tables (the documents' boundaries and first
+  // chunks), one set of chunk states (chunks x H x Dk x Dv in the token dtype), and in the backward
+  // the states' gradients, dg's row sums (chunks x H x ceil(Dv / 64) x Dk floats) and with grouped
+  // heads dq and dk per value head.
+  const int C = std::min(p.chunk, p.seq);
+  std::size_t chunks = 0;
+  for (int n = 0; n < p.sequences(); ++n) chunks += std::size_t((p.slice(std::size_t(n) * p.heads).seq + C - 1) / C);
+  const std::size_t es = g.dtype == cuda::Dtype::f32 ? 4 : 2, Dk = p.dim, Dv = p.value_dim();
+  const std::size_t tables = p.packed() ? 2 * p.cu_seqlens.size() * 4 : 0;
+  const std::size_t states = chunks * p.heads * Dk * Dv * es, rowsums = chunks * p.heads * ((Dv + 63) / 64) * Dk * 4;
+  const std::size_t parts = p.group() > 1 ? 2 * p.heads_total() * p.seq * Dk * 4 : 0;
+  CHECK(v.kept_states_bytes(p, g.dtype) == states);
+  CHECK(v.forward_workspace_bytes(p, g.dtype) == tables + states);
+  CHECK(v.backward_workspace_bytes(p, g.dtype, true) == tables + states + rowsums + parts);
+  CHECK(v.backward_workspace_bytes(p, g.dtype, false) == tables + 2 * states + rowsums + parts);
+  CountingDeviceAllocator allocator;
+  {
+    Workspace<unsigned char> kept(allocator, g.keep ? states : 0);
+    v.forward(p, g.dtype, fwd, allocator, nullptr, kept.data());
+    CHECK(allocator.peak() == tables + states);
+    v.backward(p, g.dtype, bwd, allocator, nullptr, kept.data());
+    CHECK(allocator.peak() == tables + 2 * states + rowsums + parts);
+  }
+  std::vector<std::string> names;
+  for (const Tensor& t : out) names.push_back(t.name);
+  for (const std::string& name : names) out.at(name).data = device.at(name).floats();
+  return check_outputs(kase, out, kase.op->reference(kase, in, true));
+}
+
+void expect_pass(const GatedCase& g) {
+  INFO(describe(g));
+  const CheckResult r = run_gated(g);
+  if (std::getenv("LATTN_GATED_VERBOSE")) std::printf("%s: %s\n", describe(g).c_str(), errors(r).c_str());
+  INFO(errors(r));
+  CHECK(r.per_output.count("dg") == 1);
+  CHECK(r.non_finite.empty());
+  CHECK(r.passed);
+}
+
+Problem shaped(int batch, int heads, int seq, int dim, int chunk, Decay decay, int heads_k = 0, int dim_v = 0) {
+  Problem p{batch, heads, seq, dim, chunk, decay};
+  p.heads_k = heads_k;
+  p.dim_v = dim_v;
+  return p;
+}
+
+Problem packed(Problem p, const std::vector<int>& lengths) {
+  p.cu_seqlens = {0};
+  for (int length : lengths) p.cu_seqlens.push_back(p.cu_seqlens.back() + length);
+  p.batch = 1;
+  p.seq = p.cu_seqlens.back();
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("emulation: the gated chunked kernels match the float64 reference", "[emulation][linear][chunked_gated]") {
+  // (batch, heads, seq, dim, chunk): ragged last chunks (37 = 2 x 16 + 5; 45), a chunk of two row
+  // blocks, the second ragged (100 = 64 + 36), a last chunk of 2 rows (130 = 128 + 2), a chunk of
+  // four row blocks (200 = 3 x 64 + 8: blocks walked past others), chunk > seq, chunk 1, D 1, 20,
+  // 33 (off multiples of 16), 72 (two key-channel tiles, a second value tile).
+  const std::vector<Problem> shapes = {shaped(1, 2, 37, 20, 16, Decay::none), shaped(2, 1, 45, 33, 32, Decay::none),
+                                       shaped(1, 1, 20, 8, 64, Decay::none),  shaped(1, 1, 150, 24, 100, Decay::none),
+                                       shaped(1, 1, 130, 40, 128, Decay::none), shaped(1, 2, 7, 16, 1, Decay::none),
+                                       shaped(1, 1, 9, 1, 4, Decay::none),    shaped(1, 1, 50, 72, 48, Decay::none),
+                                       shaped(1, 1, 230, 16, 200, Decay::none)};
+  for (Decay decay : {Decay::scalar, Decay::vector})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+      for (const Problem& base : shapes)
+        for (const std::string gate_norm : {"16", "1"}) {
+          Problem p = base;
+          p.decay = decay;
+          expect_pass({p, gate_norm, dtype, gate_norm == "16"});
+        }
+}
+
+TEST_CASE("emulation: the gated chunked kernels take grouped heads, rectangular states and packed documents",
+          "[emulation][linear][chunked_gated]") {
+  // heads_k 1 and heads / 2 (dq and dk summed over a group's value heads), dim_v dim / 2 and 2 dim
+  // (the value tiles and the state's Dk x Dv), packed documents of ragged lengths with one of
+  // length 1 and one over two chunks (each restarts from its own h0 and ends in its own hT).
+  const std::vector<Problem> shapes = {
+      packed(shaped(1, 4, 0, 16, 32, Decay::none, 1, 32), {37, 1, 70, 20}),
+      shaped(2, 4, 33, 20, 16, Decay::none, 2, 10),
+      packed(shaped(1, 2, 0, 24, 16, Decay::none, 2, 24), {5, 1, 40}),
+      shaped(1, 2, 40, 40, 64, Decay::none, 1, 80),
+  };
+  for (Decay decay : {Decay::scalar, Decay::vector})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+      for (const Problem& base : shapes) {
+        Problem p = base;
+        p.decay = decay;
+        expect_pass({p, "1", dtype, dtype == cuda::Dtype::f32});
+      }
+}
