@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_backend.hpp"
 #include "kernels/decode/cuda.hpp"
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
 #include "kernels/linear_attention/cuda/kernels.hpp"
 #include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
@@ -30,6 +31,14 @@ bool limit_matters(const Case& c) {
   if (c.op->name == "decode") return false;  // its launch takes no opt-in shared memory
   const cuda::Dtype dtype = c.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
   const Problem p = linear_problem(c);
+  if (c.impl == "chunked" && c.op->name == "linear_attention" && gated(p.decay)) {
+    for (const char* kernel : {"output", "dv", "dq", "dk"}) {
+      const cuda::GatedTiles h100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kH100SharedOptin),
+                             a100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kA100SharedOptin);
+      if (h100.rows_per_block != a100.rows_per_block || h100.blocks_per_sm != a100.blocks_per_sm) return true;
+    }
+    return false;
+  }
   if (c.impl == "chunked" &&
       cuda::chunked_tiles(p, dtype, lattn_emu::kH100SharedOptin) != cuda::chunked_tiles(p, dtype, lattn_emu::kA100SharedOptin))
     return true;
@@ -62,20 +71,16 @@ void run_table_row(const std::string& op) {
   else
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
-  // cases (docs/spec.md section 2b, not written for CUDA), and the gated decays and the delta rule in the
-  // chunked kernels (the scan runs them).
+  // cases (docs/spec.md section 2b, not written for CUDA), and the delta rule in the chunked kernels
+  // (the scan runs it). The gated decays run on the chunked_gated row.
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
-    const bool chunked_gated =
-        reason.find("linear_attention chunked") == 0 &&
-        (reason.find("no CUDA chunked variant takes rule additive, decay scalar") != std::string::npos ||
-         reason.find("no CUDA chunked variant takes rule additive, decay vector") != std::string::npos);
     const bool chunked_delta = reason.find("linear_attention chunked") == 0 &&
                                reason.find("no CUDA chunked variant takes rule delta") != std::string::npos;
     const bool decode_backward = reason.find("decode step") == 0 && reason.find("forward only") != std::string::npos;
     const bool layer_block = reason.find("layer") == 0 && reason.find("hybrid block of docs/spec.md section 2 only") != std::string::npos;
-    CHECK((layer_bf16 || layer_block || chunked_gated || chunked_delta || decode_backward));
+    CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward));
   }
 }
 
@@ -175,17 +180,18 @@ TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no var
         INFO(test::describe(c));
         std::string why;
         const cuda::CudaVariant* v = cuda::cuda_variant(form, p, &why);
-        const bool taken = form == "scan" || (p.rule == Rule::additive && !gated(p.decay));
+        const bool taken = form == "scan" || p.rule == Rule::additive;
         CHECK((v != nullptr) == taken);
         const std::optional<std::string> skip = backend->unsupported(c);
         if (taken) {
           CHECK_FALSE(skip);
-          CHECK(backend->variant(c) == (form == "chunked" ? "chunked" : p.delta() ? "scan_delta" : "scan"));
+          const std::string chunked = gated(p.decay) ? "chunked_gated" : "chunked";
+          CHECK(backend->variant(c) == (form == "chunked" ? chunked : p.delta() ? "scan_delta" : "scan"));
         } else {
           REQUIRE(skip);
           CHECK(*skip == why);
-          CHECK_THAT(*skip, Catch::Matchers::Contains("chunked (rule additive only)") ||
-                                Catch::Matchers::Contains("chunked (decay none, retnet only)"));
+          CHECK_THAT(*skip, Catch::Matchers::Contains("chunked (rule additive only)") &&
+                                Catch::Matchers::Contains("chunked_gated (rule additive only)"));
           CHECK(backend->variant(c).empty());
         }
       }
@@ -265,4 +271,43 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively, and
     // The same case in square dense form runs on the chunked row.
     CHECK_FALSE(backend->unsupported(test::kernel_case(base, "chunked", Mode::fwd_bwd, "cuda")));
   }
+}
+
+TEST_CASE("emulation: the CUDA chunked_gated row runs the section 1c shapes natively, states kept and recomputed",
+          "[emulation][backend]") {
+  // Through the backend (DeviceCase, bind_linear_tensors), with the scratch written out: a packed
+  // case's tables (the documents' boundaries and first chunks, 2 (N + 1) ints), the chunk states
+  // (chunks x H x Dk x Dv floats here), kept across both calls or recomputed by the backward, their
+  // gradients, dg's row sums (chunks x H x ceil(Dv / 64) x Dk floats) and with grouped heads dq and
+  // dk per value head (2 B H T Dk floats).
+  const Problem base{2, 4, 21, 16, 8};
+  struct Shape {
+    int heads_k, dim_v;
+    std::string lengths;
+  };
+  for (const Shape& s : {Shape{2, 8, ""}, Shape{1, 32, "37+1+20"}, Shape{4, 16, "9+1+4"}})
+    for (const std::string decay : {"scalar", "vector"})
+      for (const bool keep : {true, false}) {
+        auto backend = emulated_cuda(BackendOptions{0, 0, false, keep});
+        Problem p = base;
+        p.decay = decay_from(decay);
+        const Case c = shaped(p, "chunked", Mode::fwd_bwd, "float32", s.heads_k, s.dim_v, s.lengths);
+        const Problem lp = linear_problem(c);
+        INFO(test::describe(c) << " heads_k " << s.heads_k << " dim_v " << s.dim_v << " lengths " << s.lengths
+                               << (keep ? " kept" : " recomputed"));
+        REQUIRE(!lp.square_dense());
+        REQUIRE_FALSE(backend->unsupported(c));
+        CHECK(backend->variant(c) == "chunked_gated");
+        const test::Outcome r = test::run_on(*backend, c, 5);
+        INFO(test::errors(r.check));
+        CHECK(r.check.passed);
+        CHECK(r.bwd_states == (keep ? "kept" : "recomputed"));
+        std::size_t chunks = 0;
+        for (int n = 0; n < lp.sequences(); ++n) chunks += std::size_t((lp.slice(std::size_t(n) * lp.heads).seq + 7) / 8);
+        const std::size_t tables = lp.packed() ? 2 * lp.cu_seqlens.size() * 4 : 0;
+        const std::size_t states = chunks * lp.heads * lp.dim * lp.value_dim() * 4;
+        const std::size_t rowsums = chunks * lp.heads * ((lp.value_dim() + 63) / 64) * lp.dim * 4;
+        const std::size_t parts = lp.group() > 1 ? 2 * lp.heads_total() * lp.seq * lp.dim * 4 : 0;
+        CHECK(r.memory.temp_bytes == tables + 2 * states + rowsums + parts);
+      }
 }

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -123,7 +122,6 @@ CheckResult run_gated(const GatedCase& g, std::uint64_t seed = 7) {
 void expect_pass(const GatedCase& g) {
   INFO(describe(g));
   const CheckResult r = run_gated(g);
-  if (std::getenv("LATTN_GATED_VERBOSE")) std::printf("%s: %s\n", describe(g).c_str(), errors(r).c_str());
   INFO(errors(r));
   CHECK(r.per_output.count("dg") == 1);
   CHECK(r.non_finite.empty());
@@ -185,4 +183,65 @@ TEST_CASE("emulation: the gated chunked kernels take grouped heads, rectangular 
         p.decay = decay;
         expect_pass({p, "1", dtype, dtype == cuda::Dtype::f32});
       }
+}
+
+TEST_CASE("emulation: the gated chunked launch code's every tile choice, under this run's device limit",
+          "[emulation][tiles]") {
+  // Each chunk-parallel kernel takes RB 64 with two blocks per multiprocessor, else RB 32 with two,
+  // else RB 32 alone (chunks of at most 32 rows: RB 32). Under either limit (H100's 227 KiB,
+  // A100's 163) these shapes make all three: bf16 at D 24 (64 rows, two blocks), float32 vector
+  // gates at D 128 and 256 (32 rows, two blocks or one), a chunk of 20 rows (32 rows).
+  const std::size_t limit = lattn_emu::shared_optin_limit();
+  const std::vector<GatedCase> cases = {{shaped(1, 1, 70, 24, 64, Decay::scalar), "16", cuda::Dtype::bf16},
+                                        {shaped(1, 1, 40, 128, 64, Decay::vector), "16", cuda::Dtype::f32},
+                                        {shaped(1, 1, 40, 256, 64, Decay::vector), "16", cuda::Dtype::f32},
+                                        {shaped(1, 1, 40, 16, 20, Decay::vector), "16", cuda::Dtype::bf16}};
+  std::set<std::pair<int, int>> choices;  // (rows per block, blocks per multiprocessor)
+  for (const GatedCase& g : cases) {
+    INFO(describe(g));
+    REQUIRE(!cuda::chunked_gated_unsupported(g.p, g.dtype, limit));
+    lattn_emu::clear_launch_log();
+    expect_pass(g);
+    // Forward: states, output; backward: dV, dQ, dK in that order among the chunk-parallel launches.
+    std::vector<std::string> kernels;
+    for (const auto& launch : lattn_emu::launch_log()) {
+      const std::string name = launch.kernel == "gated_output_kernel" ? "output"
+                               : launch.kernel == "gated_dv_kernel"   ? "dv"
+                               : launch.kernel == "gated_dqk_kernel"  ? (std::count(kernels.begin(), kernels.end(), "dq") ? "dk" : "dq")
+                                                                      : "";
+      if (name.empty()) continue;
+      kernels.push_back(name);
+      const cuda::GatedTiles tiles = cuda::gated_tiles(name, g.p, g.dtype, limit);
+      INFO(name << " with " << launch.shared << " bytes");
+      CHECK(launch.shared == cuda::gated_shared_bytes(name, g.p, g.dtype, tiles.rows_per_block));
+      const int blocks = 2 * (launch.shared + 1024) <= limit + 1024 ? 2 : 1;  // what fits, as launched
+      CHECK(blocks == tiles.blocks_per_sm);
+      CHECK(launch.block.x == 256);
+      choices.insert({tiles.rows_per_block, blocks});
+    }
+    CHECK(kernels == std::vector<std::string>{"output", "dv", "dq", "dk"});
+  }
+  INFO("device limit " << limit);
+  CHECK(choices == std::set<std::pair<int, int>>{{32, 1}, {32, 2}, {64, 2}});
+}
+
+TEST_CASE("emulation: the gated chunked kernels' shapes and occupancy", "[emulation][tiles]") {
+  // At the headline shape (B 4, H 64, T 4096, D 128, chunk 64), scalar and vector gates, float32
+  // and bf16: the launch figures from the launch code, the resident blocks from the emulation's
+  // occupancy query (threads and shared memory only; a GPU's count also registers).
+  const char* device =
+      lattn_emu::shared_optin_limit() == lattn_emu::kH100SharedOptin ? "emulated H100/H200" : "emulated A100";
+  for (Decay decay : {Decay::scalar, Decay::vector})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
+      const Problem p{4, 64, 4096, 128, 64, decay};
+      for (const cuda::ChunkedKernel& k : cuda::chunked_gated_kernels(p, dtype)) {
+        std::printf("occupancy on %s: %s %s %s: %d threads, %d rows per block, %zu bytes of shared memory, "
+                    "launch bounds for %d blocks/SM, %d resident\n",
+                    device, to_string(decay).c_str(), dtype == cuda::Dtype::f32 ? "float32" : "bf16", k.name.c_str(),
+                    k.threads, k.rows_per_block, k.shared_bytes, k.launch_bounds_blocks, k.resident_blocks);
+        INFO(k.name);
+        CHECK(k.resident_blocks >= k.launch_bounds_blocks);
+      }
+    }
+  std::fflush(stdout);
 }

@@ -261,6 +261,8 @@ __device__ void warp_factors(float* f, int count, int padded, X&& x) {
 }
 
 // ---- the vector gates' diagonal tiles: running products of exp(g) (docs/kernels.md) ----
+// (Multiply-adds written out: nvcc contracts them into FMAs; the emulation's host compiler, built
+// without FMA instructions, would call libm's fmaf for each.)
 
 // Scores within diagonal tile `tile` of a row block: acc[j] = sum over this lane's channels of
 // q_i . k_j . exp(b_i - b_j) for j <= i (i = lane % 16; 0 for j > i), with Q, K the block's raw
@@ -284,7 +286,7 @@ __device__ void diagonal_scores(float (&acc)[16], const T* Q, const T* K, int ld
       const float* aj = a + (tile * 16 + j) * lda + d0;
       float s = 0.0f;
 #pragma unroll
-      for (int c = 0; c < 16; ++c) s = fmaf(qi[c] * w[c], to_float(kj[c]), s);
+      for (int c = 0; c < 16; ++c) s += qi[c] * w[c] * to_float(kj[c]);
       acc[j] += on ? s : 0.0f;
 #pragma unroll
       for (int c = 0; c < 16; ++c) w[c] = on ? w[c] * aj[c] : w[c];
@@ -316,7 +318,7 @@ __device__ void diagonal_dq(float (&out)[8 * TN], const T* dA, int lds, const T*
       load8(aj + t * 16, av);
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
-        out[t * 8 + c] = fmaf(x * kv[c], w[t * 8 + c], out[t * 8 + c]);
+        out[t * 8 + c] += x * kv[c] * w[t * 8 + c];
         w[t * 8 + c] = on ? w[t * 8 + c] * av[c] : w[t * 8 + c];
       }
     }
@@ -348,7 +350,7 @@ __device__ void diagonal_dk(float (&out)[8 * TN], const T* dAT, int lds, const T
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
         w[t * 8 + c] = after ? w[t * 8 + c] * av[c] : w[t * 8 + c];
-        out[t * 8 + c] = fmaf(x * qv[c], w[t * 8 + c], out[t * 8 + c]);
+        out[t * 8 + c] += x * qv[c] * w[t * 8 + c];
       }
     }
   }
