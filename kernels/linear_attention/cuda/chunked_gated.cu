@@ -185,13 +185,14 @@ std::size_t gated_shared_bytes(const std::string& kernel, const Problem& p, Dtyp
   return gated_dqk_shared_bytes(p, dtype, rows_per_block, kernel == "dk");
 }
 
-// RB 64 (32 when the chunk has at most 32 rows) with two blocks per multiprocessor, else RB 32
-// with two, else RB 32 alone: the launch bounds the kernels are built with.
+// RB 64 (bf16, chunks over 32 rows) with two blocks per multiprocessor, else RB 32 with two, else
+// RB 32 alone: the launch bounds the kernels are built with. float32 takes RB 32 only: its FMA
+// tiles with 64 rows go past the 128 registers a thread two blocks of 256 threads allow.
 GatedTiles gated_tiles(const std::string& kernel, const Problem& p, Dtype dtype, std::size_t limit) {
   auto fits = [&](int rb, int blocks) {
     return blocks * (gated_shared_bytes(kernel, p, dtype, rb) + kReservedPerBlock) <= limit + kReservedPerBlock;
   };
-  if (effective_chunk(p) > 32 && fits(64, 2)) return {64, 2};
+  if (dtype == Dtype::bf16 && effective_chunk(p) > 32 && fits(64, 2)) return {64, 2};
   if (fits(32, 2)) return {32, 2};
   if (fits(32, 1)) return {32, 1};
   return {};
@@ -214,8 +215,8 @@ std::vector<ChunkedKernel> chunked_gated_kernels(const Problem& p, Dtype dtype) 
   const std::size_t limit = max_shared_bytes(current_device());
   const bool vector = p.decay == Decay::vector;
   std::vector<ChunkedKernel> kernels;
-  kernels.push_back({"gated_state_kernel", kGatedThreads, 0, gated_state_pass_shared_bytes(dtype), 2,
-                     gated_state_pass_occupancy(dtype, vector)});
+  kernels.push_back({"gated_state_kernel", kGatedThreads, 0, gated_state_pass_shared_bytes(dtype),
+                     gated_state_pass_blocks(dtype), gated_state_pass_occupancy(dtype, vector)});
   for (const char* kernel : kKernels) {
     const GatedTiles tiles = gated_tiles(kernel, p, dtype, limit);
     if (tiles.rows_per_block == 0) continue;

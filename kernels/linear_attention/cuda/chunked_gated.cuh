@@ -113,13 +113,15 @@ __host__ __device__ inline std::size_t warp_area_bytes(int f_floats) {
 }
 
 // Calls F<T, Vector, RB, MinBlocks>::run(args...) for the dtype, the gates and the tiles a
-// chunk-parallel launch was given: RB 64 for two blocks per multiprocessor, or 32 for two or one.
+// chunk-parallel launch was given: RB 64 (bf16) for two blocks per multiprocessor, or 32 for two
+// or one.
 template <template <class, bool, int, int> class F, class... Args>
 auto dispatch_tiles(Dtype dtype, bool vector, GatedTiles tiles, Args&&... args) {
   auto by_tiles = [&](auto t, auto v) {
     using T = decltype(t);
     constexpr bool V = decltype(v)::value;
-    if (tiles.rows_per_block == 64) return F<T, V, 64, 2>::run(args...);
+    if constexpr (sizeof(T) == 2)  // float32 takes RB 32 only (gated_tiles)
+      if (tiles.rows_per_block == 64) return F<T, V, 64, 2>::run(args...);
     if (tiles.blocks_per_sm == 2) return F<T, V, 32, 2>::run(args...);
     return F<T, V, 32, 1>::run(args...);
   };
@@ -154,6 +156,60 @@ __device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) {
 // Lane l scales 8 elements of a 16 x 16 piece: row (or column, column-major) l / 2, elements
 // 8 (l % 2) .. + 7 along the other index, so that a row of 16 takes two 16-byte accesses.
 
+// acc[t] += A B_t over `ksteps` steps of 16: A 16 rows, row-major (lda; ACol: column-major, row i
+// at A + i); B_t the t-th 16 columns of B, column-major (BCol: at B + t*16*ldb) or row-major. One
+// B fragment live at a time and the k steps not unrolled: the kernels' launch bounds allow 128
+// registers a thread, and occupancy rather than one warp's instruction-level parallelism hides
+// the latencies.
+template <bool BCol, int TN, bool ACol = false, class T>
+__device__ void warp_mma(typename Tiles<T>::Acc* acc, const T* A, int lda, const T* B, int ldb, int ksteps) {
+  if constexpr (std::is_same<T, float>::value) {
+    // Tiles<float>'s layout (lane l: row l / 2, columns 8 (l % 2) .. + 7 of each tile), four k at
+    // a time: 4 values of A's row, then per k and tile 8 of B's.
+    const int lane = int(threadIdx.x) & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+#pragma unroll 1
+    for (int k0 = 0; k0 < ksteps * 16; k0 += 4) {
+      float a[4];
+      if constexpr (ACol) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) a[u] = A[(k0 + u) * lda + r];
+      } else {
+        const float4 a4 = *reinterpret_cast<const float4*>(A + r * lda + k0);
+        a[0] = a4.x, a[1] = a4.y, a[2] = a4.z, a[3] = a4.w;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int t = 0; t < TN; ++t) {
+          float b[8];
+          if constexpr (BCol) {
+#pragma unroll
+            for (int c = 0; c < 8; ++c) b[c] = B[(t * 16 + c0 + c) * ldb + k0 + u];
+          } else {
+            load8(B + (k0 + u) * ldb + t * 16 + c0, b);
+          }
+#pragma unroll
+          for (int c = 0; c < 8; ++c) acc[t].x[c] = fmaf(a[u], b[c], acc[t].x[c]);
+        }
+    }
+  } else {
+    using namespace nvcuda;
+    using LA = std::conditional_t<ACol, wmma::col_major, wmma::row_major>;
+    using LB = std::conditional_t<BCol, wmma::col_major, wmma::row_major>;
+#pragma unroll 1
+    for (int k = 0; k < ksteps; ++k) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LA> a;
+      wmma::load_matrix_sync(a, ACol ? A + k * 16 * lda : A + k * 16, unsigned(lda));
+#pragma unroll
+      for (int t = 0; t < TN; ++t) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> b;
+        wmma::load_matrix_sync(b, BCol ? B + t * 16 * ldb + k * 16 : B + k * 16 * ldb + t * 16, unsigned(ldb));
+        wmma::mma_sync(acc[t], a, b, acc[t]);
+      }
+    }
+  }
+}
+
 // acc[t] += (A . f) B_t over `ksteps` steps of 16: A 16 rows, row-major (lda), each column k
 // times f[k]; B_t the t-th 16 columns of B, column-major (BCol: B_t at B + t*16*ldb) or row-major.
 // `piece` is the warp's 16 x kPieceLd tile.
@@ -161,6 +217,7 @@ template <bool BCol, int TN, class T>
 __device__ void mma_scaled_a(typename Tiles<T>::Acc* acc, const T* A, int lda, const float* f, const T* B, int ldb,
                              int ksteps, T* piece) {
   const int lane = int(threadIdx.x) & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+#pragma unroll 1
   for (int k = 0; k < ksteps; ++k) {
     float x[8], s[8];
     load8(A + r * lda + k * 16 + c0, x);
@@ -170,10 +227,7 @@ __device__ void mma_scaled_a(typename Tiles<T>::Acc* acc, const T* A, int lda, c
     store8(piece + r * kPieceLd + c0, x);
     __syncwarp();
     if constexpr (std::is_same<T, float>::value) {
-#pragma unroll
-      for (int t = 0; t < TN; ++t)
-        Tiles<float>::mma<false, BCol>(acc[t], piece, kPieceLd,
-                                       BCol ? B + t * 16 * ldb + k * 16 : B + k * 16 * ldb + t * 16, ldb);
+      warp_mma<BCol, TN>(acc, piece, kPieceLd, BCol ? B + k * 16 : B + k * 16 * ldb, ldb, 1);
     } else {
       using namespace nvcuda;
       using LB = std::conditional_t<BCol, wmma::col_major, wmma::row_major>;
@@ -196,6 +250,7 @@ template <bool BCol, int TN, class T>
 __device__ void mma_scaled_b(typename Tiles<T>::Acc* acc, const T* A, int lda, const T* B, int ldb, const float* f,
                              int ksteps, T* piece) {
   const int lane = int(threadIdx.x) & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+#pragma unroll 1
   for (int k = 0; k < ksteps; ++k) {
 #pragma unroll
     for (int t = 0; t < TN; ++t) {
@@ -214,18 +269,10 @@ __device__ void mma_scaled_b(typename Tiles<T>::Acc* acc, const T* A, int lda, c
       }
       store8(piece + r * kPieceLd + c0, x);
       __syncwarp();
-      Tiles<T>::template mma<false, BCol>(acc[t], A + k * 16, lda, piece, kPieceLd);
+      warp_mma<BCol, 1>(&acc[t], A + k * 16, lda, piece, kPieceLd, 1);
       __syncwarp();
     }
   }
-}
-
-// acc += A B over `ksteps` steps of 16 for one 16 x 16 tile: A 16 rows, row-major; B's 16 columns,
-// column-major (BCol) or row-major.
-template <bool BCol, class T>
-__device__ void tile_mma(typename Tiles<T>::Acc& acc, const T* A, int lda, const T* B, int ldb, int ksteps) {
-  for (int k = 0; k < ksteps; ++k)
-    Tiles<T>::template mma<false, BCol>(acc, A + k * 16, lda, BCol ? B + k * 16 : B + k * 16 * ldb, ldb);
 }
 
 // f(t, r, c, value) for the elements of a warp's 16 x 16 TN block that lane l owns in Tiles<float>'s
@@ -266,8 +313,8 @@ __device__ void warp_factors(float* f, int count, int padded, X&& x) {
 
 // Scores within diagonal tile `tile` of a row block: acc[j] = sum over this lane's channels of
 // q_i . k_j . exp(b_i - b_j) for j <= i (i = lane % 16; 0 for j > i), with Q, K the block's raw
-// rows (ld ldk) and a = exp(g) per row and channel (ld lda). Lane l of the tile's `parts` (16-channel
-// groups interleaved) is part `part0 + l / 16`; the caller adds the parts.
+// rows (ld ldk) and a = exp(g) per row and channel (ld lda). The channels go in groups of 8,
+// group `part`, part + parts, ... (the caller adds the parts' sums).
 template <class T>
 __device__ void diagonal_scores(float (&acc)[16], const T* Q, const T* K, int ldk, const float* a, int lda, int tile,
                                 int Dp, int part, int parts) {
@@ -275,21 +322,24 @@ __device__ void diagonal_scores(float (&acc)[16], const T* Q, const T* K, int ld
   const T* q = Q + (tile * 16 + i) * ldk;
 #pragma unroll
   for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
-  for (int d0 = part * 16; d0 < Dp; d0 += parts * 16) {
-    float qi[16], w[16];
+#pragma unroll 1
+  for (int d0 = part * 8; d0 < Dp; d0 += parts * 8) {
+    float qi[8], w[8];
+    load8(q + d0, qi);
 #pragma unroll
-    for (int c = 0; c < 16; ++c) qi[c] = to_float(q[d0 + c]), w[c] = 1.0f;
+    for (int c = 0; c < 8; ++c) w[c] = 1.0f;
 #pragma unroll
     for (int j = 15; j >= 0; --j) {  // w = exp(b_i - b_j) = prod of a over rows j+1 .. i
       const bool on = j <= i;
-      const T* kj = K + (tile * 16 + j) * ldk + d0;
-      const float* aj = a + (tile * 16 + j) * lda + d0;
+      float kj[8], aj[8];
+      load8(K + (tile * 16 + j) * ldk + d0, kj);
+      load8(a + (tile * 16 + j) * lda + d0, aj);
       float s = 0.0f;
 #pragma unroll
-      for (int c = 0; c < 16; ++c) s += qi[c] * w[c] * to_float(kj[c]);
+      for (int c = 0; c < 8; ++c) s += qi[c] * w[c] * kj[c];
       acc[j] += on ? s : 0.0f;
 #pragma unroll
-      for (int c = 0; c < 16; ++c) w[c] = on ? w[c] * aj[c] : w[c];
+      for (int c = 0; c < 8; ++c) w[c] = on ? w[c] * aj[c] : w[c];
     }
   }
 }
@@ -357,6 +407,8 @@ __device__ void diagonal_dk(float (&out)[8 * TN], const T* dAT, int lds, const T
 }
 
 // ---- the gates of a row block in shared memory (vector gates) ----
+// (Their row loops are not unrolled: every load of an unrolled walk would be hoisted into registers,
+// which the chunk-parallel kernels, at 128 a thread, do not have to spare.)
 
 // For the staged log-gates g of a block's rows (rows x cols floats, ld ldg; rows past the chunk's
 // end zero): tiles[t * cols + d] = the sum of tile t's rows (double), then g <- exp(g) in place.
@@ -366,6 +418,7 @@ __device__ inline void tile_sums_and_exp(float* g, int ldg, int rows, int cols, 
   for (int e = int(threadIdx.x); e < tiles_n * cols; e += kGatedThreads) {
     const int t = e / cols, d = e - t * cols;
     double s = 0;
+#pragma unroll 1
     for (int r = 0; r < 16; ++r) s += g[(t * 16 + r) * ldg + d];
     tiles[e] = s;
   }
@@ -386,11 +439,13 @@ __device__ void tile_factors(U* X, int ldx, const float* a, int lda, int rows, i
     const int t = e / cols, d = e - t * cols;
     float w = 1.0f;
     if (Prefix) {
+#pragma unroll 1
       for (int r = t * 16; r < t * 16 + 16; ++r) {
         w *= a[r * lda + d];
         X[r * ldx + d] = from_float<U>(to_float(X[r * ldx + d]) * w);
       }
     } else {
+#pragma unroll 1
       for (int r = t * 16 + 15; r >= t * 16; --r) {
         X[r * ldx + d] = from_float<U>(to_float(X[r * ldx + d]) * w);
         w *= a[r * lda + d];
@@ -407,8 +462,10 @@ __device__ void tile_products(float* a, int lda, int rows, int cols) {
     const int t = e / cols, d = e - t * cols;
     float w = 1.0f;
     if (Prefix) {
+#pragma unroll 1
       for (int r = t * 16; r < t * 16 + 16; ++r) a[r * lda + d] = w *= a[r * lda + d];
     } else {
+#pragma unroll 1
       for (int r = t * 16 + 15; r >= t * 16; --r) {
         const float ar = a[r * lda + d];
         a[r * lda + d] = w;
@@ -429,6 +486,7 @@ __device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, 
     float s = 0.0f;
     double sum = 0;
     if (Prefix) {
+#pragma unroll 1
       for (int r = 0; r < valid; ++r) {
         const float gr = g[std::size_t(r) * W + d];
         s += gr;
@@ -436,6 +494,7 @@ __device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, 
         X[r * ldx + d] = from_float<T>(to_float(X[r * ldx + d]) * expf(s));
       }
     } else {
+#pragma unroll 1
       for (int r = valid - 1; r >= 0; --r) {
         X[r * ldx + d] = from_float<T>(to_float(X[r * ldx + d]) * expf(s));
         const float gr = g[std::size_t(r) * W + d];
@@ -452,16 +511,18 @@ __device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, 
 template <bool Prefix>
 __device__ double row_sums(const float* g, int valid, int rows, double* sums) {
   double s = 0;
-  if (Prefix) {
+  if constexpr (Prefix) {
+#pragma unroll 1
     for (int r = 0; r < rows; ++r) {
       if (r < valid) s += g[r];
       sums[r] = s;
     }
-    return s;
-  }
-  for (int r = rows - 1; r >= 0; --r) {
-    sums[r] = r < valid ? s : 0.0;
-    if (r < valid) s += g[r];
+  } else {
+#pragma unroll 1
+    for (int r = rows - 1; r >= 0; --r) {
+      sums[r] = r < valid ? s : 0.0;
+      if (r < valid) s += g[r];
+    }
   }
   return s;
 }

@@ -127,6 +127,8 @@ std::size_t gated_output_shared_bytes(const Problem& problem, Dtype dtype, int r
 std::size_t gated_dv_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
 std::size_t gated_dqk_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block, bool dk_pass);
 std::size_t gated_state_pass_shared_bytes(Dtype dtype);
+// The blocks per multiprocessor the state pass's launch bounds promise on the current device.
+int gated_state_pass_blocks(Dtype dtype);
 // Resident blocks per multiprocessor of each kernel as launched (cudaOccupancy...).
 int gated_state_pass_occupancy(Dtype dtype, bool vector);
 int gated_output_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);

@@ -50,7 +50,7 @@ __host__ __device__ inline DqkLayout dqk_layout(int Dv, int RB, int es, bool vec
   L.ldS = padded_ld(RB, es);
   Carve c;
   L.own = c.take(std::size_t(RB) * L.ldV * es);
-  L.wb = c.take(std::size_t(std::max(RB, kDqkCols)) * L.ldV * es);
+  L.wb = c.take(std::size_t(RB > kDqkCols ? RB : kDqkCols) * L.ldV * es);
   L.ws = c.take(std::size_t(RB) * L.ldC * es);
   L.g = c.take(vector ? std::size_t(RB) * L.ldG * 4 : 0);
   L.da = c.take(std::size_t(RB) * L.ldS * es);
@@ -111,10 +111,8 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
   // end to its end (dK).
   auto own_outside = [&](int col) { return DK ? tiles_between(to, RT, col) : tiles_between(-1, to, col); };
 
-  // ---- the diagonal block ----
+  // ---- the own rows and their gates ----
   stage_async<kGatedThreads>(Own, L.ldV, own_src + std::size_t(o0) * Dv, Dv, valid, Dv, RB, Dvp);
-  stage_async<kGatedThreads>(Wb, L.ldV, wb_src + std::size_t(o0) * Dv, Dv, valid, Dv, RB, Dvp);
-  stage_async<kGatedThreads>(Ws, L.ldC, ws_src + std::size_t(o0) * Dk, Dk, valid, cols, RB, kDqkCols);
   if constexpr (Vector)
     stage_async<kGatedThreads>(G, L.ldG, g + std::size_t(o0) * W + c0, W, valid, cols, RB, kDqkCols);
   __pipeline_commit();
@@ -137,11 +135,59 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
       if (X < RT) dA[(to * 16 + r) * L.ldS + X * 16 + c] = from_float<T>(x * weight(to * 16 + r, X * 16 + c));
     });
   };
+  WarpBlock<T, 1, TN> acc;
+  acc.zero();
+
+  // ---- the walked blocks: dQ the key blocks before, dK the query blocks after, nearest first ----
+  for (int wbk = DK ? at.rb + 1 : at.rb - 1; DK ? wbk < blocks : wbk >= 0; wbk += DK ? 1 : -1) {
+    const std::size_t w0 = std::size_t(wbk) * RB;
+    const int rows = min(RB, ch.n - int(w0));
+    stage_async<kGatedThreads>(Wb, L.ldV, wb_src + w0 * Dv, Dv, rows, Dv, RB, Dvp);
+    stage_async<kGatedThreads>(Ws, L.ldC, ws_src + w0 * Dk, Dk, rows, cols, RB, kDqkCols);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    if constexpr (Vector) walked_factors<DK>(Ws, L.ldC, g + w0 * W + c0, W, rows, cols, blk);
+    else if (threadIdx.x == 0) blk[0] = row_sums<DK>(g + w0, rows, RB, walk);
+    sc.zero();
+    if (cg * SX < RT) warp_mma<true, SX>(sc.acc[0], Own + to * 16 * L.ldV, L.ldV, Wb + cg * SX * 16 * L.ldV, L.ldV, Dvp / 16);
+    __syncthreads();  // blk and walk are written
+    write_da([&](int o, int w) {
+      if constexpr (Vector) return scale;
+      // Scalar gates, b_i - b_j: the own rows up to the query (dQ) or after the key (dK), the
+      // blocks between, the walked rows after the key (dQ) or up to the query (dK).
+      const double own_part = DK ? own_total[0] - own[o] : own[o];
+      return scale * expf(float(own_part + between[0] + walk[w]));
+    });
+    __syncthreads();
+    if constexpr (Vector) {
+      warp_factors(f, NW, NW, [&](int n) { return own_outside(wc + n) + between[wc + n]; });
+      mma_scaled_b<false, TN>(acc.acc[0], dA + to * 16 * L.ldS, L.ldS, Ws + wc, L.ldC, f, RT, piece);
+    } else {
+      warp_mma<false, TN>(acc.acc[0], dA + to * 16 * L.ldS, L.ldS, Ws + wc, L.ldC, RT);
+    }
+    __syncthreads();
+    if constexpr (Vector) {
+      for (int d = int(threadIdx.x); d < cols; d += kGatedThreads) between[d] += blk[d];
+    } else if (threadIdx.x == 0) {
+      between[0] += blk[0];
+    }
+    __syncthreads();
+  }
+
+  // ---- the diagonal block, after the walked ones: its 16 x 16 tiles' share (vector gates) is
+  // added after the common factor, and so lives in registers only from here on ----
+  stage_async<kGatedThreads>(Wb, L.ldV, wb_src + std::size_t(o0) * Dv, Dv, valid, Dv, RB, Dvp);
+  stage_async<kGatedThreads>(Ws, L.ldC, ws_src + std::size_t(o0) * Dk, Dk, valid, cols, RB, kDqkCols);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
   sc.zero();
+#pragma unroll
   for (int u = 0; u < SX; ++u) {
     const int X = cg * SX + u;
     if (X < RT && (DK ? X >= to : X <= to))
-      tile_mma<true>(sc.acc[0][u], Own + to * 16 * L.ldV, L.ldV, Wb + X * 16 * L.ldV, L.ldV, Dvp / 16);
+      warp_mma<true, 1>(&sc.acc[0][u], Own + to * 16 * L.ldV, L.ldV, Wb + X * 16 * L.ldV, L.ldV, Dvp / 16);
   }
   write_da([&](int o, int w) {  // the query row at or after the key row; scalar gates: exp(b_i - b_j)
     const int i = DK ? w : o, j = DK ? o : w;
@@ -150,8 +196,6 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
   });
   __syncthreads();
 
-  WarpBlock<T, 1, TN> acc;
-  acc.zero();
   float diag[8 * TN];  // vector gates: the diagonal tile's share, added after the common factor
   if constexpr (Vector) {
     if (DK)
@@ -169,46 +213,9 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
                               piece);
     }
   } else {
-    acc.template mma<false, false>(dA + to * 16 * L.ldS, L.ldS, Ws + wc, L.ldC, RT);
+    warp_mma<false, TN>(acc.acc[0], dA + to * 16 * L.ldS, L.ldS, Ws + wc, L.ldC, RT);
   }
-  __syncthreads();
-
-  // ---- the walked blocks: dQ the key blocks before, dK the query blocks after, nearest first ----
-  for (int wbk = DK ? at.rb + 1 : at.rb - 1; DK ? wbk < blocks : wbk >= 0; wbk += DK ? 1 : -1) {
-    const std::size_t w0 = std::size_t(wbk) * RB;
-    const int rows = min(RB, ch.n - int(w0));
-    stage_async<kGatedThreads>(Wb, L.ldV, wb_src + w0 * Dv, Dv, rows, Dv, RB, Dvp);
-    stage_async<kGatedThreads>(Ws, L.ldC, ws_src + w0 * Dk, Dk, rows, cols, RB, kDqkCols);
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    if constexpr (Vector) walked_factors<DK>(Ws, L.ldC, g + w0 * W + c0, W, rows, cols, blk);
-    else if (threadIdx.x == 0) blk[0] = row_sums<DK>(g + w0, rows, RB, walk);
-    sc.zero();
-    if (cg * SX < RT) sc.template mma<false, true>(Own + to * 16 * L.ldV, L.ldV, Wb + cg * SX * 16 * L.ldV, L.ldV, Dvp / 16);
-    __syncthreads();  // blk and walk are written
-    write_da([&](int o, int w) {
-      if constexpr (Vector) return scale;
-      // Scalar gates, b_i - b_j: the own rows up to the query (dQ) or after the key (dK), the
-      // blocks between, the walked rows after the key (dQ) or up to the query (dK).
-      const double own_part = DK ? own_total[0] - own[o] : own[o];
-      return scale * expf(float(own_part + between[0] + walk[w]));
-    });
-    __syncthreads();
-    if constexpr (Vector) {
-      warp_factors(f, NW, NW, [&](int n) { return own_outside(wc + n) + between[wc + n]; });
-      mma_scaled_b<false, TN>(acc.acc[0], dA + to * 16 * L.ldS, L.ldS, Ws + wc, L.ldC, f, RT, piece);
-    } else {
-      acc.template mma<false, false>(dA + to * 16 * L.ldS, L.ldS, Ws + wc, L.ldC, RT);
-    }
-    __syncthreads();
-    if constexpr (Vector) {
-      for (int d = int(threadIdx.x); d < cols; d += kGatedThreads) between[d] += blk[d];
-    } else if (threadIdx.x == 0) {
-      between[0] += blk[0];
-    }
-    __syncthreads();
-  }
+  __syncthreads();  // the diagonal block's reads of Wb are done
 
   // ---- the state term: dO h_c^T (dQ, times s exp(b)) or V dh_c^T (dK, times exp(b_last - b)) ----
   const T* state = static_cast<const T*>(p.args.states) + ch.state + std::size_t(c0) * Dv;
@@ -230,7 +237,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
     }
     mma_scaled_b<true, TN>(acc.acc[0], Own + to * 16 * L.ldV, L.ldV, Wb + wc * L.ldV, L.ldV, f, Dvp / 16, piece);
   } else {
-    acc.template mma<false, true>(Own + to * 16 * L.ldV, L.ldV, Wb + wc * L.ldV, L.ldV, Dvp / 16);
+    warp_mma<true, TN>(acc.acc[0], Own + to * 16 * L.ldV, L.ldV, Wb + wc * L.ldV, L.ldV, Dvp / 16);
   }
 
   float* out = p.args.out + ch.key_part + c0;

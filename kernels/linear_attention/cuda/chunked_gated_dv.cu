@@ -111,15 +111,18 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
     tile_sums_and_exp(G, L.ldG, RB, Dp, tiles);
     for (int d = int(threadIdx.x); d < Dp; d += kGatedThreads) between[d] = 0.0;
     __syncthreads();
-    diagonal_scores(d1, Q, K, L.ldK, G, L.ldG, tj, Dp, cg * 2 + (lane >> 4), CG * 2);
+    diagonal_scores(d1, Q, K, L.ldK, G, L.ldG, tj, Dp, cg * 2 + (lane >> 4), CG * 2);  // 8-channel groups
 #pragma unroll
     for (int j = 0; j < 16; ++j) d1[j] += __shfl_xor_sync(0xffffffffu, d1[j], 16);
-    if (cg > 0 && lane < 16)
+    if (cg > 0 && lane < 16) {
+#pragma unroll
       for (int j = 0; j < 16; ++j) scratch[lane * kTileScratchLd + j] = d1[j];
+    }
     __syncthreads();
     if (cg == 0 && lane < 16)
       for (int o = 1; o < CG; ++o) {
         const float* other = reinterpret_cast<const float*>(smem + L.warps + (tj + o * RT) * L.warp_bytes);
+#pragma unroll
         for (int j = 0; j < 16; ++j) d1[j] += other[lane * kTileScratchLd + j];
       }
     __syncthreads();
@@ -128,6 +131,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
     __syncthreads();
     stage_async<kGatedThreads>(D, L.ldN, dO + std::size_t(j0) * Dv + col0, Dv, valid, Dv - col0, RB, kDvCols);
     __pipeline_commit();
+#pragma unroll
     for (int u = 0; u < SI; ++u) {
       const int I = cg * SI + u;
       if (I <= tj || I >= RT) continue;
@@ -143,9 +147,10 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
       own_total[0] = row_sums<true>(g + j0, valid, RB, own);
       between[0] = 0.0;
     }
+#pragma unroll
     for (int u = 0; u < SI; ++u) {
       const int I = cg * SI + u;
-      if (I < RT && I >= tj) tile_mma<true>(sc.acc[0][u], K + tj * 16 * L.ldK, L.ldK, Q + I * 16 * L.ldK, L.ldK, Dp / 16);
+      if (I < RT && I >= tj) warp_mma<true, 1>(&sc.acc[0][u], K + tj * 16 * L.ldK, L.ldK, Q + I * 16 * L.ldK, L.ldK, Dp / 16);
     }
   }
   __pipeline_wait_prior(0);
@@ -159,14 +164,17 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
       S[j * L.ldS + i] = from_float<T>(j <= i && i < valid ? scale * x * expf(float(own[i] - own[j])) : 0.0f);
     }
   });
-  if constexpr (Vector)
-    if (cg == 0 && lane < 16)  // query row lane's scores against the tile's keys jj <= lane
+  if constexpr (Vector) {
+    if (cg == 0 && lane < 16) {  // query row lane's scores against the tile's keys jj <= lane
+#pragma unroll
       for (int jj = 0; jj < 16; ++jj)
         S[(tj * 16 + jj) * L.ldS + tj * 16 + lane] = from_float<T>(jj <= lane ? scale * d1[jj] : 0.0f);
+    }
+  }
   __syncthreads();
   WarpBlock<T, 1, TN> acc;
   acc.zero();
-  acc.template mma<false, false>(S + tj * 16 * L.ldS, L.ldS, D + cg * TN * 16, L.ldN, RT);
+  warp_mma<false, TN>(acc.acc[0], S + tj * 16 * L.ldS, L.ldS, D + cg * TN * 16, L.ldN, RT);
   __syncthreads();
 
   // ---- the query blocks after the own rows, nearest first ----
@@ -192,7 +200,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
         mma_scaled_a<true, SI>(sc.acc[0], K + tj * 16 * L.ldK, L.ldK, f, Q + cg * SI * 16 * L.ldK, L.ldK, Dp / 16,
                                piece);
       } else {
-        sc.template mma<false, true>(K + tj * 16 * L.ldK, L.ldK, Q + cg * SI * 16 * L.ldK, L.ldK, Dp / 16);
+        warp_mma<true, SI>(sc.acc[0], K + tj * 16 * L.ldK, L.ldK, Q + cg * SI * 16 * L.ldK, L.ldK, Dp / 16);
       }
     }
     each_lane(sc, scratch, [&](int u, int r, int c, float& x) {
@@ -206,7 +214,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
       }
     });
     __syncthreads();
-    acc.template mma<false, false>(S + tj * 16 * L.ldS, L.ldS, D + cg * TN * 16, L.ldN, RT);
+    warp_mma<false, TN>(acc.acc[0], S + tj * 16 * L.ldS, L.ldS, D + cg * TN * 16, L.ldN, RT);
     if constexpr (Vector) {
       for (int d = int(threadIdx.x); d < Dk; d += kGatedThreads) between[d] += blk[d];
     } else if (threadIdx.x == 0) {
@@ -237,7 +245,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
-    acc.template mma<false, false>(K + tj * 16 * L.ldK + pc, L.ldK, Hs + cg * TN * 16, L.ldN, min(64, Dp - pc) / 16);
+    warp_mma<false, TN>(acc.acc[0], K + tj * 16 * L.ldK + pc, L.ldK, Hs + cg * TN * 16, L.ldN, min(64, Dp - pc) / 16);
     __syncthreads();
   }
 

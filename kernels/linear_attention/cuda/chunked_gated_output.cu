@@ -119,15 +119,18 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
     for (int d = int(threadIdx.x); d < Dp; d += kGatedThreads) between[d] = 0.0;
     __syncthreads();
     // The CG warps of tile ti each take a share of the channels, two parts per warp.
-    diagonal_scores(d1, Q, K, L.ldK, G, L.ldG, ti, Dp, cg * 2 + (lane >> 4), CG * 2);
+    diagonal_scores(d1, Q, K, L.ldK, G, L.ldG, ti, Dp, cg * 2 + (lane >> 4), CG * 2);  // 8-channel groups
 #pragma unroll
     for (int j = 0; j < 16; ++j) d1[j] += __shfl_xor_sync(0xffffffffu, d1[j], 16);
-    if (cg > 0 && lane < 16)
+    if (cg > 0 && lane < 16) {
+#pragma unroll
       for (int j = 0; j < 16; ++j) scratch[lane * kTileScratchLd + j] = d1[j];
+    }
     __syncthreads();
     if (cg == 0 && lane < 16)
       for (int o = 1; o < CG; ++o) {
         const float* other = reinterpret_cast<const float*>(smem + L.warps + (ti + o * RT) * L.warp_bytes);
+#pragma unroll
         for (int j = 0; j < 16; ++j) d1[j] += other[lane * kTileScratchLd + j];
       }
     __syncthreads();
@@ -137,6 +140,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
     // V's columns over the gates (done with), while the tiles below the diagonal are made.
     stage_async<kGatedThreads>(V, L.ldN, v + std::size_t(r0) * Dv + col0, Dv, valid, Dv - col0, RB, kOutCols);
     __pipeline_commit();
+#pragma unroll
     for (int u = 0; u < SJ; ++u) {
       const int J = cg * SJ + u;
       if (J >= ti) continue;
@@ -152,9 +156,10 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
       row_sums<true>(g + r0, valid, RB, own);
       between[0] = 0.0;
     }
+#pragma unroll
     for (int u = 0; u < SJ; ++u) {
       const int J = cg * SJ + u;
-      if (J < RT && J <= ti) tile_mma<true>(sc.acc[0][u], Q + ti * 16 * L.ldK, L.ldK, K + J * 16 * L.ldK, L.ldK, Dp / 16);
+      if (J < RT && J <= ti) warp_mma<true, 1>(&sc.acc[0][u], Q + ti * 16 * L.ldK, L.ldK, K + J * 16 * L.ldK, L.ldK, Dp / 16);
     }
   }
   __pipeline_wait_prior(0);
@@ -168,13 +173,16 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
       S[i * L.ldS + j] = from_float<T>(j <= i && i < valid ? x * expf(float(own[i] - own[j])) : 0.0f);
     }
   });
-  if constexpr (Vector)
-    if (cg == 0 && lane < 16)
+  if constexpr (Vector) {
+    if (cg == 0 && lane < 16) {
+#pragma unroll
       for (int j = 0; j < 16; ++j) S[(ti * 16 + lane) * L.ldS + ti * 16 + j] = from_float<T>(j <= lane ? d1[j] : 0.0f);
+    }
+  }
   __syncthreads();
   WarpBlock<T, 1, TN> acc;
   acc.zero();
-  acc.template mma<false, false>(S + ti * 16 * L.ldS, L.ldS, V + cg * TN * 16, L.ldN, RT);
+  warp_mma<false, TN>(acc.acc[0], S + ti * 16 * L.ldS, L.ldS, V + cg * TN * 16, L.ldN, RT);
   __syncthreads();
 
   // ---- the key blocks before the own rows, nearest first ----
@@ -199,7 +207,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
         mma_scaled_a<true, SJ>(sc.acc[0], Q + ti * 16 * L.ldK, L.ldK, f, K + cg * SJ * 16 * L.ldK, L.ldK, Dp / 16,
                                piece);
       } else {
-        sc.template mma<false, true>(Q + ti * 16 * L.ldK, L.ldK, K + cg * SJ * 16 * L.ldK, L.ldK, Dp / 16);
+        warp_mma<true, SJ>(sc.acc[0], Q + ti * 16 * L.ldK, L.ldK, K + cg * SJ * 16 * L.ldK, L.ldK, Dp / 16);
       }
     }
     each_lane(sc, scratch, [&](int u, int r, int c, float& x) {
@@ -209,7 +217,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
       else S[i * L.ldS + j] = from_float<T>(i < valid ? x * expf(float(own[i] + between[0] + walk[j])) : 0.0f);
     });
     __syncthreads();
-    acc.template mma<false, false>(S + ti * 16 * L.ldS, L.ldS, V + cg * TN * 16, L.ldN, RT);
+    warp_mma<false, TN>(acc.acc[0], S + ti * 16 * L.ldS, L.ldS, V + cg * TN * 16, L.ldN, RT);
     if constexpr (Vector) {
       for (int d = int(threadIdx.x); d < Dk; d += kGatedThreads) between[d] += blk[d];
     } else if (threadIdx.x == 0) {
@@ -240,7 +248,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
-    acc.template mma<false, false>(Q + ti * 16 * L.ldK + pc, L.ldK, Hs + cg * TN * 16, L.ldN, min(64, Dp - pc) / 16);
+    warp_mma<false, TN>(acc.acc[0], Q + ti * 16 * L.ldK + pc, L.ldK, Hs + cg * TN * 16, L.ldN, min(64, Dp - pc) / 16);
     __syncthreads();
   }
 

@@ -7,8 +7,8 @@
 // One block of 8 warps per (sequence x value head, 64 state rows, 64 state columns): the 64 x 64
 // tile of S stays in registers for the whole walk (warp w: rows 16 (w / 2), columns 32 (w % 2)).
 // The walk goes in steps of up to 64 tokens, never across a chunk's end, staged by cp.async into
-// one of two buffers while the block computes on the other (the gates of the next step are loaded
-// into registers meanwhile). Over a step's rows (b from the step's start), with e the step's sum
+// one of two buffers while the block computes on the other; the step's log-gates into one buffer,
+// refilled for the next step as soon as the rows' factors are made. Over a step's rows (b from the step's start), with e the step's sum
 // of log-gates:
 //   forward:  S <- diag(exp(e)) S + (K . exp(e - b))^T V          (the rows' factors: suffix sums)
 //   reverse:  dS <- diag(exp(e)) dS + s (Q . exp(b))^T dO         (prefix sums; steps last first)
@@ -33,7 +33,7 @@ constexpr int kStep = 64;  // state rows and columns per block; tokens per stage
 
 struct PassLayout {
   int ld;
-  std::size_t a, x, buf_step, sums, rows, warps, total;
+  std::size_t a, x, buf_step, g, sums, rows, warps, total;
 };
 
 __host__ __device__ inline PassLayout pass_layout(int es) {
@@ -44,9 +44,10 @@ __host__ __device__ inline PassLayout pass_layout(int es) {
   L.a = c.take(2 * tile);  // two buffers of A's rows, then two of X's
   L.x = c.take(2 * tile);
   L.buf_step = tile;
+  L.g = c.take(sizeof(float) * kStep * kStep);  // the step's log-gates: 64 rows x 64 state rows
   L.sums = c.take(sizeof(float) * 6 * kStep);  // segment sums (4 x 64), factors, the decay
   L.rows = c.take(sizeof(float) * 2 * kStep);  // the reverse pass's row sums per column half
-  L.warps = c.take(es == 4 ? 0 : kGatedWarps * warp_area_bytes(0));
+  L.warps = c.take(es == 4 ? 0 : kGatedWarps * align128(std::size_t(16) * kTileScratchLd * 4));
   L.total = c.at;
   return L;
 }
@@ -56,8 +57,8 @@ struct PassParams {
   GatedStatePass args;
 };
 
-template <class T, bool Vector>
-__global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParams p) {
+template <class T, bool Vector, int MinBlocks>
+__global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(PassParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const GatedShape& s = p.shape;
   const GatedStatePass& a = p.args;
@@ -72,7 +73,8 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
   float* const factor = segs + 4 * kStep;                         // scalar: the rows' factors
   float* const decay = factor + kStep;                            // per state row (vector), or [0]
   float* const rows = reinterpret_cast<float*>(smem + L.rows);    // [2][64]
-  float* scratch = reinterpret_cast<float*>(smem + L.warps) + warp * (warp_area_bytes(0) / sizeof(float));
+  float* const G = reinterpret_cast<float*>(smem + L.g);            // [row][state row] (scalar: [row])
+  float* scratch = reinterpret_cast<float*>(smem + L.warps) + warp * (align128(16 * kTileScratchLd * 4) / 4);
 
   // The block's sequence and value head: chunk k = first + c of it is the chunk-parallel kernels'.
   const int seq = int(blockIdx.x) / s.H, h = int(blockIdx.x) % s.H;
@@ -111,21 +113,21 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
     stage_async<kGatedThreads>(X0 + buf * step, L.ld, X + t0 * Dv + col0, Dv, valid, Dv - col0, kStep, kStep);
     __pipeline_commit();
   };
-  // This thread's log-gates of step u: vector, state row d = tid % 64 of rows 16 (tid / 64) ..;
-  // scalar (warp 0), rows 2 lane and 2 lane + 1. Zero past the step's rows and the state's rows.
-  const int gd = int(threadIdx.x) & 63, gseg = int(threadIdx.x) >> 6;
-  auto load_gates = [&](int u, float (&out)[16]) {
+  // Step u's log-gates: vector, rows x the block's 64 state rows; scalar, the rows. Zero past the
+  // step's rows and the state's rows.
+  auto stage_gates = [&](int u) {
     int c, b, in_chunk;
     locate(u, c, b, in_chunk);
     const std::size_t t0 = std::size_t(c) * s.C + std::size_t(b) * kStep;
     const int valid = rows_of(c, b);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int row = Vector ? gseg * 16 + r : 2 * lane + r;
-      const bool on = Vector ? row < valid && row0 + gd < Dk : r < 2 && row < valid && warp == 0;
-      out[r] = on ? g[(t0 + row) * W + (Vector ? row0 + gd : 0)] : 0.0f;
-    }
+    if constexpr (Vector)
+      stage_async<kGatedThreads>(G, kStep, g + t0 * W + row0, W, valid, Dk - row0, kStep, kStep);
+    else
+      stage_async<kGatedThreads>(G, kStep, g + t0, kStep, 1, valid, 1, kStep);
+    __pipeline_commit();
   };
+  // This thread's gates: vector, state row gd of rows 16 gseg ..; scalar (warp 0), rows 2 lane, 2 lane + 1.
+  const int gd = int(threadIdx.x) & 63, gseg = int(threadIdx.x) >> 6;
 
   WarpBlock<T, 1, 2> S;
   S.zero();
@@ -141,18 +143,19 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
     });
   };
 
-  float gnow[16], gnext[16];
-  load_gates(0, gnow);
+  // cp.async groups in order: A and X of step 0, gates of step 0; then per step u the A and X of
+  // step u + 1 (at its start) and the gates of step u + 1 (once step u's have been read).
   stage(0, 0);
+  stage_gates(0);
   for (int u = 0; u < steps; ++u) {
     const int buf = u & 1;
     if (u + 1 < steps) {
       stage(u + 1, buf ^ 1);  // its buffer was last read before the barrier that ended step u - 1
-      load_gates(u + 1, gnext);
       __pipeline_wait_prior(1);
     } else {
       __pipeline_wait_prior(0);
     }
+    __syncthreads();
     int c, b, in_chunk;
     locate(u, c, b, in_chunk);
     const bool chunk_start = a.reverse ? b == in_chunk - 1 : b == 0, chunk_end = a.reverse ? b == 0 : b == in_chunk - 1;
@@ -160,12 +163,16 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
 
     // The rows' factors and the step's decay, from this thread's gates.
     T* Ab = A0 + buf * step;
+    float gnow[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) gnow[r] = Vector ? G[(gseg * 16 + r) * kStep + gd] : r < 2 ? G[2 * lane + r] : 0.0f;
     if constexpr (Vector) {
       float sum = 0.0f;
 #pragma unroll
       for (int r = 0; r < 16; ++r) sum += gnow[r];
       segs[gseg * kStep + gd] = sum;
-      __syncthreads();
+      __syncthreads();  // every thread has read its gates: the buffer takes the next step's
+      if (u + 1 < steps) stage_gates(u + 1);
       float run = 0.0f;  // the log-gates of the rows after (forward) or up to (reverse) the row
       for (int o = 0; o < 4; ++o)
         if (a.reverse ? o < gseg : o > gseg) run += segs[o * kStep + gd];
@@ -207,7 +214,8 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
         const float total = __shfl_sync(0xffffffffu, incl, a.reverse ? 31 : 0);
         if (lane == 0) decay[0] = expf(total);
       }
-      __syncthreads();
+      __syncthreads();  // warp 0 has read the gates: the buffer takes the next step's
+      if (u + 1 < steps) stage_gates(u + 1);
       for (int e = int(threadIdx.x); e < kStep * kStep; e += kGatedThreads) {
         const int r = e / kStep, d = e - r * kStep;
         Ab[r * L.ld + d] = from_float<T>(to_float(Ab[r * L.ld + d]) * factor[r]);
@@ -220,7 +228,7 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
       S.scale(decay[0]);
     }
     const int ksteps = (rows_of(c, b) + 15) / 16;
-    S.template mma<true, false>(Ab + wm * 16, L.ld, X0 + buf * step + wn * 32, L.ld, ksteps);  // S += A^T X
+    warp_mma<false, 2, true>(S.acc[0], Ab + wm * 16, L.ld, X0 + buf * step + wn * 32, L.ld, ksteps);  // S += A^T X
 
     if (a.reverse && chunk_end) {  // dS is the gradient of the state entering chunk c
       const T* hc = static_cast<const T*>(a.fwd_states) + std::size_t(first + c) * slot + std::size_t(h) * dd;
@@ -239,8 +247,6 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
               rows[d] + rows[kStep + d];
     }
     __syncthreads();
-#pragma unroll
-    for (int r = 0; r < 16; ++r) gnow[r] = gnext[r];
   }
   if (a.final_state) {
     each_lane(S, scratch, [&](int t, int r, int c, float& v) {
@@ -250,32 +256,50 @@ __global__ void __launch_bounds__(kGatedThreads, 2) gated_state_kernel(PassParam
   }
 }
 
-template <class T, bool Vector>
-void launch_as(const PassParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
-  auto kernel = gated_state_kernel<T, Vector>;
-  allow_shared(kernel, device, shared);
-  kernel<<<grid, kGatedThreads, shared, stream>>>(params);
-  LATTN_CUDA_CHECK_LAUNCH();
+// Two blocks per multiprocessor where their shared memory fits (float32's on A100 does not), else one.
+int pass_blocks(Dtype dtype, std::size_t limit) {
+  return 2 * (pass_layout(element_size(dtype)).total + 1024) <= limit + 1024 ? 2 : 1;
 }
 
 template <class T, bool Vector>
-int occupancy_as(std::size_t shared, int device) {
-  auto kernel = gated_state_kernel<T, Vector>;
-  allow_shared(kernel, device, shared);
-  int blocks = 0;
-  LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGatedThreads, shared));
-  return blocks;
-}
+struct PassKernel {
+  template <int MinBlocks>
+  static void launch(const PassParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
+    auto kernel = gated_state_kernel<T, Vector, MinBlocks>;
+    allow_shared(kernel, device, shared);
+    kernel<<<grid, kGatedThreads, shared, stream>>>(params);
+    LATTN_CUDA_CHECK_LAUNCH();
+  }
+  template <int MinBlocks>
+  static int occupancy(std::size_t shared, int device) {
+    auto kernel = gated_state_kernel<T, Vector, MinBlocks>;
+    allow_shared(kernel, device, shared);
+    int blocks = 0;
+    LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGatedThreads, shared));
+    return blocks;
+  }
+  static void run(int blocks, const PassParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
+    blocks == 2 ? launch<2>(params, grid, shared, device, stream) : launch<1>(params, grid, shared, device, stream);
+  }
+  static int resident(int blocks, std::size_t shared, int device) {
+    return blocks == 2 ? occupancy<2>(shared, device) : occupancy<1>(shared, device);
+  }
+};
 
 }  // namespace
 
 std::size_t gated_state_pass_shared_bytes(Dtype dtype) { return pass_layout(element_size(dtype)).total; }
 
+int gated_state_pass_blocks(Dtype dtype) { return pass_blocks(dtype, max_shared_bytes(current_device())); }
+
 int gated_state_pass_occupancy(Dtype dtype, bool vector) {
   const std::size_t shared = gated_state_pass_shared_bytes(dtype);
-  const int device = current_device();
-  if (dtype == Dtype::f32) return vector ? occupancy_as<float, true>(shared, device) : occupancy_as<float, false>(shared, device);
-  return vector ? occupancy_as<bf16, true>(shared, device) : occupancy_as<bf16, false>(shared, device);
+  const int device = current_device(), blocks = pass_blocks(dtype, max_shared_bytes(device));
+  if (dtype == Dtype::f32)
+    return vector ? PassKernel<float, true>::resident(blocks, shared, device)
+                  : PassKernel<float, false>::resident(blocks, shared, device);
+  return vector ? PassKernel<bf16, true>::resident(blocks, shared, device)
+                : PassKernel<bf16, false>::resident(blocks, shared, device);
 }
 
 void gated_state_pass(const Problem& p, Dtype dtype, const GatedShape& shape, const GatedStatePass& args,
@@ -284,13 +308,13 @@ void gated_state_pass(const Problem& p, Dtype dtype, const GatedShape& shape, co
   const dim3 grid(unsigned(std::size_t(p.sequences()) * shape.H), unsigned((shape.Dk + kStep - 1) / kStep),
                   unsigned((shape.Dv + kStep - 1) / kStep));
   const std::size_t shared = gated_state_pass_shared_bytes(dtype);
-  const int device = current_device();
+  const int device = current_device(), blocks = pass_blocks(dtype, max_shared_bytes(device));
   if (dtype == Dtype::f32)
-    shape.vector ? launch_as<float, true>(params, grid, shared, device, stream)
-                 : launch_as<float, false>(params, grid, shared, device, stream);
+    shape.vector ? PassKernel<float, true>::run(blocks, params, grid, shared, device, stream)
+                 : PassKernel<float, false>::run(blocks, params, grid, shared, device, stream);
   else
-    shape.vector ? launch_as<bf16, true>(params, grid, shared, device, stream)
-                 : launch_as<bf16, false>(params, grid, shared, device, stream);
+    shape.vector ? PassKernel<bf16, true>::run(blocks, params, grid, shared, device, stream)
+                 : PassKernel<bf16, false>::run(blocks, params, grid, shared, device, stream);
 }
 
 }  // namespace lattn::cuda
