@@ -70,23 +70,26 @@ __device__ __forceinline__ ChunkRef locate_chunk(const GatedShape& s, int k, int
   return r;
 }
 
-// A chunk-parallel launch's parameters: grid x = chunks x heads x row_blocks (row block fastest,
-// then the value head), grid y = column tiles.
+// A chunk-parallel launch's parameters: one grid dimension, chunks x heads x row_blocks x
+// col_tiles blocks, the column tile fastest (the blocks that read the same rows for different
+// output columns run side by side and share them through L2), then the row block, then the
+// value head (a group's value heads side by side share their q/k rows).
 struct GatedParams {
   GatedShape shape;
   GatedArgs args;
-  int row_blocks;
+  int row_blocks, col_tiles;
 };
 
-// The block's chunk, value head and row block.
+// The block's chunk, value head, row block and column tile.
 struct BlockAt {
   ChunkRef ch;
-  int h, rb;
+  int h, rb, ct;
 };
 __device__ __forceinline__ BlockAt block_at(const GatedParams& p) {
-  const int rb = int(blockIdx.x % unsigned(p.row_blocks)), kh = int(blockIdx.x / unsigned(p.row_blocks));
+  const unsigned x = blockIdx.x, tiles = unsigned(p.col_tiles), rows = unsigned(p.row_blocks);
+  const int ct = int(x % tiles), rb = int(x / tiles % rows), kh = int(x / tiles / rows);
   const int h = kh % p.shape.H, k = kh / p.shape.H;
-  return {locate_chunk(p.shape, k, h), h, rb};
+  return {locate_chunk(p.shape, k, h), h, rb, ct};
 }
 
 // Carves a block's dynamic shared memory: each buffer 128-byte aligned.

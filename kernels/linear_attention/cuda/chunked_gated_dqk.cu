@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
   if (o0 >= ch.n) return;  // past a short chunk's end: the whole block, before any barrier
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, to = warp % RT, cg = warp / RT;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W, Dvp = L.Dvp, valid = min(RB, ch.n - o0), blocks = (ch.n + RB - 1) / RB;
-  const int c0 = int(blockIdx.y) * kDqkCols, cols = min(kDqkCols, Dk - c0), wc = cg * NW;  // wc: the warp's first
+  const int c0 = at.ct * kDqkCols, cols = min(kDqkCols, Dk - c0), wc = cg * NW;  // wc: the warp's first
   T* Own = reinterpret_cast<T*>(smem + L.own);
   T* Wb = reinterpret_cast<T*>(smem + L.wb);
   T* Ws = reinterpret_cast<T*>(smem + L.ws);
@@ -291,9 +291,9 @@ void gated_dqk(const Problem& p, Dtype dtype, const GatedShape& shape, const Gat
   const int device = current_device();
   const GatedTiles tiles = gated_tiles(dk_pass ? "dk" : "dq", p, dtype, max_shared_bytes(device));
   if (tiles.rows_per_block == 0) throw RuntimeFailure("chunked_gated: the dQ/dK kernel's tiles do not fit");
-  const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block};
-  const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks),
-                  unsigned((shape.Dk + kDqkCols - 1) / kDqkCols));
+  const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block,
+                           (shape.Dk + kDqkCols - 1) / kDqkCols};
+  const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks * params.col_tiles));
   const std::size_t shared = gated_dqk_shared_bytes(p, dtype, tiles.rows_per_block, dk_pass);
   if (dk_pass)
     dispatch_tiles<Pass<true>::Launch>(dtype, shape.vector, tiles, params, grid, shared, device, stream);

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
   if (j0 >= ch.n) return;  // past a short chunk's end: the whole block, before any barrier
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, tj = warp % RT, cg = warp / RT;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W, Dp = L.Dp, valid = min(RB, ch.n - j0), blocks = (ch.n + RB - 1) / RB;
-  const int col0 = int(blockIdx.y) * kDvCols;
+  const int col0 = at.ct * kDvCols;
   T* K = reinterpret_cast<T*>(smem + L.k);
   T* Q = reinterpret_cast<T*>(smem + L.q);
   float* G = reinterpret_cast<float*>(smem + L.x);
@@ -293,9 +293,9 @@ void gated_dv(const Problem& p, Dtype dtype, const GatedShape& shape, const Gate
   const int device = current_device();
   const GatedTiles tiles = gated_tiles("dv", p, dtype, max_shared_bytes(device));
   if (tiles.rows_per_block == 0) throw RuntimeFailure("chunked_gated: the dV kernel's tiles do not fit");
-  const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block};
-  const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks),
-                  unsigned((shape.Dv + kDvCols - 1) / kDvCols));
+  const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block,
+                           (shape.Dv + kDvCols - 1) / kDvCols};
+  const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks * params.col_tiles));
   dispatch_tiles<Launch>(dtype, shape.vector, tiles, params, grid, gated_dv_shared_bytes(p, dtype, tiles.rows_per_block),
                          device, stream);
 }

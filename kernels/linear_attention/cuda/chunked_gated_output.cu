@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
   if (r0 >= ch.n) return;  // a row block past a short chunk's end: the whole block, before any barrier
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, ti = warp % RT, cg = warp / RT;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W, Dp = L.Dp, valid = min(RB, ch.n - r0);
-  const int col0 = int(blockIdx.y) * kOutCols;
+  const int col0 = at.ct * kOutCols;
   T* Q = reinterpret_cast<T*>(smem + L.q);
   T* K = reinterpret_cast<T*>(smem + L.k);
   float* G = reinterpret_cast<float*>(smem + L.x);
@@ -304,9 +304,9 @@ void gated_output(const Problem& p, Dtype dtype, const GatedShape& shape, const 
   const int device = current_device();
   const GatedTiles tiles = gated_tiles("output", p, dtype, max_shared_bytes(device));
   if (tiles.rows_per_block == 0) throw RuntimeFailure("chunked_gated: the output kernel's tiles do not fit");
-  const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block};
-  const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks),
-                  unsigned((shape.Dv + kOutCols - 1) / kOutCols));
+  const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block,
+                           (shape.Dv + kOutCols - 1) / kOutCols};
+  const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks * params.col_tiles));
   dispatch_tiles<Launch>(dtype, shape.vector, tiles, params, grid, gated_output_shared_bytes(p, dtype, tiles.rows_per_block),
                    device, stream);
 }

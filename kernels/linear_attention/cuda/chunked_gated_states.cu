@@ -65,7 +65,11 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(P
   const PassLayout L = pass_layout(int(sizeof(T)));
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, wm = warp >> 1, wn = warp & 1;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W;
-  const int row0 = int(blockIdx.y) * kStep, col0 = int(blockIdx.z) * kStep;
+  // Block x: (sequence x value head, row tile, column tile), the tiles fastest: a head's blocks run
+  // side by side and read its rows through L2 once.
+  const int col_tiles = (Dv + kStep - 1) / kStep, row_tiles = (Dk + kStep - 1) / kStep;
+  const int col_tile = int(blockIdx.x) % col_tiles, pair = int(blockIdx.x) / col_tiles / row_tiles;
+  const int row0 = int(blockIdx.x) / col_tiles % row_tiles * kStep, col0 = col_tile * kStep;
   T* const A0 = reinterpret_cast<T*>(smem + L.a);
   T* const X0 = reinterpret_cast<T*>(smem + L.x);
   const int step = int(L.buf_step / sizeof(T));
@@ -77,7 +81,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(P
   float* scratch = reinterpret_cast<float*>(smem + L.warps) + warp * (align128(16 * kTileScratchLd * 4) / 4);
 
   // The block's sequence and value head: chunk k = first + c of it is the chunk-parallel kernels'.
-  const int seq = int(blockIdx.x) / s.H, h = int(blockIdx.x) % s.H;
+  const int seq = pair / s.H, h = pair % s.H;
   const ChunkRef ch0 = locate_chunk(s, s.cu ? s.first[seq] : seq * s.per_seq, h);
   const int chunks = ch0.chunks, first = ch0.first;
   const int len = s.cu ? s.cu[seq + 1] - s.cu[seq] : s.T;
@@ -240,10 +244,9 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(P
       part += __shfl_xor_sync(0xffffffffu, part, 1);
       if ((lane & 1) == 0) rows[wn * kStep + wm * 16 + (lane >> 1)] = part;
       __syncthreads();
-      const int dv_tiles = (Dv + kStep - 1) / kStep;
       for (int d = int(threadIdx.x); d < kStep; d += kGatedThreads)
         if (row0 + d < Dk)
-          a.rowsums[((std::size_t(first + c) * s.H + h) * dv_tiles + blockIdx.z) * Dk + row0 + d] =
+          a.rowsums[((std::size_t(first + c) * s.H + h) * col_tiles + col_tile) * Dk + row0 + d] =
               rows[d] + rows[kStep + d];
     }
     __syncthreads();
@@ -305,8 +308,8 @@ int gated_state_pass_occupancy(Dtype dtype, bool vector) {
 void gated_state_pass(const Problem& p, Dtype dtype, const GatedShape& shape, const GatedStatePass& args,
                       cudaStream_t stream) {
   const PassParams params{shape, args};
-  const dim3 grid(unsigned(std::size_t(p.sequences()) * shape.H), unsigned((shape.Dk + kStep - 1) / kStep),
-                  unsigned((shape.Dv + kStep - 1) / kStep));
+  const dim3 grid(unsigned(std::size_t(p.sequences()) * shape.H * ((shape.Dk + kStep - 1) / kStep) *
+                           ((shape.Dv + kStep - 1) / kStep)));
   const std::size_t shared = gated_state_pass_shared_bytes(dtype);
   const int device = current_device(), blocks = pass_blocks(dtype, max_shared_bytes(device));
   if (dtype == Dtype::f32)
