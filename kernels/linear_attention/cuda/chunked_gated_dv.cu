@@ -29,7 +29,7 @@ constexpr int kDvCols = 128;  // value columns per block
 // columns with the transposed score tile, and a 64-row piece of dh_c; the gates' sums; the warps'.
 struct DvLayout {
   int Dp, ldK, ldN, ldS, ldG;
-  std::size_t k, q, x, d, s, sums, warps, warp_bytes, total;
+  std::size_t k, q, x, d, s, diag, sums, warps, warp_bytes, total;
 };
 
 __host__ __device__ inline DvLayout dv_layout(int Dk, int RB, int es, bool vector) {
@@ -47,6 +47,7 @@ __host__ __device__ inline DvLayout dv_layout(int Dk, int RB, int es, bool vecto
   L.x = c.take(std::max(ds, std::max(piece, gates)));
   L.d = L.x;
   L.s = L.x + d;
+  L.diag = c.take(vector ? sizeof(float) * RB * 16 : 0);  // the diagonal tiles' scores (vector gates)
   L.sums = c.take(sizeof(double) * (vector ? std::size_t(RB / 16 + 2) * L.Dp : std::size_t(2 * RB + 3)));
   L.warp_bytes = warp_area_bytes(vector ? L.Dp : 0);
   L.warps = c.take(kGatedWarps * L.warp_bytes);
@@ -75,6 +76,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
   T* Hs = reinterpret_cast<T*>(smem + L.x);
   // Vector gates: tiles[t][d], between[d] (the walked blocks' so far), blk[d]. Scalar: own[r]
   // (prefix sums of the own rows), walk[r] (the walked block's prefix sums), between, blk, total.
+  float* const diag = reinterpret_cast<float*>(smem + L.diag);  // [tile][query row][key]
   double* const sums = reinterpret_cast<double*>(smem + L.sums);
   double* const tiles = sums;
   double* const own = sums;
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
 
   WarpBlock<T, 1, SI> sc;  // the warp's transposed score tiles: key tile tj, query tiles cg SI ..
   sc.zero();
-  float d1[16];  // vector gates: the diagonal tile's scores, query row lane of tile tj (warps cg 0)
+  float d1[16];  // vector gates: this warp's part of the diagonal tile's scores, query row lane % 16
   if constexpr (Vector) {
     tile_sums_and_exp(G, L.ldG, RB, Dp, tiles);
     for (int d = int(threadIdx.x); d < Dp; d += kGatedThreads) between[d] = 0.0;
@@ -119,12 +121,15 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
       for (int j = 0; j < 16; ++j) scratch[lane * kTileScratchLd + j] = d1[j];
     }
     __syncthreads();
-    if (cg == 0 && lane < 16)
+    if (cg == 0 && lane < 16) {  // the parts' sum, kept in shared memory until the score tile is written
       for (int o = 1; o < CG; ++o) {
         const float* other = reinterpret_cast<const float*>(smem + L.warps + (tj + o * RT) * L.warp_bytes);
 #pragma unroll
         for (int j = 0; j < 16; ++j) d1[j] += other[lane * kTileScratchLd + j];
       }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) diag[(tj * 16 + lane) * 16 + j] = d1[j];
+    }
     __syncthreads();
     tile_factors<true>(Q, L.ldK, G, L.ldG, RB, Dp);   // Q . EQ
     tile_factors<false>(K, L.ldK, G, L.ldG, RB, Dp);  // K . EK
@@ -166,9 +171,9 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
   });
   if constexpr (Vector) {
     if (cg == 0 && lane < 16) {  // query row lane's scores against the tile's keys jj <= lane
-#pragma unroll
       for (int jj = 0; jj < 16; ++jj)
-        S[(tj * 16 + jj) * L.ldS + tj * 16 + lane] = from_float<T>(jj <= lane ? scale * d1[jj] : 0.0f);
+        S[(tj * 16 + jj) * L.ldS + tj * 16 + lane] =
+            from_float<T>(jj <= lane ? scale * diag[(tj * 16 + lane) * 16 + jj] : 0.0f);
     }
   }
   __syncthreads();

@@ -37,7 +37,7 @@ constexpr int kOutCols = 128;  // value columns per block
 // (double); the warps' areas.
 struct OutputLayout {
   int Dp, ldK, ldN, ldS, ldG;
-  std::size_t q, k, x, v, s, sums, warps, warp_bytes, total;
+  std::size_t q, k, x, v, s, diag, sums, warps, warp_bytes, total;
 };
 
 __host__ __device__ inline OutputLayout output_layout(int Dk, int RB, int es, bool vector) {
@@ -55,6 +55,7 @@ __host__ __device__ inline OutputLayout output_layout(int Dk, int RB, int es, bo
   L.x = c.take(std::max(vs, std::max(piece, gates)));
   L.v = L.x;
   L.s = L.x + v;
+  L.diag = c.take(vector ? sizeof(float) * RB * 16 : 0);  // the diagonal tiles' scores (vector gates)
   L.sums = c.take(sizeof(double) * (vector ? std::size_t(RB / 16 + 2) * L.Dp : std::size_t(2 * RB + 2)));
   L.warp_bytes = warp_area_bytes(vector ? L.Dp : 0);
   L.warps = c.take(kGatedWarps * L.warp_bytes);
@@ -84,6 +85,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
   // Vector gates: tiles[t][d] (the own tiles' sums), between[d] (the walked blocks' so far), blk[d]
   // (the walked block's). Scalar: own[r] (prefix sums of the own rows), walk[r] (the walked
   // block's suffix sums), between[0], blk[0].
+  float* const diag = reinterpret_cast<float*>(smem + L.diag);  // [tile][query row][key]
   double* const sums = reinterpret_cast<double*>(smem + L.sums);
   double* const tiles = sums;
   double* const own = sums;
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
 
   WarpBlock<T, 1, SJ> sc;  // the warp's score tiles: query tile ti, key tiles cg SJ ..
   sc.zero();
-  float d1[16];  // vector gates: the diagonal tile's scores, row lane of tile ti (warps cg 0)
+  float d1[16];  // vector gates: this warp's part of the diagonal tile's scores, row lane % 16 of tile ti
   if constexpr (Vector) {
     tile_sums_and_exp(G, L.ldG, RB, Dp, tiles);
     for (int d = int(threadIdx.x); d < Dp; d += kGatedThreads) between[d] = 0.0;
@@ -127,12 +129,15 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
       for (int j = 0; j < 16; ++j) scratch[lane * kTileScratchLd + j] = d1[j];
     }
     __syncthreads();
-    if (cg == 0 && lane < 16)
+    if (cg == 0 && lane < 16) {  // the parts' sum, kept in shared memory until the score tile is written
       for (int o = 1; o < CG; ++o) {
         const float* other = reinterpret_cast<const float*>(smem + L.warps + (ti + o * RT) * L.warp_bytes);
 #pragma unroll
         for (int j = 0; j < 16; ++j) d1[j] += other[lane * kTileScratchLd + j];
       }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) diag[(ti * 16 + lane) * 16 + j] = d1[j];
+    }
     __syncthreads();
     tile_factors<true>(Q, L.ldK, G, L.ldG, RB, Dp);   // Q . EQ
     tile_factors<false>(K, L.ldK, G, L.ldG, RB, Dp);  // K . EK
@@ -175,8 +180,8 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
   });
   if constexpr (Vector) {
     if (cg == 0 && lane < 16) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) S[(ti * 16 + lane) * L.ldS + ti * 16 + j] = from_float<T>(j <= lane ? d1[j] : 0.0f);
+      for (int j = 0; j < 16; ++j)
+        S[(ti * 16 + lane) * L.ldS + ti * 16 + j] = from_float<T>(j <= lane ? diag[(ti * 16 + lane) * 16 + j] : 0.0f);
     }
   }
   __syncthreads();
