@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
 #include "src/run/check.hpp"
+#include "backends/cuda/cuda_backend.hpp"
 #include "kernels/linear_attention/cuda/chunked_gated.hpp"
 #include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
@@ -244,4 +246,29 @@ TEST_CASE("emulation: the gated chunked kernels' shapes and occupancy", "[emulat
       }
     }
   std::fflush(stdout);
+}
+
+TEST_CASE("emulation: the gated chunked row declines a dim whose tiles do not fit, with the reason",
+          "[emulation][tiles]") {
+  // Dims up to 256 fit under either limit (the scan's limit too); dim 1024 with vector gates in
+  // float32 fits under neither. The backend's skip carries the row's reason as it is.
+  const std::size_t limit = lattn_emu::shared_optin_limit();
+  for (Decay decay : {Decay::scalar, Decay::vector})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
+      const Problem fits = shaped(1, 1, 40, 256, 64, decay);
+      INFO(to_string(decay) << (dtype == cuda::Dtype::f32 ? " float32" : " bf16"));
+      CHECK_FALSE(cuda::chunked_gated_unsupported(fits, dtype, limit));
+    }
+  const Problem wide = shaped(1, 1, 40, 1024, 64, Decay::vector);
+  REQUIRE(cuda::cuda_variant("chunked", wide) != nullptr);
+  const std::optional<std::string> why = cuda::chunked_gated_unsupported(wide, cuda::Dtype::f32, limit);
+  REQUIRE(why);
+  CHECK_THAT(*why, Catch::Matchers::Contains("the CUDA chunked_gated output kernel's tiles for dim 1024, dim_v 1024 need") &&
+                       Catch::Matchers::Contains("bytes of shared memory per block; this device has " + std::to_string(limit)));
+  auto backend = cuda::make_cuda_backend(BackendOptions{});
+  Case c = test::kernel_case(wide, "chunked", Mode::fwd, "cuda", "float32");
+  c.options["gate_norm"] = "16";
+  const std::optional<std::string> skip = backend->unsupported(c);
+  REQUIRE(skip);
+  CHECK(*skip == *why);
 }

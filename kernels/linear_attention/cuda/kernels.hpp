@@ -8,7 +8,8 @@
 // its scratch is a packed problem's document boundaries and, with grouped heads, dq and dk per
 // value head before their sum; the additive rule's backward runs a forward recurrence for dq and a
 // reverse one for dk, dv and keeps nothing else (the delta rule's backward keeps a token tensor,
-// below). The chunked form takes square dense problems; it keeps the state entering every chunk
+// below). The chunked form here takes square dense problems with decay none or retnet (the gated
+// decays, every shape: cuda/chunked_gated.hpp); it keeps the state entering every chunk
 // (and in the backward the gradient of the state leaving it) in scratch from the allocator, one
 // D x D matrix per (batch x head, chunk) in the token dtype. The *_workspace_bytes closed forms
 // are held to the allocator's count by the tests.
@@ -122,7 +123,8 @@ struct ChunkedTiles {
 ChunkedTiles chunked_tiles(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 // Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
 std::optional<std::string> scan_unsupported(const Problem& problem);
-// The chunked kernels do not run gated decays (scalar, vector): this says so for those.
+// Why the (ungated) chunked kernels' tiles do not fit a device with `max_shared_bytes` of opt-in
+// shared memory per block, or nothing. The gated decays run on cuda/chunked_gated.hpp's kernels.
 std::optional<std::string> chunked_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 
 // The chunked form's kernels as a case launches them on the current device: threads and dynamic
