@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
 #include "kernels/linear_attention/cuda/kernels.hpp"
 #include "test_util.hpp"
 
@@ -84,6 +85,24 @@ inline void report_chunked_kernels(const char* device) {
                     "launch bounds for %d blocks/SM, %d resident\n",
                     device, dtype == cuda::Dtype::f32 ? "float32" : "bf16", chunk, k.name.c_str(), k.threads,
                     k.rows_per_block, k.shared_bytes, k.launch_bounds_blocks, k.resident_blocks);
+        INFO(k.name);
+        CHECK(k.resident_blocks >= k.launch_bounds_blocks);
+      }
+    }
+  std::fflush(stdout);
+}
+
+// The gated chunked kernels at the headline shape (chunk 64), scalar and vector gates, float32 and
+// bf16, one line each on stdout (docs/cuda.md, "Gated decays, chunked"), with the same check.
+inline void report_gated_chunked_kernels(const char* device) {
+  for (Decay decay : {Decay::scalar, Decay::vector})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
+      const Problem p{4, 64, 4096, 128, 64, decay};
+      for (const cuda::ChunkedKernel& k : cuda::chunked_gated_kernels(p, dtype)) {
+        std::printf("occupancy on %s: %s %s %s: %d threads, %d rows per block, %zu bytes of shared memory, "
+                    "launch bounds for %d blocks/SM, %d resident\n",
+                    device, to_string(decay).c_str(), dtype == cuda::Dtype::f32 ? "float32" : "bf16", k.name.c_str(),
+                    k.threads, k.rows_per_block, k.shared_bytes, k.launch_bounds_blocks, k.resident_blocks);
         INFO(k.name);
         CHECK(k.resident_blocks >= k.launch_bounds_blocks);
       }

@@ -118,10 +118,11 @@ TEST_CASE("chunked kernels' occupancy", "[.][occupancy]") {
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
   test::report_chunked_kernels(prop.name);
+  test::report_gated_chunked_kernels(prop.name);
 }
 
-// Small shapes for compute-sanitizer (memcheck, racecheck, synccheck): every kernel and pass, both
-// dtypes, the vector and the element-wise staging, one and several staged row blocks. Hidden from
+// Small shapes for compute-sanitizer (memcheck, racecheck, synccheck): every kernel and pass (the
+// gated chunked ones too), both dtypes, the vector and the element-wise staging, one and several staged row blocks. Hidden from
 // the normal run; scripts/device_check.sh runs it under the sanitizer.
 TEST_CASE("sanitizer shapes", "[.][sanitize]") {
   const std::vector<Problem> shapes = {{1, 2, 45, 20, 16, Decay::retnet}, {1, 1, 150, 128, 128, Decay::none},
@@ -132,4 +133,13 @@ TEST_CASE("sanitizer shapes", "[.][sanitize]") {
         INFO(dtype << " " << impl << " " << test::describe(p));
         CHECK(run_cuda_case(p, impl, Mode::fwd_bwd, dtype).check.passed);
       }
+  // The gated chunked kernels (the chunked_gated row): both gates, one and several row blocks
+  // (chunk 150: 64 + 64 + 22, walked blocks), a ragged last chunk, dims off multiples of 16.
+  const std::vector<Problem> gated = {{1, 2, 45, 20, 16, Decay::scalar}, {1, 1, 170, 40, 150, Decay::vector},
+                                      {1, 1, 33, 13, 64, Decay::vector}, {1, 1, 100, 128, 64, Decay::scalar}};
+  for (const std::string dtype : {"float32", "bf16"})
+    for (const Problem& p : gated) {
+      INFO(dtype << " chunked " << test::describe(p));
+      CHECK(run_cuda_case(p, "chunked", Mode::fwd_bwd, dtype).check.passed);
+    }
 }

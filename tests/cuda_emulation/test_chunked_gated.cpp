@@ -21,6 +21,7 @@
 #include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "cases.hpp"
+#include "cuda_backend_checks.hpp"
 #include "device_buffers.hpp"
 #include "core/op.hpp"
 #include "lattn_emu/control.hpp"
@@ -228,24 +229,11 @@ TEST_CASE("emulation: the gated chunked launch code's every tile choice, under t
 }
 
 TEST_CASE("emulation: the gated chunked kernels' shapes and occupancy", "[emulation][tiles]") {
-  // At the headline shape (B 4, H 64, T 4096, D 128, chunk 64), scalar and vector gates, float32
-  // and bf16: the launch figures from the launch code, the resident blocks from the emulation's
-  // occupancy query (threads and shared memory only; a GPU's count also registers).
-  const char* device =
-      lattn_emu::shared_optin_limit() == lattn_emu::kH100SharedOptin ? "emulated H100/H200" : "emulated A100";
-  for (Decay decay : {Decay::scalar, Decay::vector})
-    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
-      const Problem p{4, 64, 4096, 128, 64, decay};
-      for (const cuda::ChunkedKernel& k : cuda::chunked_gated_kernels(p, dtype)) {
-        std::printf("occupancy on %s: %s %s %s: %d threads, %d rows per block, %zu bytes of shared memory, "
-                    "launch bounds for %d blocks/SM, %d resident\n",
-                    device, to_string(decay).c_str(), dtype == cuda::Dtype::f32 ? "float32" : "bf16", k.name.c_str(),
-                    k.threads, k.rows_per_block, k.shared_bytes, k.launch_bounds_blocks, k.resident_blocks);
-        INFO(k.name);
-        CHECK(k.resident_blocks >= k.launch_bounds_blocks);
-      }
-    }
-  std::fflush(stdout);
+  // The launch figures from the launch code, the resident blocks from the emulation's occupancy
+  // query (threads and shared memory only; a GPU's count also registers).
+  test::report_gated_chunked_kernels(lattn_emu::shared_optin_limit() == lattn_emu::kH100SharedOptin
+                                         ? "emulated H100/H200"
+                                         : "emulated A100");
 }
 
 TEST_CASE("emulation: the gated chunked row declines a dim whose tiles do not fit, with the reason",
