@@ -9,6 +9,7 @@
 //   cuda/chunked_gated_dv.cu      dV, chunk-parallel
 //   cuda/chunked_gated_dqk.cu     dQ and dK, chunk-parallel
 //   cuda/chunked_gated.cu         dg, and the host API below
+//   cuda/chunked_gated.cuh, cuda/chunked_gated_gates.cuh   the device code they share
 // Every shape of docs/spec.md section 1c is taken as it is (grouped q/k heads, dim_v != dim,
 // packed documents): a block works on one (sequence, value head) pair's chunk.
 #pragma once

@@ -26,6 +26,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/launch_helpers.cuh"
 #include "kernels/linear_attention/cuda/chunked_gated.cuh"
+#include "kernels/linear_attention/cuda/chunked_gated_gates.cuh"
 
 namespace lattn::cuda {
 namespace {

@@ -9,7 +9,7 @@
 // shared memory, then adds the state term.
 //
 // Vector gates (the factors per key channel cannot be a mask) in 16-row tiles, each factor <= 1
-// (cuda/chunked_gated.cuh): with EQ_i = exp(b_i - b at the row before i's tile), EK_j = exp(b at
+// (cuda/chunked_gated_gates.cuh): with EQ_i = exp(b_i - b at the row before i's tile), EK_j = exp(b at
 // the end of j's tile (or walked block) - b_j) and f = exp(the sum of the whole tiles or blocks
 // between), exp(b_i - b_j) = EQ_i f EK_j; Q . EQ and K . EK are scaled once in shared memory and f
 // per warp on the way to the tensor cores (mma_scaled_a). Within a diagonal 16 x 16 tile the scores
@@ -25,6 +25,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/launch_helpers.cuh"
 #include "kernels/linear_attention/cuda/chunked_gated.cuh"
+#include "kernels/linear_attention/cuda/chunked_gated_gates.cuh"
 
 namespace lattn::cuda {
 namespace {
