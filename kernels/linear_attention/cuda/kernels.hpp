@@ -98,6 +98,26 @@ void scan_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackwa
 std::size_t scan_delta_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_delta_backward_workspace_bytes(const Problem& problem);
 
+// The delta rule's chunked WY form (cuda/chunked_delta*.cu; the chunked table's `chunked_delta`
+// row), every decay and every shape of docs/spec.md section 1c. Its scratch: a packed problem's
+// boundaries (2 (N + 1) ints); the forward's chunk states (one Dk x Dv matrix per chunk and value
+// head), W (B x H x T x Dk) and U / V_new (B x H x T x Dv), all in the token dtype, which `kept`
+// (chunked_delta_kept_bytes of device memory, or null) holds for the backward instead (`bwd_states:
+// kept`); the backward's state gradients (as the states), dV_new and dW (B x H x T x Dv and x Dk
+// floats), for gated decays dg's row sums (ceil(Dv / 32) x chunks x H x Dk floats) and its
+// partial sums (the gates' shape), and with grouped heads dq and dk per value head (2 B x H x T x
+// Dk floats). Each part is a block of its own, rounded up to 256 bytes.
+constexpr int kDeltaMaxDim = 256;     // dim (Dk) the chunked delta kernels take
+constexpr int kDeltaChunkLimit = 64;  // the longest chunk they take (the triangular solve's tile)
+void chunked_delta_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
+                           cudaStream_t stream, void* kept = nullptr);
+std::size_t chunked_delta_kept_bytes(const Problem& problem, Dtype dtype);
+std::size_t chunked_delta_forward_workspace_bytes(const Problem& problem, Dtype dtype);
+// Why the row cannot take a problem whatever the device (dim, chunk), and with the device's
+// opt-in shared memory per block.
+std::optional<std::string> chunked_delta_limits(const Problem& problem);
+std::optional<std::string> chunked_delta_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
+
 // What the scan variant that runs `problem` takes from the allocator (cuda/variants.cpp).
 std::size_t scan_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_backward_workspace_bytes(const Problem& problem);

@@ -1,0 +1,158 @@
+// The delta rule's chunked CUDA kernels (kernels/linear_attention/cuda/chunked_delta*.cu), run in the
+// emulation through their host API against the float64 reference with the runner's inputs and
+// tolerances: every decay (DeltaNet, retnet's, Gated DeltaNet, KDA), float32 and bf16, fwd and
+// fwd_bwd (o, hT, dq, dk, dv, dh0, dbeta and dg), the chunk states kept by the forward and
+// recomputed by the backward; ragged last chunks, chunk > seq, chunk 1, D off multiples of 16,
+// strong (gate_norm 1) and mild (16) gates, grouped heads, dim_v != dim, packed documents; the
+// scratch against its closed forms; and the row's limits.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "cases.hpp"
+#include "core/op.hpp"
+#include "core/random.hpp"
+#include "device_buffers.hpp"
+#include "kernels/linear_attention/cuda/kernels.hpp"
+#include "kernels/linear_attention/cuda/variants.hpp"
+#include "kernels/linear_attention/op.hpp"
+#include "lattn_emu/control.hpp"
+#include "src/run/check.hpp"
+
+using namespace lattn;
+using namespace lattn::emulation_test;
+
+namespace {
+
+Problem packed(Problem p, const std::vector<int>& lengths) {
+  p.cu_seqlens = {0};
+  for (int length : lengths) p.cu_seqlens.push_back(p.cu_seqlens.back() + length);
+  p.batch = 1;
+  p.seq = p.cu_seqlens.back();
+  return p;
+}
+
+Problem shaped(Problem p, int heads_k, int dim_v) {
+  p.heads_k = heads_k;
+  p.dim_v = dim_v;
+  return p;
+}
+
+// A delta-rule case of `p` (its rule set to delta) as the runner makes it.
+Case delta_case(Problem p, Mode mode, cuda::Dtype dtype, const std::string& gate_norm) {
+  p.rule = Rule::delta;
+  Case c = test::kernel_case(p, "chunked", mode, "cuda", dtype == cuda::Dtype::f32 ? "float32" : "bf16");
+  if (gated(p.decay)) c.options["gate_norm"] = gate_norm;
+  return c;
+}
+
+std::string errors(const CheckResult& c) {
+  std::string s;
+  for (const auto& [name, e] : c.per_output) {
+    char text[48];
+    std::snprintf(text, sizeof text, "%s=%.2e ", name.c_str(), e);
+    s += text;
+  }
+  return s + (c.non_finite.empty() ? "" : "non-finite at " + c.non_finite);
+}
+
+// One fwd or fwd_bwd of the chunked delta row on `kase`, buffers sized by the op's tensor specs,
+// every output held to the float64 reference; the scratch against the closed forms.
+CheckResult run_delta(const Case& kase, bool keep, std::uint64_t seed = 7) {
+  const Problem p = linear_problem(kase);
+  const cuda::Dtype dtype = kase.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
+  const bool backward = kase.backward();
+  const TensorSet in = make_case_inputs(kase, seed);  // bf16 cases: the token tensors rounded
+  std::map<std::string, DeviceBuffer> device;
+  for (const Tensor& t : in) {
+    const bool token = t.name == "q" || t.name == "k" || t.name == "v" || t.name == "dO";
+    device[t.name] = token ? upload_tokens(t.data, dtype) : upload(t.data);
+  }
+  TensorSet out = make_case_outputs(kase);
+  for (const Tensor& t : out) device[t.name] = output(t.data.size());
+  const auto at = [&](const char* name) -> void* { return device.count(name) ? device.at(name).get() : nullptr; };
+  const auto f = [&](const char* name) { return static_cast<float*>(at(name)); };
+  const cuda::DeviceForward fwd{at("q"), at("k"), at("v"), f("h0"), f("o"), f("hT"), f("g"), f("beta")};
+  CountingDeviceAllocator allocator;
+  {
+    Workspace<unsigned char> kept(allocator, keep && backward ? cuda::chunked_delta_kept_bytes(p, dtype) : 0);
+    cuda::chunked_delta_forward(p, dtype, fwd, allocator, nullptr, kept.data());
+    if (keep && backward) {
+      CHECK(allocator.peak() == cuda::chunked_delta_kept_bytes(p, dtype) +
+                                    cuda::chunked_delta_forward_workspace_bytes(p, dtype) -
+                                    cuda::chunked_delta_kept_bytes(p, dtype));
+    } else {
+      CHECK(allocator.peak() == cuda::chunked_delta_forward_workspace_bytes(p, dtype));
+    }
+  }
+  std::vector<std::string> names;
+  for (const Tensor& t : out) names.push_back(t.name);
+  for (const std::string& name : names) out.at(name).data = device.at(name).floats();
+  return check_outputs(kase, out, kase.op->reference(kase, in, backward));
+}
+
+std::string describe(const Case& c, bool keep) {
+  return test::describe(c) + (c.backward() ? (keep ? " (states kept)" : " (states recomputed)") : "");
+}
+
+void expect_pass(const Case& c, bool keep) {
+  INFO(describe(c, keep));
+  REQUIRE_FALSE(cuda::chunked_delta_limits(linear_problem(c)));
+  const CheckResult r = run_delta(c, keep);
+  INFO(errors(r));
+  CHECK(r.non_finite.empty());
+  CHECK(r.passed);
+  if (c.backward()) {
+    CHECK(r.per_output.count("dbeta") == 1);
+    if (gated(linear_problem(c).decay)) CHECK(r.per_output.count("dg") == 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulation: the chunked delta forward matches the float64 reference", "[emulation][delta_chunked]") {
+  // (batch, heads, seq, dim, chunk): a ragged last chunk (37 = 2 x 16 + 5), chunk > seq, chunk 1,
+  // D off multiples of 16 (20, 33), a chunk of 64 with a ragged second one (100 = 64 + 36), D 72
+  // (two slabs of the key dim in bf16, three in float32: the last ragged).
+  const std::vector<Problem> shapes = {
+      {1, 2, 37, 20, 16}, {2, 1, 20, 8, 64}, {1, 2, 7, 16, 1}, {1, 1, 100, 33, 64}, {1, 1, 50, 72, 48}};
+  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+    for (Problem p : shapes)
+      for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector})
+        for (const std::string gate_norm : {"16", "1"}) {
+          if (!gated(decay) && gate_norm == "1") continue;
+          p.decay = decay;
+          expect_pass(delta_case(p, Mode::fwd, dtype, gate_norm), false);
+        }
+}
+
+TEST_CASE("emulation: the chunked delta forward takes grouped heads, Dk x Dv states and packed documents",
+          "[emulation][delta_chunked]") {
+  // heads_k 1 and heads / 2 (a q/k head's rows read by each of its value heads), dim_v dim / 2 and
+  // 2 dim (the state's columns in blocks of 32, a ragged last one), packed documents of ragged
+  // lengths with one of length 1 (each from its own h0 to its own hT, its chunks from its first token).
+  const std::vector<Problem> shapes = {
+      packed(shaped({1, 4, 0, 16, 16}, 1, 40), {37, 1, 20, 9}),  // heads_k 1, dim_v 2.5 dim, packed
+      shaped({2, 4, 33, 20, 8}, 2, 10),                          // heads_k heads / 2, dim_v dim / 2
+      packed(shaped({1, 2, 0, 8, 64}, 2, 8), {70, 1, 6}),        // packed only: a chunk of 64 and a short one
+  };
+  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+    for (Problem p : shapes)
+      for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
+        p.decay = decay;
+        Case c = delta_case(p, Mode::fwd, dtype, "1");
+        c.options["heads_k"] = std::to_string(p.heads_k);
+        c.options["dim_v"] = std::to_string(p.dim_v);
+        std::string lengths;
+        for (std::size_t n = 1; n < p.cu_seqlens.size(); ++n)
+          lengths += (lengths.empty() ? "" : "+") + std::to_string(p.cu_seqlens[n] - p.cu_seqlens[n - 1]);
+        c.options["lengths"] = lengths;
+        if (c.op->settle) c.op->settle(c);
+        const Problem settled = linear_problem(c);
+        REQUIRE(settled.cu_seqlens == p.cu_seqlens);
+        REQUIRE(settled.qk_heads() == p.qk_heads());
+        REQUIRE(settled.value_dim() == p.value_dim());
+        expect_pass(c, false);
+      }
+}
