@@ -30,6 +30,7 @@ bool limit_matters(const Case& c) {
   if (c.op->name == "decode") return false;  // its launch takes no opt-in shared memory
   const cuda::Dtype dtype = c.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
   const Problem p = linear_problem(c);
+  if (c.impl == "chunked" && p.delta()) return false;  // its kernels' launches do not depend on the limit
   if (c.impl == "chunked" &&
       cuda::chunked_tiles(p, dtype, lattn_emu::kH100SharedOptin) != cuda::chunked_tiles(p, dtype, lattn_emu::kA100SharedOptin))
     return true;
@@ -62,8 +63,9 @@ void run_table_row(const std::string& op) {
   else
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
-  // cases (docs/spec.md section 2b, not written for CUDA), and the gated decays and the delta rule in the
-  // chunked kernels (the scan runs them).
+  // cases (docs/spec.md section 2b, not written for CUDA), the gated decays of the additive rule in
+  // the chunked kernels (the scan runs them), and the delta rule's chunks of more than 64 rows and
+  // its bf16 cases at dim < 4.
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
@@ -71,8 +73,11 @@ void run_table_row(const std::string& op) {
         reason.find("linear_attention chunked") == 0 &&
         (reason.find("no CUDA chunked variant takes rule additive, decay scalar") != std::string::npos ||
          reason.find("no CUDA chunked variant takes rule additive, decay vector") != std::string::npos);
-    const bool chunked_delta = reason.find("linear_attention chunked") == 0 &&
-                               reason.find("no CUDA chunked variant takes rule delta") != std::string::npos;
+    const bool chunked_delta =
+        reason.find("linear_attention chunked") == 0 &&
+        ((reason.find("no CUDA chunked variant takes rule delta") != std::string::npos &&
+          reason.find("chunked_delta (the CUDA chunked delta kernels take chunks of up to 64 rows") != std::string::npos) ||
+         reason.find("the CUDA chunked delta kernels take bf16 from dim 4") != std::string::npos);
     const bool decode_backward = reason.find("decode step") == 0 && reason.find("forward only") != std::string::npos;
     const bool layer_block = reason.find("layer") == 0 && reason.find("hybrid block of docs/spec.md section 2 only") != std::string::npos;
     CHECK((layer_bf16 || layer_block || chunked_gated || chunked_delta || decode_backward));
@@ -175,12 +180,13 @@ TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no var
         INFO(test::describe(c));
         std::string why;
         const cuda::CudaVariant* v = cuda::cuda_variant(form, p, &why);
-        const bool taken = form == "scan" || (p.rule == Rule::additive && !gated(p.decay));
+        const bool taken = form == "scan" || p.delta() || !gated(p.decay);
         CHECK((v != nullptr) == taken);
         const std::optional<std::string> skip = backend->unsupported(c);
         if (taken) {
           CHECK_FALSE(skip);
-          CHECK(backend->variant(c) == (form == "chunked" ? "chunked" : p.delta() ? "scan_delta" : "scan"));
+          const std::string chunked = p.delta() ? "chunked_delta" : "chunked";
+          CHECK(backend->variant(c) == (form == "chunked" ? chunked : p.delta() ? "scan_delta" : "scan"));
         } else {
           REQUIRE(skip);
           CHECK(*skip == why);

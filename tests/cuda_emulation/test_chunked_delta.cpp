@@ -74,6 +74,8 @@ CheckResult run_delta(const Case& kase, bool keep, std::uint64_t seed = 7) {
   const auto at = [&](const char* name) -> void* { return device.count(name) ? device.at(name).get() : nullptr; };
   const auto f = [&](const char* name) { return static_cast<float*>(at(name)); };
   const cuda::DeviceForward fwd{at("q"), at("k"), at("v"), f("h0"), f("o"), f("hT"), f("g"), f("beta")};
+  const cuda::DeviceBackward bwd{at("q"), at("k"), at("v"),  f("h0"), at("dO"), f("dhT"),  f("dq"),
+                                 f("dk"), f("dv"), f("dh0"), f("g"),  f("dg"),  f("beta"), f("dbeta")};
   CountingDeviceAllocator allocator;
   {
     Workspace<unsigned char> kept(allocator, keep && backward ? cuda::chunked_delta_kept_bytes(p, dtype) : 0);
@@ -84,6 +86,14 @@ CheckResult run_delta(const Case& kase, bool keep, std::uint64_t seed = 7) {
                                     cuda::chunked_delta_kept_bytes(p, dtype));
     } else {
       CHECK(allocator.peak() == cuda::chunked_delta_forward_workspace_bytes(p, dtype));
+    }
+    if (backward) {
+      cuda::chunked_delta_backward(p, dtype, bwd, allocator, nullptr, kept.data());
+      const std::size_t expected =
+          keep ? cuda::chunked_delta_kept_bytes(p, dtype) + cuda::chunked_delta_backward_workspace_bytes(p, dtype, true)
+               : std::max(cuda::chunked_delta_forward_workspace_bytes(p, dtype),
+                          cuda::chunked_delta_backward_workspace_bytes(p, dtype, false));
+      CHECK(allocator.peak() == expected);
     }
   }
   std::vector<std::string> names;
@@ -98,7 +108,8 @@ std::string describe(const Case& c, bool keep) {
 
 void expect_pass(const Case& c, bool keep) {
   INFO(describe(c, keep));
-  REQUIRE_FALSE(cuda::chunked_delta_limits(linear_problem(c)));
+  REQUIRE_FALSE(cuda::chunked_delta_unsupported(
+      linear_problem(c), c.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32, lattn_emu::shared_optin_limit()));
   const CheckResult r = run_delta(c, keep);
   INFO(errors(r));
   CHECK(r.non_finite.empty());
@@ -127,7 +138,7 @@ TEST_CASE("emulation: the chunked delta forward matches the float64 reference", 
         }
 }
 
-TEST_CASE("emulation: the chunked delta forward takes grouped heads, Dk x Dv states and packed documents",
+TEST_CASE("emulation: the chunked delta rows take grouped heads, Dk x Dv states and packed documents",
           "[emulation][delta_chunked]") {
   // heads_k 1 and heads / 2 (a q/k head's rows read by each of its value heads), dim_v dim / 2 and
   // 2 dim (the state's columns in blocks of 32, a ragged last one), packed documents of ragged
@@ -141,18 +152,33 @@ TEST_CASE("emulation: the chunked delta forward takes grouped heads, Dk x Dv sta
     for (Problem p : shapes)
       for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
         p.decay = decay;
-        Case c = delta_case(p, Mode::fwd, dtype, "1");
-        c.options["heads_k"] = std::to_string(p.heads_k);
-        c.options["dim_v"] = std::to_string(p.dim_v);
-        std::string lengths;
-        for (std::size_t n = 1; n < p.cu_seqlens.size(); ++n)
-          lengths += (lengths.empty() ? "" : "+") + std::to_string(p.cu_seqlens[n] - p.cu_seqlens[n - 1]);
-        c.options["lengths"] = lengths;
-        if (c.op->settle) c.op->settle(c);
-        const Problem settled = linear_problem(c);
-        REQUIRE(settled.cu_seqlens == p.cu_seqlens);
-        REQUIRE(settled.qk_heads() == p.qk_heads());
-        REQUIRE(settled.value_dim() == p.value_dim());
-        expect_pass(c, false);
+        for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+          Case c = delta_case(p, mode, dtype, "1");
+          c.options["heads_k"] = std::to_string(p.heads_k);
+          c.options["dim_v"] = std::to_string(p.dim_v);
+          std::string lengths;
+          for (std::size_t n = 1; n < p.cu_seqlens.size(); ++n)
+            lengths += (lengths.empty() ? "" : "+") + std::to_string(p.cu_seqlens[n] - p.cu_seqlens[n - 1]);
+          c.options["lengths"] = lengths;
+          if (c.op->settle) c.op->settle(c);
+          const Problem settled = linear_problem(c);
+          REQUIRE(settled.cu_seqlens == p.cu_seqlens);
+          REQUIRE(settled.qk_heads() == p.qk_heads());
+          REQUIRE(settled.value_dim() == p.value_dim());
+          expect_pass(c, mode == Mode::fwd_bwd);
+        }
       }
+}
+
+TEST_CASE("emulation: the chunked delta backward matches the float64 reference", "[emulation][delta_chunked]") {
+  const std::vector<Problem> shapes = {
+      {1, 2, 37, 20, 16}, {2, 1, 20, 8, 64}, {1, 2, 7, 16, 1}, {1, 1, 100, 33, 64}, {1, 1, 50, 72, 48}};
+  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+    for (Problem p : shapes)
+      for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector})
+        for (const std::string gate_norm : {"16", "1"}) {
+          if (!gated(decay) && gate_norm == "1") continue;
+          p.decay = decay;
+          for (bool keep : {true, false}) expect_pass(delta_case(p, Mode::fwd_bwd, dtype, gate_norm), keep);
+        }
 }

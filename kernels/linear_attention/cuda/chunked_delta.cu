@@ -52,6 +52,10 @@ std::size_t states_bytes(const Problem& p, Dtype dtype) {
   return state_slots(p) * std::size_t(p.dim) * p.value_dim() * element_bytes(dtype);
 }
 std::size_t value_rows(const Problem& p) { return p.heads_total() * std::size_t(p.seq); }
+// The reverse state pass's blocks of state columns, each of which writes its row sums for dg.
+std::size_t row_sum_tiles(const Problem& p) {
+  return std::size_t((p.value_dim() + kDeltaStateCols - 1) / kDeltaStateCols);
+}
 
 // The forward's parts inside one block of kept_bytes: states, W, U / V_new.
 struct Parts {
@@ -94,6 +98,13 @@ std::size_t chunked_delta_forward_workspace_bytes(const Problem& p, Dtype dtype)
   return boundary_ints(p) * sizeof(int) + chunked_delta_kept_bytes(p, dtype);
 }
 
+std::size_t chunked_delta_backward_workspace_bytes(const Problem& p, Dtype dtype, bool kept) {
+  const std::size_t keys = value_rows(p) * p.dim, values = value_rows(p) * p.value_dim();
+  const std::size_t sums = gated(p.decay) ? state_slots(p) * std::size_t(p.dim) * row_sum_tiles(p) : 0;
+  return boundary_ints(p) * sizeof(int) + (kept ? 0 : chunked_delta_kept_bytes(p, dtype)) + states_bytes(p, dtype) +
+         (values + keys + sums + (p.group() > 1 ? 2 * keys : 0)) * sizeof(float);
+}
+
 std::optional<std::string> chunked_delta_limits(const Problem& p) {
   if (p.dim > kDeltaMaxDim)
     return "the CUDA chunked delta kernels take dim (the key dim) up to " + std::to_string(kDeltaMaxDim) +
@@ -106,8 +117,14 @@ std::optional<std::string> chunked_delta_limits(const Problem& p) {
 
 std::optional<std::string> chunked_delta_unsupported(const Problem& p, Dtype dtype, std::size_t max_shared_bytes) {
   if (auto why = chunked_delta_limits(p)) return why;
-  const std::size_t most = std::max({delta_prepare_shared(p, dtype), delta_state_shared(p, dtype, false),
-                                     delta_state_shared(p, dtype, true), delta_output_shared(p, dtype)});
+  if (dtype == Dtype::bf16 && p.dim < kDeltaMinBf16Dim)
+    return "the CUDA chunked delta kernels take bf16 from dim " + std::to_string(kDeltaMinBf16Dim) +
+           ": with keys of fewer channels the delta rule's write cancels most of the state along each key, "
+           "which their bf16 operands (the chunk states, V_new) cannot resolve to the bf16 tolerance (the scan "
+           "keeps its state in float32)";
+  const std::size_t most =
+      std::max({delta_prepare_shared(p, dtype), delta_state_shared(p, dtype, false), delta_state_shared(p, dtype, true),
+                delta_output_shared(p, dtype), delta_dqk_shared(p, dtype), delta_wy_shared(p, dtype)});
   if (most > max_shared_bytes)
     return "the CUDA chunked delta kernels need " + std::to_string(most) + " bytes of shared memory per block at dim " +
            std::to_string(p.dim) + "; this device has " + std::to_string(max_shared_bytes);
@@ -126,6 +143,42 @@ void chunked_delta_forward(const Problem& p, Dtype dtype, const DeviceForward& a
   DeltaStateArgs states{a.k, f.w, a.g, a.h0, a.hT, f.states, f.uv};
   delta_state_pass(l, states, false, stream);
   delta_output(l, a.q, a.k, a.g, f.states, f.uv, a.o, false, stream);
+}
+
+void chunked_delta_backward(const Problem& p, Dtype dtype, const DeviceBackward& a, Allocator& allocator,
+                            cudaStream_t stream, const void* kept) {
+  if (auto why = chunked_delta_limits(p)) throw RuntimeFailure(*why);
+  Workspace<int> bounds(allocator, boundary_ints(p));
+  std::vector<int> host;
+  const DeltaLaunch l = launch_of(p, dtype, bounds, host, stream);
+  Workspace<unsigned char> own(allocator, kept ? 0 : chunked_delta_kept_bytes(p, dtype));
+  const Parts f = carve(p, dtype, kept ? const_cast<void*>(kept) : own.data());
+  if (!kept) {  // the forward's states, W and V_new again (no final state)
+    delta_prepare(l, a.k, a.v, a.beta, a.g, f.w, f.uv, stream);
+    delta_state_pass(l, {a.k, f.w, a.g, a.h0, nullptr, f.states, f.uv}, false, stream);
+  }
+  const std::size_t keys = value_rows(p) * p.dim, values = value_rows(p) * p.value_dim();
+  const bool grouped = p.group() > 1;
+  Workspace<unsigned char> dstates(allocator, states_bytes(p, dtype));
+  Workspace<float> dv_new(allocator, values), dw(allocator, keys);
+  Workspace<float> sums(allocator, gated(p.decay) ? state_slots(p) * std::size_t(p.dim) * row_sum_tiles(p) : 0);
+  Workspace<float> dq_parts(allocator, grouped ? keys : 0), dk_parts(allocator, grouped ? keys : 0);
+  const float* g = gated(p.decay) ? a.g : nullptr;
+  delta_output(l, a.q, a.k, g, nullptr, a.dO, dv_new.data(), true, stream);  // dV_local = s A_qk^T dO
+  DeltaStateArgs reverse{a.k, f.w, g, a.dhT, a.dh0, dstates.data(), dv_new.data()};
+  reverse.q = a.q, reverse.dO = a.dO, reverse.forward_states = f.states, reverse.row_sums = sums.data();
+  delta_state_pass(l, reverse, true, stream);
+  float* dq = grouped ? dq_parts.data() : a.dq;
+  float* dk = grouped ? dk_parts.data() : a.dk;
+  delta_dqk(l, {a.q, a.k, a.dO, f.uv, f.states, dstates.data(), g, dv_new.data(), dq, dk, dw.data(), grouped}, stream);
+  delta_wy(l,
+           {a.q, a.k, a.v, f.uv, a.beta, g, dv_new.data(), dw.data(), dq, sums.data(), dk, a.dv, a.dbeta,
+            gated(p.decay) ? a.dg : nullptr, grouped},
+           stream);
+  if (grouped) {
+    sum_group_keys(p, dq_parts.data(), a.dq, stream);
+    sum_group_keys(p, dk_parts.data(), a.dk, stream);
+  }
 }
 
 }  // namespace lattn::cuda

@@ -178,9 +178,9 @@ struct VectorGates {
   __device__ float between(int I, int J, int j) const {  // exp(r_I - r_{J+1}), I > J
     return exp_diff(ref[I * W + j], ref[(J + 1) * W + j]);
   }
-  __device__ float pair(int i, int m, int j) const {
+  __device__ float pair(int i, int m, int j) const {  // exp(b_i - b_m), i and m in one sub-chunk
     return expf(bt[i * ldb + j] - bt[m * ldb + j]);
-  }                                             // same sub-chunk
+  }
   __device__ float total(int i, int j) const {  // exp(b_i)
     return expf(float(ref[(i / kSub) * W + j] + double(bt[i * ldb + j])));
   }
@@ -236,6 +236,35 @@ __device__ __forceinline__ void scale_tile(Acc& acc, float f) {
     for (int c = 0; c < 8; ++c) acc.x[c] *= f;
   } else {
     for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= f;
+  }
+}
+
+// f(r, c, a, b) for each element of two accumulator tiles at once (values as floats, not kept):
+// float32 tiles in registers, bf16 ones through two float scratch tiles of the warp.
+template <class T, class Acc, class F>
+__device__ __forceinline__ void tile_each_pair(Acc& a, Acc& b, float* scratch, float* scratch2, F&& f) {
+  const int lane = int(threadIdx.x) & 31;
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) f(lane >> 1, (lane & 1) * 8 + c, a.x[c], b.x[c]);
+  } else {
+    Tiles<T>::store(scratch, a, kTileScratchLd);
+    Tiles<T>::store(scratch2, b, kTileScratchLd);
+    __syncwarp();
+    for (int e = lane; e < 256; e += 32)
+      f(e >> 4, e & 15, scratch[(e >> 4) * kTileScratchLd + (e & 15)], scratch2[(e >> 4) * kTileScratchLd + (e & 15)]);
+    __syncwarp();
+  }
+}
+
+// out += x, element by element (the two tiles share their lanes' mapping).
+template <class T, class Acc>
+__device__ __forceinline__ void add_tile(Acc& out, const Acc& x) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) out.x[c] += x.x[c];
+  } else {
+    for (int e = 0; e < out.num_elements; ++e) out.x[e] += x.x[e];
   }
 }
 
@@ -333,6 +362,54 @@ __device__ inline void zero_diagonal(float* sf, int ldf, int NB) {
     const int I = e / 256, r = (e / 16) % 16, c = e % 16;
     sf[(I * 16 + r) * ldf + I * 16 + c] = 0.0f;
   }
+}
+
+// ---- the score gradients' products with vector gates ----
+
+// Leading dimension of a warp's 16 x 16 right operand (rhs below).
+template <class T>
+constexpr int rhs_ld() {
+  return padded(16, int(sizeof(T)));
+}
+
+// out += tile (I, jt) of P * X with vector gates, w_im = exp(b_i - b_m) per channel (m <= i):
+//   rows form:        out_i = sum_{m <= i} P[i][m] w_im . x_m   (dq from dP_qk and K; dK's read part)
+//   transposed form:  out_m = sum_{i >= m} P[i][m] w_im . x_i   (dK's write part)
+// P: CP x CP in the token dtype (leading dimension ldp; lower); X: a slab whose columns are vg's
+// channels. The score tiles off the diagonal by products with a right operand scaled for the tile
+// pair (16 x 16, the warp's `rhs`), then times the output row's own factor; the diagonal tile pair
+// by pair. Every factor is one of VectorGates' (<= 1).
+template <bool kTransposed, class T, class Acc>
+__device__ void gated_star_tile(Acc& out, const T* P, int ldp, const T* X, int ldx, int I, int jt, int NB, T* rhs,
+                                float* scratch, const VectorGates& vg) {
+  const int lane = int(threadIdx.x) & 31;
+  constexpr int ldr = rhs_ld<T>();
+  Acc acc;
+  Tiles<T>::zero(acc);
+  const int from = kTransposed ? I + 1 : 0, to = kTransposed ? NB : I;
+  for (int K = from; K < to; ++K) {
+    const int Ir = kTransposed ? K : I, Jc = kTransposed ? I : K;  // the score tile (Ir, Jc), Ir > Jc
+    for (int e = lane; e < 256; e += 32) {
+      const int r = e >> 4, c = e & 15, j = jt * 16 + c;
+      const int row = (kTransposed ? Ir : Jc) * 16 + r;
+      const float f = kTransposed ? vg.within(row, j) : vg.to_end(row, j);
+      rhs[r * ldr + c] = from_float<T>(to_float(X[row * ldx + j]) * f * vg.between(Ir, Jc, j));
+    }
+    __syncwarp();
+    Tiles<T>::template mma<kTransposed, false>(acc, P + Ir * 16 * ldp + Jc * 16, ldp, rhs, ldr);
+    __syncwarp();
+  }
+  tile_each<true, T>(acc, scratch, [&](int r, int c, float& v) {
+    const int a = I * 16 + r, j = jt * 16 + c;
+    float sum = v * (kTransposed ? vg.to_end(a, j) : vg.within(a, j));
+    if (!kTransposed)
+      for (int m = I * 16; m <= a; ++m) sum += to_float(P[a * ldp + m]) * vg.pair(a, m, j) * to_float(X[m * ldx + j]);
+    else
+      for (int i = a; i < I * 16 + 16; ++i)
+        sum += to_float(P[i * ldp + a]) * vg.pair(i, a, j) * to_float(X[i * ldx + j]);
+    v = sum;
+  });
+  add_tile<T>(out, acc);
 }
 
 // ---- the triangular solve ----

@@ -70,4 +70,28 @@ void delta_output(const DeltaLaunch& l, const void* q, const void* k, const floa
                   float* out, bool transposed, cudaStream_t stream);
 std::size_t delta_output_shared(const Problem& p, Dtype dtype);
 
+// The backward's dq, k's write part of dk and W's gradient, per chunk and 64 key channels
+// (cuda/chunked_delta_dqk.cu): dq = s exp(b) . (dO S^T) + dP * K, dk = exp(b_{n-1} - b) . (V_new dS'^T)
+// + dP^T * Q, dW = -dV_new S^T, dP = s dO V_new^T (lower). dq and dk go to the value head's rows of
+// the key parts ([B][H][T][Dk]) with `parts`, else to q's rows; dW has the key parts' rows too.
+struct DeltaDqkArgs {
+  const void *q, *k, *dO, *v_new, *states, *dstates;
+  const float *g, *dv_new;
+  float *dq, *dk, *dw;
+  bool parts;
+};
+void delta_dqk(const DeltaLaunch& l, const DeltaDqkArgs& a, cudaStream_t stream);
+std::size_t delta_dqk_shared(const Problem& p, Dtype dtype);
+
+// The backward through T, per chunk (cuda/chunked_delta_wy.cu): dv, dbeta, the rest of dk (added to
+// what the dq / dk kernel wrote) and dg, from dV_new, dW and the reverse state pass's row sums.
+struct DeltaWyArgs {
+  const void *q, *k, *v, *v_new;
+  const float *beta, *g, *dv_new, *dw, *dq, *row_sums;
+  float *dk, *dv, *dbeta, *dg;
+  bool parts;
+};
+void delta_wy(const DeltaLaunch& l, const DeltaWyArgs& a, cudaStream_t stream);
+std::size_t delta_wy_shared(const Problem& p, Dtype dtype);
+
 }  // namespace lattn::cuda

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kOutThreads, kOutMinBlocks<T, kG, kTransposed>
   float* scratch = reinterpret_cast<float*>(smem + L.scratch) + warp * 16 * kTileScratchLd;
   const T* Q = static_cast<const T*>(p.q) + ch.key;
   const T* K = static_cast<const T*>(p.k) + ch.key;
-  const T* S = static_cast<const T*>(p.states) + ch.state * std::size_t(Dk) * Dv;
+  const T* S = kTransposed ? nullptr : static_cast<const T*>(p.states) + ch.state * std::size_t(Dk) * Dv;
   const float* gv = kVector ? p.g + ch.tok * Dk : nullptr;
   const VectorGates vg{bt, ref, L.ldB, W, NB};
   const int cols = min(kOutCols, Dv - col0), col_tiles = (cols + 15) / 16, tiles = NB * col_tiles;

@@ -36,7 +36,7 @@ constexpr int kMaxChannels = 256;       // Dk: two channels per thread for the v
 
 struct StateLayout {
   int ldK, ldV, ldF;  // Dk-wide slabs, 32-wide tiles (elements), float 32-wide tiles
-  std::size_t a, b, x, xf, sop, vop, bsum, lam, sums, scratch, total;
+  std::size_t a, b, x, xf, sop, dsf, vop, bsum, lam, sums, scratch, total;
 };
 
 __host__ __device__ constexpr StateLayout state_layout(int Dk, int es, Gates gates, bool reverse) {
@@ -56,6 +56,8 @@ __host__ __device__ constexpr StateLayout state_layout(int Dk, int es, Gates gat
   L.x = take(std::size_t(kRows) * L.ldV * es);                // U slab (reverse: dO slab)
   L.xf = take(reverse ? std::size_t(kRows) * L.ldF * 4 : 0);  // reverse: dV_local slab
   L.sop = take(std::size_t(round16(Dk)) * L.ldV * es);        // the state, the products' operand
+  // reverse with gates: dS in float32 too, for dg's row sums
+  L.dsf = take(reverse && gates != Gates::fixed ? std::size_t(round16(Dk)) * L.ldF * 4 : 0);
   L.vop = take(std::size_t(kDeltaMaxChunk) * L.ldV * es);     // V_new (or -dV_new), for the update
   L.bsum = take(vector ? 0 : std::size_t(kDeltaMaxChunk) * 8);
   L.lam = take(vector ? std::size_t(kMaxChannels) * 4 : 0);
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kStateThreads, kStateMinBlocks<T, kG, kReverse
   T* sx = reinterpret_cast<T*>(smem + L.x);
   float* sxf = reinterpret_cast<float*>(smem + L.xf);
   T* sop = reinterpret_cast<T*>(smem + L.sop);
+  float* dsf = reinterpret_cast<float*>(smem + L.dsf);
   T* vop = reinterpret_cast<T*>(smem + L.vop);
   double* bsum = reinterpret_cast<double*>(smem + L.bsum);
   float* lam = reinterpret_cast<float*>(smem + L.lam);
@@ -132,6 +135,7 @@ __global__ void __launch_bounds__(kStateThreads, kStateMinBlocks<T, kG, kReverse
         tile_each<false, T>(S[u][c], scratch, [&](int r, int cc, float& x) {
           const int i = rt * 16 + r, j = c * 16 + cc;
           sop[i * L.ldV + j] = from_float<T>(x);
+          if (kReverse && kG != Gates::fixed) dsf[i * L.ldF + j] = x;
           if (slot && i < Dk && col0 + j < Dv) slot[std::size_t(i) * Dv + col0 + j] = from_float<T>(x);
         });
       }
@@ -293,7 +297,7 @@ __global__ void __launch_bounds__(kStateThreads, kStateMinBlocks<T, kG, kReverse
         for (int d = tid; d < Dk; d += kStateThreads) {
           float sum = 0.0f;
           for (int j = 0; j < kCols && col0 + j < Dv; ++j)
-            sum = fmaf(to_float(sop[d * L.ldV + j]), to_float(S_c[std::size_t(d) * Dv + col0 + j]), sum);
+            sum = fmaf(dsf[d * L.ldF + j], to_float(S_c[std::size_t(d) * Dv + col0 + j]), sum);
           out[d] = sum;
         }
       }

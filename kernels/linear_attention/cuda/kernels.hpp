@@ -109,12 +109,16 @@ std::size_t scan_delta_backward_workspace_bytes(const Problem& problem);
 // Dk floats). Each part is a block of its own, rounded up to 256 bytes.
 constexpr int kDeltaMaxDim = 256;     // dim (Dk) the chunked delta kernels take
 constexpr int kDeltaChunkLimit = 64;  // the longest chunk they take (the triangular solve's tile)
+constexpr int kDeltaMinBf16Dim = 4;   // the smallest dim they take in bf16 (chunked_delta_unsupported says why)
 void chunked_delta_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
                            cudaStream_t stream, void* kept = nullptr);
+void chunked_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
+                            cudaStream_t stream, const void* kept = nullptr);
 std::size_t chunked_delta_kept_bytes(const Problem& problem, Dtype dtype);
 std::size_t chunked_delta_forward_workspace_bytes(const Problem& problem, Dtype dtype);
-// Why the row cannot take a problem whatever the device (dim, chunk), and with the device's
-// opt-in shared memory per block.
+std::size_t chunked_delta_backward_workspace_bytes(const Problem& problem, Dtype dtype, bool states_kept);
+// Why the row cannot take a problem whatever the device and dtype (dim, chunk), and with the dtype
+// (bf16 at tiny dims) and the device's opt-in shared memory per block.
 std::optional<std::string> chunked_delta_limits(const Problem& problem);
 std::optional<std::string> chunked_delta_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 
@@ -142,7 +146,8 @@ struct ChunkedTiles {
 ChunkedTiles chunked_tiles(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 // Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
 std::optional<std::string> scan_unsupported(const Problem& problem);
-// The chunked kernels do not run gated decays (scalar, vector): this says so for those.
+// Why the chunked row that takes `problem` cannot run it on a device with `max_shared_bytes` of
+// opt-in shared memory per block (its tiles' shared memory), or nothing.
 std::optional<std::string> chunked_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 
 // The chunked form's kernels as a case launches them on the current device: threads and dynamic

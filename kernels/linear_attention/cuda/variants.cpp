@@ -1,11 +1,10 @@
 // The CUDA backend's variants of the linear-attention op: which kernel runs which (rule, decay) in
 // each form, and the scan's entry points of kernels.hpp, which ask the table. Rows are tried in order.
-// The chunked kernels take the ungated additive rule only: the delta rule's WY form needs a
-// triangular solve per chunk and the gated decays the gates' cumulative sums within each tile,
-// neither of which they have; the scan runs both. Of docs/spec.md section 1c's shapes (grouped
-// heads, dim_v != dim, packed documents) the chunked row takes none (its tiles are D x D and its
-// chunks those of whole batch rows) and declines them with variants.hpp's reason; the scan rows
-// take them all.
+// The chunked additive kernels take the ungated additive rule only (their tiles have no cumulative
+// gates); the delta rule's chunked WY form takes every decay. Of docs/spec.md section 1c's shapes
+// (grouped heads, dim_v != dim, packed documents) the chunked additive row takes none (its tiles are
+// D x D and its chunks those of whole batch rows) and declines them with variants.hpp's reason; the
+// chunked delta row and the scan rows take them all.
 #include "kernels/linear_attention/cuda/variants.hpp"
 
 #include "core/error.hpp"
@@ -44,6 +43,10 @@ std::vector<CudaVariant> chunked_table() {
   return {
       {"chunked", {{Rule::additive}, {Decay::none, Decay::retnet}}, chunked_forward, chunked_backward,
        chunked_forward_workspace_bytes, chunked_backward_workspace_bytes, chunked_states_bytes},
+      // The delta rule's WY form (cuda/chunked_delta*.cu): section 1c's shapes as they are.
+      {"chunked_delta", {{Rule::delta}, all_decays, chunked_delta_limits, true}, chunked_delta_forward,
+       chunked_delta_backward, chunked_delta_forward_workspace_bytes, chunked_delta_backward_workspace_bytes,
+       chunked_delta_kept_bytes},
   };
 }
 
