@@ -122,22 +122,6 @@ void expect_pass(const Case& c, bool keep) {
 
 }  // namespace
 
-TEST_CASE("emulation: the chunked delta forward matches the float64 reference", "[emulation][delta_chunked]") {
-  // (batch, heads, seq, dim, chunk): a ragged last chunk (37 = 2 x 16 + 5), chunk > seq, chunk 1,
-  // D off multiples of 16 (20, 33), a chunk of 64 with a ragged second one (100 = 64 + 36), D 72
-  // (two slabs of the key dim in bf16, three in float32: the last ragged).
-  const std::vector<Problem> shapes = {
-      {1, 2, 37, 20, 16}, {2, 1, 20, 8, 64}, {1, 2, 7, 16, 1}, {1, 1, 100, 33, 64}, {1, 1, 50, 72, 48}};
-  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
-    for (Problem p : shapes)
-      for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector})
-        for (const std::string gate_norm : {"16", "1"}) {
-          if (!gated(decay) && gate_norm == "1") continue;
-          p.decay = decay;
-          expect_pass(delta_case(p, Mode::fwd, dtype, gate_norm), false);
-        }
-}
-
 TEST_CASE("emulation: the chunked delta rows take grouped heads, Dk x Dv states and packed documents",
           "[emulation][delta_chunked]") {
   // heads_k 1 and heads / 2 (a q/k head's rows read by each of its value heads), dim_v dim / 2 and
@@ -170,7 +154,13 @@ TEST_CASE("emulation: the chunked delta rows take grouped heads, Dk x Dv states 
       }
 }
 
-TEST_CASE("emulation: the chunked delta backward matches the float64 reference", "[emulation][delta_chunked]") {
+TEST_CASE("emulation: the chunked delta rows match the float64 reference", "[emulation][delta_chunked]") {
+  // fwd_bwd (every output; the forward's own outputs o and hT too), the chunk states kept by the
+  // forward and recomputed by the backward. (batch, heads, seq, dim, chunk): a ragged last chunk
+  // (37 = 2 x 16 + 5), chunk > seq, chunk 1, D off multiples of 16 (20, 33), a chunk of 64 with a
+  // ragged second one (100 = 64 + 36), D 72 (two slabs of the key dim in bf16, three in float32,
+  // the last ragged; two blocks of value columns in the output kernel, two of key channels in
+  // dq / dk), two heads (retnet's two gammas); gates of gate_norm 16 and 1.
   const std::vector<Problem> shapes = {
       {1, 2, 37, 20, 16}, {2, 1, 20, 8, 64}, {1, 2, 7, 16, 1}, {1, 1, 100, 33, 64}, {1, 1, 50, 72, 48}};
   for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
@@ -181,4 +171,53 @@ TEST_CASE("emulation: the chunked delta backward matches the float64 reference",
           p.decay = decay;
           for (bool keep : {true, false}) expect_pass(delta_case(p, Mode::fwd_bwd, dtype, gate_norm), keep);
         }
+}
+
+TEST_CASE("emulation: the chunked delta rows at wide key dims and very strong gates", "[emulation][delta_chunked]") {
+  // Dk 160: the state pass's wide instance (4 x 2 state tiles per warp), three blocks of key
+  // channels in dq / dk; and gate_norm 0.25 (log-gates of about -3 per token: a chunk of 64 sums to
+  // about -200, past float32's exp range were any factor not an exp of a difference <= 0).
+  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
+    for (Decay decay : {Decay::none, Decay::vector}) {
+      Problem p{1, 1, 40, 160, 32};
+      p.decay = decay;
+      expect_pass(delta_case(p, Mode::fwd_bwd, dtype, "1"), true);
+    }
+    for (Decay decay : {Decay::scalar, Decay::vector}) {
+      Problem p{1, 2, 130, 24, 64};
+      p.decay = decay;
+      expect_pass(delta_case(p, Mode::fwd_bwd, dtype, "0.25"), false);
+    }
+  }
+}
+
+TEST_CASE("emulation: the chunked delta row declines what its kernels cannot take, with the reason",
+          "[emulation][delta_chunked]") {
+  const std::size_t limit = lattn_emu::shared_optin_limit();
+  Problem p{1, 2, 200, 16, 64, Decay::scalar, Rule::delta};
+  CHECK_FALSE(cuda::chunked_delta_unsupported(p, cuda::Dtype::f32, limit));
+  CHECK(cuda::cuda_variant("chunked", p)->name == "chunked_delta");
+  // A chunk over the solve's tile; the same chunk over a shorter sequence is that sequence's length.
+  p.chunk = cuda::kDeltaChunkLimit + 1;
+  std::string why;
+  CHECK(cuda::cuda_variant("chunked", p, &why) == nullptr);
+  CHECK_THAT(why, Catch::Matchers::Contains("take chunks of up to 64 rows"));
+  p.seq = cuda::kDeltaChunkLimit;
+  CHECK(cuda::cuda_variant("chunked", p) != nullptr);
+  // A key dim over the state pass's channels per thread (a value dim of any size is taken).
+  Problem wide{1, 1, 8, cuda::kDeltaMaxDim + 1, 8, Decay::none, Rule::delta};
+  CHECK(cuda::cuda_variant("chunked", wide, &why) == nullptr);
+  CHECK_THAT(why, Catch::Matchers::Contains("dim (the key dim) up to 256"));
+  wide.dim = 16;
+  wide.dim_v = 2 * cuda::kDeltaMaxDim;
+  CHECK(cuda::cuda_variant("chunked", wide) != nullptr);
+  // bf16 at dims under 4, and only bf16.
+  const Problem tiny{1, 1, 8, cuda::kDeltaMinBf16Dim - 1, 8, Decay::none, Rule::delta};
+  REQUIRE(cuda::chunked_delta_unsupported(tiny, cuda::Dtype::bf16, limit));
+  CHECK_THAT(*cuda::chunked_delta_unsupported(tiny, cuda::Dtype::bf16, limit),
+             Catch::Matchers::Contains("take bf16 from dim 4"));
+  CHECK_FALSE(cuda::chunked_delta_unsupported(tiny, cuda::Dtype::f32, limit));
+  // The backend's chunked check asks the delta row's own (not the additive kernels' tiles).
+  CHECK(cuda::chunked_unsupported(tiny, cuda::Dtype::bf16, limit) ==
+        cuda::chunked_delta_unsupported(tiny, cuda::Dtype::bf16, limit));
 }
