@@ -118,6 +118,7 @@ TEST_CASE("chunked kernels' occupancy", "[.][occupancy]") {
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
   test::report_chunked_kernels(prop.name);
+  test::report_chunked_delta_kernels(prop.name);
 }
 
 // Small shapes for compute-sanitizer (memcheck, racecheck, synccheck): every kernel and pass, both

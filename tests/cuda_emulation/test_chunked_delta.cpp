@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cases.hpp"
+#include "cuda_backend_checks.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
 #include "device_buffers.hpp"
@@ -220,4 +221,11 @@ TEST_CASE("emulation: the chunked delta row declines what its kernels cannot tak
   // The backend's chunked check asks the delta row's own (not the additive kernels' tiles).
   CHECK(cuda::chunked_unsupported(tiny, cuda::Dtype::bf16, limit) ==
         cuda::chunked_delta_unsupported(tiny, cuda::Dtype::bf16, limit));
+}
+
+TEST_CASE("emulation: the chunked delta kernels' shapes and occupancy", "[emulation][delta_chunked]") {
+  // Threads, shared memory and the launch bounds' blocks per multiprocessor at the headline shape;
+  // the resident blocks here count threads and shared memory only (a GPU's count also registers).
+  test::report_chunked_delta_kernels(
+      lattn_emu::shared_optin_limit() == lattn_emu::kH100SharedOptin ? "emulated H100/H200" : "emulated A100");
 }

@@ -131,6 +131,16 @@ std::optional<std::string> chunked_delta_unsupported(const Problem& p, Dtype dty
   return std::nullopt;
 }
 
+std::vector<ChunkedKernel> chunked_delta_kernels(const Problem& p, Dtype dtype) {
+  return {delta_prepare_info(p, dtype),
+          delta_state_info(p, dtype, false),
+          delta_output_info(p, dtype, false),
+          delta_output_info(p, dtype, true),
+          delta_state_info(p, dtype, true),
+          delta_dqk_info(p, dtype),
+          delta_wy_info(p, dtype)};
+}
+
 void chunked_delta_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator& allocator,
                            cudaStream_t stream, void* kept) {
   if (auto why = chunked_delta_limits(p)) throw RuntimeFailure(*why);

@@ -26,6 +26,8 @@
 
 #include <cstddef>
 
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/launch_helpers.cuh"
 #include "kernels/cuda/warp_tiles.cuh"
 #include "kernels/linear_attention/cuda/chunked_delta.hpp"
 
@@ -78,6 +80,21 @@ inline DeltaShape delta_shape(const DeltaLaunch& l) {
   s.retnet = p.decay == Decay::retnet;
   s.cu = l.cu, s.cu_chunks = l.cu_chunks;
   return s;
+}
+
+inline Gates gates_of(const Problem& p) {
+  return p.decay == Decay::vector ? Gates::vector : p.decay == Decay::scalar ? Gates::scalar : Gates::fixed;
+}
+
+// A kernel as a launch runs it on the current device: its threads, shared memory, the blocks per
+// multiprocessor its launch bounds promise and those that can reside (cudaOccupancy...).
+template <class Kernel>
+ChunkedKernel kernel_info(const char* name, Kernel kernel, int threads, std::size_t shared, int min_blocks) {
+  const int device = current_device();
+  allow_shared(kernel, device, shared);
+  int blocks = 0;
+  LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared));
+  return {name, threads, 0, shared, min_blocks, blocks};
 }
 
 // One chunk of one (sequence, value head) pair. Token tensors keep the layouts of

@@ -31,11 +31,15 @@ struct DeltaLaunch {
   const int* cu_chunks;  // packed: the documents' first chunks, device memory, else null
 };
 
+// Each file also gives its kernel's shared memory at the longest chunk (what the row's limits
+// check) and its launch figures on the current device (*_info: kernels.hpp's ChunkedKernel).
+
 // The chunk-parallel pass that makes W and U (cuda/chunked_delta_prepare.cu): A = beta K K^T with the
 // gates (strictly lower), T = (I + A)^-1, W = T diag(beta) (K . exp(b)), U = T diag(beta) V.
 void delta_prepare(const DeltaLaunch& l, const void* k, const void* v, const float* beta, const float* g, void* w,
                    void* u, cudaStream_t stream);
 std::size_t delta_prepare_shared(const Problem& p, Dtype dtype);
+ChunkedKernel delta_prepare_info(const Problem& p, Dtype dtype);
 
 // The sequential pass over each pair's chunks (cuda/chunked_delta_states.cu), in blocks of 32 state
 // columns. Forward: from S = h0, per chunk store S into states[c], V_new = U - W S (over U, in
@@ -61,6 +65,7 @@ struct DeltaStateArgs {
 };
 void delta_state_pass(const DeltaLaunch& l, const DeltaStateArgs& a, bool reverse, cudaStream_t stream);
 std::size_t delta_state_shared(const Problem& p, Dtype dtype, bool reverse);
+ChunkedKernel delta_state_info(const Problem& p, Dtype dtype, bool reverse);
 constexpr int kDeltaStateCols = 32;
 
 // The chunk-parallel output (cuda/chunked_delta_output.cu), per chunk and block of 64 value columns:
@@ -69,6 +74,7 @@ constexpr int kDeltaStateCols = 32;
 void delta_output(const DeltaLaunch& l, const void* q, const void* k, const float* g, const void* states, const void* x,
                   float* out, bool transposed, cudaStream_t stream);
 std::size_t delta_output_shared(const Problem& p, Dtype dtype);
+ChunkedKernel delta_output_info(const Problem& p, Dtype dtype, bool transposed);
 
 // The backward's dq, k's write part of dk and W's gradient, per chunk and 64 key channels
 // (cuda/chunked_delta_dqk.cu): dq = s exp(b) . (dO S^T) + dP * K, dk = exp(b_{n-1} - b) . (V_new dS'^T)
@@ -82,6 +88,7 @@ struct DeltaDqkArgs {
 };
 void delta_dqk(const DeltaLaunch& l, const DeltaDqkArgs& a, cudaStream_t stream);
 std::size_t delta_dqk_shared(const Problem& p, Dtype dtype);
+ChunkedKernel delta_dqk_info(const Problem& p, Dtype dtype);
 
 // The backward through T, per chunk (cuda/chunked_delta_wy.cu): dv, dbeta, the rest of dk (added to
 // what the dq / dk kernel wrote) and dg, from dV_new, dW and the reverse state pass's row sums.
@@ -93,5 +100,6 @@ struct DeltaWyArgs {
 };
 void delta_wy(const DeltaLaunch& l, const DeltaWyArgs& a, cudaStream_t stream);
 std::size_t delta_wy_shared(const Problem& p, Dtype dtype);
+ChunkedKernel delta_wy_info(const Problem& p, Dtype dtype);
 
 }  // namespace lattn::cuda

@@ -85,8 +85,8 @@ struct DqkParams {
 // Blocks per multiprocessor the launch bounds promise: two (128 registers a thread) for bf16 without
 // vector gates; the float32 tiles and the vector gates' factors spill at 128, so one for those.
 template <class T, Gates kG>
-constexpr int kDqkMinBlocks =
-    a100_blocks(dqk_layout(kDeltaMaxChunk, int(sizeof(T)), kG).total, sizeof(T) == 2 && kG != Gates::vector ? 2 : 1);
+constexpr int kDqkMinBlocks = a100_blocks(dqk_layout(kDeltaMaxChunk, int(sizeof(T)), kG).total,
+                                          sizeof(T) == 2 && kG != Gates::vector ? 2 : 1);
 
 template <class T, Gates kG>
 __global__ void __launch_bounds__(kDqkThreads, kDqkMinBlocks<T, kG>) delta_dqk_kernel(DqkParams p) {
@@ -240,10 +240,26 @@ void launch_typed(const DeltaLaunch& l, const DqkParams& params, cudaStream_t st
 }  // namespace
 
 std::size_t delta_dqk_shared(const Problem& p, Dtype dtype) {
-  const Gates gates = p.decay == Decay::vector   ? Gates::vector
-                      : p.decay == Decay::scalar ? Gates::scalar
-                                                 : Gates::fixed;
-  return dqk_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates).total;
+  return dqk_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates_of(p)).total;
+}
+
+ChunkedKernel delta_dqk_info(const Problem& p, Dtype dtype) {
+  const std::size_t shared = delta_dqk_shared(p, dtype);
+  auto info = [&](auto t) {
+    using T = decltype(t);
+    auto one = [&](auto kernel, int bounds) {
+      return kernel_info("delta_dqk_kernel", kernel, kDqkThreads, shared, bounds);
+    };
+    switch (gates_of(p)) {
+      case Gates::vector:
+        return one(delta_dqk_kernel<T, Gates::vector>, kDqkMinBlocks<T, Gates::vector>);
+      case Gates::scalar:
+        return one(delta_dqk_kernel<T, Gates::scalar>, kDqkMinBlocks<T, Gates::scalar>);
+      default:
+        return one(delta_dqk_kernel<T, Gates::fixed>, kDqkMinBlocks<T, Gates::fixed>);
+    }
+  };
+  return dtype == Dtype::f32 ? info(float{}) : info(bf16{});
 }
 
 void delta_dqk(const DeltaLaunch& l, const DeltaDqkArgs& a, cudaStream_t stream) {

@@ -15,6 +15,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/launch_helpers.cuh"
@@ -221,10 +222,30 @@ void launch_typed(const DeltaLaunch& l, const OutputParams& params, cudaStream_t
 }  // namespace
 
 std::size_t delta_output_shared(const Problem& p, Dtype dtype) {
-  const Gates gates = p.decay == Decay::vector   ? Gates::vector
-                      : p.decay == Decay::scalar ? Gates::scalar
-                                                 : Gates::fixed;
-  return output_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates, false).total;
+  return output_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates_of(p), false).total;
+}
+
+ChunkedKernel delta_output_info(const Problem& p, Dtype dtype, bool transposed) {
+  const std::size_t shared =
+      output_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates_of(p), transposed).total;
+  const char* name = transposed ? "delta_output_kernel (dV_local)" : "delta_output_kernel";
+  auto info = [&](auto t, auto tr) {
+    using T = decltype(t);
+    constexpr bool kT = decltype(tr)::value;
+    auto one = [&](auto kernel, int bounds) { return kernel_info(name, kernel, kOutThreads, shared, bounds); };
+    switch (gates_of(p)) {
+      case Gates::vector:
+        return one(delta_output_kernel<T, Gates::vector, kT>, kOutMinBlocks<T, Gates::vector, kT>);
+      case Gates::scalar:
+        return one(delta_output_kernel<T, Gates::scalar, kT>, kOutMinBlocks<T, Gates::scalar, kT>);
+      default:
+        return one(delta_output_kernel<T, Gates::fixed, kT>, kOutMinBlocks<T, Gates::fixed, kT>);
+    }
+  };
+  using Yes = std::integral_constant<bool, true>;
+  using No = std::integral_constant<bool, false>;
+  if (dtype == Dtype::f32) return transposed ? info(float{}, Yes{}) : info(float{}, No{});
+  return transposed ? info(bf16{}, Yes{}) : info(bf16{}, No{});
 }
 
 void delta_output(const DeltaLaunch& l, const void* q, const void* k, const float* g, const void* states, const void* x,

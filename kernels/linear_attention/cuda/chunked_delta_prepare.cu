@@ -223,10 +223,26 @@ void launch_typed(const DeltaLaunch& l, const PrepareParams& params, cudaStream_
 }  // namespace
 
 std::size_t delta_prepare_shared(const Problem& p, Dtype dtype) {
-  const Gates gates = p.decay == Decay::vector   ? Gates::vector
-                      : p.decay == Decay::scalar ? Gates::scalar
-                                                 : Gates::fixed;
-  return prepare_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates).total;
+  return prepare_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates_of(p)).total;
+}
+
+ChunkedKernel delta_prepare_info(const Problem& p, Dtype dtype) {
+  const std::size_t shared = delta_prepare_shared(p, dtype);
+  auto info = [&](auto t) {
+    using T = decltype(t);
+    auto one = [&](auto kernel, int bounds) {
+      return kernel_info("delta_prepare_kernel", kernel, kPrepareThreads, shared, bounds);
+    };
+    switch (gates_of(p)) {
+      case Gates::vector:
+        return one(delta_prepare_kernel<T, Gates::vector>, kPrepareMinBlocks<T, Gates::vector>);
+      case Gates::scalar:
+        return one(delta_prepare_kernel<T, Gates::scalar>, kPrepareMinBlocks<T, Gates::scalar>);
+      default:
+        return one(delta_prepare_kernel<T, Gates::fixed>, kPrepareMinBlocks<T, Gates::fixed>);
+    }
+  };
+  return dtype == Dtype::f32 ? info(float{}) : info(bf16{});
 }
 
 void delta_prepare(const DeltaLaunch& l, const void* k, const void* v, const float* beta, const float* g, void* w,

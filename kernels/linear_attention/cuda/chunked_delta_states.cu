@@ -20,6 +20,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/launch_helpers.cuh"
@@ -58,7 +59,7 @@ __host__ __device__ constexpr StateLayout state_layout(int Dk, int es, Gates gat
   L.sop = take(std::size_t(round16(Dk)) * L.ldV * es);        // the state, the products' operand
   // reverse with gates: dS in float32 too, for dg's row sums
   L.dsf = take(reverse && gates != Gates::fixed ? std::size_t(round16(Dk)) * L.ldF * 4 : 0);
-  L.vop = take(std::size_t(kDeltaMaxChunk) * L.ldV * es);     // V_new (or -dV_new), for the update
+  L.vop = take(std::size_t(kDeltaMaxChunk) * L.ldV * es);  // V_new (or -dV_new), for the update
   L.bsum = take(vector ? 0 : std::size_t(kDeltaMaxChunk) * 8);
   L.lam = take(vector ? std::size_t(kMaxChannels) * 4 : 0);
   L.sums = take(vector ? std::size_t(2) * kMaxChannels * 8 : 0);  // each channel's total and running sum
@@ -344,10 +345,33 @@ void launch_typed(const DeltaLaunch& l, const StateParams& params, cudaStream_t 
 }  // namespace
 
 std::size_t delta_state_shared(const Problem& p, Dtype dtype, bool reverse) {
-  const Gates gates = p.decay == Decay::vector   ? Gates::vector
-                      : p.decay == Decay::scalar ? Gates::scalar
-                                                 : Gates::fixed;
-  return state_layout(p.dim, element_size(dtype), gates, reverse).total;
+  return state_layout(p.dim, element_size(dtype), gates_of(p), reverse).total;
+}
+
+ChunkedKernel delta_state_info(const Problem& p, Dtype dtype, bool reverse) {
+  const std::size_t shared = delta_state_shared(p, dtype, reverse);
+  const char* name = reverse ? "delta_state_kernel (reverse)" : "delta_state_kernel";
+  auto info = [&](auto t, auto rev, auto wide) {
+    using T = decltype(t);
+    constexpr bool kR = decltype(rev)::value;
+    constexpr int kU = decltype(wide)::value;
+    auto one = [&](auto kernel, int bounds) { return kernel_info(name, kernel, kStateThreads, shared, bounds); };
+    switch (gates_of(p)) {
+      case Gates::vector:
+        return one(delta_state_kernel<T, Gates::vector, kR, kU>, kStateMinBlocks<T, Gates::vector, kR, kU>);
+      case Gates::scalar:
+        return one(delta_state_kernel<T, Gates::scalar, kR, kU>, kStateMinBlocks<T, Gates::scalar, kR, kU>);
+      default:
+        return one(delta_state_kernel<T, Gates::fixed, kR, kU>, kStateMinBlocks<T, Gates::fixed, kR, kU>);
+    }
+  };
+  using Yes = std::integral_constant<bool, true>;
+  using No = std::integral_constant<bool, false>;
+  using Narrow = std::integral_constant<int, 2>;
+  using Wide = std::integral_constant<int, 4>;
+  auto by_width = [&](auto t, auto rev) { return p.dim > 128 ? info(t, rev, Wide{}) : info(t, rev, Narrow{}); };
+  if (dtype == Dtype::f32) return reverse ? by_width(float{}, Yes{}) : by_width(float{}, No{});
+  return reverse ? by_width(bf16{}, Yes{}) : by_width(bf16{}, No{});
 }
 
 void delta_state_pass(const DeltaLaunch& l, const DeltaStateArgs& a, bool reverse, cudaStream_t stream) {

@@ -341,10 +341,26 @@ void launch_typed(const DeltaLaunch& l, const WyParams& params, cudaStream_t str
 }  // namespace
 
 std::size_t delta_wy_shared(const Problem& p, Dtype dtype) {
-  const Gates gates = p.decay == Decay::vector   ? Gates::vector
-                      : p.decay == Decay::scalar ? Gates::scalar
-                                                 : Gates::fixed;
-  return wy_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates).total;
+  return wy_layout(round16(std::min(p.chunk, kDeltaMaxChunk)), element_size(dtype), gates_of(p)).total;
+}
+
+ChunkedKernel delta_wy_info(const Problem& p, Dtype dtype) {
+  const std::size_t shared = delta_wy_shared(p, dtype);
+  auto info = [&](auto t) {
+    using T = decltype(t);
+    auto one = [&](auto kernel, int bounds) {
+      return kernel_info("delta_wy_kernel", kernel, kWyThreads, shared, bounds);
+    };
+    switch (gates_of(p)) {
+      case Gates::vector:
+        return one(delta_wy_kernel<T, Gates::vector>, kWyMinBlocks<T, Gates::vector>);
+      case Gates::scalar:
+        return one(delta_wy_kernel<T, Gates::scalar>, kWyMinBlocks<T, Gates::scalar>);
+      default:
+        return one(delta_wy_kernel<T, Gates::fixed>, kWyMinBlocks<T, Gates::fixed>);
+    }
+  };
+  return dtype == Dtype::f32 ? info(float{}) : info(bf16{});
 }
 
 void delta_wy(const DeltaLaunch& l, const DeltaWyArgs& a, cudaStream_t stream) {

@@ -163,5 +163,8 @@ struct ChunkedKernel {
   int resident_blocks;
 };
 std::vector<ChunkedKernel> chunked_kernels(const Problem& problem, Dtype dtype);
+// The same for the delta rule's chunked kernels (cuda/chunked_delta*.cu), in launch order: forward
+// (prepare, state pass, output), then the backward's (dV_local, reverse state pass, dq / dk, WY).
+std::vector<ChunkedKernel> chunked_delta_kernels(const Problem& problem, Dtype dtype);
 
 }  // namespace lattn::cuda
