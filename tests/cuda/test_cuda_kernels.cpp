@@ -133,4 +133,13 @@ TEST_CASE("sanitizer shapes", "[.][sanitize]") {
         INFO(dtype << " " << impl << " " << test::describe(p));
         CHECK(run_cuda_case(p, impl, Mode::fwd_bwd, dtype).check.passed);
       }
+  // The delta rule's chunked kernels (cuda/chunked_delta*.cu): every kind of gate, a ragged chunk of
+  // 16 and one of 64 at dim 128.
+  for (const std::string dtype : {"float32", "bf16"})
+    for (const Problem& p : {Problem{1, 2, 45, 20, 16, Decay::retnet, Rule::delta},
+                             Problem{1, 2, 45, 20, 16, Decay::scalar, Rule::delta},
+                             Problem{1, 1, 100, 128, 64, Decay::vector, Rule::delta}}) {
+      INFO(dtype << " chunked " << test::describe(p));
+      CHECK(run_cuda_case(p, "chunked", Mode::fwd_bwd, dtype).check.passed);
+    }
 }

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "cases.hpp"
-#include "cuda_backend_checks.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
+#include "cuda_backend_checks.hpp"
 #include "device_buffers.hpp"
 #include "kernels/linear_attention/cuda/kernels.hpp"
 #include "kernels/linear_attention/cuda/variants.hpp"
@@ -172,6 +172,26 @@ TEST_CASE("emulation: the chunked delta rows match the float64 reference", "[emu
           p.decay = decay;
           for (bool keep : {true, false}) expect_pass(delta_case(p, Mode::fwd_bwd, dtype, gate_norm), keep);
         }
+}
+
+TEST_CASE("emulation: every chunked delta kernel once per gate kind and dtype, for the sanitizers",
+          "[emulation][delta_chunked][delta_race]") {
+  // What the sanitizer builds run of this group (the threads runner makes every barrier a wake-up
+  // of every CUDA thread, and the full group takes minutes there): each kernel instance on a shape
+  // that takes all of its paths at once: grouped heads (key parts and their sums), dim_v != dim,
+  // packed documents with a ragged chunk and one of a single token, states recomputed (the forward
+  // kernels twice).
+  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+    for (Decay decay : {Decay::retnet, Decay::scalar, Decay::vector}) {
+      Problem p = packed(shaped({1, 2, 0, 20, 16}, 1, 24), {21, 1, 9});
+      p.decay = decay;
+      Case c = delta_case(p, Mode::fwd_bwd, dtype, "1");
+      c.options["heads_k"] = "1";
+      c.options["dim_v"] = "24";
+      c.options["lengths"] = "21+1+9";
+      if (c.op->settle) c.op->settle(c);
+      expect_pass(c, false);
+    }
 }
 
 TEST_CASE("emulation: the chunked delta rows at wide key dims and very strong gates", "[emulation][delta_chunked]") {

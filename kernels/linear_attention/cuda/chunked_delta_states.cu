@@ -57,8 +57,8 @@ __host__ __device__ constexpr StateLayout state_layout(int Dk, int es, Gates gat
   L.x = take(std::size_t(kRows) * L.ldV * es);                // U slab (reverse: dO slab)
   L.xf = take(reverse ? std::size_t(kRows) * L.ldF * 4 : 0);  // reverse: dV_local slab
   L.sop = take(std::size_t(round16(Dk)) * L.ldV * es);        // the state, the products' operand
-  // reverse with gates: dS in float32 too, for dg's row sums
-  L.dsf = take(reverse && gates != Gates::fixed ? std::size_t(round16(Dk)) * L.ldF * 4 : 0);
+  // reverse with gates in bf16: dS in float32 too, for dg's row sums (float32's operand is dS itself)
+  L.dsf = take(reverse && gates != Gates::fixed && es == 2 ? std::size_t(round16(Dk)) * L.ldF * 4 : 0);
   L.vop = take(std::size_t(kDeltaMaxChunk) * L.ldV * es);  // V_new (or -dV_new), for the update
   L.bsum = take(vector ? 0 : std::size_t(kDeltaMaxChunk) * 8);
   L.lam = take(vector ? std::size_t(kMaxChannels) * 4 : 0);
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kStateThreads, kStateMinBlocks<T, kG, kReverse
         tile_each<false, T>(S[u][c], scratch, [&](int r, int cc, float& x) {
           const int i = rt * 16 + r, j = c * 16 + cc;
           sop[i * L.ldV + j] = from_float<T>(x);
-          if (kReverse && kG != Gates::fixed) dsf[i * L.ldF + j] = x;
+          if (kReverse && kG != Gates::fixed && sizeof(T) == 2) dsf[i * L.ldF + j] = x;
           if (slot && i < Dk && col0 + j < Dv) slot[std::size_t(i) * Dv + col0 + j] = from_float<T>(x);
         });
       }
@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(kStateThreads, kStateMinBlocks<T, kG, kReverse
         for (int d = tid; d < Dk; d += kStateThreads) {
           float sum = 0.0f;
           for (int j = 0; j < kCols && col0 + j < Dv; ++j)
-            sum = fmaf(dsf[d * L.ldF + j], to_float(S_c[std::size_t(d) * Dv + col0 + j]), sum);
+            sum = fmaf(sizeof(T) == 2 ? dsf[d * L.ldF + j] : to_float(sop[d * L.ldV + j]),
+                       to_float(S_c[std::size_t(d) * Dv + col0 + j]), sum);
           out[d] = sum;
         }
       }

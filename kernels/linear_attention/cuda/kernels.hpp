@@ -8,10 +8,11 @@
 // its scratch is a packed problem's document boundaries and, with grouped heads, dq and dk per
 // value head before their sum; the additive rule's backward runs a forward recurrence for dq and a
 // reverse one for dk, dv and keeps nothing else (the delta rule's backward keeps a token tensor,
-// below). The chunked form takes square dense problems; it keeps the state entering every chunk
+// below). The chunked additive form takes square dense problems; it keeps the state entering every chunk
 // (and in the backward the gradient of the state leaving it) in scratch from the allocator, one
-// D x D matrix per (batch x head, chunk) in the token dtype. The *_workspace_bytes closed forms
-// are held to the allocator's count by the tests.
+// D x D matrix per (batch x head, chunk) in the token dtype. The delta rule's chunked form
+// (cuda/chunked_delta*.cu, below) takes every shape. The *_workspace_bytes closed forms are held
+// to the allocator's count by the tests.
 #pragma once
 
 #include <cuda_runtime_api.h>
