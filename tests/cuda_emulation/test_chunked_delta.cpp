@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "backends/cuda/cuda_backend.hpp"
 #include "cases.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
@@ -238,6 +239,15 @@ TEST_CASE("emulation: the chunked delta row declines what its kernels cannot tak
   CHECK_THAT(*cuda::chunked_delta_unsupported(tiny, cuda::Dtype::bf16, limit),
              Catch::Matchers::Contains("take bf16 from dim 4"));
   CHECK_FALSE(cuda::chunked_delta_unsupported(tiny, cuda::Dtype::f32, limit));
+  // The scratch's closed forms written out, for B 2, H 2, T 100, D 16, chunk 32, bf16, scalar gates:
+  // 4 chunks per sequence, 16 state slots of 16 x 16 bf16 (8192 bytes), W and U 2 x 2 x 100 x 16
+  // bf16 (12800 each, whole 256-byte blocks); the backward's state gradients, dV_new and dW in
+  // float32 (6400 floats each) and dg's row sums (one block of 32 columns x 16 slots x 16 floats).
+  const Problem dense{2, 2, 100, 16, 32, Decay::scalar, Rule::delta};
+  CHECK(cuda::chunked_delta_kept_bytes(dense, cuda::Dtype::bf16) == 8192 + 12800 + 12800);
+  CHECK(cuda::chunked_delta_forward_workspace_bytes(dense, cuda::Dtype::bf16) == 33792);
+  CHECK(cuda::chunked_delta_backward_workspace_bytes(dense, cuda::Dtype::bf16, true) == 8192 + (6400 + 6400 + 256) * 4);
+  CHECK(cuda::chunked_delta_backward_workspace_bytes(dense, cuda::Dtype::bf16, false) == 33792 + 60416);
   // The backend's chunked check asks the delta row's own (not the additive kernels' tiles).
   CHECK(cuda::chunked_unsupported(tiny, cuda::Dtype::bf16, limit) ==
         cuda::chunked_delta_unsupported(tiny, cuda::Dtype::bf16, limit));
@@ -248,4 +258,34 @@ TEST_CASE("emulation: the chunked delta kernels' shapes and occupancy", "[emulat
   // the resident blocks here count threads and shared memory only (a GPU's count also registers).
   test::report_chunked_delta_kernels(
       lattn_emu::shared_optin_limit() == lattn_emu::kH100SharedOptin ? "emulated H100/H200" : "emulated A100");
+}
+
+TEST_CASE("emulation: the CUDA backend runs the chunked delta row on section 1c's shapes",
+          "[emulation][delta_chunked]") {
+  // Through the backend: its tensors sized by the op's specs and bound by the op's binder, the row
+  // chosen by the variant table, and temp_mb the row's closed forms (the kept set beside the
+  // backward's own scratch, or the larger of the forward's and the recomputing backward's).
+  Problem p{2, 4, 30, 16, 16, Decay::scalar, Rule::delta};
+  for (const bool keep : {true, false}) {
+    auto backend = cuda::make_cuda_backend(BackendOptions{0, 0, false, keep});
+    Case c = test::kernel_case(p, "chunked", Mode::fwd_bwd, "cuda", "bf16");
+    c.options["heads_k"] = "2";
+    c.options["dim_v"] = "24";
+    c.options["lengths"] = "17+1+12";
+    if (c.op->settle) c.op->settle(c);
+    const Problem lp = linear_problem(c);
+    INFO(test::describe(c) << (keep ? " kept" : " recomputed"));
+    REQUIRE(lp.packed());
+    REQUIRE_FALSE(backend->unsupported(c));
+    CHECK(backend->variant(c) == "chunked_delta");
+    const test::Outcome r = test::run_on(*backend, c, 5);
+    INFO(test::errors(r.check));
+    CHECK(r.check.passed);
+    CHECK(r.bwd_states == (keep ? "kept" : "recomputed"));
+    const cuda::Dtype bf16 = cuda::Dtype::bf16;
+    CHECK(r.memory.temp_bytes == (keep ? cuda::chunked_delta_kept_bytes(lp, bf16) +
+                                             cuda::chunked_delta_backward_workspace_bytes(lp, bf16, true)
+                                       : std::max(cuda::chunked_delta_forward_workspace_bytes(lp, bf16),
+                                                  cuda::chunked_delta_backward_workspace_bytes(lp, bf16, false))));
+  }
 }
