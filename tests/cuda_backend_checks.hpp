@@ -110,4 +110,22 @@ inline void report_gated_chunked_kernels(const char* device) {
   std::fflush(stdout);
 }
 
+// The delta rule's chunked kernels at the headline shape (chunk 64) for each kind of gate (none and
+// retnet launch alike), one line each as above.
+inline void report_chunked_delta_kernels(const char* device) {
+  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+    for (Decay decay : {Decay::none, Decay::scalar, Decay::vector}) {
+      const Problem p{4, 64, 4096, 128, 64, decay, Rule::delta};
+      for (const cuda::ChunkedKernel& k : cuda::chunked_delta_kernels(p, dtype)) {
+        std::printf("occupancy on %s: %s delta %s chunk 64 %s: %d threads, %zu bytes of shared memory, "
+                    "launch bounds for %d blocks/SM, %d resident\n",
+                    device, dtype == cuda::Dtype::f32 ? "float32" : "bf16", to_string(decay).c_str(), k.name.c_str(),
+                    k.threads, k.shared_bytes, k.launch_bounds_blocks, k.resident_blocks);
+        INFO(k.name);
+        CHECK(k.resident_blocks >= k.launch_bounds_blocks);
+      }
+    }
+  std::fflush(stdout);
+}
+
 }  // namespace lattn::test

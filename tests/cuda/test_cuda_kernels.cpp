@@ -119,10 +119,11 @@ TEST_CASE("chunked kernels' occupancy", "[.][occupancy]") {
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
   test::report_chunked_kernels(prop.name);
   test::report_gated_chunked_kernels(prop.name);
+  test::report_chunked_delta_kernels(prop.name);
 }
 
 // Small shapes for compute-sanitizer (memcheck, racecheck, synccheck): every kernel and pass (the
-// gated chunked ones too), both dtypes, the vector and the element-wise staging, one and several staged row blocks. Hidden from
+// gated and delta chunked ones too), both dtypes, the vector and the element-wise staging, one and several staged row blocks. Hidden from
 // the normal run; scripts/device_check.sh runs it under the sanitizer.
 TEST_CASE("sanitizer shapes", "[.][sanitize]") {
   const std::vector<Problem> shapes = {{1, 2, 45, 20, 16, Decay::retnet}, {1, 1, 150, 128, 128, Decay::none},
@@ -137,9 +138,15 @@ TEST_CASE("sanitizer shapes", "[.][sanitize]") {
   // (chunk 150: 64 + 64 + 22, walked blocks), a ragged last chunk, dims off multiples of 16.
   const std::vector<Problem> gated = {{1, 2, 45, 20, 16, Decay::scalar}, {1, 1, 170, 40, 150, Decay::vector},
                                       {1, 1, 33, 13, 64, Decay::vector}, {1, 1, 100, 128, 64, Decay::scalar}};
-  for (const std::string dtype : {"float32", "bf16"})
-    for (const Problem& p : gated) {
-      INFO(dtype << " chunked " << test::describe(p));
-      CHECK(run_cuda_case(p, "chunked", Mode::fwd_bwd, dtype).check.passed);
-    }
+  // The delta rule's chunked kernels (cuda/chunked_delta*.cu): every kind of gate, a ragged chunk of
+  // 16 and one of 64 at dim 128.
+  const std::vector<Problem> delta = {Problem{1, 2, 45, 20, 16, Decay::retnet, Rule::delta},
+                                      Problem{1, 2, 45, 20, 16, Decay::scalar, Rule::delta},
+                                      Problem{1, 1, 100, 128, 64, Decay::vector, Rule::delta}};
+  for (const std::vector<Problem>* family : {&gated, &delta})
+    for (const std::string dtype : {"float32", "bf16"})
+      for (const Problem& p : *family) {
+        INFO(dtype << " chunked " << test::describe(p));
+        CHECK(run_cuda_case(p, "chunked", Mode::fwd_bwd, dtype).check.passed);
+      }
 }

@@ -31,6 +31,7 @@ bool limit_matters(const Case& c) {
   if (c.op->name == "decode") return false;  // its launch takes no opt-in shared memory
   const cuda::Dtype dtype = c.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
   const Problem p = linear_problem(c);
+  if (c.impl == "chunked" && p.delta()) return false;  // its kernels' launches do not depend on the limit
   if (c.impl == "chunked" && c.op->name == "linear_attention" && gated(p.decay)) {
     for (const char* kernel : {"output", "dv", "dq", "dk"}) {
       const cuda::GatedTiles h100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kH100SharedOptin),
@@ -71,13 +72,16 @@ void run_table_row(const std::string& op) {
   else
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
-  // cases (docs/spec.md section 2b, not written for CUDA), and the delta rule in the chunked kernels
-  // (the scan runs it). The gated decays run on the chunked_gated row.
+  // cases (docs/spec.md section 2b, not written for CUDA), and the delta rule's chunks of more than
+  // 64 rows and its bf16 cases at dim < 4.
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
-    const bool chunked_delta = reason.find("linear_attention chunked") == 0 &&
-                               reason.find("no CUDA chunked variant takes rule delta") != std::string::npos;
+    const bool chunked_delta =
+        reason.find("linear_attention chunked") == 0 &&
+        ((reason.find("no CUDA chunked variant takes rule delta") != std::string::npos &&
+          reason.find("chunked_delta (the CUDA chunked delta kernels take chunks of up to 64 rows") != std::string::npos) ||
+         reason.find("the CUDA chunked delta kernels take bf16 from dim 4") != std::string::npos);
     const bool decode_backward = reason.find("decode step") == 0 && reason.find("forward only") != std::string::npos;
     const bool layer_block = reason.find("layer") == 0 && reason.find("hybrid block of docs/spec.md section 2 only") != std::string::npos;
     CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward));
@@ -180,21 +184,23 @@ TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no var
         INFO(test::describe(c));
         std::string why;
         const cuda::CudaVariant* v = cuda::cuda_variant(form, p, &why);
-        const bool taken = form == "scan" || p.rule == Rule::additive;
-        CHECK((v != nullptr) == taken);
-        const std::optional<std::string> skip = backend->unsupported(c);
-        if (taken) {
-          CHECK_FALSE(skip);
-          const std::string chunked = gated(p.decay) ? "chunked_gated" : "chunked";
-          CHECK(backend->variant(c) == (form == "chunked" ? chunked : p.delta() ? "scan_delta" : "scan"));
-        } else {
-          REQUIRE(skip);
-          CHECK(*skip == why);
-          CHECK_THAT(*skip, Catch::Matchers::Contains("chunked (rule additive only)") &&
-                                Catch::Matchers::Contains("chunked_gated (rule additive only)"));
-          CHECK(backend->variant(c).empty());
-        }
+        // Every rule and decay has a row in both forms.
+        REQUIRE(v != nullptr);
+        CHECK_FALSE(backend->unsupported(c));
+        const std::string chunked = p.delta() ? "chunked_delta" : gated(p.decay) ? "chunked_gated" : "chunked";
+        CHECK(v->name == (form == "chunked" ? chunked : p.delta() ? "scan_delta" : "scan"));
+        CHECK(backend->variant(c) == v->name);
       }
+  // What no chunked row takes is skipped with the table's reason: the delta rule's chunks past 64 rows.
+  const Problem long_chunks{1, 2, 200, 16, 128, Decay::scalar, Rule::delta};
+  std::string why_chunks;
+  CHECK(cuda::cuda_variant("chunked", long_chunks, &why_chunks) == nullptr);
+  const Case long_case = test::kernel_case(long_chunks, "chunked", Mode::fwd_bwd, "cuda");
+  const std::optional<std::string> skip = backend->unsupported(long_case);
+  REQUIRE(skip);
+  CHECK(*skip == why_chunks);
+  CHECK_THAT(*skip, Catch::Matchers::Contains("chunked_delta (the CUDA chunked delta kernels take chunks of up to 64 rows"));
+  CHECK(backend->variant(long_case).empty());
   // The scan's dim limit is its rows' shape key: a dim over it is refused with the kernel's reason.
   const Problem wide{1, 1, 8, cuda::kScanMaxDim + 1, 8, Decay::none, Rule::additive};
   std::string why;

@@ -352,6 +352,7 @@ std::size_t chunked_backward_workspace_bytes(const Problem& p, Dtype dtype, bool
 }
 
 std::optional<std::string> chunked_unsupported(const Problem& p, Dtype dtype, std::size_t limit) {
+  if (p.delta()) return chunked_delta_unsupported(p, dtype, limit);  // cuda/chunked_delta.cu: its own kernels
   if (choose_tiles(p, dtype, limit).rb == 0)
     return "the CUDA chunked kernels' tiles for dim " + std::to_string(p.dim) + " need " +
            std::to_string(chunked_shared_bytes(p, dtype, 32)) + " bytes of shared memory per block; this device has " +

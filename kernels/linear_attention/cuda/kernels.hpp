@@ -8,11 +8,12 @@
 // its scratch is a packed problem's document boundaries and, with grouped heads, dq and dk per
 // value head before their sum; the additive rule's backward runs a forward recurrence for dq and a
 // reverse one for dk, dv and keeps nothing else (the delta rule's backward keeps a token tensor,
-// below). The chunked form here takes square dense problems with decay none or retnet (the gated
-// decays, every shape: cuda/chunked_gated.hpp); it keeps the state entering every chunk
+// below). The chunked additive form without gates takes square dense problems (the gated decays,
+// every shape: cuda/chunked_gated.hpp); it keeps the state entering every chunk
 // (and in the backward the gradient of the state leaving it) in scratch from the allocator, one
-// D x D matrix per (batch x head, chunk) in the token dtype. The *_workspace_bytes closed forms
-// are held to the allocator's count by the tests.
+// D x D matrix per (batch x head, chunk) in the token dtype. The delta rule's chunked form
+// (cuda/chunked_delta*.cu, below) takes every shape. The *_workspace_bytes closed forms are held
+// to the allocator's count by the tests.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -99,6 +100,30 @@ void scan_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackwa
 std::size_t scan_delta_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_delta_backward_workspace_bytes(const Problem& problem);
 
+// The delta rule's chunked WY form (cuda/chunked_delta*.cu; the chunked table's `chunked_delta`
+// row), every decay and every shape of docs/spec.md section 1c. Its scratch: a packed problem's
+// boundaries (2 (N + 1) ints); the forward's chunk states (one Dk x Dv matrix per chunk and value
+// head), W (B x H x T x Dk) and U / V_new (B x H x T x Dv), all in the token dtype, which `kept`
+// (chunked_delta_kept_bytes of device memory, or null) holds for the backward instead (`bwd_states:
+// kept`); the backward's state gradients (as the states), dV_new and dW (B x H x T x Dv and x Dk
+// floats), for gated decays dg's row sums (ceil(Dv / 32) x chunks x H x Dk floats) and its
+// partial sums (the gates' shape), and with grouped heads dq and dk per value head (2 B x H x T x
+// Dk floats). Each part is a block of its own, rounded up to 256 bytes.
+constexpr int kDeltaMaxDim = 256;     // dim (Dk) the chunked delta kernels take
+constexpr int kDeltaChunkLimit = 64;  // the longest chunk they take (the triangular solve's tile)
+constexpr int kDeltaMinBf16Dim = 4;   // the smallest dim they take in bf16 (chunked_delta_unsupported says why)
+void chunked_delta_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
+                           cudaStream_t stream, void* kept = nullptr);
+void chunked_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
+                            cudaStream_t stream, const void* kept = nullptr);
+std::size_t chunked_delta_kept_bytes(const Problem& problem, Dtype dtype);
+std::size_t chunked_delta_forward_workspace_bytes(const Problem& problem, Dtype dtype);
+std::size_t chunked_delta_backward_workspace_bytes(const Problem& problem, Dtype dtype, bool states_kept);
+// Why the row cannot take a problem whatever the device and dtype (dim, chunk), and with the dtype
+// (bf16 at tiny dims) and the device's opt-in shared memory per block.
+std::optional<std::string> chunked_delta_limits(const Problem& problem);
+std::optional<std::string> chunked_delta_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
+
 // What the scan variant that runs `problem` takes from the allocator (cuda/variants.cpp).
 std::size_t scan_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_backward_workspace_bytes(const Problem& problem);
@@ -123,8 +148,8 @@ struct ChunkedTiles {
 ChunkedTiles chunked_tiles(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 // Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
 std::optional<std::string> scan_unsupported(const Problem& problem);
-// Why the (ungated) chunked kernels' tiles do not fit a device with `max_shared_bytes` of opt-in
-// shared memory per block, or nothing. The gated decays run on cuda/chunked_gated.hpp's kernels.
+// Why the chunked row that takes `problem` cannot run it on a device with `max_shared_bytes` of
+// opt-in shared memory per block (its tiles' shared memory), or nothing.
 std::optional<std::string> chunked_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 
 // The chunked form's kernels as a case launches them on the current device: threads and dynamic
@@ -140,5 +165,8 @@ struct ChunkedKernel {
   int resident_blocks;
 };
 std::vector<ChunkedKernel> chunked_kernels(const Problem& problem, Dtype dtype);
+// The same for the delta rule's chunked kernels (cuda/chunked_delta*.cu), in launch order: forward
+// (prepare, state pass, output), then the backward's (dV_local, reverse state pass, dq / dk, WY).
+std::vector<ChunkedKernel> chunked_delta_kernels(const Problem& problem, Dtype dtype);
 
 }  // namespace lattn::cuda

@@ -3,9 +3,9 @@
 // The chunked rows: `chunked` takes the ungated additive rule, square dense problems only (its tiles
 // are D x D and its chunks those of whole batch rows; section 1c's shapes are declined with
 // variants.hpp's reason); `chunked_gated` the additive rule with scalar or vector gates and every
-// shape of docs/spec.md section 1c (cuda/chunked_gated.hpp). The delta rule's WY form needs a
-// triangular solve per chunk, which no chunked row has; the scan rows take every rule, decay and
-// shape.
+// shape of docs/spec.md section 1c (cuda/chunked_gated.hpp); `chunked_delta` the delta rule's WY
+// form, every decay and every shape (cuda/chunked_delta.hpp). The scan rows take every rule, decay
+// and shape.
 #include "kernels/linear_attention/cuda/variants.hpp"
 
 #include "core/error.hpp"
@@ -48,6 +48,10 @@ std::vector<CudaVariant> chunked_table() {
       {"chunked_gated", {{Rule::additive}, {Decay::scalar, Decay::vector}, nullptr, true}, chunked_gated_forward,
        chunked_gated_backward, chunked_gated_forward_workspace_bytes, chunked_gated_backward_workspace_bytes,
        chunked_gated_states_bytes, chunked_gated_unsupported},
+      // The delta rule's WY form (cuda/chunked_delta*.cu): section 1c's shapes as they are.
+      {"chunked_delta", {{Rule::delta}, all_decays, chunked_delta_limits, true}, chunked_delta_forward,
+       chunked_delta_backward, chunked_delta_forward_workspace_bytes, chunked_delta_backward_workspace_bytes,
+       chunked_delta_kept_bytes, chunked_delta_unsupported},
   };
 }
 
