@@ -58,8 +58,8 @@ struct Calibration {
   double seconds = 0;
 };
 // Times each kernel's candidates on one thread, one choice at a time starting from the defaults,
-// keeping a candidate only where it beats the incumbent by 3% (so that noise keeps the default);
-// stops trying more once `budget_s` has passed.
+// keeping a candidate only where its best beats the incumbent's by 3% and it wins 4 of 5
+// alternating rounds (so that noise keeps the default); stops trying more once `budget_s` has passed.
 Calibration calibrate_tuning(Vec vec, double budget_s = 4.0);
 using Calibrator = std::function<Calibration(Vec)>;
 

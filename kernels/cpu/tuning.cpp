@@ -23,6 +23,8 @@ struct KnobTable {
 //   the panel more often per FMA, which a CPU with more load ports than FMA ports can afford.
 // - depth_block / row_tiles: the KC x 32 panel in L1 and the MC x KC block of A in L2, whose sizes
 //   differ between microarchitectures.
+// - prefetch_next: the tile products (AVX-512 only) spread prefetches of the next chunk's rows over
+//   their micro-tiles, into L2 (the default); into L1 or not at all are the others.
 const std::array<KnobTable, kKnobs>& table() {
   static const std::array<KnobTable, kKnobs> t = {{
       {"scan", "tokens_per_walk", {{{1}, {2, 1}, {6, 5, 4}}}},
@@ -31,6 +33,7 @@ const std::array<KnobTable, kKnobs>& table() {
       {"packed_gemm", "micro_rows", {{{4}, {6, 4}, {14, 12, 8}}}},
       {"packed_gemm", "depth_block", {{{256}, {256, 128, 384}, {256, 128, 384}}}},
       {"packed_gemm", "row_tiles", {{{16}, {20, 10, 40}, {10, 5, 20}}}},
+      {"tile_products", "prefetch_next", {{{1}, {1}, {1, 2, 0}}}},
   }};
   return t;
 }

@@ -12,6 +12,8 @@
 //   packed_gemm  micro_rows       rows of the register micro-tile (its columns are the panel's)
 //                depth_block      depth of a packed A block and B panel (KC)
 //                row_tiles        micro-tiles of rows per packed A block (MC = row_tiles x micro_rows)
+//   tile_products prefetch_next   where the chunked kernels' tile products prefetch the rows the
+//                                 caller reads next (the next chunk's): 1 L2, 2 L1, 0 not at all
 #pragma once
 
 #include <array>
@@ -29,11 +31,12 @@ enum class Knob {
   gemm_micro_rows,
   gemm_depth_block,
   gemm_row_tiles,
+  tile_prefetch_next,
 };
-inline constexpr int kKnobs = 6;
-inline constexpr std::array<Knob, kKnobs> kAllKnobs = {Knob::scan_tokens_per_walk, Knob::scan_column_block,
-                                                       Knob::scan_prefetch_rows,   Knob::gemm_micro_rows,
-                                                       Knob::gemm_depth_block,     Knob::gemm_row_tiles};
+inline constexpr int kKnobs = 7;
+inline constexpr std::array<Knob, kKnobs> kAllKnobs = {
+    Knob::scan_tokens_per_walk, Knob::scan_column_block, Knob::scan_prefetch_rows, Knob::gemm_micro_rows,
+    Knob::gemm_depth_block,     Knob::gemm_row_tiles,    Knob::tile_prefetch_next};
 
 // The kernel a knob belongs to ("scan", "packed_gemm") and its own name ("tokens_per_walk").
 const char* kernel_of(Knob knob);

@@ -82,6 +82,7 @@ TEST_CASE("tuning: the choices' tables hold today's choices as defaults, and a s
   CHECK(avx512[Knob::gemm_micro_rows] == 14);
   CHECK(avx512[Knob::gemm_depth_block] == 256);
   CHECK(avx512[Knob::gemm_row_tiles] * avx512[Knob::gemm_micro_rows] == 140);
+  CHECK(avx512[Knob::tile_prefetch_next] == 1);  // into L2
   const Setting avx2 = cpu::tuning::defaults(Vec::avx2);
   CHECK(avx2[Knob::scan_tokens_per_walk] == 2);
   CHECK(avx2[Knob::scan_column_block] == 16);
@@ -117,7 +118,8 @@ TEST_CASE("tuning: the kernels read the setting in force at their width", "[tuni
 // The test table (tests/op_table.hpp) once per candidate of each choice, the other choices at
 // their defaults: the scan's choices on the additive rule's scan cases (every decay, fwd and
 // fwd_bwd, T 1 to 300 with ragged walks and blocks) and the layer's scan branch; the products'
-// choices on every layer case, through the packed products at every width.
+// choices on every layer case, through the packed products at every width; the tile products'
+// prefetch on every chunked case (every rule and decay) and the layer's chunked branch.
 TEST_CASE("tuning: every candidate of every choice matches the float64 reference on the test table", "[tuning][ops]") {
   int candidates_run = 0;
   for (Vec vec : cpu::available_vecs()) {
@@ -129,27 +131,27 @@ TEST_CASE("tuning: every candidate of every choice matches the float64 reference
         Setting setting = cpu::tuning::defaults(vec);
         setting[knob] = candidate;
         const cpu::tuning::Scoped scoped(vec, setting);
-        const bool scan_knob = std::string(cpu::tuning::kernel_of(knob)) == "scan";
+        const std::string kernel = cpu::tuning::kernel_of(knob);
         INFO(cpu::to_string(vec) << " " << cpu::tuning::kernel_of(knob) << "." << cpu::tuning::name_of(knob) << " "
                                  << candidate);
         const test::TableRun run = test::run_op_table(
             "cpu", [](const BackendOptions& o) { return make_backend("cpu", o); },
             [&](const Case& c) {
               if (c.dtype != "float32") return false;
-              if (scan_knob)
-                return c.impl == "scan" && is_additive(c) &&
-                       (c.op->name == "linear_attention" || c.op->name == "layer");
+              const bool linear = c.op->name == "linear_attention" || c.op->name == "layer";
+              if (kernel == "scan") return c.impl == "scan" && is_additive(c) && linear;
+              if (kernel == "tile_products") return c.impl == "chunked" && linear;
               return c.op->name == "layer";
             });
         CHECK(run.checked > 0);
         CHECK(run.checked_by_op.count("layer") == 1);
-        if (scan_knob) CHECK(run.checked_by_op.count("linear_attention") == 1);
+        if (kernel != "packed_gemm") CHECK(run.checked_by_op.count("linear_attention") == 1);
         ++candidates_run;
       }
   }
-  // At AVX-512: 2 + 1 + 1 scan and 2 + 2 + 2 product candidates besides the defaults.
+  // At AVX-512: 2 + 1 + 1 scan, 2 + 2 + 2 product and 2 tile candidates besides the defaults.
   if (cpu::active_vec() == Vec::avx512)
-    CHECK(candidates_run >= 10);
+    CHECK(candidates_run >= 12);
   else if (cpu::active_vec() == Vec::generic)
     WARN("no vector width here: no candidates besides the defaults to run");
 }
@@ -165,10 +167,10 @@ TEST_CASE("tuning: the shipped table is keyed by vendor, family and model", "[tu
     CHECK(shipped->setting == cpu::tuning::defaults(Vec::avx512));
   }
   for (const std::string& sig : {kZen5, std::string("AuthenticAMD family 25 model 1 stepping 1"),  // Zen 3
-                                std::string("GenuineIntel family 6 model 143 stepping 8"),
-                                std::string("GenuineIntel family 6 model 167 stepping 1"),
-                                std::string("GenuineIntel family 25 model 17 stepping 1"), std::string(""),
-                                std::string("AuthenticAMD family x model 17")}) {
+                                 std::string("GenuineIntel family 6 model 143 stepping 8"),
+                                 std::string("GenuineIntel family 6 model 167 stepping 1"),
+                                 std::string("GenuineIntel family 25 model 17 stepping 1"), std::string(""),
+                                 std::string("AuthenticAMD family x model 17")}) {
     INFO(sig);
     CHECK_FALSE(cpu::shipped_tuning(sig, Vec::avx512));
   }
@@ -194,7 +196,7 @@ TEST_CASE("tuning: the cache lives under XDG_CACHE_HOME or ~/.cache, one file pe
   if (saved_xdg) ::setenv("XDG_CACHE_HOME", saved_xdg->c_str(), 1);
 }
 
-TEST_CASE("tuning: auto calibrates an unknown CPU once, then reads the cache; calibrate redoes it", "[tuning]") {
+TEST_CASE("tuning: auto calibrates an unknown CPU once, then reads the cache, and calibrate redoes it", "[tuning]") {
   const Vec vec = Vec::avx512;
   const auto dir = test::fresh_dir("tuning-cache");
   const std::string path = (dir / "lattnbench" / "tuning-x.json").string();
@@ -263,7 +265,7 @@ TEST_CASE("tuning: a cache that is malformed or not this CPU's is reported and r
   const std::string good = "{\"lattnbench_tuning\": 1, \"cpu_signature\": \"" + kZen5 +
                            "\", \"vector_width\": \"avx512\", \"choices\": {\"scan\": {\"tokens_per_walk\": 6, "
                            "\"column_block\": 32, \"prefetch_rows\": 1}, \"packed_gemm\": {\"micro_rows\": 14, "
-                           "\"depth_block\": 256, \"row_tiles\": 10}}}";
+                           "\"depth_block\": 256, \"row_tiles\": 10}, \"tile_products\": {\"prefetch_next\": 1}}}";
   auto with = [&](const std::string& from, const std::string& to) {
     std::string s = good;
     s.replace(s.find(from), from.size(), to);
@@ -276,7 +278,8 @@ TEST_CASE("tuning: a cache that is malformed or not this CPU's is reported and r
       {"{not json", "is not JSON"},
       {"[1, 2]", "is not a lattnbench tuning cache"},
       {with("\"lattnbench_tuning\": 1", "\"lattnbench_tuning\": 99"), "is not a lattnbench tuning cache"},
-      {with("\"tokens_per_walk\": 6", "\"tokens_per_walk\": 7"), "holds scan.tokens_per_walk 7 is not one of avx512's candidates"},
+      {with("\"tokens_per_walk\": 6", "\"tokens_per_walk\": 7"),
+       "holds scan.tokens_per_walk 7 is not one of avx512's candidates"},
       {with("\"tokens_per_walk\": 6", "\"tokens_per_walk\": \"6\""), "has no integer choices.scan.tokens_per_walk"},
       {with(", \"prefetch_rows\": 1", ""), "has no integer choices.scan.prefetch_rows"},
       {with("avx512", "avx2"), "is for vector width 'avx2'"},
@@ -335,6 +338,7 @@ TEST_CASE("tuning: the device block records the choices and their source", "[tun
   CHECK(t["choices"]["packed_gemm"]["micro_rows"] == 8);
   CHECK(t["choices"]["packed_gemm"]["depth_block"] == 384);
   CHECK(t["choices"]["packed_gemm"]["row_tiles"] == 20);
+  CHECK(t["choices"]["tile_products"]["prefetch_next"] == 0);
   CHECK_FALSE(t.contains("note"));
 }
 
