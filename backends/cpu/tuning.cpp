@@ -209,12 +209,27 @@ CachedTuning read_tuning_cache(const std::string& path, const std::string& signa
   return out;
 }
 
-std::string write_tuning_cache(const std::string& path, const std::string& signature, Vec vec, const Setting& setting,
-                               double calibration_s) {
-  const nlohmann::json j = {{"lattnbench_tuning", kCacheFormat}, {"cpu_signature", signature},
-                            {"vector_width", to_string(vec)},    {"created_utc", utc_now()},
-                            {"lattnbench_version", kVersion},    {"calibration_s", calibration_s},
-                            {"choices", choices_json(setting)}};
+std::string write_tuning_cache(const std::string& path, const std::string& signature, Vec vec,
+                               const Calibration& calibration) {
+  nlohmann::json trials = nlohmann::json::array();
+  for (const Calibration::Trial& t : calibration.trials)
+    trials.push_back({{"kernel", tuning::kernel_of(t.knob)},
+                      {"choice", tuning::name_of(t.knob)},
+                      {"incumbent", t.incumbent},
+                      {"candidate", t.candidate},
+                      {"incumbent_ms", t.incumbent_s * 1e3},
+                      {"candidate_ms", t.candidate_s * 1e3},
+                      {"wins", t.wins},
+                      {"rounds", t.rounds},
+                      {"kept", t.kept}});
+  const nlohmann::json j = {{"lattnbench_tuning", kCacheFormat},
+                            {"cpu_signature", signature},
+                            {"vector_width", to_string(vec)},
+                            {"created_utc", utc_now()},
+                            {"lattnbench_version", kVersion},
+                            {"calibration_s", calibration.seconds},
+                            {"choices", choices_json(calibration.setting)},
+                            {"trials", trials}};
   std::error_code ec;
   const std::filesystem::path target(path);
   std::filesystem::create_directories(target.parent_path(), ec);
@@ -291,6 +306,7 @@ Calibration calibrate_tuning(Vec vec, double budget_s) {
   };
 
   Setting best = tuning::defaults(vec);
+  std::vector<Calibration::Trial> trials;
   const double window_s = 0.006;
   constexpr int kRounds = 5;
   for (const Bench& bench : benches)
@@ -315,11 +331,13 @@ Calibration calibrate_tuning(Vec vec, double budget_s) {
           trial_s = std::min(trial_s, round_s[1]);
           wins += round_s[1] < round_s[0];
         }
-        if (trial_s < 0.97 * incumbent_s && wins >= kRounds - 1) best = trial;
+        const bool kept = trial_s < 0.97 * incumbent_s && wins >= kRounds - 1;
+        trials.push_back({knob, best[knob], candidate, incumbent_s, trial_s, wins, kRounds, kept});
+        if (kept) best = trial;
       }
   tuning::set(vec, saved);
   omp_set_num_threads(threads);
-  return {best, elapsed()};
+  return {best, elapsed(), trials};
 }
 
 TuningInfo tuning_info(const std::string& source, Vec vec, const Setting& setting) {
@@ -366,9 +384,7 @@ TuningInfo decide_tuning(TuningMode mode, const std::string& signature, Vec vec,
   info.calibration_s = calibration.seconds;
   if (cache_path.empty()) {
     note = "no cache folder ($XDG_CACHE_HOME and $HOME unset, or no cpu_signature): the calibration is not kept";
-  } else if (const std::string why =
-                 write_tuning_cache(cache_path, signature, vec, calibration.setting, calibration.seconds);
-             !why.empty()) {
+  } else if (const std::string why = write_tuning_cache(cache_path, signature, vec, calibration); !why.empty()) {
     note = (note ? *note + "; " : std::string()) + "the calibration is not kept: " + why;
   } else {
     info.cache = cache_path;

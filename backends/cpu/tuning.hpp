@@ -48,15 +48,25 @@ struct CachedTuning {
   std::string problem;  // why the file was not usable (empty: usable, or no file at all)
 };
 CachedTuning read_tuning_cache(const std::string& path, const std::string& signature, Vec vec);
-// Writes atomically (a temporary file renamed over the old one), creating the folder. Returns
-// what went wrong, empty on success.
-std::string write_tuning_cache(const std::string& path, const std::string& signature, Vec vec,
-                               const tuning::Setting& setting, double calibration_s);
-
 struct Calibration {
   tuning::Setting setting;
   double seconds = 0;
+  // Each candidate tried against the incumbent: the best call of each over the rounds, the rounds
+  // the candidate won, and whether it was kept (written to the cache file, for a reader to see the
+  // margins a choice rests on).
+  struct Trial {
+    tuning::Knob knob;
+    int incumbent = 0, candidate = 0;
+    double incumbent_s = 0, candidate_s = 0;
+    int wins = 0, rounds = 0;
+    bool kept = false;
+  };
+  std::vector<Trial> trials;
 };
+// Writes a calibration atomically (a temporary file renamed over the old one), creating the
+// folder. Returns what went wrong, empty on success.
+std::string write_tuning_cache(const std::string& path, const std::string& signature, Vec vec,
+                               const Calibration& calibration);
 // Times each kernel's candidates on one thread, one choice at a time starting from the defaults,
 // keeping a candidate only where its best beats the incumbent's by 3% and it wins 4 of 5
 // alternating rounds (so that noise keeps the default); stops trying more once `budget_s` has passed.

@@ -53,7 +53,7 @@ struct FakeCalibrator {
   cpu::Calibrator get() {
     return [this](Vec) {
       ++calls;
-      return cpu::Calibration{result, 0.25};
+      return cpu::Calibration{result, 0.25, {}};
     };
   }
 };
@@ -215,6 +215,7 @@ TEST_CASE("tuning: auto calibrates an unknown CPU once, then reads the cache, an
   CHECK(file["vector_width"] == "avx512");
   CHECK(file["choices"]["scan"]["tokens_per_walk"] == fake.result[Knob::scan_tokens_per_walk]);
   CHECK(file["choices"]["packed_gemm"]["micro_rows"] == fake.result[Knob::gemm_micro_rows]);
+  CHECK(file["trials"].is_array());
 
   const TuningInfo second = cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, path, fake.get());
   CHECK(second.source == "cached");
