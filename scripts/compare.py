@@ -490,6 +490,26 @@ def ratio_label_without_interval(winner):
     return "too few samples" if winner["interval_kind"] == "none" else "no spread recorded"
 
 
+def _tuning_choices(raw):
+    """The device block's CPU kernel choices ("scan.tokens_per_walk" -> value), {} when not recorded."""
+    device = raw.get("device") if isinstance(raw.get("device"), dict) else {}
+    tuning = device.get("tuning") if isinstance(device.get("tuning"), dict) else {}
+    choices = tuning.get("choices") if isinstance(tuning.get("choices"), dict) else {}
+    return {f"{kernel}.{name}": value for kernel, values in choices.items() if isinstance(values, dict)
+            for name, value in values.items()}
+
+
+def tuning_line(base_raw, new_raw):
+    """A line when the two runs' CPU kernels ran with different runtime choices (docs/performance.md,
+    "Tuning per CPU"): then the times compare the choices as well as the code."""
+    base, new = _tuning_choices(base_raw), _tuning_choices(new_raw)
+    if not base or not new or base == new:
+        return None
+    differ = [f"{key} {base.get(key, '-')} -> {new.get(key, '-')}" for key in sorted(set(base) | set(new))
+              if base.get(key) != new.get(key)]
+    return "tuning differs (the CPU kernels' runtime choices, BASE -> NEW): " + ", ".join(differ)
+
+
 def header_lines(comparison):
     lines = [f"BASE {comparison.base.path} [{comparison.base.format_name}; {comparison.base.fingerprint}]",
              f"NEW  {comparison.new.path} [{comparison.new.format_name}; {comparison.new.fingerprint}]"]
@@ -499,6 +519,8 @@ def header_lines(comparison):
         warnings = f.raw.get("warnings")
         for warning in warnings if isinstance(warnings, list) else []:
             lines.append(f"{name} warning: {warning}")
+    if (line := tuning_line(comparison.base.raw, comparison.new.raw)) is not None:
+        lines.append(line)
     if comparison.backend_ignored_because:
         lines.append(f"backend ignored when matching cases: {comparison.backend_ignored_because}")
     if comparison.devices_differ:

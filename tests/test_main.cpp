@@ -4,9 +4,15 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+
 #include "src/run/backend.hpp"
 
 int main(int argc, char** argv) {
   lattn::prepare_process_environment(argv);
+  // The kernels' default choices in every lattnbench this process starts (backends/cpu/tuning.hpp):
+  // no calibration, no cache read or written, the same choices on every machine. The tuning's own
+  // tests say --tuning (which beats this) or unset it.
+  ::setenv("LATTN_TUNING", "default", 1);
   return Catch::Session().run(argc, argv);
 }

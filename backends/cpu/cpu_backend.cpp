@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <stdexcept>
 
 #include "backends/cpu/host_case.hpp"
 #include "backends/cpu/plugin_rows.hpp"
 #include "backends/cpu/roofline.hpp"
+#include "backends/cpu/tuning.hpp"
 #include "core/op.hpp"
 #include "kernels/cpu/vec.hpp"
 #include "kernels/decode/cpu.hpp"
@@ -303,8 +305,10 @@ ImplRow decode_row(const Settings& s) {
   return row;
 }
 
-CpuDeviceInfo describe_cpu(int threads) {
+CpuDeviceInfo describe_cpu(int threads, TuningMode tuning_mode) {
   CpuDeviceInfo info;
+  // Before anything below runs a kernel or names one (layer_products names the micro-tile).
+  info.tuning = apply_tuning(tuning_mode);
   info.blas = openblas_get_config();
   info.blas_version = OPENBLAS_VERSION;
   info.blas_threads_inside_kernels = 1;
@@ -341,11 +345,13 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   auto backend = std::make_unique<Backend>();
   backend->name = "cpu";
   backend->availability = [] { return Availability{true, ""}; };
-  backend->describe = [threads = s.threads] {
+  const std::optional<TuningMode> tuning_mode = tuning_mode_from(options.tuning);
+  if (!tuning_mode) throw std::invalid_argument("unknown tuning mode " + options.tuning);
+  backend->describe = [threads = s.threads, mode = *tuning_mode] {
     DeviceInfo info;
     info.backend = "cpu";
     info.host = host_info(threads);
-    info.cpu = describe_cpu(threads);
+    info.cpu = describe_cpu(threads, mode);
     return info;
   };
   backend->impls = {scan_row(), chunked_row(s), window_row(), layer_row("scan", s), layer_row("chunked", s),

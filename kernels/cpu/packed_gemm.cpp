@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/transpose16.hpp"
+#include "kernels/cpu/tuning.hpp"
 #include "kernels/cpu/vec.hpp"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -68,8 +69,9 @@ int pack_rows_avx512(const float* src, long lda, int valid, int mr, int kc, floa
 
 inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1); }
 
+// MR rows: the `packed_gemm` tuning's micro_rows (14 by default).
+template <int MR>
 void micro_avx512(int kc, const float* a, const float* b, float* c, long ldc, int rows, int cols, float beta) {
-  constexpr int MR = 14;
   __m512 acc[MR][2];
 #pragma GCC unroll 14
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -100,8 +102,9 @@ void micro_avx512(int kc, const float* a, const float* b, float* c, long ldc, in
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
+template <int MR>
 void micro_avx2(int kc, const float* a, const float* b, float* c, long ldc, int rows, int cols, float beta) {
-  constexpr int MR = 6, NR = 16;
+  constexpr int NR = 16;
   __m256 acc[MR][2];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -143,15 +146,21 @@ void micro_avx2(int kc, const float* a, const float* b, float* c, long ldc, int 
 }
 #endif
 
+// The tuned blocking at the active width (kernels/cpu/tuning.hpp, `packed_gemm`): micro_rows picks
+// the micro-kernel, depth_block is KC, and MC is row_tiles micro-tiles.
 Blocking blocking() {
+  using tuning::Knob;
+  const int mr = tuning::value(Knob::gemm_micro_rows), kc = tuning::value(Knob::gemm_depth_block),
+            mc = tuning::value(Knob::gemm_row_tiles) * mr;
   switch (active_vec()) {
 #if defined(__AVX512F__)
-    case Vec::avx512: return {14, 32, 256, 140, micro_avx512};
+    case Vec::avx512:
+      return {mr, 32, kc, mc, mr == 8 ? micro_avx512<8> : mr == 12 ? micro_avx512<12> : micro_avx512<14>};
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: return {6, 16, 256, 120, micro_avx2};
+    case Vec::avx2: return {mr, 16, kc, mc, mr == 4 ? micro_avx2<4> : micro_avx2<6>};
 #endif
-    default: return {4, 16, 256, 64, micro_generic};
+    default: return {4, 16, kc, mc, micro_generic};
   }
 }
 
@@ -275,8 +284,11 @@ bool available() { return active_vec() != Vec::generic; }
 
 const char* kernel_name() {
   switch (active_vec()) {
-    case Vec::avx512: return "avx512_14x32";
-    case Vec::avx2: return "avx2_6x16";
+    case Vec::avx512: {
+      const int mr = tuning::value(tuning::Knob::gemm_micro_rows);
+      return mr == 8 ? "avx512_8x32" : mr == 12 ? "avx512_12x32" : "avx512_14x32";
+    }
+    case Vec::avx2: return tuning::value(tuning::Knob::gemm_micro_rows) == 4 ? "avx2_4x16" : "avx2_6x16";
     default: return "none";
   }
 }

@@ -10,7 +10,10 @@
 //
 // Micro-tiles: 14 x 32 at AVX-512 (28 zmm accumulators, two panel loads and 14 broadcasts for 28
 // FMAs per k), 6 x 16 at AVX2 (12 ymm accumulators). Neither at the generic width: available() is
-// false there, and callers use OpenBLAS.
+// false there, and callers use OpenBLAS. Those are the defaults of the `packed_gemm` tuning
+// (kernels/cpu/tuning.hpp), which also offers 12 x 32 and 8 x 32 (4 x 16 at AVX2) and other KC and
+// MC; every function here reads the tuning in force when called, so sizes taken from it hold only
+// while it stays the same (it is set once, before the cases run).
 #pragma once
 
 #include <cstddef>

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/transpose16.hpp"
+#include "kernels/cpu/tuning.hpp"
 #include "kernels/cpu/vec.hpp"
 
 namespace lattn::cpu::tile {
@@ -168,13 +169,18 @@ void run(const Product& p) {
   const int panels = (p.N + kNR - 1) / kNR;
   // Lines to prefetch before each micro-tile: the region spread evenly over an upper bound of
   // the tiles (a lower output has fewer; the rest go out at the end).
-  const std::size_t lines = p.prefetch ? (p.prefetch_floats + 15) / 16 : 0;
+  // Into L2 by default; the `tile_products` tuning's prefetch_next may send them to L1 or nowhere.
+  const int into = tuning::value(tuning::Knob::tile_prefetch_next);
+  const std::size_t lines = p.prefetch && into != 0 ? (p.prefetch_floats + 15) / 16 : 0;
   const std::size_t tiles = std::size_t(panels) * ((p.M + kMR - 1) / kMR);
   const std::size_t per_tile = tiles ? (lines + tiles - 1) / tiles : 0;
   std::size_t next = 0;
   auto prefetch_some = [&](std::size_t count) {
-    for (const std::size_t end = std::min(lines, next + count); next < end; ++next)
-      _mm_prefetch(reinterpret_cast<const char*>(p.prefetch + next * 16), _MM_HINT_T1);
+    for (const std::size_t end = std::min(lines, next + count); next < end; ++next) {
+      const char* line = reinterpret_cast<const char*>(p.prefetch + next * 16);
+      if (into == 2) _mm_prefetch(line, _MM_HINT_T0);
+      else _mm_prefetch(line, _MM_HINT_T1);
+    }
   };
   for (int panel = 0; panel < panels; ++panel) {
     const int j0 = panel * kNR;

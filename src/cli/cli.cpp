@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace lattn {
 namespace {
@@ -21,6 +22,29 @@ std::string comma_list(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
+}
+
+// What --tuning and LATTN_TUNING take (backends/cpu/tuning.hpp's modes: src/ names no backend).
+const std::vector<std::string>& cpu_tuning_modes() {
+  static const std::vector<std::string> v = {"auto", "shipped", "default", "calibrate"};
+  return v;
+}
+
+// The tuning mode of the run: --retune, else --tuning, else $LATTN_TUNING, else auto.
+std::string tuning_mode(const std::string& flag, bool flag_given, bool retune) {
+  const auto& modes = cpu_tuning_modes();
+  auto check = [&](const std::string& where, const std::string& value) {
+    if (std::find(modes.begin(), modes.end(), value) == modes.end())
+      throw UsageError(where, "expected one of " + comma_list(modes) + ", got '" + value + "'");
+    return value;
+  };
+  if (retune) {
+    if (flag_given && flag != "calibrate") throw UsageError("--retune", "contradicts --tuning " + flag + ": give one of them");
+    return "calibrate";
+  }
+  if (flag_given) return check("--tuning", flag);
+  if (const char* env = std::getenv("LATTN_TUNING"); env && *env) return check("LATTN_TUNING", env);
+  return "auto";
 }
 
 const std::vector<std::string>& stdout_formats() {
@@ -35,6 +59,8 @@ std::string completion_words(const std::vector<ConfigKey>& keys) {
   for (const std::string& name : installed_config_names()) out += " " + name;
   out += "\n--format";
   for (const std::string& f : stdout_formats()) out += " " + f;
+  out += "\n--tuning";
+  for (const std::string& m : cpu_tuning_modes()) out += " " + m;
   out += "\n";
   for (const ConfigKey& k : keys) {
     if (k.choices.empty()) continue;
@@ -88,6 +114,13 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   app.add_flag("--interleave", interleave, "take the samples in rounds over the cases (the default)");
   app.add_flag("--no-interleave", no_interleave, "take each case's samples together, back to back");
   app.add_flag("--cold", cold, "flush the GPU's L2 cache before each timed call (CUDA; nvbench's cold measurement)");
+  std::string tuning;
+  bool retune = false;
+  app.add_option("--tuning", tuning,
+                 "how the CPU kernels' runtime choices are decided: " + comma_list(cpu_tuning_modes()) +
+                     " (docs/performance.md) [default: $LATTN_TUNING, else auto]")
+      ->type_name("NAME");
+  app.add_flag("--retune", retune, "calibrate the CPU kernels' choices again and replace the cached ones (--tuning calibrate)");
 
   const std::vector<ConfigKey> keys = config_keys();
   std::vector<std::string> override_values(keys.size());
@@ -148,6 +181,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   request.filter = filter;
   request.list_cases = list_cases;
   request.quiet = quiet;
+  request.tuning = tuning_mode(tuning, app.get_option("--tuning")->count() > 0, retune);
   return {request, "", false};
 }
 

@@ -27,6 +27,22 @@ struct HostInfo {
   std::vector<double> load_avg;           // 1, 5, 15 minutes, when the run started
 };
 
+// The runtime choices the CPU kernels ran with (kernels/cpu/tuning.hpp) and where they came from
+// (backends/cpu/tuning.hpp): the device block's `tuning`.
+struct TuningInfo {
+  std::string source;        // "shipped", "calibrated", "cached" or "default"
+  std::string vector_width;  // the width the choices are for
+  std::optional<std::string> microarchitecture;  // shipped: the table's entry
+  struct Choice {
+    std::string kernel, name;
+    int value = 0;
+  };
+  std::vector<Choice> choices;
+  std::optional<std::string> cache;     // the cache file read or written
+  std::optional<double> calibration_s;  // how long the calibration took (this run's, or the cached one's)
+  std::optional<std::string> note;      // why a cache was not used or not written
+};
+
 // The CPU backend: its BLAS, threading environment, vector width, and the roofline it measured at
 // start-up (backends/cpu/roofline.hpp).
 struct CpuDeviceInfo {
@@ -45,6 +61,7 @@ struct CpuDeviceInfo {
   // The packed products (kernels/cpu/packed_gemm.hpp) on sgemm's products, where they have a vector
   // kernel here, and the products the hybrid layer ran: "openblas" or "packed_<micro-kernel>".
   std::string layer_products;
+  std::optional<TuningInfo> tuning;
 };
 
 struct GpuInfo {

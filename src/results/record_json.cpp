@@ -162,6 +162,17 @@ nlohmann::json to_json(const DeviceInfo& d) {
     j["stream_bytes"] = c->stream_bytes;
     put(j, "fma_gflops", c->fma_gflops);
     if (!c->layer_products.empty()) j["layer_products"] = c->layer_products;
+    if (const auto& t = c->tuning) {
+      nlohmann::json tuning = {{"source", t->source}, {"vector_width", t->vector_width}};
+      nlohmann::json choices = nlohmann::json::object();
+      for (const TuningInfo::Choice& choice : t->choices) choices[choice.kernel][choice.name] = choice.value;
+      tuning["choices"] = choices;
+      put(tuning, "microarchitecture", t->microarchitecture);
+      put(tuning, "cache", t->cache);
+      put(tuning, "calibration_s", t->calibration_s);
+      put(tuning, "note", t->note);
+      j["tuning"] = tuning;
+    }
     const ComputeCeiling ceiling = d.ceiling();
     j["peak_gflops"] = ceiling.gflops;
     j["peak_source"] = ceiling.source;

@@ -95,6 +95,10 @@ struct BackendOptions {
   bool keep_chunk_states = true;
   // Loaded plugins (src/plugins/plugins.hpp): each backend's table gains a row per impl of its device.
   std::vector<std::shared_ptr<const LoadedPlugin>> plugins = {};
+  // How the CPU kernels' runtime choices are decided (backends/cpu/tuning.hpp): "default" (here, so
+  // that a backend made in a test is deterministic), "shipped", "auto" (the command line's default)
+  // or "calibrate".
+  std::string tuning = "default";
 };
 
 // What the backends need the process environment to say before any library reads it (the CPU

@@ -54,6 +54,7 @@ BackendOptions backend_options(const RunRequest& request) {
   const RunSettings& run = request.config.run;
   BackendOptions options{run.threads, run.device, run.cold, run.bwd_states == "kept"};
   options.plugins = request.plugins;
+  options.tuning = request.tuning;
   return options;
 }
 

@@ -31,6 +31,7 @@ struct RunRequest {
   bool isolate = false;      // each CPU plugin case in a child process (--isolate)
   std::string filter;        // --filter: only the cases whose name this regular expression matches
   bool list_cases = false;   // --list-cases: print the plan with estimated times, run nothing
+  std::string tuning = "default";  // --tuning / --retune / LATTN_TUNING (BackendOptions::tuning)
 };
 
 // Exit status of the run: 0 every case ran and passed its check (or was skipped), 1 some case

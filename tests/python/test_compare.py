@@ -426,6 +426,19 @@ class NoiseTest(unittest.TestCase):
         self.assertNotIn("BASE warning", proc.stdout)
         self.assertEqual(result["new"]["warnings"], new["warnings"])
 
+    def test_different_cpu_kernel_tuning_is_named_in_the_header(self):
+        base, new = copy.deepcopy(self.base_doc), fx.variant(self.base_doc, seed=40)
+        choices = {"scan": {"tokens_per_walk": 6, "column_block": 32}, "packed_gemm": {"micro_rows": 14}}
+        base["device"]["tuning"] = {"source": "default", "choices": copy.deepcopy(choices)}
+        new["device"]["tuning"] = {"source": "calibrated", "choices": copy.deepcopy(choices)}
+        proc, _ = self.compare(base, new)
+        self.assertNotIn("tuning differs", proc.stdout)
+        new["device"]["tuning"]["choices"]["scan"]["tokens_per_walk"] = 5
+        proc, _ = self.compare(base, new)
+        self.assertIn("tuning differs (the CPU kernels' runtime choices, BASE -> NEW): scan.tokens_per_walk 6 -> 5",
+                      proc.stdout)
+        self.assertNotIn("column_block", proc.stdout)
+
 
 def record_label(record):
     words = [record["suite"], record["impl"], record["mode"], record["backend"], f"B={record['batch']}",

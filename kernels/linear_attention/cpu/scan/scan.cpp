@@ -163,7 +163,7 @@ void run_packed(int count, Make&& make, int W, Vec vec, Flush&& flush) {
         sub.S = p.state + std::size_t(c) * sub.rows;
         sub.ld = std::min(W, p.c1 - c);  // the packed block's width: c1 is a block boundary or the last column
         sub.s_col0 = c;
-        sub.prefetch_next_rows = c == p.c0;
+        sub.prefetch_next_rows = c == p.c0 && scan_prefetch_rows(vec);
         run_scan_pass(sub, c, std::min(p.c1, c + W), vec);
       }
     }

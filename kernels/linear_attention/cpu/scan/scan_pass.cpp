@@ -15,6 +15,9 @@
 // Ragged column tails (D not a multiple of the width) use masked loads and stores, full blocks
 // plain ones. Interleaving 3 or 4 rows instead of 2 (with U = 4 or 5 to keep the registers) ran
 // within the noise of 2 rows on one core in L1 (120-140 GFLOP/s for every variant, 2026-12-02).
+// W, U and the row prefetch are the `scan` tuning's choices (kernels/cpu/tuning.hpp), read per
+// pass: the figures above are its defaults, measured on Zen 4; W = 16 and U = 4 or 5 are the other
+// candidates, compiled here as the ragged blocks and the short last walks already needed them.
 #include "kernels/linear_attention/cpu/scan/scan_pass.hpp"
 
 #include <immintrin.h>
@@ -24,6 +27,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/simd.hpp"
+#include "kernels/cpu/tuning.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -294,8 +298,9 @@ void steps(const ScanPass& p, int step, int left, bool decay, int c0, const type
   }
 }
 
+// u: the tokens per walk in force (tuning), 1 <= u <= I::U.
 template <class I, int NB, Decays DECAY, bool FULL, bool PREFETCH>
-void column_block(const ScanPass& p, int c0, int width) {
+void column_block(const ScanPass& p, int c0, int width, int u) {
   typename I::M m[NB];
   for (int n = 0; n < NB; ++n) m[n] = I::mask(width - n * I::L);
   constexpr bool decay = DECAY != Decays::none;
@@ -304,18 +309,19 @@ void column_block(const ScanPass& p, int c0, int width) {
     steps<I, NB, DECAY, FULL, PREFETCH>(p, 0, 1, false, c0, m);
     step = 1;
   }
-  for (; step < p.T; step += I::U)
-    steps<I, NB, DECAY, FULL, PREFETCH>(p, step, std::min(I::U, p.T - step), decay, c0, m);
+  for (; step < p.T; step += u) steps<I, NB, DECAY, FULL, PREFETCH>(p, step, std::min(u, p.T - step), decay, c0, m);
 }
 
+// Blocks of the tuned width: I::NV registers per row (the default), or one.
 template <class I, Decays DECAY, bool PREFETCH>
-void column_blocks(const ScanPass& p, int col_begin, int col_end) {
-  constexpr int W = I::L * I::NV;
+void column_blocks(const ScanPass& p, int col_begin, int col_end, int W, int u) {
+  static_assert(I::NV == 2, "blocks are one or two registers wide");
   for (int c0 = col_begin; c0 < col_end; c0 += W) {
     const int width = std::min(W, col_end - c0);
-    if (width == W) column_block<I, I::NV, DECAY, true, PREFETCH>(p, c0, width);
-    else if (width > I::L) column_block<I, I::NV, DECAY, false, PREFETCH>(p, c0, width);
-    else column_block<I, 1, DECAY, false, PREFETCH>(p, c0, width);
+    if (width == I::L * I::NV) column_block<I, I::NV, DECAY, true, PREFETCH>(p, c0, width, u);
+    else if (width > I::L) column_block<I, I::NV, DECAY, false, PREFETCH>(p, c0, width, u);
+    else if (width == I::L) column_block<I, 1, DECAY, true, PREFETCH>(p, c0, width, u);
+    else column_block<I, 1, DECAY, false, PREFETCH>(p, c0, width, u);
   }
 }
 
@@ -330,22 +336,25 @@ Decays decays_of(const ScanPass& p) {
 }
 
 template <class I, bool PREFETCH>
-void run_decays(const ScanPass& p, int col_begin, int col_end) {
+void run_decays(const ScanPass& p, int col_begin, int col_end, int W, int u) {
   switch (decays_of(p)) {
-    case Decays::none: return column_blocks<I, Decays::none, PREFETCH>(p, col_begin, col_end);
-    case Decays::gamma: return column_blocks<I, Decays::gamma, PREFETCH>(p, col_begin, col_end);
-    case Decays::scalar: return column_blocks<I, Decays::scalar, PREFETCH>(p, col_begin, col_end);
-    case Decays::rows: return column_blocks<I, Decays::rows, PREFETCH>(p, col_begin, col_end);
-    case Decays::columns: return column_blocks<I, Decays::columns, PREFETCH>(p, col_begin, col_end);
+    case Decays::none: return column_blocks<I, Decays::none, PREFETCH>(p, col_begin, col_end, W, u);
+    case Decays::gamma: return column_blocks<I, Decays::gamma, PREFETCH>(p, col_begin, col_end, W, u);
+    case Decays::scalar: return column_blocks<I, Decays::scalar, PREFETCH>(p, col_begin, col_end, W, u);
+    case Decays::rows: return column_blocks<I, Decays::rows, PREFETCH>(p, col_begin, col_end, W, u);
+    case Decays::columns: return column_blocks<I, Decays::columns, PREFETCH>(p, col_begin, col_end, W, u);
     case Decays::factored:
     case Decays::rows_factored: break;  // a group's choice (steps), never a pass's
   }
 }
 
+// The tuned block width and tokens per walk of this width (kernels/cpu/tuning.hpp): the block
+// width must be the one the caller packed the state for, so both come from scan_column_block.
 template <class I>
-void run_vectorised(const ScanPass& p, int col_begin, int col_end) {
-  if (p.prefetch_next_rows) run_decays<I, true>(p, col_begin, col_end);
-  else run_decays<I, false>(p, col_begin, col_end);
+void run_vectorised(const ScanPass& p, int col_begin, int col_end, Vec vec) {
+  const int W = scan_column_block(vec), u = std::clamp(scan_tokens_per_walk(vec), 1, I::U);
+  if (p.prefetch_next_rows) run_decays<I, true>(p, col_begin, col_end, W, u);
+  else run_decays<I, false>(p, col_begin, col_end, W, u);
 }
 
 // The portable form: one token at a time, the column loop left to the compiler's vectoriser.
@@ -381,26 +390,11 @@ void run_generic(const ScanPass& p, int col_begin, int col_end) {
 
 }  // namespace
 
-int scan_tokens_per_walk(Vec vec) {
-  switch (vec) {
-#if defined(__AVX512F__)
-    case Vec::avx512: return Avx512::U;
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: return Avx2::U;
-#endif
-    default: return 1;
-  }
-}
+int scan_tokens_per_walk(Vec vec) { return tuning::current(vec)[tuning::Knob::scan_tokens_per_walk]; }
 
-int scan_column_block(Vec vec) {
-  switch (vec) {
-    case Vec::avx512: return 32;
-    case Vec::avx2: return 16;
-    case Vec::generic: return 64;
-  }
-  return 64;
-}
+int scan_column_block(Vec vec) { return tuning::current(vec)[tuning::Knob::scan_column_block]; }
+
+bool scan_prefetch_rows(Vec vec) { return tuning::current(vec)[tuning::Knob::scan_prefetch_rows] != 0; }
 
 void run_scan_pass(const ScanPass& p, int col_begin, int col_end, Vec vec) {
   if (col_begin >= col_end || p.T <= 0) return;
@@ -410,10 +404,10 @@ void run_scan_pass(const ScanPass& p, int col_begin, int col_end, Vec vec) {
                     p.col_step % 16 == 0 && col_begin % 16 == 0;
   switch (vec) {
 #if defined(__AVX512F__)
-    case Vec::avx512: run_vectorised<Avx512>(pass, col_begin, col_end); break;
+    case Vec::avx512: run_vectorised<Avx512>(pass, col_begin, col_end, vec); break;
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: run_vectorised<Avx2>(pass, col_begin, col_end); break;
+    case Vec::avx2: run_vectorised<Avx2>(pass, col_begin, col_end, vec); break;
 #endif
     default: run_generic(pass, col_begin, col_end); break;
   }

@@ -54,11 +54,15 @@ struct ScanPass {
   bool stream_out = false;
 };
 
+// The three are the tuned choices of kernels/cpu/tuning.hpp at this width (`scan`), read when called:
 // Tokens one walk over a column block applies (the last walk of a pass may apply fewer, at a
 // lower rate): token tiles should be a multiple of it.
 int scan_tokens_per_walk(Vec vec);
 // Columns are processed in blocks of this many (the last may be ragged): a work item's granularity.
 int scan_column_block(Vec vec);
+// Whether the first column block of a tile prefetches the next group's row operands
+// (ScanPass::prefetch_next_rows).
+bool scan_prefetch_rows(Vec vec);
 // Runs `pass` on the state's columns [col_begin, col_end).
 void run_scan_pass(const ScanPass& pass, int col_begin, int col_end, Vec vec);
 

@@ -1,0 +1,414 @@
+// The CPU kernels' runtime choices (kernels/cpu/tuning.hpp) and how a run decides them
+// (backends/cpu/tuning.hpp): every candidate of every choice on the test table against the float64
+// reference, at every vector width this machine has; the shipped table's keying by signature; the
+// cache's reading, writing and replacement; and the device block's `tuning`, in process and
+// through the binary (--tuning, --retune, LATTN_TUNING).
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "backends/cpu/tuning.hpp"
+#include "kernels/cpu/packed_gemm.hpp"
+#include "kernels/layer/cpu/products.hpp"
+#include "kernels/linear_attention/cpu/scan/scan_pass.hpp"
+#include "op_table.hpp"
+#include "src/results/build_info.hpp"
+#include "src/results/record_json.hpp"
+#include "test_util.hpp"
+
+using namespace lattn;
+using cpu::Vec;
+using cpu::tuning::Knob;
+using cpu::tuning::Setting;
+
+namespace {
+
+const std::string kZen4 = "AuthenticAMD family 25 model 17 stepping 1";
+const std::string kZen5 = "AuthenticAMD family 26 model 2 stepping 0";
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+// A setting that differs from the defaults in every choice that has another candidate.
+Setting other_than_defaults(Vec vec) {
+  Setting s = cpu::tuning::defaults(vec);
+  for (Knob k : cpu::tuning::kAllKnobs) s[k] = cpu::tuning::candidates(k, vec).back();
+  return s;
+}
+
+// A calibrator that counts its calls and returns `result` at once.
+struct FakeCalibrator {
+  int calls = 0;
+  Setting result;
+  cpu::Calibrator get() {
+    return [this](Vec) {
+      ++calls;
+      return cpu::Calibration{result, 0.25, {}};
+    };
+  }
+};
+
+struct ProductPathOverride {
+  explicit ProductPathOverride(cpu::ProductPath path) { cpu::set_product_path(path); }
+  ~ProductPathOverride() { cpu::set_product_path(std::nullopt); }
+};
+
+bool is_additive(const Case& c) { return c.option("rule").empty() || c.option("rule") == "additive"; }
+
+}  // namespace
+
+TEST_CASE("tuning: the choices' tables hold today's choices as defaults, and a setting is checked", "[tuning]") {
+  for (Vec vec : {Vec::generic, Vec::avx2, Vec::avx512})
+    for (Knob k : cpu::tuning::kAllKnobs) {
+      INFO(cpu::to_string(vec) << " " << cpu::tuning::kernel_of(k) << "." << cpu::tuning::name_of(k));
+      REQUIRE_FALSE(cpu::tuning::candidates(k, vec).empty());
+      CHECK(cpu::tuning::default_value(k, vec) == cpu::tuning::candidates(k, vec).front());
+    }
+  // The values the kernels were measured and written with on Zen 4 (docs/performance.md).
+  const Setting avx512 = cpu::tuning::defaults(Vec::avx512);
+  CHECK(avx512[Knob::scan_tokens_per_walk] == 6);
+  CHECK(avx512[Knob::scan_column_block] == 32);
+  CHECK(avx512[Knob::scan_prefetch_rows] == 1);
+  CHECK(avx512[Knob::gemm_micro_rows] == 14);
+  CHECK(avx512[Knob::gemm_depth_block] == 256);
+  CHECK(avx512[Knob::gemm_row_tiles] * avx512[Knob::gemm_micro_rows] == 140);
+  CHECK(avx512[Knob::tile_prefetch_next] == 1);  // into L2
+  const Setting avx2 = cpu::tuning::defaults(Vec::avx2);
+  CHECK(avx2[Knob::scan_tokens_per_walk] == 2);
+  CHECK(avx2[Knob::scan_column_block] == 16);
+  CHECK(avx2[Knob::gemm_micro_rows] == 6);
+  CHECK(avx2[Knob::gemm_row_tiles] * avx2[Knob::gemm_micro_rows] == 120);
+
+  Setting bad = avx512;
+  bad[Knob::scan_tokens_per_walk] = 7;
+  CHECK_THAT(cpu::tuning::invalid(bad, Vec::avx512), Catch::Contains("scan.tokens_per_walk 7"));
+  CHECK_THROWS_AS(cpu::tuning::set(Vec::avx512, bad), std::invalid_argument);
+  CHECK(cpu::tuning::current(Vec::avx512) == avx512);
+}
+
+TEST_CASE("tuning: the kernels read the setting in force at their width", "[tuning]") {
+  for (Vec vec : cpu::available_vecs()) {
+    if (vec == Vec::generic) continue;
+    const test::VecOverride forced(vec);
+    const Setting other = other_than_defaults(vec);
+    const cpu::tuning::Scoped scoped(vec, other);
+    INFO(cpu::to_string(vec));
+    CHECK(cpu::scan_tokens_per_walk(vec) == other[Knob::scan_tokens_per_walk]);
+    CHECK(cpu::scan_column_block(vec) == other[Knob::scan_column_block]);
+    CHECK(cpu::scan_prefetch_rows(vec) == (other[Knob::scan_prefetch_rows] != 0));
+    CHECK(std::string(cpu::gemm::kernel_name()) == (vec == Vec::avx512 ? "avx512_8x32" : "avx2_4x16"));
+    // The A scratch is sized by the tuned micro-tile, MC and KC.
+    const int mr = other[Knob::gemm_micro_rows], mc = other[Knob::gemm_row_tiles] * mr,
+              kc = other[Knob::gemm_depth_block];
+    CHECK(cpu::gemm::packed_a_floats(10000, 10000) == std::size_t(mc) * kc);
+  }
+  CHECK(std::string(cpu::gemm::kernel_name()) != "avx512_8x32");  // restored
+}
+
+// The test table (tests/op_table.hpp) once per candidate of each choice, the other choices at
+// their defaults: the scan's choices on the additive rule's scan cases (every decay, fwd and
+// fwd_bwd, T 1 to 300 with ragged walks and blocks) and the layer's scan branch; the products'
+// choices on every layer case, through the packed products at every width; the tile products'
+// prefetch on every chunked case (every rule and decay) and the layer's chunked branch.
+TEST_CASE("tuning: every candidate of every choice matches the float64 reference on the test table", "[tuning][ops]") {
+  int candidates_run = 0;
+  for (Vec vec : cpu::available_vecs()) {
+    const test::VecOverride forced(vec);
+    const ProductPathOverride packed(cpu::ProductPath::packed);
+    for (Knob knob : cpu::tuning::kAllKnobs)
+      for (int candidate : cpu::tuning::candidates(knob, vec)) {
+        if (candidate == cpu::tuning::default_value(knob, vec)) continue;  // the whole table runs the defaults
+        Setting setting = cpu::tuning::defaults(vec);
+        setting[knob] = candidate;
+        const cpu::tuning::Scoped scoped(vec, setting);
+        const std::string kernel = cpu::tuning::kernel_of(knob);
+        INFO(cpu::to_string(vec) << " " << cpu::tuning::kernel_of(knob) << "." << cpu::tuning::name_of(knob) << " "
+                                 << candidate);
+        const test::TableRun run = test::run_op_table(
+            "cpu", [](const BackendOptions& o) { return make_backend("cpu", o); },
+            [&](const Case& c) {
+              if (c.dtype != "float32") return false;
+              const bool linear = c.op->name == "linear_attention" || c.op->name == "layer";
+              if (kernel == "scan") return c.impl == "scan" && is_additive(c) && linear;
+              if (kernel == "tile_products") return c.impl == "chunked" && linear;
+              return c.op->name == "layer";
+            });
+        CHECK(run.checked > 0);
+        CHECK(run.checked_by_op.count("layer") == 1);
+        if (kernel != "packed_gemm") CHECK(run.checked_by_op.count("linear_attention") == 1);
+        ++candidates_run;
+      }
+  }
+  // At AVX-512: 2 + 1 + 1 scan, 2 + 2 + 2 product and 2 tile candidates besides the defaults.
+  if (cpu::active_vec() == Vec::avx512)
+    CHECK(candidates_run >= 12);
+  else if (cpu::active_vec() == Vec::generic)
+    WARN("no vector width here: no candidates besides the defaults to run");
+}
+
+TEST_CASE("tuning: the shipped table is keyed by vendor, family and model", "[tuning]") {
+  for (const std::string& sig :
+       {kZen4, std::string("AuthenticAMD family 25 model 97 stepping 2"),
+        std::string("AuthenticAMD family 25 model 160 stepping 0"), std::string("AuthenticAMD family 25 model 17")}) {
+    INFO(sig);
+    const auto shipped = cpu::shipped_tuning(sig, Vec::avx512);
+    REQUIRE(shipped);
+    CHECK(shipped->microarchitecture == "zen4");
+    CHECK(shipped->setting == cpu::tuning::defaults(Vec::avx512));
+  }
+  for (const std::string& sig : {kZen5, std::string("AuthenticAMD family 25 model 1 stepping 1"),  // Zen 3
+                                 std::string("GenuineIntel family 6 model 143 stepping 8"),
+                                 std::string("GenuineIntel family 6 model 167 stepping 1"),
+                                 std::string("GenuineIntel family 25 model 17 stepping 1"), std::string(""),
+                                 std::string("AuthenticAMD family x model 17")}) {
+    INFO(sig);
+    CHECK_FALSE(cpu::shipped_tuning(sig, Vec::avx512));
+  }
+  CHECK_FALSE(cpu::shipped_tuning(kZen4, Vec::avx2));  // measured at AVX-512 only
+}
+
+TEST_CASE("tuning: the cache lives under XDG_CACHE_HOME or ~/.cache, one file per signature", "[tuning]") {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::optional<std::string> saved_xdg = xdg ? std::optional<std::string>(xdg) : std::nullopt;
+  const std::optional<std::string> saved_home = home ? std::optional<std::string>(home) : std::nullopt;
+  ::setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+  CHECK(cpu::tuning_cache_path(kZen5) == "/tmp/xdg/lattnbench/tuning-AuthenticAMD-family-26-model-2-stepping-0.json");
+  CHECK(cpu::tuning_cache_path(kZen4) != cpu::tuning_cache_path(kZen5));
+  CHECK(cpu::tuning_cache_path("") == "");
+  ::unsetenv("XDG_CACHE_HOME");
+  ::setenv("HOME", "/home/someone", 1);
+  CHECK(cpu::tuning_cache_path(kZen5) ==
+        "/home/someone/.cache/lattnbench/tuning-AuthenticAMD-family-26-model-2-stepping-0.json");
+  ::unsetenv("HOME");
+  CHECK(cpu::tuning_cache_path(kZen5) == "");
+  if (saved_home) ::setenv("HOME", saved_home->c_str(), 1);
+  if (saved_xdg) ::setenv("XDG_CACHE_HOME", saved_xdg->c_str(), 1);
+}
+
+TEST_CASE("tuning: auto calibrates an unknown CPU once, then reads the cache, and calibrate redoes it", "[tuning]") {
+  const Vec vec = Vec::avx512;
+  const auto dir = test::fresh_dir("tuning-cache");
+  const std::string path = (dir / "lattnbench" / "tuning-x.json").string();
+  FakeCalibrator fake;
+  fake.result = other_than_defaults(vec);
+
+  const TuningInfo first = cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, path, fake.get());
+  CHECK(first.source == "calibrated");
+  CHECK(fake.calls == 1);
+  REQUIRE(first.cache);
+  CHECK(*first.cache == path);
+  CHECK_FALSE(first.note);
+  REQUIRE(std::filesystem::exists(path));
+  const nlohmann::json file = read_json(path);
+  CHECK(file["cpu_signature"] == kZen5);
+  CHECK(file["vector_width"] == "avx512");
+  CHECK(file["choices"]["scan"]["tokens_per_walk"] == fake.result[Knob::scan_tokens_per_walk]);
+  CHECK(file["choices"]["packed_gemm"]["micro_rows"] == fake.result[Knob::gemm_micro_rows]);
+  CHECK(file["trials"].is_array());
+
+  const TuningInfo second = cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, path, fake.get());
+  CHECK(second.source == "cached");
+  CHECK(fake.calls == 1);  // nothing added to later runs
+  REQUIRE(second.calibration_s);
+  CHECK(*second.calibration_s == Approx(0.25));
+  const TuningInfo expected = cpu::tuning_info("cached", vec, fake.result);
+  REQUIRE(second.choices.size() == expected.choices.size());
+  for (std::size_t i = 0; i < expected.choices.size(); ++i) CHECK(second.choices[i].value == expected.choices[i].value);
+
+  // --retune: calibrated again and the cache replaced.
+  fake.result = cpu::tuning::defaults(vec);
+  const TuningInfo again = cpu::decide_tuning(cpu::TuningMode::calibrate, kZen5, vec, path, fake.get());
+  CHECK(again.source == "calibrated");
+  CHECK(fake.calls == 2);
+  CHECK(read_json(path)["choices"]["scan"]["tokens_per_walk"] == 6);
+
+  // default and shipped never calibrate nor read the cache.
+  CHECK(cpu::decide_tuning(cpu::TuningMode::defaults, kZen5, vec, path, fake.get()).source == "default");
+  CHECK(cpu::decide_tuning(cpu::TuningMode::shipped, kZen5, vec, path, fake.get()).source == "default");
+  const TuningInfo zen4 = cpu::decide_tuning(cpu::TuningMode::shipped, kZen4, vec, path, fake.get());
+  CHECK(zen4.source == "shipped");
+  CHECK(zen4.microarchitecture == std::optional<std::string>("zen4"));
+  CHECK(fake.calls == 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("tuning: auto takes the shipped table for a known CPU, and a cache made by --retune over it", "[tuning]") {
+  const Vec vec = Vec::avx512;
+  const auto dir = test::fresh_dir("tuning-shipped");
+  const std::string path = (dir / "tuning-zen4.json").string();
+  FakeCalibrator fake;
+  fake.result = other_than_defaults(vec);
+  const TuningInfo shipped = cpu::decide_tuning(cpu::TuningMode::automatic, kZen4, vec, path, fake.get());
+  CHECK(shipped.source == "shipped");
+  CHECK(fake.calls == 0);
+  CHECK_FALSE(std::filesystem::exists(path));
+  CHECK(cpu::decide_tuning(cpu::TuningMode::calibrate, kZen4, vec, path, fake.get()).source == "calibrated");
+  CHECK(cpu::decide_tuning(cpu::TuningMode::automatic, kZen4, vec, path, fake.get()).source == "cached");
+  CHECK(fake.calls == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("tuning: a cache that is malformed or not this CPU's is reported and replaced", "[tuning]") {
+  const Vec vec = Vec::avx512;
+  const auto dir = test::fresh_dir("tuning-bad");
+  const std::string path = (dir / "tuning.json").string();
+  const std::string good = "{\"lattnbench_tuning\": 1, \"cpu_signature\": \"" + kZen5 +
+                           "\", \"vector_width\": \"avx512\", \"choices\": {\"scan\": {\"tokens_per_walk\": 6, "
+                           "\"column_block\": 32, \"prefetch_rows\": 1}, \"packed_gemm\": {\"micro_rows\": 14, "
+                           "\"depth_block\": 256, \"row_tiles\": 10}, \"tile_products\": {\"prefetch_next\": 1}}}";
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  struct Bad {
+    std::string text, problem;
+  };
+  const std::vector<Bad> bad = {
+      {"{not json", "is not JSON"},
+      {"[1, 2]", "is not a lattnbench tuning cache"},
+      {with("\"lattnbench_tuning\": 1", "\"lattnbench_tuning\": 99"), "is not a lattnbench tuning cache"},
+      {with("\"tokens_per_walk\": 6", "\"tokens_per_walk\": 7"),
+       "holds scan.tokens_per_walk 7 is not one of avx512's candidates"},
+      {with("\"tokens_per_walk\": 6", "\"tokens_per_walk\": \"6\""), "has no integer choices.scan.tokens_per_walk"},
+      {with(", \"prefetch_rows\": 1", ""), "has no integer choices.scan.prefetch_rows"},
+      {with("avx512", "avx2"), "is for vector width 'avx2'"},
+      {with(kZen5, kZen4), "is for cpu_signature"},
+  };
+  // The well-formed file is read (so each bad one fails for its own defect).
+  write_text(path, with("\"tokens_per_walk\": 6", "\"tokens_per_walk\": 5"));
+  FakeCalibrator fake;
+  fake.result = cpu::tuning::defaults(vec);
+  const TuningInfo ok = cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, path, fake.get());
+  CHECK(ok.source == "cached");
+  CHECK(ok.choices.front().value == 5);
+  for (const Bad& b : bad) {
+    INFO(b.text);
+    write_text(path, b.text);
+    const int calls = fake.calls;
+    const TuningInfo info = cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, path, fake.get());
+    CHECK(info.source == "calibrated");
+    CHECK(fake.calls == calls + 1);
+    REQUIRE(info.note);
+    CHECK_THAT(*info.note, Catch::Contains(path) && Catch::Contains(b.problem) && Catch::Contains("calibrated again"));
+    // Replaced by a good one: the next run reads it.
+    CHECK(cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, path, fake.get()).source == "cached");
+  }
+  // No cache folder, or one that cannot be written: the calibration is used, not kept, and said so.
+  const TuningInfo nowhere = cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, "", fake.get());
+  CHECK(nowhere.source == "calibrated");
+  CHECK_FALSE(nowhere.cache);
+  REQUIRE(nowhere.note);
+  CHECK_THAT(*nowhere.note, Catch::Contains("not kept"));
+  write_text(dir / "a-file", "x");
+  const TuningInfo blocked =
+      cpu::decide_tuning(cpu::TuningMode::automatic, kZen5, vec, (dir / "a-file" / "tuning.json").string(), fake.get());
+  CHECK(blocked.source == "calibrated");
+  REQUIRE(blocked.note);
+  CHECK_THAT(*blocked.note, Catch::Contains("not kept"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("tuning: the device block records the choices and their source", "[tuning]") {
+  DeviceInfo device;
+  device.backend = "cpu";
+  device.cpu = CpuDeviceInfo{};
+  TuningInfo info = cpu::tuning_info("cached", Vec::avx512, other_than_defaults(Vec::avx512));
+  info.cache = "/tmp/x/tuning.json";
+  info.calibration_s = 1.5;
+  device.cpu->tuning = info;
+  const nlohmann::json t = to_json(device)["tuning"];
+  CHECK(t["source"] == "cached");
+  CHECK(t["vector_width"] == "avx512");
+  CHECK(t["cache"] == "/tmp/x/tuning.json");
+  CHECK(t["calibration_s"] == 1.5);
+  CHECK(t["choices"]["scan"]["tokens_per_walk"] == 4);
+  CHECK(t["choices"]["scan"]["column_block"] == 16);
+  CHECK(t["choices"]["scan"]["prefetch_rows"] == 0);
+  CHECK(t["choices"]["packed_gemm"]["micro_rows"] == 8);
+  CHECK(t["choices"]["packed_gemm"]["depth_block"] == 384);
+  CHECK(t["choices"]["packed_gemm"]["row_tiles"] == 20);
+  CHECK(t["choices"]["tile_products"]["prefetch_next"] == 0);
+  CHECK_FALSE(t.contains("note"));
+}
+
+// Through the binary: the first run on this CPU calibrates (unless the shipped table has it), the
+// next reads the cache, --retune calibrates again; the device block says which each time.
+TEST_CASE("tuning: --tuning, --retune and LATTN_TUNING through the binary", "[tuning][cli]") {
+  const auto dir = test::fresh_dir("tuning-cli");
+  // The tests run with LATTN_TUNING=default (tests/test_main.cpp): unset here, or set as a case says.
+  auto with_env = [&](const std::string& env) {
+    return "env -u LATTN_TUNING " + env + " XDG_CACHE_HOME=" + (dir / "cache").string() + " " + test::binary() +
+           " --suite kernel --impl scan --mode fwd --seq 16 --dim 8 --batch 1 --heads 1 --reps 1"
+           " --warmup 0 --threads 1 --quiet";
+  };
+  const std::string run = with_env("");
+  const std::string out = (dir / "r.json").string();
+  auto tuning_of = [&] { return read_json(out)["device"]["tuning"]; };
+  const std::string signature = cpu_signature();
+  const bool shipped = cpu::shipped_tuning(signature, cpu::active_vec()).has_value();
+  const bool choices = cpu::active_vec() != Vec::generic;
+
+  test::ProcessResult r = test::run_process(run + " --tuning default --out " + out);
+  REQUIRE(r.exit_status == 0);
+  CHECK(tuning_of()["source"] == "default");
+  CHECK(tuning_of()["choices"]["scan"]["tokens_per_walk"] ==
+        cpu::tuning::default_value(Knob::scan_tokens_per_walk, cpu::active_vec()));
+  CHECK_FALSE(std::filesystem::exists(dir / "cache"));
+
+  r = test::run_process(run + " --tuning auto --out " + out);
+  REQUIRE(r.exit_status == 0);
+  if (!choices || shipped) {
+    CHECK(tuning_of()["source"] == (shipped ? "shipped" : "default"));
+  } else {
+    INFO(r.output);
+    CHECK(tuning_of()["source"] == "calibrated");
+    CHECK_THAT(r.output, Catch::Contains("tuned the CPU kernels"));
+    CHECK(tuning_of()["calibration_s"].get<double>() < 5.0);
+    const std::string cache = tuning_of()["cache"];
+    CHECK(std::filesystem::exists(cache));
+
+    r = test::run_process(run + " --out " + out);  // auto, the default
+    REQUIRE(r.exit_status == 0);
+    CHECK(tuning_of()["source"] == "cached");
+    CHECK_THAT(r.output, !Catch::Contains("tuned the CPU kernels"));
+
+    // A malformed cache: one warning line, a calibration, exit 0.
+    write_text(cache, "{oops");
+    r = test::run_process(run + " --out " + out);
+    INFO(r.output);
+    CHECK(r.exit_status == 0);
+    CHECK_THAT(r.output,
+               Catch::Contains("lattnbench: warning: tuning cache " + cache + " is not JSON: calibrated again"));
+    CHECK(tuning_of()["source"] == "calibrated");
+  }
+  r = test::run_process(run + " --retune --out " + out);
+  REQUIRE(r.exit_status == 0);
+  CHECK(tuning_of()["source"] == (choices ? "calibrated" : "default"));
+  r = test::run_process(with_env("LATTN_TUNING=shipped") + " --out " + out);
+  REQUIRE(r.exit_status == 0);
+  CHECK(tuning_of()["source"] == (shipped ? "shipped" : "default"));
+
+  // Bad input: one line, exit 2.
+  r = test::run_process(run + " --tuning fastest --out " + out);
+  CHECK(r.exit_status == 2);
+  CHECK_THAT(r.output, Catch::Contains("--tuning") && Catch::Contains("'fastest'"));
+  r = test::run_process(with_env("LATTN_TUNING=fastest") + " --out " + out);
+  CHECK(r.exit_status == 2);
+  CHECK_THAT(r.output, Catch::Contains("LATTN_TUNING") && Catch::Contains("'fastest'"));
+  r = test::run_process(run + " --retune --tuning default --out " + out);
+  CHECK(r.exit_status == 2);
+  CHECK_THAT(r.output, Catch::Contains("--retune") && Catch::Contains("contradicts --tuning default"));
+  std::filesystem::remove_all(dir);
+}
