@@ -278,6 +278,9 @@ class Jax(unittest.TestCase):
                                   "jax is not installed")
             for r in records(doc, "jax:scan"):
                 self.assertEqual(r["status"], "ok", r)
+                # JAX keeps no count of the host memory a call allocates: unknown, and why.
+                self.assertIsNone(r["temp_mb"])
+                self.assertIn("dlpack impl on the CPU", r["temp_mb_unknown"])
 
 
 class Fla(unittest.TestCase):
