@@ -322,7 +322,8 @@ class PythonImplFunctions final : public ImplFunctions {
       PyObject* result = PyObject_CallMethod(g_module, "_watch_stop", "O", watches);
       Py_DECREF(watches);
       ScratchSeen seen;
-      PyObject* bytes = result && PyTuple_Check(result) && PyTuple_Size(result) == 2 ? PyTuple_GetItem(result, 0) : nullptr;
+      PyObject* bytes =
+          result && PyTuple_Check(result) && PyTuple_Size(result) == 2 ? PyTuple_GetItem(result, 0) : nullptr;
       PyObject* text = bytes ? PyTuple_GetItem(result, 1) : nullptr;
       if (!bytes) {
         seen.source = "watching it raised " + take_exception();

@@ -186,8 +186,10 @@ std::vector<std::pair<std::string, std::string>> constant_values(const std::vect
     for (const CaseRecord& r : records) {
       const std::string v = value(r);
       if (v.empty()) continue;
-      if (seen.empty()) seen = v;
-      else if (v != seen) return;
+      if (seen.empty())
+        seen = v;
+      else if (v != seen)
+        return;
     }
     if (!seen.empty()) out.emplace_back(key, seen);
   };
@@ -201,7 +203,8 @@ std::vector<std::pair<std::string, std::string>> constant_values(const std::vect
 std::string constant_line(const std::vector<CaseRecord>& records, const std::vector<std::string>& shown) {
   std::string line;
   for (const auto& [key, value] : constant_values(records))
-    if (std::find(shown.begin(), shown.end(), key) == shown.end()) line += (line.empty() ? "" : ", ") + key + " " + value;
+    if (std::find(shown.begin(), shown.end(), key) == shown.end())
+      line += (line.empty() ? "" : ", ") + key + " " + value;
   return line.empty() ? line : "held constant: " + line;
 }
 
@@ -211,7 +214,8 @@ std::vector<std::string> table_option_keys(const std::vector<CaseRecord>& record
   if (std::find(options.begin(), options.end(), "rule") != options.end() &&
       std::find(keys.begin(), keys.end(), "rule") == keys.end()) {
     // Before the other options, where varying_keys would have put it.
-    auto at = std::find_if(keys.begin(), keys.end(), [](const std::string& k) { return k != "dtype" && k != "backend"; });
+    auto at =
+        std::find_if(keys.begin(), keys.end(), [](const std::string& k) { return k != "dtype" && k != "backend"; });
     keys.insert(at, "rule");
   }
   return keys;
@@ -270,7 +274,8 @@ std::string to_markdown(const std::vector<CaseRecord>& records) {
   for (const std::string& key : options)
     shown.emplace_back(key, key == "dtype" || key == "backend" ? column(key) : option_column(key));
   const std::size_t identity = shown.size();
-  for (const char* key : {"median_ms", "q1_ms", "q3_ms", "noise_pct", "reps", "gflops"}) shown.emplace_back(key, column(key));
+  for (const char* key : {"median_ms", "q1_ms", "q3_ms", "noise_pct", "reps", "gflops"})
+    shown.emplace_back(key, column(key));
   // The percentage of the device's peak: of the compute ceiling, or of the bandwidth for the decode step.
   shown.emplace_back("%peak", Column{nullptr, [](const CaseRecord& r) {
                                        const auto f = fraction_of_peak(r);

@@ -180,8 +180,8 @@ std::string format_table(const std::vector<CaseRecord>& records) {
                        param(Param::window, c.window), op.has(Param::decay) ? c.decay : "-");
     for (const Varying& v : varying) out += fmt::format("{:<{}} ", value_of(r, v.key), v.width);
     if (r.status == Status::skipped || !r.measured) {
-      out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>6} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-",
-                         "-", "-", "-", to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);
+      out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>6} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-",
+                         "-", "-", "-", "-", to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);
       continue;
     }
     const Measurement& m = *r.measured;

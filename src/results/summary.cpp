@@ -122,17 +122,22 @@ std::string format_not_compared(const std::vector<const CaseRecord*>& records) {
     if (r->status == Status::skipped) {
       const std::string key = r->kase.impl + ": " + why_not_passed(*r);
       auto group = std::find_if(skipped.begin(), skipped.end(), [&](const auto& g) { return g.first == key; });
-      if (group == skipped.end()) skipped.push_back({key, {r}});
-      else group->second.push_back(r);
+      if (group == skipped.end())
+        skipped.push_back({key, {r}});
+      else
+        group->second.push_back(r);
       continue;
     }
-    out += fmt::format("  {}: {} {}: {}\n", label(r->kase, true), r->kase.impl, to_string(r->status), why_not_passed(*r));
+    out +=
+        fmt::format("  {}: {} {}: {}\n", label(r->kase, true), r->kase.impl, to_string(r->status), why_not_passed(*r));
   }
   for (const auto& [key, group] : skipped) {
     if (group.size() == 1)
-      out += fmt::format("  {}: {} skipped: {}\n", label(group[0]->kase, true), group[0]->kase.impl, why_not_passed(*group[0]));
+      out += fmt::format("  {}: {} skipped: {}\n", label(group[0]->kase, true), group[0]->kase.impl,
+                         why_not_passed(*group[0]));
     else
-      out += fmt::format("  {} skipped in {} cases: {}\n", group[0]->kase.impl, group.size(), why_not_passed(*group[0]));
+      out +=
+          fmt::format("  {} skipped in {} cases: {}\n", group[0]->kase.impl, group.size(), why_not_passed(*group[0]));
   }
   return out;
 }

@@ -90,9 +90,12 @@ std::string list_capabilities(const Plugins& plugins, const Config* config) {
   }
   // One heading per line, the plural of the option's key ("rules:", "gates:"), the values in one
   // column after the headings that fit it.
-  std::vector<std::pair<std::string, std::string>> lines = {
-      {"suites", join(known_suites())}, {"impls", join(impls)}, {"modes", join(mode_names())}, {"decays", join(decays)}};
-  for (const auto& [key, choices] : named_options) lines.emplace_back(key.back() == 's' ? key : key + "s", join(choices));
+  std::vector<std::pair<std::string, std::string>> lines = {{"suites", join(known_suites())},
+                                                            {"impls", join(impls)},
+                                                            {"modes", join(mode_names())},
+                                                            {"decays", join(decays)}};
+  for (const auto& [key, choices] : named_options)
+    lines.emplace_back(key.back() == 's' ? key : key + "s", join(choices));
   lines.emplace_back("dtypes", join(known_dtypes()));
   if (const std::vector<std::string> configs = installed_config_names(); !configs.empty())
     lines.emplace_back("configs", join(configs) + " (--config NAME)");

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "src/config/config.hpp"
 #include "core/op.hpp"
+#include "src/config/config.hpp"
 
 namespace lattn {
 

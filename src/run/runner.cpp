@@ -196,7 +196,8 @@ int run_benchmarks(const RunRequest& request) {
   rates.stream_gbytes_per_s = device.stream_gbytes_per_s();
   const double sgemm_best = device.blas_gflops(), sgemm_median = device.sgemm_median_gflops();
   if (sgemm_best > 0 && sgemm_median > 0) rates.sgemm_spread = std::max(0.0, 1 - sgemm_median / sgemm_best);
-  const std::map<const Op*, ReferencePace> reference_paces = measure_reference_paces(to_run, config.run.seed, ctx.cache);
+  const std::map<const Op*, ReferencePace> reference_paces =
+      measure_reference_paces(to_run, config.run.seed, ctx.cache);
   if (backend->peak_check && !to_run.empty()) {
     const auto check_start = std::chrono::steady_clock::now();
     backend->peak_check();

@@ -257,7 +257,8 @@ TEST_CASE("a record's JSON reads back as the same record, and one of another cas
   CHECK(record_from_json(older, r.kase, "journal:6").measured->samples_cpu_ms.empty());
 }
 
-TEST_CASE("a record that did not pass is out of the summary's comparisons, and listed with its status", "[formats][summary]") {
+TEST_CASE("a record that did not pass is out of the summary's comparisons, and listed with its status",
+          "[formats][summary]") {
   // A wrong impl, fastest of all: scan, chunked and it at seq 512; it alone beside scan at 2048.
   std::vector<CaseRecord> records = {record("scan", 512, 2.0, 0.0, 0), record("chunked", 512, 3.0, 0.5, 1),
                                      record("mine:wrong", 512, 0.01, 0.0, 2), record("scan", 2048, 4.0, 0.0, 3),
@@ -329,7 +330,8 @@ TEST_CASE("the tables show an unknown figure as -, the fraction of peak as %peak
   CHECK_THAT(md, Contains("| decay | rule |") && Contains("| %peak | blas_fraction | temp_mb | temp_mb_source |"));
   CHECK_THAT(md, Contains("| 37.5 | - | 0.25 | counting_allocator |") && Contains("| - | - | - | - |"));
   const std::string csv = to_csv(records);
-  CHECK_THAT(csv, Contains(",temp_mb,temp_mb_source,") && Contains(",0,0.25,counting_allocator,0,") && Contains(",0,,,0,"));
+  CHECK_THAT(csv,
+             Contains(",temp_mb,temp_mb_source,") && Contains(",0,0.25,counting_allocator,0,") && Contains(",0,,,0,"));
   // And the summary's text.
   const std::string text = format_summary(build_summary(records));
   CHECK_THAT(text, Contains("temp 0.25 vs - MiB"));
