@@ -328,12 +328,13 @@ def fastest_impls(result_file, options, ignore):
     runner-up and how sure that is: `clear` when the interval of runner-up / fastest lies above 1,
     `tie` when it reaches down to 1 (the order is within noise), `unknown` without an interval.
 
-    Records whose check failed are left out: a kernel that computes the wrong answer wins nothing.
+    Records that did not pass (lr.passed: failed, skipped, without samples) are left out: a kernel
+    that computes the wrong answer wins nothing.
     """
     metric = options.metric
     groups = {}
     for record in result_file.records:
-        if record.get("status") == "ok" and not failed_check(record) and lr.number(record.get(metric)):
+        if lr.passed(record) and lr.number(record.get(metric)):
             groups.setdefault(lr.case_key(record, ignore | {"impl"}), []).append(record)
     winners = []
     for records in groups.values():

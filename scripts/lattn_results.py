@@ -236,6 +236,27 @@ def number(value):
     return float(value) if math.isfinite(value) else None
 
 
+def why_not_passed(record):
+    """Why a record takes no part in a ranking of impls (lattnbench's summary, compare.py's and the
+    plots' fastest lines), or '' when it passed: it is ok, was measured with samples, and its
+    rel_err is within its tolerance (src/results/summary.cpp's passed())."""
+    status = record.get("status", "ok")
+    if status != "ok":
+        return record.get("skip_reason") or record.get("check_failure") or record.get("error") or f"status {status}"
+    rel_err, tolerance = number(record.get("rel_err")), number(record.get("tolerance"))
+    if rel_err is not None and tolerance is not None and rel_err > tolerance:
+        return f"rel_err {rel_err:.2e} > tolerance {tolerance:.2e}"
+    if number(record.get("median_ms")) is None:
+        return "not measured"
+    if isinstance(record.get("samples_ms"), list) and not record["samples_ms"]:
+        return "no samples"
+    return ""
+
+
+def passed(record):
+    return not why_not_passed(record)
+
+
 def totals(records):
     counts = {"cases": len(records), "ok": 0, "failed": 0, "skipped": 0}
     for r in records:

@@ -106,10 +106,13 @@ def build_summary(results):
     """The `summary` block lattnbench writes over `results` (raw records), ported from
     src/results/summary.cpp's build_summary: per shape and mode (every record with a median_ms, skipped ones
     left out) the fastest impl against the next, then per series (the shape without seq) the
-    winner at each seq and where it changes. Same keys, same order."""
-    by_shape, shape_order = {}, []
+    winner at each seq and where it changes, and the records that did not pass (lr.passed) in
+    `not_compared`. Same keys, same order."""
+    by_shape, shape_order, not_compared = {}, [], []
     for r in results:
-        if lr.number(r.get("median_ms")) is None or r.get("status", "") == "skipped":
+        if not lr.passed(r):
+            not_compared.append(_sorted_object({**_shape_of(r, True), "impl": r.get("impl"),
+                                                "status": r.get("status", "ok"), "reason": lr.why_not_passed(r)}))
             continue
         key = _shape_text(_shape_of(r, True))
         if key not in by_shape:
@@ -128,7 +131,8 @@ def build_summary(results):
             "fastest": best.get("impl"), "other": other.get("impl"),
             "fastest_median_ms": best["median_ms"], "other_median_ms": other["median_ms"],
             "speedup": float(other["median_ms"]) / max(float(best["median_ms"]), 1e-300),
-            "fastest_temp_mb": float(best.get("temp_mb", 0.0)), "other_temp_mb": float(other.get("temp_mb", 0.0)),
+            # null where the impl's scratch was not counted, as in its record
+            "fastest_temp_mb": lr.number(best.get("temp_mb")), "other_temp_mb": lr.number(other.get("temp_mb")),
         })
         comparisons.append(c)
         series = _shape_text(_shape_of(best, False))
@@ -147,7 +151,7 @@ def build_summary(results):
         entry["changes"] = [{"after_seq": a["seq"], "by_seq": b["seq"], "from": a["fastest"], "to": b["fastest"]}
                             for a, b in zip(points, points[1:]) if a["fastest"] != b["fastest"]]
         crossovers.append(_sorted_object(entry))
-    return {"comparisons": comparisons, "crossovers": crossovers}
+    return {"comparisons": comparisons, "crossovers": crossovers, "not_compared": not_compared}
 
 
 def merge(files, names):

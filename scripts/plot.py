@@ -45,7 +45,7 @@ def panel_dim(record):
 
 
 def plottable(record):
-    return (record.get("status") == "ok" and lr.number(record.get("seq"))
+    return (lr.passed(record) and lr.number(record.get("seq"))
             and lr.number(record.get("median_ms")) and panel_dim(record) is not None)
 
 

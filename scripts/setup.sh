@@ -6,21 +6,31 @@
 #       ~/.cache/lattnbench/python-examples) over Debian's packages with what examples/python
 #       needs from PyPI: torch and jax, and flash-linear-attention where nvidia-smi sees a GPU.
 #       Never done without the flag. Runs then use it with VIRTUAL_ENV=DIR (docs/plugins.md).
+#   scripts/setup.sh --python-tests [DIR]      the same with JAX alone (NumPy comes with it; torch's
+#       wheels are gigabytes): the venv scripts/test.sh runs the Python-kernel tests in (default
+#       ~/.cache/lattnbench/python-tests). Reused when JAX already imports there.
 set -euo pipefail
 
 examples_venv=""
+wanted=(torch jax)
 if [[ ${1:-} == --python-examples ]]; then
   examples_venv=${2:-$HOME/.cache/lattnbench/python-examples}
+elif [[ ${1:-} == --python-tests ]]; then
+  examples_venv=${2:-$HOME/.cache/lattnbench/python-tests}
+  wanted=(jax)
 elif [[ $# -gt 0 ]]; then
-  echo "setup.sh: unknown argument '$1' (expected --python-examples [DIR])" >&2
+  echo "setup.sh: unknown argument '$1' (expected --python-examples [DIR] or --python-tests [DIR])" >&2
   exit 2
 fi
 
 install_python_examples() {
   [[ -n $examples_venv ]] || return 0
   [[ -x $examples_venv/bin/pip ]] || /usr/bin/python3 -m venv --system-site-packages "$examples_venv"
-  local wanted=(torch jax)
-  command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && wanted+=(flash-linear-attention)
+  if [[ ${wanted[*]} == jax ]] && "$examples_venv/bin/python3" -c "import jax, numpy" 2>/dev/null; then
+    return 0
+  fi
+  command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && [[ ${wanted[*]} != jax ]] &&
+    wanted+=(flash-linear-attention)
   echo "setup: installing ${wanted[*]} into $examples_venv" >&2
   "$examples_venv/bin/pip" install -q "${wanted[@]}"
   echo "setup: run lattnbench with VIRTUAL_ENV=$examples_venv for examples/python" >&2

@@ -4,7 +4,10 @@
 # CUDA emulation's tests alone under ThreadSanitizer (build-emu-tsan/), fuzzes the config loader, the
 # command-line parser and the journal reader for 30 s each (build-fuzz/), runs clang-tidy (without
 # the static analyzer: scripts/lint.sh runs it all), and
-# finally runs the main suite through CTest.
+# finally runs the main suite through CTest, its Python-kernel tests in a virtual environment with
+# NumPy and JAX (scripts/setup.sh --python-tests; made once, then reused: LATTN_TEST_VENV names
+# another, an empty one runs them on Debian's Python, where the JAX group skips). torch stays
+# opt-in (scripts/setup.sh --python-examples, then VIRTUAL_ENV).
 # Skip the slow extras locally with LATTN_QUICK=1. Extra arguments go to the final ctest.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,5 +50,14 @@ if [[ $quick != 1 ]]; then
 fi
 
 step "tests"
+test_venv=${LATTN_TEST_VENV-$HOME/.cache/lattnbench/python-tests}
+if [[ -n $test_venv ]]; then
+  # Without PyPI (offline) the JAX group skips, as it says; the rest of the suite runs all the same.
+  if "$root/scripts/setup.sh" --python-tests "$test_venv"; then
+    export VIRTUAL_ENV=$test_venv
+  else
+    echo "test.sh: no NumPy and JAX venv in $test_venv: python_kernels_jax will skip" >&2
+  fi
+fi
 cd "$build_dir"
 ctest --output-on-failure --parallel "$(nproc)" "$@"

@@ -93,12 +93,23 @@ double HostCase::time_ms(int calls) {
   return std::chrono::duration<double, std::milli>(stop - start).count();
 }
 
+void HostCase::watch_scratch() {
+  if (watch_) seen_ = watch_([this] { run(); });
+}
+
 MemoryUsage HostCase::memory() const {
   MemoryUsage m;
   for (const Buffer& b : buffers_)
     (b.output ? m.out_bytes : m.arg_bytes) += b.values.size() * sizeof(float) + b.bf16.size() * sizeof(std::uint16_t);
   m.temp_bytes = temp_peak_;
   m.temp_uncounted = temp_uncounted_;
+  if (seen_ && seen_->bytes) {  // the impl's own allocator counted it
+    m.temp_bytes = std::max(temp_peak_, *seen_->bytes);
+    m.temp_uncounted.clear();
+    m.temp_source = seen_->source;
+  } else if (seen_ && !seen_->source.empty()) {
+    m.temp_uncounted += " (" + seen_->source + ")";
+  }
   return m;
 }
 

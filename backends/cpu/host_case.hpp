@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "src/plugins/plugins.hpp"
 #include "src/run/backend.hpp"
 #include "src/run/counting_allocator.hpp"
 
@@ -27,6 +28,8 @@ class HostCase final : public PreparedCase {
  public:
   // One call of the case's kernels, taking every temporary from the allocator.
   using Call = std::function<void(Allocator&)>;
+  // Runs one call with the impl's own allocator watched (ImplFunctions::watch_scratch).
+  using ScratchWatch = std::function<std::optional<ScratchSeen>(const std::function<void()>&)>;
 
   // `scratch`: where the counted temporaries come from (a plugin's need 256-byte alignment).
   HostCase(const Case& kase, const TensorSet& inputs, RawMemory scratch = host_memory());
@@ -43,11 +46,16 @@ class HostCase final : public PreparedCase {
     call_ = std::move(call);
     bwd_states_ = std::move(bwd_states);
   }
-  // Why the call's scratch is not what it takes from the allocator (temp_mb is then unknown).
-  void set_temp_uncounted(std::string why) { temp_uncounted_ = std::move(why); }
+  // Why the call's scratch is not what it takes from the allocator (temp_mb is then unknown), and
+  // how to watch it another way (a Python impl's library: watch_scratch()).
+  void set_temp_uncounted(std::string why, ScratchWatch watch = {}) {
+    temp_uncounted_ = std::move(why);
+    watch_ = std::move(watch);
+  }
 
   void run() override;
   double time_ms(int calls) override;
+  void watch_scratch() override;
   MemoryUsage memory() const override;
   void read_outputs(TensorSet& outputs) override;
   std::string bwd_states() const override { return bwd_states_; }
@@ -82,6 +90,8 @@ class HostCase final : public PreparedCase {
   Call call_;
   std::string bwd_states_;
   std::string temp_uncounted_;
+  ScratchWatch watch_;
+  std::optional<ScratchSeen> seen_;
   CountingAllocator allocator_;
   std::size_t temp_peak_ = 0;
 };

@@ -26,7 +26,10 @@ std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedP
           c, [self](const std::string& name) -> void* { return self->data(name); },
           gamma->empty() ? nullptr : gamma->data());
       h->bind([ref, plugin_case, gamma, tensors](Allocator& a) { call_plugin(ref, plugin_case->get(), tensors, a, nullptr); });
-      if (auto why = ref.functions->uncounted_scratch()) h->set_temp_uncounted(*why);
+      if (auto why = ref.functions->uncounted_scratch())
+        h->set_temp_uncounted(*why, [ref, plugin_case](const std::function<void()>& call) {
+          return ref.functions->watch_scratch(plugin_case->get(), call);
+        });
       return std::unique_ptr<PreparedCase>(std::move(h));
     };
     // The plugin's scratch is not known before it runs; the memory guard counts the tensors.

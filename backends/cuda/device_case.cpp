@@ -103,6 +103,10 @@ void DeviceCase::run() {
   LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void DeviceCase::watch_scratch() {
+  if (watch_) seen_ = watch_([this] { run(); });
+}
+
 double DeviceCase::elapsed_ms() {
   LATTN_CUDA_CHECK(cudaEventSynchronize(stop_));
   float ms = 0;
@@ -133,6 +137,14 @@ MemoryUsage DeviceCase::memory() const {
   MemoryUsage m;
   for (const Named& n : buffers_) (n.output ? m.out_bytes : m.arg_bytes) += n.buffer.bytes();
   m.temp_bytes = scratch_peak_ ? scratch_peak_() : temp_peak_;
+  m.temp_uncounted = temp_uncounted_;
+  if (seen_ && seen_->bytes) {  // the impl's own allocator counted it
+    m.temp_bytes = std::max(m.temp_bytes, *seen_->bytes);
+    m.temp_uncounted.clear();
+    m.temp_source = seen_->source;
+  } else if (seen_ && !seen_->source.empty()) {
+    m.temp_uncounted += " (" + seen_->source + ")";
+  }
   return m;
 }
 

@@ -14,10 +14,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "src/plugins/plugins.hpp"
 #include "src/run/backend.hpp"
 #include "src/run/counting_allocator.hpp"
 
@@ -70,8 +72,17 @@ class DeviceCase final : public PreparedCase {
   void bind(Enqueue enqueue, std::string bwd_states = {}, std::shared_ptr<void> context = {},
             std::function<std::size_t()> scratch_peak = {});
 
+  // Why the call's scratch is not what it takes from the allocator (a Python impl's: temp_mb is
+  // then unknown), and how to watch it another way (its library's statistics: watch_scratch()).
+  using ScratchWatch = std::function<std::optional<ScratchSeen>(const std::function<void()>&)>;
+  void set_temp_uncounted(std::string why, ScratchWatch watch = {}) {
+    temp_uncounted_ = std::move(why);
+    watch_ = std::move(watch);
+  }
+
   void run() override;
   double time_ms(int calls) override;
+  void watch_scratch() override;
   MemoryUsage memory() const override;
   void read_outputs(TensorSet& outputs) override;
   std::string bwd_states() const override { return bwd_states_; }
@@ -97,6 +108,9 @@ class DeviceCase final : public PreparedCase {
   std::string bwd_states_;
   std::shared_ptr<void> context_;
   std::function<std::size_t()> scratch_peak_;
+  std::string temp_uncounted_;
+  ScratchWatch watch_;
+  std::optional<ScratchSeen> seen_;
 };
 
 }  // namespace lattn::cuda

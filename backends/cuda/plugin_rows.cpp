@@ -37,6 +37,10 @@ std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedP
       d->bind([self, ref, plugin_case, tensors] {
         call_plugin(ref, plugin_case->get(), tensors, self->allocator(), self->stream());
       }, "", gamma_buffer);
+      if (auto why = ref.functions->uncounted_scratch())
+        d->set_temp_uncounted(*why, [ref, plugin_case](const std::function<void()>& call) {
+          return ref.functions->watch_scratch(plugin_case->get(), call);
+        });
       return std::unique_ptr<PreparedCase>(std::move(d));
     };
     // The plugin's scratch is not known before it runs; the memory guard counts the tensors.

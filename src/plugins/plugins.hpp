@@ -7,6 +7,8 @@
 
 #include <lattn/plugin.h>
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +17,12 @@
 #include "src/config/config.hpp"
 
 namespace lattn {
+
+// What an impl's own allocator says of one call's scratch (a Python impl's: its library's statistics).
+struct ScratchSeen {
+  std::optional<std::size_t> bytes;  // the call's peak beyond what was live before it; nothing when unknown
+  std::string source;                // what counted it (the record's temp_mb_source) or, without bytes, why not
+};
 
 // One impl's functions as a row calls them: a C plugin's lattn_impl, or a Python impl's bridge.
 // The arguments are the C interface's (include/lattn/plugin.h).
@@ -31,6 +39,12 @@ class ImplFunctions {
   // Why the impl's scratch is not what it takes from `alloc` (its record's temp_mb is then null
   // with this reason), or nothing.
   virtual std::optional<std::string> uncounted_scratch() const { return std::nullopt; }
+  // Runs `call`, one call of the case, with the impl's own allocator watched where its library
+  // keeps figures; nothing for an impl whose scratch comes from `alloc` (a C plugin's).
+  virtual std::optional<ScratchSeen> watch_scratch(const lattn_case&, const std::function<void()>& call) const {
+    call();
+    return std::nullopt;
+  }
 };
 
 struct LoadedPlugin {

@@ -226,6 +226,67 @@ def _last_line(kind, value, tb):
 
 def _empty(case, tensors):
     return None
+
+
+# The scratch of one call, as the impl's library counts it (docs/plugins.md, "Memory"): the bridge
+# calls _watch_start, one call of the case, then _watch_stop, outside any timed call. tracemalloc
+# slows every allocation while it traces, so it traces that one call only.
+
+def _jax_gpu_stats(jax):
+    devices = [d for d in jax.local_devices() if d.platform == "gpu"]
+    stats = devices[0].memory_stats() if devices else None
+    return stats if stats and "peak_bytes_in_use" in stats and "bytes_in_use" in stats else None
+
+
+def _watch_start(arrays, device):
+    """What _watch_stop takes: the watches started, or why nothing can count the call's memory."""
+    if device == "cpu":
+        if arrays != "numpy":
+            return ("a dlpack impl on the CPU: torch and JAX keep no count of the host memory a call "
+                    "allocates (arrays='numpy' impls are counted with tracemalloc)")
+        import tracemalloc
+        started = not tracemalloc.is_tracing()
+        if started:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        return [("tracemalloc", tracemalloc.get_traced_memory()[0], started)]
+    watches = []
+    torch = _sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        watches.append(("torch.cuda", torch.cuda.memory_allocated(), None))
+    jax = _sys.modules.get("jax")
+    stats = _jax_gpu_stats(jax) if jax is not None else None
+    if stats:
+        watches.append(("jax.memory_stats", (stats["bytes_in_use"], stats["peak_bytes_in_use"]), None))
+    return watches or "neither torch's CUDA allocator nor JAX's device memory stats are there to count it"
+
+
+def _watch_stop(watches):
+    """(bytes, source) of the call's peak beyond what was live before it, or (None, why not)."""
+    if isinstance(watches, str):
+        return None, watches
+    total, sources, unknown = 0, [], None
+    for source, before, started in watches:
+        if source == "tracemalloc":
+            import tracemalloc
+            total += max(0, tracemalloc.get_traced_memory()[1] - before)
+            if started:
+                tracemalloc.stop()
+        elif source == "torch.cuda":
+            import torch
+            torch.cuda.synchronize()
+            total += max(0, torch.cuda.max_memory_allocated() - before)
+        else:
+            stats = _jax_gpu_stats(_sys.modules["jax"])
+            in_use, peak = before
+            if stats and stats["peak_bytes_in_use"] > peak:
+                total += stats["peak_bytes_in_use"] - in_use
+            else:
+                unknown = "JAX's peak_bytes_in_use, which cannot be reset, did not rise during the call"
+        sources.append(source)
+    return (None, unknown) if unknown else (total, "+".join(sources))
 )PY";
 
 }  // namespace lattn

@@ -304,6 +304,46 @@ class PythonImplFunctions final : public ImplFunctions {
     return std::string("a Python impl's memory comes from its own allocator (NumPy, PyTorch, JAX), which lattnbench does not count");
   }
 
+  // The lattn module's _watch_start and _watch_stop around the call (tracemalloc for NumPy arrays,
+  // torch's or JAX's statistics on CUDA); the watch is stopped even when the call throws.
+  std::optional<ScratchSeen> watch_scratch(const lattn_case& c, const std::function<void()>& call) const override {
+    PyObject* watches = nullptr;
+    {
+      Gil gil;
+      watches = PyObject_CallMethod(g_module, "_watch_start", "ss", numpy_ ? "numpy" : "dlpack", c.device);
+      if (!watches) {
+        const std::string why = "watching it raised " + take_exception();
+        call();
+        return ScratchSeen{std::nullopt, why};
+      }
+    }
+    const auto stop = [watches] {
+      Gil gil;
+      PyObject* result = PyObject_CallMethod(g_module, "_watch_stop", "O", watches);
+      Py_DECREF(watches);
+      ScratchSeen seen;
+      PyObject* bytes =
+          result && PyTuple_Check(result) && PyTuple_Size(result) == 2 ? PyTuple_GetItem(result, 0) : nullptr;
+      PyObject* text = bytes ? PyTuple_GetItem(result, 1) : nullptr;
+      if (!bytes) {
+        seen.source = "watching it raised " + take_exception();
+      } else {
+        if (bytes != Py_None) seen.bytes = std::size_t(PyLong_AsUnsignedLongLong(bytes));
+        if (text && PyUnicode_Check(text)) seen.source = PyUnicode_AsUTF8(text);
+        PyErr_Clear();
+      }
+      Py_XDECREF(result);
+      return seen;
+    };
+    try {
+      call();
+    } catch (...) {
+      static_cast<void>(stop());
+      throw;
+    }
+    return stop();
+  }
+
  private:
   static int fail(char* err, size_t errlen) {
     const std::string text = take_exception();

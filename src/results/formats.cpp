@@ -74,7 +74,8 @@ const std::vector<Column>& columns() {
       measured("blas_fraction_now", [](const Measurement& m) { return number(m.blas_fraction_now); }),
       measured("roofline_fraction", [](const Measurement& m) { return number(m.roofline_fraction); }),
       measured("gbytes_per_s", [](const Measurement& m) { return number(m.gbytes_per_s); }),
-      measured("temp_mb", [](const Measurement& m) { return number(m.temp_mb); }),
+      measured("temp_mb", [](const Measurement& m) { return m.temp_unknown.empty() ? number(m.temp_mb) : ""; }),
+      measured("temp_mb_source", [](const Measurement& m) { return m.temp_unknown.empty() ? m.temp_source : ""; }),
       measured("arg_mb", [](const Measurement& m) { return number(m.arg_mb); }),
       measured("out_mb", [](const Measurement& m) { return number(m.out_mb); }),
       measured("rel_err", [](const Measurement& m) { return std::isfinite(m.rel_err) ? number(m.rel_err) : "null"; }),
@@ -178,6 +179,53 @@ std::vector<std::string> varying_keys(const std::vector<CaseRecord>& records) {
   return keys;
 }
 
+std::vector<std::pair<std::string, std::string>> constant_values(const std::vector<CaseRecord>& records) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto constant = [&](const std::string& key, const std::function<std::string(const CaseRecord&)>& value) {
+    std::string seen;
+    for (const CaseRecord& r : records) {
+      const std::string v = value(r);
+      if (v.empty()) continue;
+      if (seen.empty())
+        seen = v;
+      else if (v != seen)
+        return;
+    }
+    if (!seen.empty()) out.emplace_back(key, seen);
+  };
+  constant("backend", [](const CaseRecord& r) { return r.kase.backend; });
+  constant("dtype", [](const CaseRecord& r) { return r.kase.dtype; });
+  for (const std::string& key : option_keys(records))
+    constant(key, [&](const CaseRecord& r) { return r.kase.option(key); });
+  return out;
+}
+
+std::string constant_line(const std::vector<CaseRecord>& records, const std::vector<std::string>& shown) {
+  std::string line;
+  for (const auto& [key, value] : constant_values(records))
+    if (std::find(shown.begin(), shown.end(), key) == shown.end())
+      line += (line.empty() ? "" : ", ") + key + " " + value;
+  return line.empty() ? line : "held constant: " + line;
+}
+
+std::vector<std::string> table_option_keys(const std::vector<CaseRecord>& records) {
+  std::vector<std::string> keys = varying_keys(records);
+  const std::vector<std::string> options = option_keys(records);
+  if (std::find(options.begin(), options.end(), "rule") != options.end() &&
+      std::find(keys.begin(), keys.end(), "rule") == keys.end()) {
+    // Before the other options, where varying_keys would have put it.
+    auto at =
+        std::find_if(keys.begin(), keys.end(), [](const std::string& k) { return k != "dtype" && k != "backend"; });
+    keys.insert(at, "rule");
+  }
+  return keys;
+}
+
+std::optional<double> fraction_of_peak(const CaseRecord& r) {
+  if (!r.measured) return std::nullopt;
+  return r.kase.op && r.kase.op->bytes ? r.measured->bandwidth_fraction : r.measured->peak_fraction;
+}
+
 bool is_stdout_path(const std::string& path) { return path == "-" || path == "/dev/stdout"; }
 
 std::vector<Output> parse_outputs(const std::vector<std::string>& paths) {
@@ -222,20 +270,33 @@ std::string to_markdown(const std::vector<CaseRecord>& records) {
     shown.emplace_back("window", column("window"));
     shown.emplace_back("head_dim", column("head_dim"));
   }
-  for (const std::string& key : varying_keys(records))
+  const std::vector<std::string> options = table_option_keys(records);
+  for (const std::string& key : options)
     shown.emplace_back(key, key == "dtype" || key == "backend" ? column(key) : option_column(key));
   const std::size_t identity = shown.size();
-  for (const char* key : {"median_ms", "q1_ms", "q3_ms", "noise_pct", "reps", "gflops", "peak_fraction",
-                          "blas_fraction", "temp_mb", "rel_err", "status"})
+  for (const char* key : {"median_ms", "q1_ms", "q3_ms", "noise_pct", "reps", "gflops"})
     shown.emplace_back(key, column(key));
-  std::string out = "|";
+  // The percentage of the device's peak: of the compute ceiling, or of the bandwidth for the decode step.
+  shown.emplace_back("%peak", Column{nullptr, [](const CaseRecord& r) {
+                                       const auto f = fraction_of_peak(r);
+                                       return f ? fmt::format("{:.1f}", *f * 100) : std::string();
+                                     }});
+  for (const char* key : {"blas_fraction", "temp_mb", "temp_mb_source", "rel_err", "status"})
+    shown.emplace_back(key, column(key));
+  std::string out;
+  if (const std::string constant = constant_line(records, options); !constant.empty()) out += constant + "\n\n";
+  out += "|";
   for (const auto& [key, c] : shown) out += " " + key + " |";
   out += "\n|";
   for (std::size_t i = 0; i < shown.size(); ++i) out += i < identity ? "---|" : "---:|";
   out += "\n";
   for (const CaseRecord& r : records) {
     out += "|";
-    for (const auto& [key, c] : shown) out += " " + c.cell(r) + " |";
+    // "-" where the record has no such value (a skipped case's figures, a scratch not counted).
+    for (const auto& [key, c] : shown) {
+      const std::string cell = c.cell(r);
+      out += " " + (cell.empty() ? std::string("-") : cell) + " |";
+    }
     out += "\n";
   }
   return out;

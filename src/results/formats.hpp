@@ -5,7 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/results/record.hpp"
@@ -37,6 +39,22 @@ std::vector<std::string> option_keys(const std::vector<CaseRecord>& records);
 // op option whose value differs between two records that have it. Every view shows these as
 // columns, so that no two rows look alike.
 std::vector<std::string> varying_keys(const std::vector<CaseRecord>& records);
+
+// The values of dtype, backend and each op option that every record having it holds alike, in that
+// order: what the tables print once above their rows ("held constant").
+std::vector<std::pair<std::string, std::string>> constant_values(const std::vector<CaseRecord>& records);
+// The line the stdout and markdown tables print above their rows, "held constant: rule delta,
+// dtype float32, ..." without the keys in `shown` (those the table has as columns); "" for none.
+std::string constant_line(const std::vector<CaseRecord>& records, const std::vector<std::string>& shown);
+// The option columns a table shows: those that vary (varying_keys), and the rule wherever a record
+// has one, since the rule and the decay together name the family (the delta rule with a vector
+// decay is not GLA).
+std::vector<std::string> table_option_keys(const std::vector<CaseRecord>& records);
+
+// The record's fraction of its device's peak, the tables' %peak: peak_fraction (against the
+// compute ceiling), or for an op with a byte model (the decode step) bandwidth_fraction (against
+// the measured bandwidth); nothing where it is unknown.
+std::optional<double> fraction_of_peak(const CaseRecord& record);
 
 // CSV: every column of the JSON record's scalar figures, with each op option any record has.
 std::string to_csv(const std::vector<CaseRecord>& records);

@@ -40,6 +40,10 @@ struct Measurement {
   std::string check_failure;  // empty when the check passed
   double temp_mb = 0, arg_mb = 0, out_mb = 0;
   std::string temp_unknown;   // why temp_mb is not known (written as null beside this reason); empty when it is
+  // What counted temp_mb when it is known: "counting_allocator" (lattnbench's, every built-in kernel
+  // and C plugin), or a Python impl's library: "tracemalloc" (the Python heap's peak, NumPy's
+  // buffers among it), "torch.cuda", "jax.memory_stats" (docs/plugins.md).
+  std::string temp_source;
   double flops = 0, gflops = 0, bytes = 0, gbytes_per_s = 0;
   std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
   std::string variant;        // the kernel variant that ran the case (ImplRow::variant), or ""
@@ -92,9 +96,19 @@ struct Crossover {
 struct Summary {
   std::vector<Comparison> comparisons;
   std::vector<Crossover> crossovers;
+  // The records that did not pass (failed, skipped, or recorded without a sample), in run order:
+  // out of every comparison, named beside them.
+  std::vector<const CaseRecord*> not_compared;
 };
 
-// From the records (skipped and broken ones are ignored). The summary points into `records`.
+// Whether a record takes part in the summary's comparisons: it ran, passed its check and has samples.
+// A kernel that computes the wrong answer, or was not measured, wins and loses nothing.
+bool passed(const CaseRecord& record);
+
+// Why a record did not pass (its check failure, error or skip reason), "" when it passed.
+std::string why_not_passed(const CaseRecord& record);
+
+// From the records that passed; the rest are listed in not_compared. The summary points into `records`.
 Summary build_summary(const std::vector<CaseRecord>& records);
 
 struct Totals {

@@ -98,7 +98,8 @@ constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"variant", &Measurement::variant},
                               {"timer_warning", &Measurement::timer_warning},
                               {"bandwidth_roof", &Measurement::bandwidth_roof},
-                              {"temp_mb_unknown", &Measurement::temp_unknown}};
+                              {"temp_mb_unknown", &Measurement::temp_unknown},
+                              {"temp_mb_source", &Measurement::temp_source}};
 
 void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const DoubleKey& k : kDoubles) r[k.key] = m.*k.member;
@@ -259,7 +260,16 @@ nlohmann::json to_json(const Summary& summary) {
       j["changes"].push_back({{"after_seq", ch.after_seq}, {"by_seq", ch.by_seq}, {"from", ch.from}, {"to", ch.to}});
     crossovers.push_back(j);
   }
-  return {{"comparisons", comparisons}, {"crossovers", crossovers}};
+  // The records out of the comparisons: their shape, impl, status and why.
+  nlohmann::json not_compared = nlohmann::json::array();
+  for (const CaseRecord* r : summary.not_compared) {
+    nlohmann::json j = shape_json(r->kase, true);
+    j["impl"] = r->kase.impl;
+    j["status"] = to_string(r->status);
+    j["reason"] = why_not_passed(*r);
+    not_compared.push_back(j);
+  }
+  return {{"comparisons", comparisons}, {"crossovers", crossovers}, {"not_compared", not_compared}};
 }
 
 // Every key that sets one record's case apart from another's (the ops' own keys among them), in the

@@ -68,11 +68,28 @@ namespace {
 // bandwidth and tokens, shown in a table of their own.
 bool has_byte_model(const CaseRecord& r) { return r.kase.op && r.kase.op->bytes; }
 
+// A figure the record may not have, as the tables show it: "-" where it is unknown,
+// `precision` significant digits (g) or decimals (f), as the column has them.
+std::string known(std::optional<double> value, int precision, char style) {
+  if (!value) return "-";
+  return style == 'g' ? fmt::format("{:.{}g}", *value, precision) : fmt::format("{:.{}f}", *value, precision);
+}
+
+// The record's percentage of its device's peak (fraction_of_peak), "-" where unknown.
+std::string percent_of_peak(const CaseRecord& r) {
+  const std::optional<double> f = fraction_of_peak(r);
+  return f ? fmt::format("{:.1f}", *f * 100) : std::string("-");
+}
+
+std::string temp_cell(const Measurement& m) {
+  return m.temp_unknown.empty() ? fmt::format("{:.3f}", m.temp_mb) : std::string("-");
+}
+
 // The cases of an op with a byte model (core/op.hpp: the decode step), whose figures are bandwidth
 // and tokens rather than GFLOP/s: B, H, tokens per sequence, D, rule, decay and snapshots, and a
 // column for each other option that varies in the run (heads_k, dim_v), so that no two rows look
-// alike; the median, GB/s, its fraction of the run's measured bandwidth and the roof (dram or
-// llc), tokens per second and microseconds per token.
+// alike; the median, GB/s, its percentage of the run's measured bandwidth (%peak) and the roof
+// (dram or llc), tokens per second and microseconds per token.
 std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records) {
   std::vector<CaseRecord> copies;
   copies.reserve(records.size());
@@ -87,7 +104,7 @@ std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records
   std::string out = fmt::format("{:<7} {:<6} {:>4} {:>3} {:>3} {:>4} {:<8} {:<6} {:>2} ", "suite", "impl", "B", "H", "T",
                                 "D", "rule", "decay", "K");
   for (const auto& [key, width] : varying) out += fmt::format("{:<{}} ", key, width);
-  out += fmt::format("{:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}\n", "median_ms", "GB/s", "bw_frac", "roof",
+  out += fmt::format("{:>10} {:>8} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}\n", "median_ms", "GB/s", "%peak", "roof",
                      "tokens/s", "us/token", "temp_MiB", "rel_err", "status");
   for (const CaseRecord* r : records) {
     const Case& c = r->kase;
@@ -104,9 +121,10 @@ std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records
       continue;
     }
     const Measurement& m = *r->measured;
-    out += fmt::format("{:>10.4f} {:>8.2f} {:>6.2f} {:<4} {:>11.4g} {:>9.3f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms,
-                       m.gbytes_per_s, m.bandwidth_fraction.value_or(0.0), m.bandwidth_roof, m.tokens_per_s.value_or(0.0),
-                       m.us_per_token.value_or(0.0), m.temp_mb, m.rel_err, to_string(r->status));
+    out += fmt::format("{:>10.4f} {:>8.2f} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9.2e}  {}\n", m.median_ms, m.gbytes_per_s,
+                       percent_of_peak(*r), m.bandwidth_roof.empty() ? "-" : m.bandwidth_roof,
+                       known(m.tokens_per_s, 4, 'g'), known(m.us_per_token, 3, 'f'), temp_cell(m), m.rel_err,
+                       to_string(r->status));
   }
   return out;
 }
@@ -126,8 +144,9 @@ std::string with_bandwidth_table(std::string compute_table, const std::vector<Ca
 
 std::string format_table(const std::vector<CaseRecord>& records) {
   // The impl column as wide as its longest name (a plugin's NAME:IMPL is longer than "chunked"),
-  // and a column for each option that varies in the run (rule, gate_norm, dtype, ...), as wide as
-  // its name or its widest value, so that no two rows look alike.
+  // and a column for each option that varies in the run (gate_norm, dtype, ...) and the rule, as
+  // wide as its name or its widest value, so that no two rows look alike and the rule and decay
+  // columns name the family; the options that did not vary are one line above the rows.
   std::size_t impl_width = 8;
   for (const CaseRecord& r : records) impl_width = std::max(impl_width, r.kase.impl.size());
   struct Varying {
@@ -139,7 +158,8 @@ std::string format_table(const std::vector<CaseRecord>& records) {
     return v.empty() ? std::string("-") : v;
   };
   std::vector<Varying> varying;
-  for (const std::string& key : varying_keys(records)) {
+  const std::vector<std::string> shown = table_option_keys(records);
+  for (const std::string& key : shown) {
     std::size_t width = key.size();
     for (const CaseRecord& r : records) width = std::max(width, value_of(r, key).size());
     varying.push_back({key, width});
@@ -147,8 +167,8 @@ std::string format_table(const std::vector<CaseRecord>& records) {
   std::string out = fmt::format("{:<7} {:<{}} {:<8} {:>3} {:>3} {:>6} {:>4} {:>5} {:>5} {:<6} ", "suite", "impl", impl_width,
                                 "mode", "B", "H", "seq", "D", "chunk", "W", "decay");
   for (const Varying& v : varying) out += fmt::format("{:<{}} ", v.key, v.width);
-  out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>9} {:>9}  {}\n", "median_ms", "q1_ms", "q3_ms", "noise%",
-                     "samples", "GFLOP/s", "temp_MiB", "rel_err", "status");
+  out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>6} {:>9} {:>9}  {}\n", "median_ms", "q1_ms", "q3_ms",
+                     "noise%", "samples", "GFLOP/s", "%peak", "temp_MiB", "rel_err", "status");
   for (const CaseRecord& r : records) {
     if (has_byte_model(r)) continue;
     const Case& c = r.kase;
@@ -160,15 +180,18 @@ std::string format_table(const std::vector<CaseRecord>& records) {
                        param(Param::window, c.window), op.has(Param::decay) ? c.decay : "-");
     for (const Varying& v : varying) out += fmt::format("{:<{}} ", value_of(r, v.key), v.width);
     if (r.status == Status::skipped || !r.measured) {
-      out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-", "-", "-",
-                         "-", to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);
+      out += fmt::format("{:>10} {:>10} {:>10} {:>6} {:>7} {:>8} {:>6} {:>9} {:>9}  {}: {}\n", "-", "-", "-", "-", "-",
+                         "-", "-", "-", "-", to_string(r.status), r.skip_reason.empty() ? r.error : r.skip_reason);
       continue;
     }
     const Measurement& m = *r.measured;
-    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>6.1f} {:>7} {:>8.2f} {:>9.3f} {:>9.2e}  {}\n", m.median_ms, m.q1_ms,
-                       m.q3_ms, m.noise_pct, m.samples_ms.size(), m.gflops, m.temp_mb, m.rel_err, to_string(r.status));
+    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>6.1f} {:>7} {:>8.2f} {:>6} {:>9} {:>9.2e}  {}\n", m.median_ms,
+                       m.q1_ms, m.q3_ms, m.noise_pct, m.samples_ms.size(), m.gflops, percent_of_peak(r), temp_cell(m),
+                       m.rel_err, to_string(r.status));
   }
-  return with_bandwidth_table(std::move(out), records);
+  // What every row shares (the backend, the dtype, options that did not vary), once above the rows.
+  const std::string constant = constant_line(records, shown);
+  return (constant.empty() ? "" : constant + "\n") + with_bandwidth_table(std::move(out), records);
 }
 
 }  // namespace lattn

@@ -21,17 +21,31 @@ std::string shape_key(const Case& c, bool with_seq) {
   return key;
 }
 
+bool passed(const CaseRecord& r) { return r.status == Status::ok && r.measured && !r.measured->samples_ms.empty(); }
+
+std::string why_not_passed(const CaseRecord& r) {
+  if (passed(r)) return {};
+  if (!r.skip_reason.empty()) return r.skip_reason;
+  if (r.measured && !r.measured->check_failure.empty()) return r.measured->check_failure;
+  if (!r.error.empty()) return r.error;
+  if (r.measured && r.measured->samples_ms.empty()) return "no samples";
+  return "not measured";
+}
+
 Summary build_summary(const std::vector<CaseRecord>& records) {
+  Summary summary;
   std::map<std::string, std::vector<const CaseRecord*>> by_shape;
   std::vector<std::string> shape_order;
   for (const CaseRecord& r : records) {
-    if (!r.measured || r.status == Status::skipped) continue;
+    if (!passed(r)) {
+      summary.not_compared.push_back(&r);
+      continue;
+    }
     const std::string key = shape_key(r.kase, true);
     if (!by_shape.count(key)) shape_order.push_back(key);
     by_shape[key].push_back(&r);
   }
 
-  Summary summary;
   std::map<std::string, std::vector<std::size_t>> by_series;  // shape without seq -> comparisons
   std::vector<std::string> series_order;
   for (const auto& key : shape_order) {
@@ -94,26 +108,64 @@ bool is_tie(const Comparison& c) {
   return c.other->measured->q1_ms <= c.fastest->measured->q3_ms;
 }
 
+namespace {
+
+// A record's scratch in MiB, or "-" where it was not counted (temp_mb null in its record).
+std::string temp_text(const Measurement& m) { return m.temp_unknown.empty() ? fmt::format("{:.3g}", m.temp_mb) : "-"; }
+
+// The records out of the comparisons: each failed one with its shape and why; the skipped ones by
+// impl and reason, counted (a run on a machine without the CUDA device skips a whole backend).
+std::string format_not_compared(const std::vector<const CaseRecord*>& records) {
+  std::string out;
+  std::vector<std::pair<std::string, std::vector<const CaseRecord*>>> skipped;  // "impl: reason", records
+  for (const CaseRecord* r : records) {
+    if (r->status == Status::skipped) {
+      const std::string key = r->kase.impl + ": " + why_not_passed(*r);
+      auto group = std::find_if(skipped.begin(), skipped.end(), [&](const auto& g) { return g.first == key; });
+      if (group == skipped.end())
+        skipped.push_back({key, {r}});
+      else
+        group->second.push_back(r);
+      continue;
+    }
+    out +=
+        fmt::format("  {}: {} {}: {}\n", label(r->kase, true), r->kase.impl, to_string(r->status), why_not_passed(*r));
+  }
+  for (const auto& [key, group] : skipped) {
+    if (group.size() == 1)
+      out += fmt::format("  {}: {} skipped: {}\n", label(group[0]->kase, true), group[0]->kase.impl,
+                         why_not_passed(*group[0]));
+    else
+      out +=
+          fmt::format("  {} skipped in {} cases: {}\n", group[0]->kase.impl, group.size(), why_not_passed(*group[0]));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string format_summary(const Summary& summary) {
   std::string out;
-  if (summary.comparisons.empty()) return out;
-  out += "\nFastest impl per shape and mode:\n";
+  const bool any_failed = std::any_of(summary.not_compared.begin(), summary.not_compared.end(),
+                                      [](const CaseRecord* r) { return r->status != Status::skipped; });
+  if (summary.comparisons.empty() && !any_failed) return out;
+  if (!summary.comparisons.empty()) out += "\nFastest impl per shape and mode:\n";
   for (const Comparison& c : summary.comparisons) {
     if (is_tie(c))
-      out += fmt::format("  {}: {} and {} tie (quartiles overlap; medians {:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n",
+      out += fmt::format("  {}: {} and {} tie (quartiles overlap; medians {:.4g} vs {:.4g} ms); temp {} vs {} MiB\n",
                          label(c.fastest->kase, true), c.fastest->kase.impl, c.other->kase.impl,
-                         c.fastest->measured->median_ms, c.other->measured->median_ms, c.fastest->measured->temp_mb,
-                         c.other->measured->temp_mb);
+                         c.fastest->measured->median_ms, c.other->measured->median_ms, temp_text(*c.fastest->measured),
+                         temp_text(*c.other->measured));
     else
-      out += fmt::format("  {}: {} is {:.2f}x faster than {} ({:.4g} vs {:.4g} ms); temp {:.3g} vs {:.3g} MiB\n",
+      out += fmt::format("  {}: {} is {:.2f}x faster than {} ({:.4g} vs {:.4g} ms); temp {} vs {} MiB\n",
                          label(c.fastest->kase, true), c.fastest->kase.impl, c.speedup, c.other->kase.impl,
-                         c.fastest->measured->median_ms, c.other->measured->median_ms, c.fastest->measured->temp_mb,
-                         c.other->measured->temp_mb);
+                         c.fastest->measured->median_ms, c.other->measured->median_ms, temp_text(*c.fastest->measured),
+                         temp_text(*c.other->measured));
     for (std::size_t i = 2; i < c.ranking.size(); ++i)
-      out += fmt::format("    then {} ({:.4g} ms, {:.2f}x the fastest's time; temp {:.3g} MiB)\n", c.ranking[i]->kase.impl,
+      out += fmt::format("    then {} ({:.4g} ms, {:.2f}x the fastest's time; temp {} MiB)\n", c.ranking[i]->kase.impl,
                          c.ranking[i]->measured->median_ms,
                          c.ranking[i]->measured->median_ms / std::max(c.fastest->measured->median_ms, 1e-300),
-                         c.ranking[i]->measured->temp_mb);
+                         temp_text(*c.ranking[i]->measured));
   }
   if (!summary.crossovers.empty()) out += "Crossover in seq:\n";
   for (const Crossover& x : summary.crossovers) {
@@ -124,6 +176,10 @@ std::string format_summary(const Summary& summary) {
     for (const WinnerChange& ch : x.changes)
       out += fmt::format("  {}: {} wins up to seq {}, {} from seq {}\n", label(x.series->kase, false), ch.from,
                          ch.after_seq, ch.to, ch.by_seq);
+  }
+  if (!summary.not_compared.empty()) {
+    out += "Not compared (did not pass):\n";
+    out += format_not_compared(summary.not_compared);
   }
   return out;
 }

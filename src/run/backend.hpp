@@ -30,6 +30,9 @@ struct MemoryUsage {
   std::size_t out_bytes = 0;
   std::size_t temp_bytes = 0;  // peak scratch of one call beyond inputs and outputs
   std::string temp_uncounted;  // why temp_bytes is not the call's scratch (a Python impl's); empty when it is
+  // What counted temp_bytes (the record's temp_mb_source): lattnbench's counting allocator, or a
+  // Python impl's library (tracemalloc, torch.cuda, jax.memory_stats).
+  std::string temp_source = "counting_allocator";
 };
 
 // A case with its inputs resident on the device and its outputs allocated.
@@ -40,6 +43,10 @@ class PreparedCase {
   virtual void run() = 0;
   // Milliseconds of `calls` back-to-back calls, by the backend's own clock, synchronised at the end.
   virtual double time_ms(int calls) = 0;
+  // One more call, outside any timed region, with the impl's own allocator watched, for a row whose
+  // scratch the counting allocator does not see (a Python impl's; docs/plugins.md); nothing for
+  // the others. Its outputs are the same as any call's.
+  virtual void watch_scratch() {}
   // Peak scratch seen over the calls so far, and the input/output sizes.
   virtual MemoryUsage memory() const = 0;
   // Copies the outputs of the last call into `outputs` (outside any timed region); `outputs` holds

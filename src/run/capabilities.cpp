@@ -88,15 +88,19 @@ std::string list_capabilities(const Plugins& plugins, const Config* config) {
         for (const std::string& choice : a.choices) add(it->second, choice);
       }
   }
-  std::string out;
-  out += "suites:   " + join(known_suites()) + "\n";
-  out += "impls:    " + join(impls) + "\n";
-  out += "modes:    " + join(mode_names()) + "\n";
-  out += "decays:   " + join(decays) + "\n";
-  for (const auto& [key, choices] : named_options) out += fmt::format("{:<9} {}\n", key + "s:", join(choices));
-  out += "dtypes:   " + join(known_dtypes()) + "\n";
+  // One heading per line, the plural of the option's key ("rules:", "gates:"), the values in one
+  // column after the headings that fit it.
+  std::vector<std::pair<std::string, std::string>> lines = {{"suites", join(known_suites())},
+                                                            {"impls", join(impls)},
+                                                            {"modes", join(mode_names())},
+                                                            {"decays", join(decays)}};
+  for (const auto& [key, choices] : named_options)
+    lines.emplace_back(key.back() == 's' ? key : key + "s", join(choices));
+  lines.emplace_back("dtypes", join(known_dtypes()));
   if (const std::vector<std::string> configs = installed_config_names(); !configs.empty())
-    out += "configs:  " + join(configs) + " (--config NAME)\n";
+    lines.emplace_back("configs", join(configs) + " (--config NAME)");
+  std::string out;
+  for (const auto& [heading, text] : lines) out += fmt::format("{:<9} {}\n", heading + ":", text);
   out += "backends:\n";
   for (const auto& name : backend_names()) {
     try {

@@ -96,6 +96,7 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   const auto& run = ctx.request.config.run;
   const Case& c = *f.c;
   const Timing timing = f.sampler->timing();
+  f.prepared->watch_scratch();  // after the samples: a Python impl's own allocator watched in a call of its own
   TensorSet outputs = make_case_outputs(c);
   f.prepared->read_outputs(outputs);
   const CheckResult check = check_outputs(c, outputs, f.shared->reference);
@@ -123,6 +124,7 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.tolerance = check.tolerance;
   m.temp_mb = double(memory.temp_bytes) / kMiB;
   m.temp_unknown = memory.temp_uncounted;
+  if (m.temp_unknown.empty()) m.temp_source = memory.temp_source;
   m.arg_mb = double(memory.arg_bytes) / kMiB;
   m.out_mb = double(memory.out_bytes) / kMiB;
   const double seconds = timing.stats.median * 1e-3;
@@ -184,24 +186,31 @@ std::shared_ptr<const ReferenceCache::Entry> ReferenceCache::get(const Case& c, 
 
 bool ReferenceCache::backward(const Case& c) const { return c.backward() || backward_keys_.count(reference_key(c)) > 0; }
 
-std::map<const Op*, double> measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed) {
+std::map<const Op*, ReferencePace> measure_reference_paces(const std::vector<const Case*>& cases, std::uint64_t seed,
+                                                           const ReferenceCache& cache) {
   std::map<const Op*, const Case*> smallest;
   for (const Case* c : cases) {
     const Case*& least = smallest[c->op];
     if (!least || reference_flops(*c, false) < reference_flops(*least, false)) least = c;
   }
-  std::map<const Op*, double> paces;
+  const auto seconds_since = [](std::chrono::steady_clock::time_point start) {
+    return std::max(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1e-4);
+  };
+  std::map<const Op*, ReferencePace> paces;
   for (const auto& [op, c] : smallest) {
+    ReferencePace& pace = paces[op];
     try {
-      const auto start = std::chrono::steady_clock::now();
+      const bool backward = cache.backward(*c);
+      auto start = std::chrono::steady_clock::now();
       const TensorSet inputs = make_case_inputs(*c, seed);
-      op->reference(*c, inputs, false);
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      paces[op] = reference_flops(*c, false) / std::max(seconds, 1e-4) * 1e-9;
+      pace.input_elems_per_s = double(case_input_elems(*c, true)) / seconds_since(start);
+      start = std::chrono::steady_clock::now();
+      op->reference(*c, inputs, backward);
+      pace.gflops = reference_flops(*c, backward) / seconds_since(start) * 1e-9;
     } catch (const Interrupted&) {
       throw;
     } catch (const std::exception&) {
-      paces[op] = 0.0;
+      pace = ReferencePace{};
     }
   }
   return paces;

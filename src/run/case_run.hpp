@@ -56,10 +56,18 @@ struct RunContext {
 // Host and device bytes a case needs: the run's own host copies (inputs, their float64 copies,
 // the reference outputs, the outputs read back) and the backend's estimate, counted on the host
 // when the backend's memory is host memory.
-// The float64 references' pace here and now (GFLOP/s, for the time estimate), per op: the inputs
-// and the forward reference of the op's smallest case of `cases` (by its reference's flops), timed;
-// 0 for an op whose reference failed.
-std::map<const Op*, double> measure_reference_gflops(const std::vector<const Case*>& cases, std::uint64_t seed);
+// The paces of a reference key's work here and now, for the time estimate.
+struct ReferencePace {
+  double gflops = 0;             // the float64 reference, by reference_flops; 0 when it failed
+  double input_elems_per_s = 0;  // the inputs it is made from, by case_input_elems' fwd_bwd superset
+};
+// Per op, from its smallest case of `cases` (by its reference's flops): its inputs and its reference
+// timed apart, the reference with the gradients when `cache` makes that key's with them. Apart, since
+// the inputs cost by the element and the reference by the flop: in one figure, the inputs of the
+// smallest case (a small head dim: many elements per flop) made every larger reference look twice
+// as slow as it is.
+std::map<const Op*, ReferencePace> measure_reference_paces(const std::vector<const Case*>& cases, std::uint64_t seed,
+                                                           const ReferenceCache& cache);
 
 struct MemoryNeed {
   double host = 0, device = 0;

@@ -203,6 +203,7 @@ class SlowedCase final : public PreparedCase {
     spin_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms * fraction_)));
     return ms + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
+  void watch_scratch() override { kase_->watch_scratch(); }
   MemoryUsage memory() const override { return kase_->memory(); }
   void read_outputs(TensorSet& outputs) override { kase_->read_outputs(outputs); }
   std::string bwd_states() const override { return kase_->bwd_states(); }

@@ -40,6 +40,10 @@ class InPlaceCase final : public PreparedCase {
     steps_ += calls;
     return ms;
   }
+  void watch_scratch() override {
+    inner_->watch_scratch();
+    ++steps_;
+  }
   MemoryUsage memory() const override { return inner_->memory(); }
   void read_outputs(TensorSet& outputs) override {
     reseed_();

@@ -195,7 +195,10 @@ int run_benchmarks(const RunRequest& request) {
   CostRates rates;
   rates.kernel_gflops = device.sgemm_median_gflops() > 0 ? device.sgemm_median_gflops() : device.blas_gflops();
   rates.stream_gbytes_per_s = device.stream_gbytes_per_s();
-  const std::map<const Op*, double> reference_paces = measure_reference_gflops(to_run, config.run.seed);
+  const double sgemm_best = device.blas_gflops(), sgemm_median = device.sgemm_median_gflops();
+  if (sgemm_best > 0 && sgemm_median > 0) rates.sgemm_spread = std::max(0.0, 1 - sgemm_median / sgemm_best);
+  const std::map<const Op*, ReferencePace> reference_paces =
+      measure_reference_paces(to_run, config.run.seed, ctx.cache);
   if (backend->peak_check && !to_run.empty()) {
     const auto check_start = std::chrono::steady_clock::now();
     backend->peak_check();
@@ -210,7 +213,8 @@ int run_benchmarks(const RunRequest& request) {
     const bool makes_reference = references.insert(reference_key(*c)).second;
     const double flops = makes_reference ? reference_flops(*c, ctx.cache.backward(*c)) : 0.0;
     CostRates op_rates = rates;
-    op_rates.reference_gflops = reference_paces.at(c->op);
+    op_rates.reference_gflops = reference_paces.at(c->op).gflops;
+    op_rates.input_elems_per_s = reference_paces.at(c->op).input_elems_per_s;
     total_estimate += (estimates[c->plan_index] = estimate_case_time(*c, config.run, op_rates, flops)).total_s();
   }
   Progress progress(total_estimate);
@@ -232,15 +236,16 @@ int run_benchmarks(const RunRequest& request) {
   progress_line.note(fmt::format(
       "lattnbench: {} cases{}, estimated {} in all (start-up {}; cost model: each call at the sgemm's median "
       "{:.0f} GFLOP/s or the triad's {:.0f} GB/s, the float64 references at{} GFLOP/s, each sample at least "
-      "min_sample_ms){}",
+      "min_sample_ms, {} samples a case for a start-up sgemm spread of {:.1f}%){}",
       plan.size(),
       document.totals.not_planned ? fmt::format(" ({} not planned: --filter)", document.totals.not_planned) : "",
       format_duration(total_estimate), format_duration(start_up_s), rates.kernel_gflops, rates.stream_gbytes_per_s,
       [&] {
         std::string paces;
-        for (const auto& [op, pace] : reference_paces) paces += fmt::format(" {:.2f} ({})", pace, op->suite);
+        for (const auto& [op, pace] : reference_paces) paces += fmt::format(" {:.2f} ({})", pace.gflops, op->suite);
         return paces.empty() ? std::string(" -") : paces;
       }(),
+      expected_samples(config.run, rates), rates.sgemm_spread * 100,
       config.run.interleave ? "; samples in rounds over the cases" : ""));
   const auto status_line = [&] { return fmt::format("[{}/{}] {}", results.size(), plan.size(), timing_note()); };
   bool any_failed = false;

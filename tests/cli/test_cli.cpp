@@ -37,6 +37,16 @@ TEST_CASE("help and version and list answer and exit 0", "[cli]") {
   auto list = lattnbench("--list");
   CHECK(list.exit_status == 0);
   CHECK_THAT(list.output, Contains("scan, chunked") && Contains("fwd, fwd_bwd") && Contains("cpu   available"));
+  // Each heading the plural of its option's key, spelt once ("gates:", not "gatess:"), the values in
+  // one column after the headings that fit it.
+  const std::string lines = "\n" + list.output;
+  CHECK_THAT(lines, Contains("\nrules:") && Contains("\ngates:") && !Contains("ss:"));
+  const auto value_column = [&](const std::string& heading) {
+    const std::size_t at = lines.find("\n" + heading + ":");
+    return at == std::string::npos ? std::string::npos : lines.find_first_not_of(' ', at + heading.size() + 2) - at;
+  };
+  CHECK(value_column("suites") == value_column("gates"));
+  CHECK(value_column("suites") == value_column("rules"));
   if (test::cuda_usable())
     CHECK_THAT(list.output, Contains("cuda  available"));
   else

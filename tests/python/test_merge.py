@@ -143,10 +143,16 @@ class MergeTest(unittest.TestCase):
         self.assertEqual(json.dumps(summary), json.dumps(real["summary"]))
         self.assertEqual(len(summary["comparisons"]), 14)
         self.assertTrue(any(c["changes"] for c in summary["crossovers"]))
-        # Skipped records and records without a median_ms are left out, as src/results/summary.cpp does.
-        extra = [dict(real["results"][0], impl="other", status="skipped", median_ms=1e-9),
-                 {k: v for k, v in real["results"][1].items() if k != "median_ms"} | {"impl": "third"}]
-        self.assertEqual(merge.build_summary(real["results"] + extra), summary)
+        # Records that did not pass (skipped, failed, without a median_ms) are out of the comparisons
+        # and listed with their status and why, as src/results/summary.cpp does.
+        extra = [dict(real["results"][0], impl="other", status="skipped", median_ms=1e-9, skip_reason="x"),
+                 {k: v for k, v in real["results"][1].items() if k != "median_ms"} | {"impl": "third"},
+                 dict(real["results"][2], impl="wrong", status="failed", median_ms=1e-9, check_failure="o rel_err")]
+        with_extra = merge.build_summary(real["results"] + extra)
+        self.assertEqual({k: v for k, v in with_extra.items() if k != "not_compared"},
+                         {k: v for k, v in summary.items() if k != "not_compared"})
+        self.assertEqual([(n["impl"], n["status"], n["reason"]) for n in with_extra["not_compared"]],
+                         [("other", "skipped", "x"), ("third", "ok", "not measured"), ("wrong", "failed", "o rel_err")])
 
     def test_missing_shard_warns_but_merges(self):
         proc = self.merge(self.shards[0])

@@ -44,8 +44,73 @@ class Core(unittest.TestCase):
     def assert_checked(self, record):
         self.assertEqual(record["status"], "ok", record)
         self.assertLessEqual(record["rel_err"], record["tolerance"])
-        self.assertIsNone(record["temp_mb"])
-        self.assertIn("does not count", record["temp_mb_unknown"])
+        # A NumPy impl's scratch is the Python heap's peak over a call of its own (tracemalloc).
+        self.assertEqual(record["temp_mb_source"], "tracemalloc", record)
+        self.assertGreaterEqual(record["temp_mb"], 0)
+        self.assertNotIn("temp_mb_unknown", record)
+
+    def test_a_wrong_impl_takes_no_part_in_the_ranking(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "r.json")
+            proc = subprocess.run([BINARY, "--out", out, *SMALL, "--plugin", os.path.join(HERE, "mine.py"),
+                                   "--impl", "mine:parallel,mine:wrong,scan", "--seq", "64,128", "--mode", "fwd"],
+                                  capture_output=True, text=True, timeout=600)
+            self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
+            doc = json.load(open(out))
+            for r in records(doc, "mine:wrong"):
+                self.assertEqual(r["status"], "failed", r)
+                self.assertIn("rel_err", r["check_failure"])
+            summary = doc["summary"]
+            self.assertEqual(len(summary["comparisons"]), 2)  # scan against mine:parallel at each seq
+            for c in summary["comparisons"]:
+                self.assertEqual({c["fastest"], c["other"]}, {"scan", "mine:parallel"}, c)
+                self.assertNotIn("ranking", c)  # two contenders, not three
+            for x in summary["crossovers"]:
+                self.assertNotIn("mine:wrong", [w["fastest"] for w in x["winners"]])
+            self.assertEqual([(n["impl"], n["status"], n["seq"]) for n in summary["not_compared"]],
+                             [("mine:wrong", "failed", 64), ("mine:wrong", "failed", 128)])
+            self.assertIn("rel_err", summary["not_compared"][0]["reason"])
+            # The summary on stdout: no race with the wrong impl, which is listed on its own.
+            ranked, _, listed = proc.stdout.partition("Not compared (did not pass):")
+            ranked = ranked.partition("Fastest impl per shape and mode:")[2]
+            self.assertTrue(ranked.strip(), proc.stdout)
+            self.assertNotIn("mine:wrong", ranked)
+            self.assertRegex(listed, r"seq=64 dim=32 chunk=128: mine:wrong failed: .*rel_err")
+            # compare.py's and plot.py's fastest impls leave it out too.
+            compare = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), out, out],
+                                     capture_output=True, text=True, timeout=300)
+            fastest = compare.stdout.partition("Fastest impl in NEW")[2]
+            self.assertIn("mine:parallel", fastest, compare.stdout + compare.stderr)
+            self.assertNotIn("mine:wrong", fastest)
+            sys.path.insert(0, os.path.join(ROOT, "scripts"))
+            try:
+                import plot
+            finally:
+                sys.path.pop(0)
+            self.assertEqual({r["impl"] for r in doc["results"] if plot.plottable(r)}, {"scan", "mine:parallel"})
+
+    def test_a_numpy_impls_scratch_is_counted_by_tracemalloc(self):
+        allocated = 8 << 20  # mine.py's ALLOCATED_BYTES (it imports lattn, which only lattnbench has)
+        self.assertIn("ALLOCATED_BYTES = 8 << 20", open(os.path.join(HERE, "mine.py")).read())
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "r.json")
+            proc = subprocess.run([BINARY, "--out", out, *SMALL, "--plugin", os.path.join(HERE, "mine.py"),
+                                   "--impl", "mine:allocates,mine:parallel,scan", "--seq", "64", "--mode", "fwd"],
+                                  capture_output=True, text=True, timeout=600)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            doc = json.load(open(out))
+        (allocates,) = records(doc, "mine:allocates")
+        (parallel,) = records(doc, "mine:parallel")
+        (scan,) = records(doc, "scan")
+        self.assert_checked(allocates)
+        self.assertGreaterEqual(allocates["temp_mb"] * 2 ** 20, allocated)
+        self.assertLess(parallel["temp_mb"] * 2 ** 20, allocated)  # the figure is the call's own
+        self.assertEqual(scan["temp_mb_source"], "counting_allocator")
+        # The table shows the figure.
+        lines = proc.stdout.splitlines()
+        header = next(line.split() for line in lines if line.startswith("suite "))
+        row = next(line.split() for line in lines if line.split()[1:2] == ["mine:allocates"])
+        self.assertGreaterEqual(float(row[header.index("temp_MiB")]) * 2 ** 20, allocated)
 
     def test_numpy_scan_checked_and_ranked_beside_ours(self):
         _, doc, _ = run("--suite", "kernel", "--plugin", os.path.join(EXAMPLES, "numpy_scan.py"),
@@ -213,6 +278,9 @@ class Jax(unittest.TestCase):
                                   "jax is not installed")
             for r in records(doc, "jax:scan"):
                 self.assertEqual(r["status"], "ok", r)
+                # JAX keeps no count of the host memory a call allocates: unknown, and why.
+                self.assertIsNone(r["temp_mb"])
+                self.assertIn("dlpack impl on the CPU", r["temp_mb_unknown"])
 
 
 class Fla(unittest.TestCase):

@@ -14,6 +14,7 @@
 #include "test_util.hpp"
 
 using namespace lattn;
+using Catch::Matchers::Contains;
 
 namespace {
 CaseRecord record(const char* impl, int seq, double median, double temp_mb, std::size_t index = 0) {
@@ -127,12 +128,14 @@ TEST_CASE("CSV and markdown have a header and a row per record", "[formats]") {
   CHECK(csv.find("kernel,scan,fwd,cpu,float32,none,2,4,512,64,128,,,additive,ok,1,0.9,1.1,3,2,3.5,samples,1,")
         != std::string::npos);
   const std::string md = to_markdown(doc.results);
-  CHECK(std::count(md.begin(), md.end(), '\n') == 7);
+  // What every row shares, a blank line, then the header, its rule and a row per record.
+  CHECK(md.rfind("held constant: backend cpu\n\n|", 0) == 0);
+  CHECK(std::count(md.begin(), md.end(), '\n') == 9);
   CHECK(md.find("| noise_pct | reps |") != std::string::npos);
   CHECK(md.find("| 3.5 | 2 |") != std::string::npos);
   // The dtype varies in this document (one bf16 case): a column, so that no two rows look alike.
   CHECK(md.find("| dtype |") != std::string::npos);
-  CHECK(md.find("| rule |") == std::string::npos);  // additive throughout: no column
+  CHECK(md.find("| rule |") != std::string::npos);  // additive throughout, but the rule names the family
   CHECK(format_for_path("a/b.csv", "--out") == OutputFormat::csv);
   CHECK(format_for_path("b.json", "--out") == OutputFormat::json);
   CHECK_THROWS(format_for_path("b.txt", "--out"));
@@ -172,14 +175,17 @@ TEST_CASE("every option that varies in a run is a column of the table, CSV and m
     }
   CHECK(varying_keys(records) == std::vector<std::string>{"rule", "gate_norm"});  // normalize_keys: true throughout
   const std::string table = format_table(records);
-  const std::string header = table.substr(0, table.find('\n'));
+  // What did not vary is said once above the rows; the header after it.
+  CHECK(table.rfind("held constant: backend cpu, dtype float32, normalize_keys true\n", 0) == 0);
+  const std::size_t header_start = table.find('\n') + 1;
+  const std::string header = table.substr(header_start, table.find('\n', header_start) - header_start);
   CHECK_THAT(header, Catch::Matchers::Contains(" rule ") && Catch::Matchers::Contains(" gate_norm ") &&
                          Catch::Matchers::Contains(" noise% ") && Catch::Matchers::Contains(" samples "));
   CHECK_THAT(header, !Catch::Matchers::Contains("normalize_keys"));
   // Each row's identity, everything before the figures, is its own.
   const std::size_t figures = header.find("median_ms") - 1;
   std::set<std::string> identities;
-  std::size_t start = table.find('\n') + 1;
+  std::size_t start = table.find('\n', header_start) + 1;
   while (start < table.size()) {
     const std::size_t end = table.find('\n', start);
     const std::string row = table.substr(start, end - start);
@@ -249,4 +255,84 @@ TEST_CASE("a record's JSON reads back as the same record, and one of another cas
   nlohmann::json older = j;  // a journal from before the CPU times: read, without them
   older.erase("samples_cpu_ms");
   CHECK(record_from_json(older, r.kase, "journal:6").measured->samples_cpu_ms.empty());
+}
+
+TEST_CASE("a record that did not pass is out of the summary's comparisons, and listed with its status",
+          "[formats][summary]") {
+  // A wrong impl, fastest of all: scan, chunked and it at seq 512; it alone beside scan at 2048.
+  std::vector<CaseRecord> records = {record("scan", 512, 2.0, 0.0, 0), record("chunked", 512, 3.0, 0.5, 1),
+                                     record("mine:wrong", 512, 0.01, 0.0, 2), record("scan", 2048, 4.0, 0.0, 3),
+                                     record("mine:wrong", 2048, 0.04, 0.0, 4)};
+  for (CaseRecord* wrong : {&records[2], &records[4]}) {
+    wrong->status = Status::failed;
+    wrong->measured->check_failure = "o rel_err 1.0e-02 over tolerance 1.0e-04";
+  }
+  CaseRecord no_samples = record("chunked", 2048, 1.0, 0.0, 5);  // a record without a sample
+  no_samples.measured->samples_ms.clear();
+  records.push_back(no_samples);
+  const Summary summary = build_summary(records);
+  REQUIRE(summary.comparisons.size() == 1);  // seq 512: scan against chunked; seq 2048 has scan alone
+  CHECK(summary.comparisons[0].fastest->kase.impl == "scan");
+  CHECK(summary.comparisons[0].other->kase.impl == "chunked");
+  CHECK(summary.comparisons[0].ranking.empty());  // two contenders, not three
+  REQUIRE(summary.not_compared.size() == 3);
+  const nlohmann::json j = to_json(summary);
+  CHECK(j["not_compared"][0]["impl"] == "mine:wrong");
+  CHECK(j["not_compared"][0]["status"] == "failed");
+  CHECK(j["not_compared"][0]["seq"] == 512);
+  CHECK(j["not_compared"][0]["reason"] == "o rel_err 1.0e-02 over tolerance 1.0e-04");
+  CHECK(j["not_compared"][2]["reason"] == "no samples");
+  const std::string text = format_summary(summary);
+  const std::string ranked = text.substr(0, text.find("Not compared"));
+  CHECK_THAT(ranked, Contains("scan is 1.50x faster than chunked") && !Contains("mine:wrong"));
+  CHECK_THAT(text.substr(ranked.size()),
+             Contains("Not compared (did not pass):\n") &&
+                 Contains("seq=512 dim=64 chunk=128: mine:wrong failed: o rel_err 1.0e-02 over tolerance 1.0e-04\n") &&
+                 Contains("seq=2048 dim=64 chunk=128: chunked ok: no samples\n"));
+}
+
+TEST_CASE("the tables show an unknown figure as -, the fraction of peak as %peak, and what every row shares once",
+          "[formats][columns]") {
+  // The delta rule with a vector decay (Kimi Linear's family): the rule a column beside the decay.
+  std::vector<CaseRecord> records;
+  for (const char* impl : {"scan", "py:scan"}) {
+    CaseRecord r = record(impl, 512, 1.0, 0.25, records.size());
+    r.kase = test::gated_case({2, 4, 512, 64, 128, Decay::vector, Rule::delta}, "16", impl, Mode::fwd);
+    records.push_back(r);
+  }
+  records[0].measured->peak_fraction = 0.375;
+  records[0].measured->temp_source = "counting_allocator";
+  records[1].measured->temp_unknown = "a Python impl's memory comes from its own allocator";
+  const std::string table = format_table(records);
+  INFO(table);
+  const auto line = [&](std::size_t i) {
+    std::size_t start = 0;
+    for (; i > 0; --i) start = table.find('\n', start) + 1;
+    return table.substr(start, table.find('\n', start) - start);
+  };
+  CHECK(line(0).rfind("held constant: backend cpu, dtype float32, ", 0) == 0);
+  CHECK_THAT(line(0), !Contains("rule") && !Contains("decay"));
+  const std::string header = line(1);
+  CHECK_THAT(header, Contains(" decay  rule ") && Contains(" GFLOP/s  %peak  temp_MiB "));
+  // The figures' columns, right-aligned under the header: %peak 37.5 and temp 0.250; unknown: "-".
+  const auto cell = [&](const std::string& row, const std::string& name) {
+    const std::size_t end = header.find(name) + name.size();
+    const std::size_t start = row.find_last_of(' ', end - 1) + 1;
+    return row.substr(start, end - start);
+  };
+  CHECK(cell(line(2), "%peak") == "37.5");
+  CHECK(cell(line(2), "temp_MiB") == "0.250");
+  CHECK(cell(line(3), "%peak") == "-");
+  CHECK(cell(line(3), "temp_MiB") == "-");
+  CHECK_THAT(line(2), Contains(" vector delta "));
+  // Markdown: the same columns, "-" where unknown; the CSV's cell empty, its source beside it.
+  const std::string md = to_markdown(records);
+  CHECK_THAT(md, Contains("| decay | rule |") && Contains("| %peak | blas_fraction | temp_mb | temp_mb_source |"));
+  CHECK_THAT(md, Contains("| 37.5 | - | 0.25 | counting_allocator |") && Contains("| - | - | - | - |"));
+  const std::string csv = to_csv(records);
+  CHECK_THAT(csv,
+             Contains(",temp_mb,temp_mb_source,") && Contains(",0,0.25,counting_allocator,0,") && Contains(",0,,,0,"));
+  // And the summary's text.
+  const std::string text = format_summary(build_summary(records));
+  CHECK_THAT(text, Contains("temp 0.25 vs - MiB"));
 }

@@ -13,6 +13,7 @@
 using namespace lattn;
 using namespace lattn::test;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 namespace fs = std::filesystem;
 
 namespace {
@@ -87,8 +88,9 @@ TEST_CASE("several --out files in one run, each in its extension's format, and s
   REQUIRE(csv.size() == 2);
   CHECK(csv[0].rfind("suite,impl,mode,", 0) == 0);
   const auto md = lines_of(read_text(dir / "r.md"));
-  REQUIRE(md.size() == 3);
-  CHECK(md[0].rfind("| suite | impl |", 0) == 0);
+  REQUIRE(md.size() == 5);  // what every row shares, a blank line, the header, its rule and the row
+  CHECK(md[0].rfind("held constant: ", 0) == 0);
+  CHECK(md[2].rfind("| suite | impl |", 0) == 0);
   // The journal was beside the first file, and went with the finished run.
   CHECK_FALSE(fs::exists(dir / "r.json.journal.jsonl"));
 
@@ -150,16 +152,19 @@ TEST_CASE("the table, CSV and markdown of a run show what varies in it, and the 
   REQUIRE(r.exit_status == 0);
   const auto table = lines_of(r.output);
   REQUIRE(table.size() > 5);
-  CHECK_THAT(table[0], Contains(" rule ") && Contains(" gate_norm ") && Contains(" noise% ") && Contains(" samples "));
-  const std::size_t figures = table[0].find("median_ms") - 1;
+  // What every row shares once, then the header.
+  CHECK_THAT(table[0], StartsWith("held constant: backend cpu, dtype float32") && Contains("normalize_keys true"));
+  CHECK_THAT(table[1], Contains(" rule ") && Contains(" gate_norm ") && Contains(" noise% ") && Contains(" samples "));
+  const std::size_t figures = table[1].find("median_ms") - 1;
   std::set<std::string> identities;
-  for (std::size_t i = 1; i <= 4; ++i) identities.insert(table[i].substr(0, figures));
+  for (std::size_t i = 2; i <= 5; ++i) identities.insert(table[i].substr(0, figures));
   CHECK(identities.size() == 4);  // four cases, four different-looking rows
   const auto csv = lines_of(read_text(dir / "r.csv"));
   CHECK_THAT(csv[0], Contains(",rule,gate_norm,normalize_keys,") && Contains(",reps,noise_pct,stopped_on,"));
   CHECK(csv.size() == 5);
   const auto md = lines_of(read_text(dir / "r.md"));
-  CHECK_THAT(md[0], Contains("| decay | rule | gate_norm |") && Contains("| noise_pct | reps |"));
+  CHECK_THAT(md[0], StartsWith("held constant: "));
+  CHECK_THAT(md[2], Contains("| decay | rule | gate_norm |") && Contains("| noise_pct | reps |"));
 }
 
 TEST_CASE("the help types every value and lists the installed configs, and --list and --list-cases line up", "[outputs][help]") {

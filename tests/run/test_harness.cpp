@@ -226,15 +226,26 @@ TEST_CASE("the time estimate counts the reference, the checks, the start and the
   CostRates rates;
   rates.kernel_gflops = flops / 0.1 * 1e-9;  // 0.1 s a call
   rates.reference_gflops = 2.0;
+  rates.input_elems_per_s = 1e7;
   rates.check_s = 0.05;
   const double ref = reference_flops(c, true);
   CHECK(ref > reference_flops(c, false));  // the gradients cost more than the forward alone
+  Case chunked = c;
+  chunked.impl = "chunked";
+  CHECK(reference_flops(chunked, true) == ref);  // one reference algorithm, whatever the impl
   const TimeEstimate first = estimate_case_time(c, run, rates, ref);
-  CHECK(first.prepare_s == Approx(0.05 + ref / 2e9));
+  // The checks, the inputs (by the element: fwd_bwd's superset, as the cache makes them), the reference.
+  CHECK(first.prepare_s == Approx(0.05 + double(case_input_elems(c, true)) / 1e7 + ref / 2e9));
   CHECK(first.sample_s == Approx(0.1));              // a call longer than min_sample_ms
-  CHECK(first.start_s == Approx(3 * 0.1 + 0.1));     // cold call, two warm-up calls, the trial
-  CHECK(first.samples == 8);                         // halfway from min_samples 5 to reps 10
-  CHECK(first.total_s() == Approx(first.prepare_s + first.start_s + 8 * 0.1));
+  CHECK(first.start_s == Approx(3 * 0.1));           // cold call, two warm-up calls; no trial (a call is a sample)
+  CHECK(first.samples == 5);                         // a quiet machine (no sgemm spread): min_samples
+  CHECK(first.total_s() == Approx(first.prepare_s + first.start_s + 5 * 0.1));
+  // A busy machine (sgemm's median 10% or more under its best) takes reps, one in between in proportion.
+  rates.sgemm_spread = 0.12;
+  CHECK(estimate_case_time(c, run, rates).samples == 10);
+  rates.sgemm_spread = 0.07;
+  CHECK(estimate_case_time(c, run, rates).samples == 8);  // 5 + 0.625 x 5, rounded
+  rates.sgemm_spread = 0.0;
   // A case sharing its key's reference pays the checks alone.
   CHECK(estimate_case_time(c, run, rates).prepare_s == Approx(0.05));
   // Without a noise target every case takes reps; a timeout caps them.
@@ -250,4 +261,7 @@ TEST_CASE("the time estimate counts the reference, the checks, the start and the
   // A short call: the sample is min_sample_ms and the calibration's 10% above it.
   rates = CostRates{1e6};
   CHECK(estimate_case_time(c, run, rates).sample_s == Approx(0.0275));
+  // Its start: the short calls, then a calibration trial of a sample's length.
+  const double call_s = c.op->flops(c) / 1e15;
+  CHECK(estimate_case_time(c, run, rates).start_s == Approx(3 * call_s + 0.0275));
 }
