@@ -148,7 +148,7 @@ Problem packed(Problem p, const std::vector<int>& lengths) {
 
 }  // namespace
 
-TEST_CASE("emulation: the gated chunked kernels match the float64 reference", "[emulation][linear][chunked_gated]") {
+TEST_CASE("emulation: the gated chunked kernels match the float64 reference", "[emulation][chunked_gated]") {
   // (batch, heads, seq, dim, chunk): ragged last chunks (37 = 2 x 16 + 5; 45), a chunk of two row
   // blocks, the second ragged (100 = 64 + 36), a last chunk of 2 rows (130 = 128 + 2), a chunk of
   // four row blocks (200 = 3 x 64 + 8: blocks walked past others), chunk > seq, chunk 1, D 1, 20,
@@ -169,7 +169,7 @@ TEST_CASE("emulation: the gated chunked kernels match the float64 reference", "[
 }
 
 TEST_CASE("emulation: the gated chunked kernels take grouped heads, rectangular states and packed documents",
-          "[emulation][linear][chunked_gated]") {
+          "[emulation][chunked_gated]") {
   // heads_k 1 and heads / 2 (dq and dk summed over a group's value heads), dim_v dim / 2 and 2 dim
   // (the value tiles and the state's Dk x Dv), packed documents of ragged lengths with one of
   // length 1 and one over two chunks (each restarts from its own h0 and ends in its own hT).
@@ -186,6 +186,20 @@ TEST_CASE("emulation: the gated chunked kernels take grouped heads, rectangular 
         p.decay = decay;
         expect_pass({p, "1", dtype, dtype == cuda::Dtype::f32});
       }
+}
+
+TEST_CASE("emulation: every gated chunked kernel once per gate and dtype, for the sanitizers",
+          "[emulation][chunked_gated][gated_race]") {
+  // What the sanitizer builds run of this group (every emulated barrier wakes every CUDA thread, and
+  // the full group takes minutes there): each kernel instance on one shape that takes all of its
+  // paths: grouped heads (dq and dk per value head, then their sums), dim_v != dim, packed documents
+  // with a single-token one, a chunk of several row blocks (80 = 64 + 16 in bf16, 32 + 32 + 16 in
+  // float32: blocks walked past others) and a ragged last chunk, states recomputed.
+  for (Decay decay : {Decay::scalar, Decay::vector})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
+      Problem p = packed(shaped(1, 4, 0, 16, 80, decay, 2, 24), {90, 1, 20});
+      expect_pass({p, "1", dtype, false});
+    }
 }
 
 TEST_CASE("emulation: the gated chunked launch code's every tile choice, under this run's device limit",
