@@ -150,7 +150,7 @@ TEST_CASE("emulation: the CUDA backend's availability and device block", "[emula
   CHECK(info.cuda->driver_cuda_version);
   REQUIRE(backend->memory_available);
   CHECK(backend->memory_available() > 0);
-  CHECK(emulated_cuda(BackendOptions{0, 1, false})->availability().reason.find("--device 1") != std::string::npos);
+  CHECK(emulated_cuda(BackendOptions{0, 1})->availability().reason.find("--device 1") != std::string::npos);
 }
 
 TEST_CASE("emulation: the CUDA backend's scratch equals its closed forms", "[emulation][backend]") {
@@ -288,7 +288,7 @@ TEST_CASE("emulation: the CUDA chunked_gated row runs the section 1c shapes nati
   for (const Shape& s : {Shape{2, 8, ""}, Shape{1, 32, "37+1+20"}, Shape{4, 16, "9+1+4"}})
     for (const std::string decay : {"scalar", "vector"})
       for (const bool keep : {true, false}) {
-        auto backend = emulated_cuda(BackendOptions{0, 0, false, keep});
+        auto backend = emulated_cuda(BackendOptions{0, 0, keep});
         Problem p = base;
         p.decay = decay_from(decay);
         const Case c = shaped(p, "chunked", Mode::fwd_bwd, "float32", s.heads_k, s.dim_v, s.lengths);
