@@ -33,7 +33,7 @@ TEST_CASE("dtype bf16, device and cache are config keys with flags", "[config]")
   apply_overrides(c, o);
   CHECK(c.run.device == 0);
   CHECK(c.suite("kernel").names("cache") == std::vector<std::string>{"warm"});
-  CHECK_THROWS_WITH(parse_config("kernel:\n  cache: tepid\n", "s.yaml"), Contains("s.yaml:2: cache") && Contains("cold, warm"));
+  CHECK_THROWS_WITH(parse_config("kernel:\n  cache: tepid\n", "s.yaml"), Contains("s.yaml:2: kernel.cache") && Contains("cold, warm"));
   // The run key it replaced says where it went rather than running warm.
   CHECK_THROWS_WITH(parse_config("cold: true\n", "s.yaml"), Contains("s.yaml:1: cold") && Contains("cache: cold"));
   CHECK_THROWS_WITH(parse_config("device: -1\n", "s.yaml"), Contains("device"));
