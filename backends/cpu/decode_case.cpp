@@ -85,7 +85,7 @@ struct Rotation {
   std::vector<Lines<float>> buffers;    // copies 1..: their inputs and outputs
   std::vector<Lines<float>> pools;      // float32 states, per copy
   std::vector<Lines<std::uint16_t>> bf16_pools;
-  std::vector<int> index;               // state_index as ints; empty without a pool
+  std::vector<int> index;  // state_index as ints; empty without a pool
   const float* h0 = nullptr;
   std::size_t next = 0;
 
@@ -114,7 +114,8 @@ struct Rotation {
     for (std::size_t bh = 0; bh < problem.heads_total(); ++bh) {
       const std::size_t at = problem.state_offset(bh, a.state_index);
       if (problem.state_bf16)
-        std::transform(a.state_bf16 + at, a.state_bf16 + at + DD, hT.begin() + std::ptrdiff_t(bh * DD), bf16_bits_to_float);
+        std::transform(a.state_bf16 + at, a.state_bf16 + at + DD, hT.begin() + std::ptrdiff_t(bh * DD),
+                       bf16_bits_to_float);
       else
         std::copy(a.state + at, a.state + at + DD, hT.begin() + std::ptrdiff_t(bh * DD));
     }

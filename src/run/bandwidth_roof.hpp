@@ -15,8 +15,8 @@
 namespace lattn {
 
 struct BandwidthRoof {
-  std::string name;                     // "dram", or a cache level lowercased ("l1d", "l2"), "llc" for the last
-  std::optional<double> gbytes_per_s;   // its measured rate; none where it was not measured
+  std::string name;                    // "dram", or a cache level lowercased ("l1d", "l2"), "llc" for the last
+  std::optional<double> gbytes_per_s;  // its measured rate; none where it was not measured
 };
 
 // `levels` smallest first (DeviceInfo::cache_roofs); `working_set_bytes`: what a call keeps touching.

@@ -3,13 +3,11 @@
 // step is the contiguous step at other addresses, touching no other slot; a bf16 step is the
 // float32 step rounded once), the backend row against the float64 reference, the index's draw,
 // the bytes the records count and the config keys' validation.
-#include <catch2/catch.hpp>
-
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/random.hpp"
@@ -56,7 +54,8 @@ TEST_CASE("decode state: the pool's index is a seeded draw of distinct slots, no
   CHECK(make_case_inputs(test::decode_case(p), 3).find("state_index") == nullptr);
 }
 
-TEST_CASE("decode state: a pooled CPU step is the contiguous step at its slots and touches no other", "[decode][pool]") {
+TEST_CASE("decode state: a pooled CPU step is the contiguous step at its slots and touches no other",
+          "[decode][pool]") {
   for (const cpu::Vec vec : cpu::available_vecs()) {
     test::VecOverride force(vec);
     for (Rule rule : {Rule::additive, Rule::delta})
@@ -79,7 +78,8 @@ TEST_CASE("decode state: a pooled CPU step is the contiguous step at its slots a
         // Pooled: every slot a sentinel, then the batch's states at their slots.
         std::vector<float> pool(p.pool_elems(), 12345.0f), o2(p.value_elems()), s2(p.snapshot_elems());
         for (std::size_t bh = 0; bh < p.heads_total(); ++bh)
-          std::copy_n(in.at("h0").data.begin() + std::ptrdiff_t(bh * DD), DD, pool.begin() + std::ptrdiff_t(p.state_offset(bh, index.data())));
+          std::copy_n(in.at("h0").data.begin() + std::ptrdiff_t(bh * DD), DD,
+                      pool.begin() + std::ptrdiff_t(p.state_offset(bh, index.data())));
         DecodeArgs<float> a2 = args_over(in, p, o2.data(), s2.data());
         a2.state = pool.data();
         a2.state_index = index.data();
@@ -96,13 +96,15 @@ TEST_CASE("decode state: a pooled CPU step is the contiguous step at its slots a
         const std::size_t slot_elems = std::size_t(p.heads) * DD;
         for (int slot = 0; slot < p.state_slots; ++slot)
           if (!used[std::size_t(slot)])
-            CHECK(std::all_of(pool.begin() + std::ptrdiff_t(slot * slot_elems), pool.begin() + std::ptrdiff_t((slot + 1) * slot_elems),
+            CHECK(std::all_of(pool.begin() + std::ptrdiff_t(slot * slot_elems),
+                              pool.begin() + std::ptrdiff_t((slot + 1) * slot_elems),
                               [](float x) { return x == 12345.0f; }));
       }
   }
 }
 
-TEST_CASE("decode state: a bf16 CPU step is the float32 step rounded once, after its last token", "[decode][bf16_state]") {
+TEST_CASE("decode state: a bf16 CPU step is the float32 step rounded once, after its last token",
+          "[decode][bf16_state]") {
   for (const cpu::Vec vec : cpu::available_vecs()) {
     test::VecOverride force(vec);
     for (Rule rule : {Rule::additive, Rule::delta})
@@ -141,7 +143,8 @@ TEST_CASE("decode state: a bf16 CPU step is the float32 step rounded once, after
   CHECK(cpu::decode_step_workspace_bytes(p, 2) == f32 + 2 * 36 * 20 * sizeof(float));
 }
 
-TEST_CASE("decode state: the CPU row's pooled and bf16 steps match the float64 reference", "[decode][pool][bf16_state]") {
+TEST_CASE("decode state: the CPU row's pooled and bf16 steps match the float64 reference",
+          "[decode][pool][bf16_state]") {
   auto backend = make_backend("cpu", BackendOptions{2});
   for (Rule rule : {Rule::additive, Rule::delta})
     for (Decay decay : all_decays())
@@ -172,10 +175,12 @@ TEST_CASE("decode state: the CPU row's pooled and bf16 steps match the float64 r
 TEST_CASE("decode state: records count the states in their dtype and the pool's index", "[decode][cli]") {
   const auto dir = test::fresh_dir("decode-state-records");
   const std::string out = (dir / "d.json").string();
-  const test::ProcessResult r = test::run_process(
-      "timeout 300 " + test::binary() + " --suite decode --batch 2 --heads 2 --dim 16 --tokens 1 --rule delta "
-      "--decay scalar --state-dtype float32,bf16 --state-slots 0,5 --cache warm --reps 1 --warmup 0 "
-      "--min-sample-ms 1 --threads 2 --out " + out);
+  const test::ProcessResult r =
+      test::run_process("timeout 300 " + test::binary() +
+                        " --suite decode --batch 2 --heads 2 --dim 16 --tokens 1 --rule delta "
+                        "--decay scalar --state-dtype float32,bf16 --state-slots 0,5 --cache warm --reps 1 --warmup 0 "
+                        "--min-sample-ms 1 --threads 2 --out " +
+                        out);
   INFO(r.output);
   REQUIRE(r.exit_status == 0);
   std::ifstream file(out);

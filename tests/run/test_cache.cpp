@@ -3,10 +3,8 @@
 // (backends/cpu/cold.hpp: rotating copies past twice the last-level cache, or evicting), the
 // cache roofs of the device block, and the key's flags.
 #include <catch2/catch.hpp>
-
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "backends/cpu/cold.hpp"
 #include "backends/cpu/decode_case.hpp"
@@ -42,7 +40,8 @@ class Counting final : public PreparedCase {
 
 }  // namespace
 
-TEST_CASE("cache: a cold case's roof is DRAM, a warm one's the smallest level its working set fits", "[cache][roofline]") {
+TEST_CASE("cache: a cold case's roof is DRAM, a warm one's the smallest level its working set fits",
+          "[cache][roofline]") {
   for (double ws : {1.0 * KiB, 1.0 * MiB, 20.0 * MiB, 1000.0 * MiB}) {
     const BandwidthRoof cold = bandwidth_roof(true, ws, kLevels, 50.0);
     CHECK(cold.name == "dram");
@@ -67,7 +66,7 @@ TEST_CASE("cache: a cold case's roof is DRAM, a warm one's the smallest level it
 }
 
 TEST_CASE("cache: a cold copy rotation passes twice the last-level cache", "[cache]") {
-  CHECK(cold_copies(64 * MiB, 32 * MiB) == 1);   // alone past twice the cache
+  CHECK(cold_copies(64 * MiB, 32 * MiB) == 1);  // alone past twice the cache
   CHECK(cold_copies(40 * MiB, 32 * MiB) == 2);
   CHECK(cold_copies(1 * MiB, 32 * MiB) == 65);
   CHECK(cold_copies(0, 32 * MiB) == 1);
@@ -129,8 +128,10 @@ TEST_CASE("cache: records name the roof they are held against, and say when they
   const std::string out = (dir / "c.json").string();
   // Working sets from a few KiB to 4 MiB: the first level, L2 and the last level when warm.
   const test::ProcessResult r = test::run_process(
-      "timeout 300 " + test::binary() + " --suite decode --batch 1,16,64 --heads 4 --dim 64 --tokens 1 "
-      "--rule additive --decay none --cache cold,warm --reps 2 --warmup 0 --min-sample-ms 1 --threads 2 --out " + out);
+      "timeout 300 " + test::binary() +
+      " --suite decode --batch 1,16,64 --heads 4 --dim 64 --tokens 1 "
+      "--rule additive --decay none --cache cold,warm --reps 2 --warmup 0 --min-sample-ms 1 --threads 2 --out " +
+      out);
   INFO(r.output);
   REQUIRE(r.exit_status == 0);
   std::ifstream file(out);
@@ -143,7 +144,8 @@ TEST_CASE("cache: records name the roof they are held against, and say when they
       CHECK(rate.get<double>() > 0);
       levels.push_back({level, device["cache_roof_bytes"][level].get<std::size_t>(), rate.get<double>()});
     }
-  std::sort(levels.begin(), levels.end(), [](const CacheRoof& a, const CacheRoof& b) { return a.capacity_bytes < b.capacity_bytes; });
+  std::sort(levels.begin(), levels.end(),
+            [](const CacheRoof& a, const CacheRoof& b) { return a.capacity_bytes < b.capacity_bytes; });
   for (const auto& rec : doc["results"]) {
     INFO(rec.dump());
     const double working_set = (rec["out_mb"].get<double>() + rec["temp_mb"].get<double>()) * double(MiB);
@@ -160,10 +162,11 @@ TEST_CASE("cache: records name the roof they are held against, and say when they
 TEST_CASE("cache: --cold is --cache cold; both at once is refused in one line", "[cache][cli]") {
   const auto dir = test::fresh_dir("cache-flag");
   const std::string out = (dir / "c.json").string();
-  const test::ProcessResult r = test::run_process("timeout 300 " + test::binary() +
-                                                  " --suite kernel --batch 1 --heads 1 --seq 64 --dim 16 --mode fwd "
-                                                  "--impl scan --cold --reps 1 --warmup 0 --min-sample-ms 1 --threads 1 --out " +
-                                                  out);
+  const test::ProcessResult r =
+      test::run_process("timeout 300 " + test::binary() +
+                        " --suite kernel --batch 1 --heads 1 --seq 64 --dim 16 --mode fwd "
+                        "--impl scan --cold --reps 1 --warmup 0 --min-sample-ms 1 --threads 1 --out " +
+                        out);
   INFO(r.output);
   REQUIRE(r.exit_status == 0);
   std::ifstream file(out);
@@ -171,8 +174,8 @@ TEST_CASE("cache: --cold is --cache cold; both at once is refused in one line", 
   REQUIRE(doc["results"].size() == 1);
   CHECK(doc["results"][0]["cache"] == "cold");
   CHECK(doc["results"][0]["status"] == "ok");
-  const test::ProcessResult both = test::run_process("timeout 60 " + test::binary() +
-                                                     " --suite kernel --cold --cache warm --quiet --out " + out);
+  const test::ProcessResult both =
+      test::run_process("timeout 60 " + test::binary() + " --suite kernel --cold --cache warm --quiet --out " + out);
   CHECK(both.exit_status == 2);
   CHECK(both.output.find("--cold") != std::string::npos);
   CHECK(std::count(both.output.begin(), both.output.end(), '\n') == 1);
