@@ -159,7 +159,7 @@ TEST_CASE("cache: records name the roof they are held against, and say when they
   }
 }
 
-TEST_CASE("cache: --cold is --cache cold; both at once is refused in one line", "[cache][cli]") {
+TEST_CASE("cache: --cold is --cache cold, and both at once are refused in one line", "[cache][cli]") {
   const auto dir = test::fresh_dir("cache-flag");
   const std::string out = (dir / "c.json").string();
   const test::ProcessResult r =
