@@ -20,6 +20,16 @@ const Form* Op::credited_form(const std::string& impl) const {
   return forms.empty() ? nullptr : &forms.front();
 }
 
+Axis cache_axis(const std::string& default_value) {
+  Axis a{"cache", Param::option, {default_value}, "cold (each timed call reads inputs no cache holds) or warm", 1, 0,
+         {"cold", "warm"}};
+  a.kind = Kind::name;
+  a.recorded_at_default = default_value != "warm";
+  return a;
+}
+
+bool cache_cold(const Case& kase) { return kase.option("cache") == "cold"; }
+
 bool is_plugin_name(const std::string& name) {
   if (name.empty()) return false;
   for (char ch : name)

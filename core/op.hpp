@@ -89,6 +89,9 @@ struct Op {
   Reference (*reference)(const Case&, const TensorSet& inputs, bool backward) = nullptr;
   // The largest rel_err a correct float32 / bf16 result may show (docs/harness.md).
   double (*tolerance)(const std::string& dtype) = nullptr;
+  // Where a case's own keys loosen it (the decode step's bf16 state): the tolerance of that case,
+  // which then stands in for tolerance(dtype); null: tolerance(dtype) for every case.
+  double (*case_tolerance)(const Case&) = nullptr;
   // Why a case is too large to plan beyond its tensors' sizes (the layer's width), or nothing.
   std::optional<std::string> (*limit)(const Case&) = nullptr;
   // A memory-bound op's byte model: the bytes one call moves at the least (the decode step's state
@@ -111,6 +114,16 @@ struct Op {
   // The credited form's flop model; 0 for an impl it has none of.
   double flops(const Case& kase) const;
 };
+
+// The `cache` key every suite has (docs/harness.md, "Cold and warm"): "cold", each timed call reads
+// inputs no cache holds (the backend rotates over copies or evicts between calls, outside the timed
+// region), or "warm", each call finds what the call before it left in the caches. `default_value`
+// is the suite's: cold for the decode step (an engine steps each layer's states after every other
+// layer's have streamed through), warm elsewhere. A warm default is not written in records, so that
+// records of those suites keep comparing with those written before the key existed.
+Axis cache_axis(const std::string& default_value);
+// Whether the case's inputs are to be read cold (its `cache` key is "cold").
+bool cache_cold(const Case& kase);
 
 // Whether `name` is a plugin's or a plugin impl's name: [a-z0-9_]+.
 bool is_plugin_name(const std::string& name);

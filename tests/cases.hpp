@@ -207,6 +207,11 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
   // As the plan settles them: a shape key equal to heads or dim is its default, 0.
   c.options["heads_k"] = std::to_string(p.qk_heads() == p.heads ? 0 : p.qk_heads());
   c.options["dim_v"] = std::to_string(p.value_dim() == p.dim ? 0 : p.value_dim());
+  c.options["state_slots"] = std::to_string(p.state_slots);
+  c.options["state_dtype"] = p.state_bf16 ? "bf16" : "float32";
+  // Warm: a cold case rotates over copies past twice the last-level cache, too much for every test
+  // shape; the tests of cold cases set it themselves.
+  c.options["cache"] = "warm";
   return c;
 }
 
@@ -215,7 +220,8 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
 // with a ragged last strip, D = 128; few heads (a thread's work item is one strip) and many (a
 // whole head); states over 4 MiB (the CPU walks them in strips as wide as the rows); grouped heads
 // and Dk x Dv states (docs/spec.md section 1c): Dv under, over and not a multiple of the strips,
-// one q/k head for all (Mamba2) and half as many as the value heads (Qwen3-Next).
+// one q/k head for all (Mamba2) and half as many as the value heads (Qwen3-Next); states in a pool
+// of slots, gathered through the seeded index.
 inline std::vector<DecodeProblem> decode_test_shapes() {
   std::vector<DecodeProblem> shapes;
   for (Rule rule : {Rule::additive, Rule::delta})
@@ -235,6 +241,8 @@ inline std::vector<DecodeProblem> decode_test_shapes() {
       shapes.push_back({2, 6, 2, 20, 3, decay, rule, 3, 40});    // Dv a ragged strip
       shapes.push_back({1, 2, 2, 5, 2, decay, rule, 1, 10});     // odd Dk
       shapes.push_back({3, 12, 2, 96, 2, decay, rule, 4, 320});  // over 4 MiB, a ragged wide strip
+      shapes.push_back({2, 3, 1, 37, 1, decay, rule, 0, 0, 7});  // a pool of 7 slots for 2 sequences
+      shapes.push_back({3, 2, 3, 16, 2, decay, rule, 1, 24, 4}); // a pool one slot larger, grouped heads
     }
   return shapes;
 }

@@ -60,7 +60,7 @@ inline void check_linear_memory(const std::function<std::unique_ptr<Backend>(con
         for (const bool keep : {true, false}) {
           INFO(impl << " " << dtype << " " << to_string(mode) << (keep ? " kept" : " recomputed"));
           const std::size_t es = dtype == "bf16" ? 2 : 4;
-          auto backend = make(BackendOptions{0, 0, false, keep});
+          auto backend = make(BackendOptions{0, 0, keep});
           const Outcome r = run_on(*backend, kernel_case(p, impl, mode, backend->name, dtype), 5);
           CHECK(r.check.passed);
           const std::size_t sets = impl == "scan" ? 0 : mode == Mode::fwd ? 1 : 2;

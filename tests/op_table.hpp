@@ -57,8 +57,8 @@ inline TableRun run_op_table(const std::string& backend_name, const BackendFacto
   TableRun run;
   // The impls and the two backends innermost: a shape's inputs and reference (the op's, whatever
   // runs it) are made once for all of them.
-  const std::unique_ptr<Backend> keeping = make(BackendOptions{0, 0, false, true});
-  const std::unique_ptr<Backend> recomputing = make(BackendOptions{0, 0, false, false});
+  const std::unique_ptr<Backend> keeping = make(BackendOptions{0, 0, true});
+  const std::unique_ptr<Backend> recomputing = make(BackendOptions{0, 0, false});
   for (const OpTestRow& row : op_test_table()) {
     if (!only_op.empty() && row.shapes.front().op->name != only_op) continue;
     for (Case kase : row.shapes)

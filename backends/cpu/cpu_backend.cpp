@@ -12,13 +12,14 @@
 #include <functional>
 #include <stdexcept>
 
+#include "backends/cpu/cold.hpp"
+#include "backends/cpu/decode_case.hpp"
 #include "backends/cpu/host_case.hpp"
 #include "backends/cpu/plugin_rows.hpp"
 #include "backends/cpu/roofline.hpp"
 #include "backends/cpu/tuning.hpp"
 #include "core/op.hpp"
 #include "kernels/cpu/vec.hpp"
-#include "kernels/decode/cpu.hpp"
 #include "kernels/decode/op.hpp"
 #include "kernels/layer/block/cpu.hpp"
 #include "kernels/layer/hybrid/cpu.hpp"
@@ -31,7 +32,6 @@
 #include "kernels/sliding_window/cpu.hpp"
 #include "src/results/build_info.hpp"
 #include "src/results/environment.hpp"
-#include "src/run/in_place_case.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -271,8 +271,8 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
   return row;
 }
 
-// ---- the decode step (kernels/decode): the state hT is stepped in place, re-seeded from h0
-// outside the timed region (src/run/in_place_case.hpp) ----
+// ---- the decode step (kernels/decode): the states are stepped in place, re-seeded from h0
+// outside the timed region, and rotated over copies when cold (decode_case.hpp) ----
 
 ImplRow decode_row(const Settings& s) {
   ImplRow row{"decode", "step", nullptr, nullptr, nullptr};
@@ -281,27 +281,8 @@ ImplRow decode_row(const Settings& s) {
     if (c.backward()) return "the decode step is forward only";
     return std::nullopt;
   };
-  row.prepare = [](const Case& c, const TensorSet& inputs) {
-    auto h = std::make_unique<HostCase>(c, inputs);
-    const DecodeProblem p = decode_problem(c);
-    const DecodeArgs<float> args{h->data("q"),
-                                 h->data("k"),
-                                 h->data("v"),
-                                 h->data("hT"),
-                                 h->data("o"),
-                                 gated(p.decay) ? h->data("g") : nullptr,
-                                 p.delta() ? h->data("beta") : nullptr,
-                                 p.extra_slots() > 0 ? h->data("snapshots") : nullptr};
-    h->bind([p, args](Allocator& a) { decode_step(p, args, a); });
-    const float* h0 = h->data("h0");
-    float* state = args.state;
-    const std::size_t n = p.state_elems();
-    return std::unique_ptr<PreparedCase>(
-        std::make_unique<InPlaceCase>(std::move(h), [h0, state, n] { std::copy(h0, h0 + n, state); }));
-  };
-  row.memory_estimate = [s](const Case& c) {
-    return host_tensor_bytes(c) + decode_step_workspace_bytes(decode_problem(c), s.threads);
-  };
+  row.prepare = make_decode_case;
+  row.memory_estimate = [s](const Case& c) { return decode_case_bytes(c, s.threads); };
   return row;
 }
 
@@ -330,6 +311,8 @@ CpuDeviceInfo describe_cpu(int threads, TuningMode tuning_mode) {
   info.sgemm_seconds = roof.sgemm_seconds;
   info.stream_gbytes_per_s = roof.stream_gbytes_per_s;
   info.stream_bytes = roof.stream_bytes;
+  for (const CacheLevelRate& level : roof.cache_levels)
+    info.cache_roofs.push_back({level.name, level.capacity, level.gbytes_per_s});
   if (roof.fma_gflops > 0) info.fma_gflops = roof.fma_gflops;
   info.layer_products = product_path_name();
   return info;
@@ -357,6 +340,18 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   backend->impls = {scan_row(), chunked_row(s), window_row(), layer_row("scan", s), layer_row("chunked", s),
                      decode_row(s)};
   for (ImplRow& row : plugin_rows(options.plugins, s.threads)) backend->impls.push_back(std::move(row));
+  // Every other row's cold case has its caches evicted before each timed call (cold.hpp).
+  for (ImplRow& row : backend->impls) {
+    if (row.op == "decode") continue;
+    row.prepare = [prepare = row.prepare](const Case& c, const TensorSet& inputs) -> std::unique_ptr<PreparedCase> {
+      std::unique_ptr<PreparedCase> inner = prepare(c, inputs);
+      if (!cache_cold(c)) return inner;
+      return std::make_unique<EvictingCase>(std::move(inner));
+    };
+    row.memory_estimate = [estimate = row.memory_estimate](const Case& c) {
+      return (estimate ? estimate(c) : 0) + (cache_cold(c) ? eviction_bytes() : 0);
+    };
+  }
   backend->memory_is_host = true;
   backend->memory_available = [] { return available_host_memory(); };
   // Best of ten products: ~25 ms with the warm-up, twice per case.

@@ -10,6 +10,9 @@
 // its best settles (sgemm_peak_settled).
 // The bandwidth is a STREAM-style triad a = b + s c over arrays together four times the last-level
 // cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
+// Within a cache level, the same triad runs on each thread's own arrays, together half of what the
+// level holds for the run's threads, many passes per timing: the roof of a warm case whose working
+// set fits there (docs/harness.md, "Cold and warm").
 // The FMA rate (registers only) is the compute ceiling beside them: sgemm at ~0.9 of it is
 // OpenBLAS at its best, and two runs whose FMA rates differ ran on different CPUs, whatever
 // their model names say.
@@ -22,8 +25,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -106,6 +112,32 @@ double measure_triad(int threads, std::size_t elems, int reps) {
   return 3.0 * sizeof(float) * elems / best * 1e-9;
 }
 
+// The triad on each thread's own three arrays of `elems` floats, `passes` passes per timing, best
+// of `reps` timings: all threads' bytes over the slowest thread's time (barriers at both ends).
+double measure_cache_triad(int threads, std::size_t elems, int passes, int reps) {
+  double best = 1e30;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> a(elems, 0.0f), b(elems, 1.0f), c(elems, 2.0f);
+    float* pa = a.data();
+    const float *pb = b.data(), *pc = c.data();
+    for (int r = -1; r < reps; ++r) {  // r = -1: warm-up, the arrays into the level
+      std::chrono::steady_clock::time_point start;
+#pragma omp barrier
+#pragma omp master
+      start = std::chrono::steady_clock::now();
+      for (int pass = 0; pass < passes; ++pass) {
+        for (std::size_t i = 0; i < elems; ++i) pa[i] = pb[i] + 0.5f * pc[i];
+        asm volatile("" : : "r"(pa) : "memory");  // each pass is done, not folded into the last
+      }
+#pragma omp barrier
+#pragma omp master
+      if (r >= 0) best = std::min(best, seconds_since(start));
+    }
+  }
+  return 3.0 * sizeof(float) * double(elems) * passes * threads / best * 1e-9;
+}
+
 // The FMA units' rate with nothing but registers in play: 12 independent accumulators (more than
 // latency x throughput on current x86 cores) of the widest vector this build compiles for.
 #if defined(__AVX512F__)
@@ -185,6 +217,64 @@ std::size_t last_level_cache_bytes() {
   return largest;
 }
 
+namespace {
+
+struct SysCache {
+  int level = 0;
+  std::string type, shared_cpus;
+  std::size_t bytes = 0;
+};
+
+std::optional<SysCache> sys_cache(int cpu, int index) {
+  const std::string dir =
+      "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/cache/index" + std::to_string(index) + "/";
+  std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size"),
+      shared_file(dir + "shared_cpu_list");
+  SysCache c;
+  std::string size;
+  if (!(level_file >> c.level) || !(type_file >> c.type) || !(size_file >> size) || size.empty()) return std::nullopt;
+  c.bytes = std::size_t(std::atol(size.c_str())) * 1024;  // "32768K"
+  if (size.back() == 'M') c.bytes *= 1024;
+  shared_file >> c.shared_cpus;
+  return c;
+}
+
+}  // namespace
+
+std::size_t machine_last_level_cache_bytes() {
+  int top_level = 0;
+  std::size_t top_bytes = 0;
+  for (int index = 0; index < 8; ++index)
+    if (const auto c = sys_cache(0, index); c && c->type != "Instruction" && c->level >= top_level) {
+      top_level = c->level;
+      top_bytes = c->bytes;
+    }
+  if (top_bytes == 0) return kAssumedLastLevelCacheBytes;
+  // The distinct copies of the last level: each CPU's names the CPUs that share it.
+  std::set<std::string> copies;
+  for (int cpu = 0; std::filesystem::exists("/sys/devices/system/cpu/cpu" + std::to_string(cpu)); ++cpu)
+    for (int index = 0; index < 8; ++index)
+      if (const auto c = sys_cache(cpu, index); c && c->level == top_level && c->type != "Instruction")
+        copies.insert(c->shared_cpus);
+  return top_bytes * std::max<std::size_t>(1, copies.size());
+}
+
+std::vector<CacheLevelRate> cache_levels(int threads) {
+  std::vector<SysCache> data;
+  for (int index = 0; index < 8; ++index)
+    if (const auto c = sys_cache(0, index); c && c->type != "Instruction") data.push_back(*c);
+  std::sort(data.begin(), data.end(), [](const SysCache& a, const SysCache& b) { return a.level < b.level; });
+  std::vector<CacheLevelRate> levels;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const bool last = i + 1 == data.size();
+    CacheLevelRate level;
+    level.name = "L" + std::to_string(data[i].level) + (data[i].type == "Data" ? "d" : "");
+    level.capacity = last ? data[i].bytes : data[i].bytes * std::size_t(std::max(threads, 1));
+    levels.push_back(level);
+  }
+  return levels;
+}
+
 std::size_t triad_elems_for_cache(std::size_t llc_bytes) {
   constexpr std::size_t kMinElems = std::size_t(1) << 21, kMaxElems = std::size_t(1) << 25;  // 8 and 128 MiB
   if (llc_bytes == 0) return kMaxElems;
@@ -223,6 +313,14 @@ const Roofline& cpu_roofline(int threads) {
     roofline.stream_bytes = 3 * sizeof(float) * triad_elems;
     roofline.stream_gbytes_per_s = measure_triad(threads, triad_elems, 8);
     roofline.fma_gflops = measure_fma(threads, 50);
+    // Each level's triad over half of what it holds for the run's threads, about 1 ms per timing.
+    roofline.cache_levels = cache_levels(threads);
+    for (CacheLevelRate& level : roofline.cache_levels) {
+      const std::size_t elems = std::max<std::size_t>(1024, level.capacity / 2 / std::size_t(threads) / (3 * sizeof(float)));
+      level.triad_bytes = 3 * sizeof(float) * elems * std::size_t(threads);
+      const int passes = int(std::clamp<std::size_t>((std::size_t(64) << 20) / level.triad_bytes, 1, 4096));
+      level.gbytes_per_s = measure_cache_triad(threads, elems, passes, 20);
+    }
   });
   return roofline;
 }

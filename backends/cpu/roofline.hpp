@@ -4,9 +4,19 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace lattn {
+
+// One cache level as a roof: what the run's threads hold in it together and the triad's rate there.
+struct CacheLevelRate {
+  std::string name;             // "L1d", "L2", "L3", as sysfs numbers them
+  std::size_t capacity = 0;     // bytes the run's threads hold together: per core times the threads
+                                // for a private level, the level's size for the last, shared one
+  std::size_t triad_bytes = 0;  // bytes of the three arrays, all threads: half the capacity
+  double gbytes_per_s = 0;      // best of the repetitions
+};
 
 struct Roofline {
   int threads = 0;
@@ -18,10 +28,24 @@ struct Roofline {
   std::size_t stream_bytes = 0;     // bytes one triad pass moves (3 arrays), all threads
   double stream_gbytes_per_s = 0;   // best of the repetitions
   double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 50; 0 without AVX2
+  // The triad within each cache level (cache_level_triads): the roofs of warm cases.
+  std::vector<CacheLevelRate> cache_levels;
 };
 
 // The largest cache of cpu0 in bytes (sysfs), 0 where the system does not say.
 std::size_t last_level_cache_bytes();
+// The last-level cache of the whole machine in bytes: cpu0's largest cache times the distinct copies
+// of it (one per socket, or per CCD on AMD), from sysfs; kAssumedLastLevelCacheBytes where sysfs says
+// nothing, which is more than any CPU's today so that a cold case errs on the cold side. A cold
+// case (core/op.hpp, cache_axis) rotates over more than twice this, or evicts it.
+constexpr std::size_t kAssumedLastLevelCacheBytes = std::size_t(512) << 20;
+std::size_t machine_last_level_cache_bytes();
+
+// The data cache levels of cpu0 with the bytes `threads` threads hold in each together (a private
+// level's per-core size times the threads; the last level's size as it is), smallest first, the
+// rates left 0; empty where sysfs says nothing.
+std::vector<CacheLevelRate> cache_levels(int threads);
+
 // Elements of each of the triad's three float arrays: together four times the last-level cache,
 // so that a pass streams from memory with nothing left in the cache from the pass before, between
 // 8 and 128 MiB per array (128 MiB when the cache size is unknown). A fixed 3 x 128 MiB made a

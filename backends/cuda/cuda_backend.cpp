@@ -33,7 +33,6 @@ namespace {
 struct Settings {
   int threads = 0;
   int device = 0;
-  bool cold = false;
   bool keep_chunk_states = true;
 };
 
@@ -70,7 +69,7 @@ std::string no_shared_memory(int device) {
 }
 
 // The backend's copies of the tensors (bf16 inputs counted at 4 bytes: the estimate errs high),
-// the scratch, and --cold's flush buffer.
+// the scratch, and a cold case's flush buffer.
 std::size_t tensor_bytes(const Case& c) { return (case_input_elems(c) + case_output_elems(c)) * sizeof(float); }
 
 SwaProblem window_problem(const Case& c) { return {c.batch, c.heads, c.seq, c.dim, c.window}; }
@@ -110,7 +109,7 @@ ImplRow linear_row(const std::string& form, const Settings& s) {
   };
   row.variant = [form](const Case& c) { return cuda_variant_for(form, linear_problem(c)).name; };
   row.prepare = [s, form, chunked](const Case& c, const TensorSet& inputs) {
-    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device);
     const Problem p = linear_problem(c);
     const Dtype dtype = dtype_of(c.dtype);
     const CudaVariant& v = cuda_variant_for(form, p);
@@ -133,7 +132,7 @@ ImplRow linear_row(const std::string& form, const Settings& s) {
     return std::unique_ptr<PreparedCase>(std::move(d));
   };
   row.memory_estimate = [s, form](const Case& c) {
-    return tensor_bytes(c) + linear_scratch_bytes(c, form, s) + flush_bytes(s.device, s.cold);
+    return tensor_bytes(c) + linear_scratch_bytes(c, form, s) + flush_bytes(s.device, c);
   };
   return row;
 }
@@ -149,7 +148,7 @@ ImplRow window_row(const Settings& s) {
     return swa_unsupported(window_problem(c), dtype_of(c.dtype), *shared);
   };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
-    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device);
     const SwaProblem w = window_problem(c);
     const Dtype dtype = dtype_of(c.dtype);
     const bool backward = c.backward();
@@ -175,7 +174,7 @@ ImplRow window_row(const Settings& s) {
     const SwaProblem w = window_problem(c);
     const std::size_t scratch =
         c.backward() ? w.row_elems() * sizeof(float) + swa_backward_workspace_bytes(w) : swa_forward_workspace_bytes(w);
-    return tensor_bytes(c) + scratch + flush_bytes(s.device, s.cold);
+    return tensor_bytes(c) + scratch + flush_bytes(s.device, c);
   };
   return row;
 }
@@ -250,7 +249,7 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
     return cublas_unavailable();
   };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
-    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device);
     const LayerProblem p = layer_problem(c);
     const bool backward = c.backward();
     auto context = std::make_shared<LayerContext>(layer_scratch_bytes(p, backward), d->stream());
@@ -268,13 +267,45 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
     return std::unique_ptr<PreparedCase>(std::move(d));
   };
   row.memory_estimate = [s](const Case& c) {
-    return tensor_bytes(c) + layer_scratch_bytes(layer_problem(c), c.backward()) + flush_bytes(s.device, s.cold);
+    return tensor_bytes(c) + layer_scratch_bytes(layer_problem(c), c.backward()) + flush_bytes(s.device, c);
   };
   return row;
 }
 
-// ---- the decode step (kernels/decode/cuda.cu): the state hT is stepped in place, re-seeded
-// from h0 by a device copy outside the timed region (src/run/in_place_case.hpp) ----
+// ---- the decode step (kernels/decode/cuda.cu): the states are stepped in place in their pool
+// (one slot per sequence, or state_slots gathered through state_index; float32 or bf16), re-seeded
+// from h0 on the device outside the timed region (src/run/in_place_case.hpp), and gathered into hT
+// for the check. A cold case's L2 is flushed before each call (DeviceCase). ----
+
+// The states' pool and the slots as ints, beside the case's tensors.
+struct DecodeStates {
+  DeviceBuffer pool, index;
+};
+
+// A decode case's read_outputs gathers the states from their slots into hT first (inside the
+// InPlaceCase, so after its re-seeded step).
+class GatheringCase final : public PreparedCase {
+ public:
+  GatheringCase(std::unique_ptr<PreparedCase> inner, std::function<void()> gather, std::size_t pool_bytes)
+      : inner_(std::move(inner)), gather_(std::move(gather)), pool_bytes_(pool_bytes) {}
+  void run() override { inner_->run(); }
+  double time_ms(int calls) override { return inner_->time_ms(calls); }
+  // hT is where the check's states are gathered to; the pool is what the steps write.
+  MemoryUsage memory() const override {
+    MemoryUsage m = inner_->memory();
+    m.out_bytes += pool_bytes_;
+    return m;
+  }
+  void read_outputs(TensorSet& outputs) override {
+    gather_();
+    inner_->read_outputs(outputs);
+  }
+
+ private:
+  std::unique_ptr<PreparedCase> inner_;
+  std::function<void()> gather_;
+  std::size_t pool_bytes_;
+};
 
 ImplRow decode_row(const Settings& s) {
   ImplRow row{"decode", "step", nullptr, nullptr, nullptr};
@@ -284,29 +315,48 @@ ImplRow decode_row(const Settings& s) {
     return decode_unsupported(decode_problem(c));
   };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
-    auto d = std::make_unique<DeviceCase>(c, inputs, s.device, s.cold);
+    auto d = std::make_unique<DeviceCase>(c, inputs, s.device);
     const DecodeProblem p = decode_problem(c);
     const Dtype dtype = dtype_of(c.dtype);
-    const DecodeArgs<void> args{d->data("q"),
-                                d->data("k"),
-                                d->data("v"),
-                                d->floats("hT"),
-                                d->floats("o"),
-                                gated(p.decay) ? d->floats("g") : nullptr,
-                                p.delta() ? d->floats("beta") : nullptr,
-                                p.extra_slots() > 0 ? d->floats("snapshots") : nullptr};
+    auto states = std::make_shared<DecodeStates>();
+    states->pool = DeviceBuffer(p.pool_elems() * (p.state_bf16 ? 2 : 4));
+    DecodeArgs<void> args{d->data("q"),
+                          d->data("k"),
+                          d->data("v"),
+                          p.state_bf16 ? nullptr : static_cast<float*>(states->pool.get()),
+                          d->floats("o"),
+                          gated(p.decay) ? d->floats("g") : nullptr,
+                          p.delta() ? d->floats("beta") : nullptr,
+                          p.extra_slots() > 0 ? d->floats("snapshots") : nullptr};
+    if (p.state_bf16) args.state_bf16 = static_cast<std::uint16_t*>(states->pool.get());
+    if (p.pooled()) {
+      const std::vector<float>& slots = inputs.at("state_index").data;
+      const std::vector<int> index(slots.begin(), slots.end());
+      states->index = DeviceBuffer(index.size() * sizeof(int));
+      LATTN_CUDA_CHECK(cudaMemcpy(states->index.get(), index.data(), states->index.bytes(), cudaMemcpyHostToDevice));
+      args.state_index = static_cast<const int*>(states->index.get());
+    }
     cudaStream_t stream = d->stream();
-    d->bind([p, dtype, args, stream] { decode_step(p, dtype, args, stream); });
+    d->bind([p, dtype, args, stream] { decode_step(p, dtype, args, stream); }, "", states);
     const float* h0 = d->floats("h0");
-    const std::size_t bytes = p.state_elems() * sizeof(float);
+    float* hT = d->floats("hT");
     const int device = s.device;
-    return std::unique_ptr<PreparedCase>(std::make_unique<InPlaceCase>(std::move(d), [h0, args, bytes, stream, device] {
+    const std::size_t pool_bytes = states->pool.bytes();
+    auto gathering = std::make_unique<GatheringCase>(std::move(d), [p, hT, args, stream, device] {
       LATTN_CUDA_CHECK(cudaSetDevice(device));
-      LATTN_CUDA_CHECK(cudaMemcpyAsync(args.state, h0, bytes, cudaMemcpyDeviceToDevice, stream));
+      decode_gather_states(p, args, hT, stream);
+      LATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }, pool_bytes);
+    return std::unique_ptr<PreparedCase>(std::make_unique<InPlaceCase>(std::move(gathering), [p, h0, args, stream, device] {
+      LATTN_CUDA_CHECK(cudaSetDevice(device));
+      decode_seed_states(p, args, h0, stream);
       LATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
     }));
   };
-  row.memory_estimate = [s](const Case& c) { return tensor_bytes(c) + flush_bytes(s.device, s.cold); };
+  row.memory_estimate = [s](const Case& c) {
+    const DecodeProblem p = decode_problem(c);
+    return tensor_bytes(c) + p.pool_elems() * (p.state_bf16 ? 2 : 4) + flush_bytes(s.device, c);
+  };
   return row;
 }
 
@@ -331,7 +381,6 @@ CudaDeviceInfo describe_cuda(const Settings& s) {
   CudaDeviceInfo info;
   info.cuda_targets = LATTN_CUDA_TARGETS;
   info.nvcc = LATTN_NVCC_VERSION;
-  info.cold_l2_flush = s.cold;
   int runtime = 0, driver = 0;
   if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) info.cuda_runtime = version_string(runtime);
   if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) info.driver_cuda_version = version_string(driver);
@@ -370,7 +419,7 @@ CudaDeviceInfo describe_cuda(const Settings& s) {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
-  const Settings s{options.threads, options.device, options.cold, options.keep_chunk_states};
+  const Settings s{options.threads, options.device, options.keep_chunk_states};
   auto backend = std::make_unique<Backend>();
   backend->name = "cuda";
   backend->availability = [device = s.device] { return availability(device); };
@@ -383,7 +432,7 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   };
   backend->impls = {linear_row("scan", s), linear_row("chunked", s), window_row(s), layer_row("scan", s),
                     layer_row("chunked", s), decode_row(s)};
-  for (ImplRow& row : plugin_rows(options.plugins, s.device, s.cold)) backend->impls.push_back(std::move(row));
+  for (ImplRow& row : plugin_rows(options.plugins, s.device)) backend->impls.push_back(std::move(row));
   backend->memory_available = [device = s.device]() -> std::size_t {
     std::size_t free = 0, total = 0;
     if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {

@@ -19,8 +19,8 @@ DeviceBuffer::~DeviceBuffer() {
   if (ptr_) cudaFree(ptr_);
 }
 
-std::size_t flush_bytes(int device, bool cold) {
-  if (!cold) return 0;
+std::size_t flush_bytes(int device, const Case& kase) {
+  if (!cache_cold(kase)) return 0;
   int l2 = 0;
   if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
     cudaGetLastError();
@@ -39,13 +39,13 @@ bool in_case_dtype(const Case& kase, const std::string& name) {
 
 }  // namespace
 
-DeviceCase::DeviceCase(const Case& kase, const TensorSet& inputs, int device, bool cold)
+DeviceCase::DeviceCase(const Case& kase, const TensorSet& inputs, int device)
     : device_(device), allocator_(device_memory()) {
   LATTN_CUDA_CHECK(cudaSetDevice(device_));
   LATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   LATTN_CUDA_CHECK(cudaEventCreate(&start_));
   LATTN_CUDA_CHECK(cudaEventCreate(&stop_));
-  if (const std::size_t bytes = flush_bytes(device_, cold)) flush_ = DeviceBuffer(bytes);
+  if (const std::size_t bytes = flush_bytes(device_, kase)) flush_ = DeviceBuffer(bytes);
   const bool bf16 = kase.dtype == "bf16";
   for (const Tensor& t : inputs) {
     Named n{t.name, false, {}};

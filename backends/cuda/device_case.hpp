@@ -1,11 +1,11 @@
 // A case on the GPU: device copies of its input tensors (bf16 bit patterns for the tensors its op
 // keeps in the case's dtype, when that is bf16), float32 outputs, its own stream and events, the
-// --cold L2 flush, and one call: the impl's kernels, bound to the device pointers once and
+// cold case's L2 flush, and one call: the impl's kernels, bound to the device pointers once and
 // enqueued by run() and time_ms(). Every CUDA impl row prepares one of these (cuda_backend.cpp).
 //
 // run() enqueues one call and waits for it; time_ms(n) records a CUDA event, enqueues n calls
 // back to back, records another and waits for it (one synchronisation per sample), and returns the
-// events' elapsed time. With `cold`, every call is preceded by a write over a buffer twice the L2
+// events' elapsed time. A case whose `cache` is cold (core/op.hpp, cache_axis): every call is preceded by a write over a buffer twice the L2
 // size, outside its own pair of events, and the sample is the sum of the n calls' event times.
 // Host-device copies happen in the constructor and read_outputs(), never inside a timed region.
 #pragma once
@@ -47,15 +47,15 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-// The bytes of --cold's flush buffer on `device` (twice its L2), 0 without --cold.
-std::size_t flush_bytes(int device, bool cold);
+// The bytes of a cold case's flush buffer on `device` (twice its L2), 0 for a warm case.
+std::size_t flush_bytes(int device, const Case& kase);
 
 class DeviceCase final : public PreparedCase {
  public:
   // One call's work, enqueued on the case's stream (asynchronous).
   using Enqueue = std::function<void()>;
 
-  DeviceCase(const Case& kase, const TensorSet& inputs, int device, bool cold);
+  DeviceCase(const Case& kase, const TensorSet& inputs, int device);
   DeviceCase(const DeviceCase&) = delete;
   DeviceCase& operator=(const DeviceCase&) = delete;
   ~DeviceCase() override;

@@ -15,7 +15,7 @@
 
 namespace lattn::cuda {
 
-std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins, int device, bool cold) {
+std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins, int device) {
   std::vector<ImplRow> rows;
   for (const PluginImplRef& ref : plugin_impls_for(plugins, "cuda")) {
     ImplRow row{"linear_attention", ref.name, nullptr, nullptr, nullptr};
@@ -23,8 +23,8 @@ std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedP
       if (c.dtype != "float32") return "plugin impls run float32 only on the CUDA backend, not " + c.dtype;
       return plugin_unsupported(ref, c, "cuda", 0);
     };
-    row.prepare = [ref, device, cold](const Case& c, const TensorSet& inputs) {
-      auto d = std::make_unique<DeviceCase>(c, inputs, device, cold);
+    row.prepare = [ref, device](const Case& c, const TensorSet& inputs) {
+      auto d = std::make_unique<DeviceCase>(c, inputs, device);
       auto plugin_case = std::make_shared<const PluginCase>(c, "cuda", 0);
       const std::vector<float> gamma = plugin_gamma(c);
       auto gamma_buffer = std::make_shared<DeviceBuffer>(gamma.size() * sizeof(float));
@@ -44,8 +44,8 @@ std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedP
       return std::unique_ptr<PreparedCase>(std::move(d));
     };
     // The plugin's scratch is not known before it runs; the memory guard counts the tensors.
-    row.memory_estimate = [device, cold](const Case& c) {
-      return (case_input_elems(c) + case_output_elems(c)) * sizeof(float) + flush_bytes(device, cold);
+    row.memory_estimate = [device](const Case& c) {
+      return (case_input_elems(c) + case_output_elems(c)) * sizeof(float) + flush_bytes(device, c);
     };
     rows.push_back(std::move(row));
   }

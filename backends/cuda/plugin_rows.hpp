@@ -7,7 +7,7 @@
 
 namespace lattn::cuda {
 
-// One row per CUDA impl of the loaded plugins (NAME:IMPL), on GPU `device` (with --cold's flush).
-std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins, int device, bool cold);
+// One row per CUDA impl of the loaded plugins (NAME:IMPL), on GPU `device` (with a cold case's flush).
+std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedPlugin>>& plugins, int device);
 
 }  // namespace lattn::cuda

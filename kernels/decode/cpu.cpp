@@ -14,6 +14,10 @@
 //             the row weights, S' = A S never stored), then w = v - u, o = y + s beta (k.q) w, and
 //             a write walk, S_i = a_i S_i + (beta k_i) w.
 // The per-row weights of a head's tokens are made once per work item in the thread's scratch.
+// A pooled step finds each sequence's states at its slot (problem.hpp, state_offset). A bf16 state
+// is widened into the thread's float32 copy of the work item's columns, stepped there over all of
+// the step's tokens (in the core's L2: 64 KiB at Dk = Dv = 128) and rounded back once: memory sees
+// the bf16 state read once and written once, half the float32 state's bytes.
 // Rows go two at a time into their own accumulators, so that the FMA chains do not wait on each
 // other's latency.
 #include "kernels/decode/cpu.hpp"
@@ -22,6 +26,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/simd.hpp"
@@ -233,17 +239,44 @@ void make_weights(const DecodeProblem& p, const DecodeArgs<float>& a, std::size_
 
 std::size_t weights_floats(const DecodeProblem& p) { return std::size_t(p.tokens) * (kRowArrays * std::size_t(p.dim) + 2); }
 
+// A thread's float32 copy of a bf16 head state: Dk x Dv.
+std::size_t widened_floats(const DecodeProblem& p) { return p.state_bf16 ? p.head_state_elems() : 0; }
+
+// bf16 bits to float32 and back, rounding to nearest even (the values are finite). Plain loops the
+// compiler vectorises; inline, where core/random.hpp's are calls.
+inline void widen_columns(const std::uint16_t* from, float* to, int rows, int cols, int c0, int c1) {
+  for (int i = 0; i < rows; ++i) {
+    const std::uint16_t* src = from + std::size_t(i) * cols;
+    float* dst = to + std::size_t(i) * cols;
+    for (int j = c0; j < c1; ++j) {
+      const std::uint32_t bits = std::uint32_t(src[j]) << 16;
+      std::memcpy(dst + j, &bits, sizeof(float));
+    }
+  }
+}
+inline void round_columns(const float* from, std::uint16_t* to, int rows, int cols, int c0, int c1) {
+  for (int i = 0; i < rows; ++i) {
+    const float* src = from + std::size_t(i) * cols;
+    std::uint16_t* dst = to + std::size_t(i) * cols;
+    for (int j = c0; j < c1; ++j) {
+      std::uint32_t bits;
+      std::memcpy(&bits, src + j, sizeof(float));
+      dst[j] = std::uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    }
+  }
+}
+
 }  // namespace
 
 std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads) {
-  return std::size_t(std::max(threads, 1)) * weights_floats(p) * sizeof(float);
+  return std::size_t(std::max(threads, 1)) * (weights_floats(p) + widened_floats(p)) * sizeof(float);
 }
 
 void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& allocator) {
   const RowDecay decay = p.decay == Decay::none ? RowDecay::none : p.decay == Decay::vector ? RowDecay::rows : RowDecay::uniform;
   const Kernel kernel = kernel_for(active_vec(), p, p.delta(), decay);
   const int threads = omp_get_max_threads();
-  const std::size_t per_thread = weights_floats(p), DD = p.head_state_elems();
+  const std::size_t per_thread = weights_floats(p) + widened_floats(p), DD = p.head_state_elems();
   Workspace<float> scratch(allocator, std::size_t(threads) * per_thread);
   const long heads = long(p.heads_total());
   const int cols = p.value_dim();
@@ -258,6 +291,7 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& 
     float* rows = base + std::size_t(omp_get_thread_num()) * per_thread;
     float* uniform = rows + std::size_t(p.tokens) * kRowArrays * p.dim;
     float* coef = uniform + p.tokens;
+    float* widened = coef + p.tokens;  // a bf16 state's float32 copy (widened_floats)
 #pragma omp for schedule(static)
     for (long item = 0; item < items; ++item) {
       const std::size_t bh = std::size_t(item / groups);
@@ -268,15 +302,19 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& 
       h.cols_v = cols;
       h.tokens = p.tokens;
       h.extra = p.extra_slots();
-      h.state = a.state + bh * DD;
+      const std::size_t at = p.state_offset(bh, a.state_index);
+      h.state = p.state_bf16 ? widened : a.state + at;
       h.v = a.v + bh * p.tokens * std::size_t(cols);
       h.o = a.o + bh * p.tokens * std::size_t(cols);
       h.snapshots = h.extra > 0 ? a.snapshots + bh * std::size_t(h.extra) * DD : nullptr;
       h.rows = rows;
       h.uniform = uniform;
       h.coef = coef;
-      if (groups == 1) kernel.fn(h, 0, strips);
-      else kernel.fn(h, group, group + 1);
+      const int first = groups == 1 ? 0 : group, last = groups == 1 ? strips : group + 1;
+      const int c0 = first * kernel.width, c1 = std::min(cols, last * kernel.width);
+      if (p.state_bf16) widen_columns(a.state_bf16 + at, widened, p.dim, cols, c0, c1);
+      kernel.fn(h, first, last);
+      if (p.state_bf16) round_columns(widened, a.state_bf16 + at, p.dim, cols, c0, c1);
     }
   }
 }

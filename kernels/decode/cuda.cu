@@ -8,7 +8,9 @@
 //   additive: S = A S + k v^T, then o = s S^T q;
 //   delta:    S' = A S, u = S'^T k, y = S'^T q, w = v - u, S = S' + beta k w^T,
 //             o = s (y + beta (k . q) w)    (one pass over the rows: the update needs only w).
-// The earlier snapshots are written from the registers after their token.
+// The earlier snapshots are written from the registers after their token. The state is found at its
+// sequence's slot (a pooled step's state_index) and read and written in its dtype: a bf16 state is
+// widened into the registers and rounded once, when the new state is written back.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -31,6 +33,8 @@ struct StepParams {
   const void *q, *k, *v;
   const float *g, *beta;
   float *state, *o, *snapshots;
+  __nv_bfloat16* state_bf16;  // instead of state, for a bf16 state
+  const int* state_index;     // a pooled step's slots, one per sequence; null: sequence b in slot b
   int T, Dk, Dv, H, Hk, group, extra;
   bool delta, retnet, scalar_gates, vector_gates;
   float s;
@@ -47,7 +51,15 @@ __global__ void decode_step_kernel(StepParams p) {
   const int key_head = bh / p.H * p.Hk + bh % p.H / p.group;
   const std::size_t value_tok = std::size_t(bh) * T * Dv, gate_tok = std::size_t(bh) * T * Dk;
   const std::size_t key_tok = std::size_t(key_head) * T * Dk, DD = std::size_t(Dk) * Dv;
-  float* state = p.state + std::size_t(bh) * DD;
+  const int slot = p.state_index ? p.state_index[bh / p.H] : bh / p.H;
+  const std::size_t state_at = (std::size_t(slot) * p.H + std::size_t(bh % p.H)) * DD;
+  auto load_state = [&](std::size_t e) {
+    return p.state_bf16 ? __bfloat162float(p.state_bf16[state_at + e]) : p.state[state_at + e];
+  };
+  auto store_state = [&](std::size_t e, float x) {
+    if (p.state_bf16) p.state_bf16[state_at + e] = __float2bfloat16_rn(x);
+    else p.state[state_at + e] = x;
+  };
   const float gamma = p.retnet ? float(1.0 - ldexp(1.0, -5 - bh % p.H)) : 1.0f;
   auto key = [&](const void* x, int t, int i) {
     return to_float(static_cast<const In*>(x)[key_tok + std::size_t(t) * Dk + i]);
@@ -57,7 +69,7 @@ __global__ void decode_step_kernel(StepParams p) {
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = wy + m * R;
-    S[m] = (j_ok && i < Dk) ? state[std::size_t(i) * Dv + j] : 0.0f;
+    S[m] = (j_ok && i < Dk) ? load_state(std::size_t(i) * Dv + j) : 0.0f;
   }
   for (int t = 0; t < T; ++t) {
     const float scalar_decay = p.scalar_gates ? expf(p.g[std::size_t(bh) * T + t]) : gamma;
@@ -116,9 +128,48 @@ __global__ void decode_step_kernel(StepParams p) {
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = wy + m * R;
-    if (i < Dk) state[std::size_t(i) * Dv + j] = S[m];
+    if (i < Dk) store_state(std::size_t(i) * Dv + j, S[m]);
   }
 }
+
+// Sequence b's states from h0 ([batch][H][Dk][Dv], float32) into its slot, in the state's dtype.
+__global__ void seed_states_kernel(StepParams p, const float* h0, std::size_t head_elems, std::size_t total) {
+  for (std::size_t e = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; e < total; e += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t bh = e / head_elems, b = bh / std::size_t(p.H);
+    const std::size_t slot = p.state_index ? std::size_t(p.state_index[b]) : b;
+    const std::size_t at = (slot * p.H + bh % std::size_t(p.H)) * head_elems + e % head_elems;
+    if (p.state_bf16) p.state_bf16[at] = __float2bfloat16_rn(h0[e]);
+    else p.state[at] = h0[e];
+  }
+}
+
+// The reverse: each sequence's states from its slot into hT ([batch][H][Dk][Dv], float32).
+__global__ void gather_states_kernel(StepParams p, float* hT, std::size_t head_elems, std::size_t total) {
+  for (std::size_t e = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; e < total; e += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t bh = e / head_elems, b = bh / std::size_t(p.H);
+    const std::size_t slot = p.state_index ? std::size_t(p.state_index[b]) : b;
+    const std::size_t at = (slot * p.H + bh % std::size_t(p.H)) * head_elems + e % head_elems;
+    hT[e] = p.state_bf16 ? __bfloat162float(p.state_bf16[at]) : p.state[at];
+  }
+}
+
+StepParams step_params(const DecodeProblem& pr, const DecodeArgs<void>& a) {
+  StepParams p{};
+  p.q = a.q, p.k = a.k, p.v = a.v, p.g = a.g, p.beta = a.beta;
+  p.state = a.state, p.o = a.o, p.snapshots = a.snapshots;
+  p.state_bf16 = pr.state_bf16 ? reinterpret_cast<__nv_bfloat16*>(a.state_bf16) : nullptr;
+  p.state_index = pr.pooled() ? a.state_index : nullptr;
+  p.T = pr.tokens, p.Dk = pr.dim, p.Dv = pr.value_dim(), p.H = pr.heads, p.Hk = pr.qk_heads(), p.group = pr.group();
+  p.extra = pr.extra_slots();
+  p.delta = pr.delta();
+  p.retnet = pr.decay == Decay::retnet;
+  p.scalar_gates = pr.decay == Decay::scalar;
+  p.vector_gates = pr.decay == Decay::vector;
+  p.s = float(attention_scale(pr.dim));
+  return p;
+}
+
+unsigned copy_blocks(std::size_t total) { return unsigned(std::min<std::size_t>((total + 255) / 256, 4096)); }
 
 }  // namespace
 
@@ -131,16 +182,7 @@ std::optional<std::string> decode_unsupported(const DecodeProblem& p) {
 
 void decode_step(const DecodeProblem& pr, Dtype dtype, const DecodeArgs<void>& a, cudaStream_t stream) {
   if (auto why = decode_unsupported(pr)) throw RuntimeFailure(*why);
-  StepParams p{};
-  p.q = a.q, p.k = a.k, p.v = a.v, p.g = a.g, p.beta = a.beta;
-  p.state = a.state, p.o = a.o, p.snapshots = a.snapshots;
-  p.T = pr.tokens, p.Dk = pr.dim, p.Dv = pr.value_dim(), p.H = pr.heads, p.Hk = pr.qk_heads(), p.group = pr.group();
-  p.extra = pr.extra_slots();
-  p.delta = pr.delta();
-  p.retnet = pr.decay == Decay::retnet;
-  p.scalar_gates = pr.decay == Decay::scalar;
-  p.vector_gates = pr.decay == Decay::vector;
-  p.s = float(attention_scale(pr.dim));
+  const StepParams p = step_params(pr, a);
   const int R = std::max(1, (pr.dim + kRows - 1) / kRows);
   const dim3 block(kCols, unsigned(R));
   const dim3 grid(unsigned(pr.heads_total()), unsigned((p.Dv + kCols - 1) / kCols));
@@ -149,6 +191,20 @@ void decode_step(const DecodeProblem& pr, Dtype dtype, const DecodeArgs<void>& a
     decode_step_kernel<float><<<grid, block, shared, stream>>>(p);
   else
     decode_step_kernel<__nv_bfloat16><<<grid, block, shared, stream>>>(p);
+  LATTN_CUDA_CHECK_LAUNCH();
+}
+
+void decode_seed_states(const DecodeProblem& pr, const DecodeArgs<void>& a, const float* h0, cudaStream_t stream) {
+  const std::size_t total = pr.state_elems();
+  if (total == 0) return;
+  seed_states_kernel<<<copy_blocks(total), 256, 0, stream>>>(step_params(pr, a), h0, pr.head_state_elems(), total);
+  LATTN_CUDA_CHECK_LAUNCH();
+}
+
+void decode_gather_states(const DecodeProblem& pr, const DecodeArgs<void>& a, float* hT, cudaStream_t stream) {
+  const std::size_t total = pr.state_elems();
+  if (total == 0) return;
+  gather_states_kernel<<<copy_blocks(total), 256, 0, stream>>>(step_params(pr, a), hT, pr.head_state_elems(), total);
   LATTN_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 // and cuda.cu beside this file.
 #include "kernels/decode/op.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -18,7 +19,7 @@ namespace {
 
 // Sizes beyond these are refused when the config is read. A step verifies at most a draft of a few
 // tokens; 64 leaves room for long drafts.
-constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
+constexpr long kMaxSlots = 1 << 20, kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
 
 // q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp).
 std::vector<std::size_t> keys(const Case& c) {
@@ -44,6 +45,8 @@ std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch)
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
+bool is_pooled(const Case& c) { return decode_problem(c).pooled(); }
+std::vector<std::size_t> sequences(const Case& c) { return {std::size_t(c.batch)}; }
 
 // Per token and value head, what cpu.cpp does, with DD = Dk Dv the state's size: additive, the
 // decayed update and the readout (4 DD, DD more for a decay); delta, the two readouts of the decayed
@@ -66,7 +69,25 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   fill_normal(set.add("q", Role::input, keys(c)).data, seed, 1);
   fill_normal(set.add("k", Role::input, keys(c)).data, seed, 2);
   fill_normal(set.add("v", Role::input, values(c)).data, seed, 3);
-  fill_normal(set.add("h0", Role::input, states(c)).data, seed, 4);
+  auto& h0 = set.add("h0", Role::input, states(c)).data;
+  fill_normal(h0, seed, 4);
+  // A bf16 state starts from h0 as the pool holds it: rounded to bf16 before any backend or the
+  // reference sees it, so that the check measures the step's own rounding.
+  if (decode_problem(c).state_bf16)
+    for (float& x : h0) x = bf16_bits_to_float(float_to_bf16_bits(x));
+  if (decode_problem(c).pooled()) {
+    // Sequence b's slot: the first `batch` of a seeded shuffle of the pool's slots (stream 9), as
+    // continuous batching leaves them, neither sorted nor together. Slot numbers as floats: exact
+    // below 2^24, far above the largest pool.
+    const int slots = decode_problem(c).state_slots;
+    std::vector<float> draws(static_cast<std::size_t>(slots));
+    fill_uniform(draws, seed, 9);
+    std::vector<int> order(static_cast<std::size_t>(slots));
+    for (int i = 0; i < slots; ++i) order[std::size_t(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return draws[std::size_t(a)] < draws[std::size_t(b)]; });
+    auto& index = set.add("state_index", Role::input, sequences(c)).data;
+    for (std::size_t b = 0; b < index.size(); ++b) index[b] = float(order[b]);
+  }
   if (is_gated(c)) {
     // g = logsigmoid(z) / 16 (docs/spec.md section 3's default gate_norm): log-gates <= 0.
     auto& g = set.add("g", Role::input, gates(c)).data;
@@ -118,6 +139,29 @@ Axis rule_axis() {
   return a;
 }
 
+Axis state_slots_axis() {
+  Axis a{"state_slots", Param::option, {"0"},
+         "slots of the state pool the batch's states are gathered from (0: none, the states contiguous)", 0, kMaxSlots};
+  a.recorded_at_default = false;
+  return a;
+}
+
+Axis state_dtype_axis() {
+  Axis a{"state_dtype", Param::option, {"float32"}, "how the states are stored: float32 or bf16 (stepped in float32)",
+         1, 0, {"float32", "bf16"}};
+  a.kind = Kind::name;
+  a.recorded_at_default = false;
+  return a;
+}
+
+// A bf16 state's tolerance (docs/spec.md section 1d, "A bf16 state"): the float32 step's, plus the
+// one rounding of the new state to bf16, at most u = 2^-8 of each element (8 significant bits, to
+// nearest) and so at most 2^-8 of hT's norm.
+double case_tolerance(const Case& c) {
+  const double base = linear_attention_op().tolerance(c.dtype);
+  return decode_problem(c).state_bf16 ? base + std::ldexp(1.0, -8) : base;
+}
+
 Axis snapshots_axis() {
   Axis a{"snapshots", Param::option, {"1"}, "states kept per step for rolling back a draft: the last K (slot 0 the new state)",
          1, kMaxSnapshots};
@@ -126,6 +170,10 @@ Axis snapshots_axis() {
 }
 
 std::optional<std::string> case_limit(const Case& c) {
+  const DecodeProblem p = decode_problem(c);
+  if (p.state_slots > 0 && p.state_slots < p.batch)
+    return "state_slots " + std::to_string(p.state_slots) + " is below batch " + std::to_string(p.batch) +
+           " (the pool holds one slot per sequence stepped)";
   const int hk = qk_heads(c);
   if (hk > c.heads || c.heads % hk != 0)
     return "heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(c.heads) +
@@ -139,23 +187,29 @@ std::vector<std::pair<std::string, long>> identity(const Case& c) { return {{"to
 }  // namespace
 
 DecodeProblem decode_problem(const Case& c) {
-  const std::string rule = c.option("rule"), kept = c.option("snapshots");
-  return DecodeProblem{c.batch,
-                       c.heads,
-                       c.seq,
-                       c.dim,
-                       kept.empty() ? 1 : std::stoi(kept),
-                       decay_from(c.decay),
-                       rule.empty() ? Rule::additive : rule_from(rule),
-                       qk_heads(c),
-                       value_dim(c)};
+  const std::string rule = c.option("rule"), kept = c.option("snapshots"), slots = c.option("state_slots");
+  DecodeProblem p{c.batch,
+                  c.heads,
+                  c.seq,
+                  c.dim,
+                  kept.empty() ? 1 : std::stoi(kept),
+                  decay_from(c.decay),
+                  rule.empty() ? Rule::additive : rule_from(rule),
+                  qk_heads(c),
+                  value_dim(c)};
+  p.state_slots = slots.empty() ? 0 : std::stoi(slots);
+  p.state_bf16 = c.option("state_dtype") == "bf16";
+  return p;
 }
 
 double decode_step_bytes(const Case& c) {
   const DecodeProblem p = decode_problem(c);
   const double token_bytes = c.dtype == "bf16" ? 2.0 : 4.0;
+  // The states read and written in their own dtype (the batch's slots of a pool, and its index);
   // q and k once per q/k head (its value heads read them where they lie), v and o per value head.
-  return 4.0 * (2.0 * double(p.state_elems()) + double(p.snapshot_elems())) +
+  const double state_bytes = p.state_bf16 ? 2.0 : 4.0;
+  return state_bytes * 2.0 * double(p.state_elems()) + 4.0 * double(p.snapshot_elems()) +
+         (p.pooled() ? 4.0 * p.batch : 0.0) +
          2.0 * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (token_bytes + 4.0) +
          4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0);
 }
@@ -176,6 +230,9 @@ const Op& decode_op() {
         {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
          kMaxTokens},
         snapshots_axis(),
+        state_slots_axis(),
+        state_dtype_axis(),
+        cache_axis("cold"),
         {"impl", Param::impl, {"step"}, "impls (step)"},
     };
     o.forms = {{"step", step_flops}};
@@ -186,6 +243,7 @@ const Op& decode_op() {
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
         {"beta", Role::input, per_token, false, is_delta},
+        {"state_index", Role::input, sequences, false, is_pooled},
         {"o", Role::output, values, false},
         {"hT", Role::output, states, false},
         {"snapshots", Role::output, snapshot_slots, false, has_snapshots},
@@ -194,6 +252,7 @@ const Op& decode_op() {
     o.reference = compute_reference;
     // The linear-attention op's tolerances (docs/harness.md, "Tolerances"): a step is its recurrence.
     o.tolerance = linear_attention_op().tolerance;
+    o.case_tolerance = case_tolerance;
     // The shape keys of docs/spec.md section 1c, as the kernel suite takes them (linear_attention/op.hpp).
     o.settle = settle_shape_keys;
     o.limit = case_limit;

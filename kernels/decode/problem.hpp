@@ -9,7 +9,13 @@
 //   g (decay vector)  : [batch][H][T][Dk]           (log-gates per token and key channel)
 //   beta (rule delta) : [batch][H][T]
 //   snapshots         : [batch][H][K - 1][Dk][Dv]   (slot i - 1 holds the state i tokens before the
-//                                                    step's end; only when K > 1)
+//                                                    step's end; only when K > 1; float32)
+//   state pool        : [slots][H][Dk][Dv]          (a pooled step, state_slots > batch: sequence b's
+//                                                    states are slot state_index[b]'s, as an engine's
+//                                                    cache of recurrent states is indexed; otherwise
+//                                                    the state tensor above, slot b for sequence b)
+// The states are float32 or bf16 (state_bf16: stored as bf16 bits, read into float32, stepped in
+// float32 over all of the step's tokens and rounded to bf16 once, when written back).
 // Value head h reads q/k head h / group() where it lies (grouped heads, docs/spec.md section 1c: the
 // point of sharing a q/k head is reading it once per group, so no kernel copies it out per value head).
 // A step reads the state and writes the new one over it (in place, as inference engines keep it);
@@ -18,6 +24,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/linear_attention/problem.hpp"
 
@@ -33,10 +40,22 @@ struct DecodeProblem {
   Rule rule = Rule::additive;
   int heads_k = 0;  // q/k heads (docs/spec.md section 1c); 0: heads
   int dim_v = 0;    // the value head dim Dv: the state's columns; 0: dim
+  int state_slots = 0;     // the pool's slots; 0 or batch: no pool, sequence b's states in slot b
+  bool state_bf16 = false;  // the states stored as bf16 (updated in float32, rounded once per step)
 
   bool delta() const { return rule == Rule::delta; }
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
   int value_dim() const { return dim_v > 0 ? dim_v : dim; }
+  bool pooled() const { return state_slots > batch; }
+  int slots() const { return pooled() ? state_slots : batch; }
+  std::size_t pool_elems() const { return std::size_t(slots()) * std::size_t(heads) * head_state_elems(); }
+  // Where value head bh's (b * heads + h) state starts in the states, in elements: slot
+  // state_index[b] of the pool, or slot b without one.
+  std::size_t state_offset(std::size_t bh, const int* state_index) const {
+    const std::size_t b = bh / std::size_t(heads), h = bh % std::size_t(heads);
+    const std::size_t slot = state_index ? std::size_t(state_index[b]) : b;
+    return (slot * std::size_t(heads) + h) * head_state_elems();
+  }
   int group() const { return heads / qk_heads(); }  // value heads per q/k head
   std::size_t heads_total() const { return std::size_t(batch) * heads; }
   int kept_slots() const { return snapshots < tokens ? snapshots : tokens; }
@@ -57,8 +76,11 @@ struct DecodeProblem {
   std::size_t snapshot_elems() const { return state_elems() * std::size_t(extra_slots()); }
 };
 
-// Pointers of one step. `state` is read and overwritten; o and snapshots are fully overwritten.
-// g only for a gated decay, beta only for the delta rule, snapshots only when extra_slots() > 0.
+// Pointers of one step. The states are read and overwritten: `state` (float32) or `state_bf16` (bf16
+// bits, for a problem with state_bf16), the pool's slots when state_index is given (one slot per
+// sequence, `batch` entries, distinct), else [batch][H][Dk][Dv]. o and snapshots are fully
+// overwritten. g only for a gated decay, beta only for the delta rule, snapshots only when
+// extra_slots() > 0.
 // In: q, k, v's element type (void on the GPU, where they may be bf16); F: everything else's.
 template <class In, class F = float>
 struct DecodeArgs {
@@ -70,6 +92,8 @@ struct DecodeArgs {
   const F* g = nullptr;
   const F* beta = nullptr;
   F* snapshots = nullptr;
+  std::uint16_t* state_bf16 = nullptr;
+  const int* state_index = nullptr;
 };
 
 }  // namespace lattn

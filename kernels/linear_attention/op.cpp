@@ -502,6 +502,7 @@ const Op& linear_attention_op() {
         {"seq", Param::seq, {"512", "2048", "8192"}, "sequence lengths", 1, kMaxSeq},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},
         {"impl", Param::impl, {"scan", "chunked"}, "impls (scan, chunked)"},
+        cache_axis("warm"),
     };
     o.forms = {{"scan", scan_flops}, {"chunked", chunked_flops}};
     o.tensors = {

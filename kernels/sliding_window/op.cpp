@@ -75,6 +75,7 @@ const Op& sliding_window_op() {
         {"seq", Param::seq, {"512"}, "sequence lengths", 1, 1L << 24},
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},
         {"impl", Param::impl, {"blocked"}, "impls (blocked)"},
+        cache_axis("warm"),
     };
     o.forms = {{"blocked", blocked_flops}};
     o.tensors = {

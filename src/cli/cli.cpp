@@ -113,7 +113,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   // Two flags, not CLI11's "!--no-interleave" form, whose --help line reads "--no-interleave{false}".
   app.add_flag("--interleave", interleave, "take the samples in rounds over the cases (the default)");
   app.add_flag("--no-interleave", no_interleave, "take each case's samples together, back to back");
-  app.add_flag("--cold", cold, "flush the GPU's L2 cache before each timed call (CUDA; nvbench's cold measurement)");
+  app.add_flag("--cold", cold, "the same as --cache cold: each timed call reads inputs no cache holds");
   std::string tuning;
   bool retune = false;
   app.add_option("--tuning", tuning,
@@ -150,7 +150,10 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   Overrides overrides;
   for (std::size_t i = 0; i < keys.size(); ++i)
     if (app.get_option(keys[i].flag)->count() > 0) overrides.values[keys[i].key] = override_values[i];
-  if (cold) overrides.values["cold"] = "true";
+  if (cold) {
+    if (overrides.values.count("cache")) throw UsageError("--cold", "means --cache cold: give one of them");
+    overrides.values["cache"] = "cold";
+  }
   if (interleave || no_interleave) overrides.values["interleave"] = interleave ? "true" : "false";
   apply_overrides(request.config, overrides);
   for (const std::string& path : plugin_paths) request.config.plugins.push_back({path, "", ""});

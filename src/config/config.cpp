@@ -171,8 +171,13 @@ const std::vector<Field>& top_fields() {
       {"device", false,
        [](Config& c, const std::vector<Raw>& raws) { c.run.device = int(parse_int(raws[0], 0, kMaxDevice)); },
        "GPU index of the CUDA backend"},
-      {"cold", false, [](Config& c, const std::vector<Raw>& raws) { c.run.cold = parse_bool(raws[0]); },
-       ""},  // set by the flag --cold (src/cli/cli.cpp), which takes no value
+      // The suite key `cache` took its place (core/op.hpp, cache_axis); a config that still says it is
+      // told so rather than run warm.
+      {"cold", false,
+       [](Config&, const std::vector<Raw>& raws) -> void {
+         throw UsageError(raws[0].where, "is now the suite key `cache: cold` (or `cache: warm`; docs/config.md)");
+       },
+       ""},
       {"bwd_states", false,
        [](Config& c, const std::vector<Raw>& raws) {
          c.run.bwd_states = parse_choice(raws[0], known_bwd_states(), "bwd_states");

@@ -32,7 +32,6 @@ struct RunSettings {
   double slowdown = 0.0;    // testing aid: percent added to every call by a spin (docs/harness.md)
   std::uint64_t seed = 0;
   int device = 0;     // GPU index (CUDA backend)
-  bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
   std::string bwd_states = "kept";  // chunked fwd_bwd: "kept" from the forward or "recomputed" (BackendOptions)
 };
 

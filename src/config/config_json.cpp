@@ -45,7 +45,6 @@ nlohmann::json to_json(const Config& c) {
       {"slowdown", c.run.slowdown},
       {"seed", c.run.seed},
       {"device", c.run.device},
-      {"cold", c.run.cold},
       {"bwd_states", c.run.bwd_states},
   };
   // Only a run with plugins has the key, so that other runs' config blocks stay as they were.

@@ -43,6 +43,14 @@ struct TuningInfo {
   std::optional<std::string> note;      // why a cache was not used or not written
 };
 
+// A cache level as a bandwidth roof (backends/cpu/roofline.hpp): what the run's threads hold in it
+// together and the triad's rate within it, measured at start-up beside the DRAM triad.
+struct CacheRoof {
+  std::string level;            // "L1d", "L2", "L3"
+  std::size_t capacity_bytes = 0;
+  double gbytes_per_s = 0;
+};
+
 // The CPU backend: its BLAS, threading environment, vector width, and the roofline it measured at
 // start-up (backends/cpu/roofline.hpp).
 struct CpuDeviceInfo {
@@ -57,6 +65,7 @@ struct CpuDeviceInfo {
   double sgemm_median_gflops = 0, sgemm_seconds = 0;
   double stream_gbytes_per_s = 0;
   std::size_t stream_bytes = 0;
+  std::vector<CacheRoof> cache_roofs;  // smallest level first: the roofs of warm cases
   std::optional<double> fma_gflops;
   // The packed products (kernels/cpu/packed_gemm.hpp) on sgemm's products, where they have a vector
   // kernel here, and the products the hybrid layer ran: "openblas" or "packed_<micro-kernel>".
@@ -91,7 +100,6 @@ inline ComputeCeiling compute_ceiling(std::optional<double> fma_gflops, double s
 // The CUDA backend: the build's targets and toolchain, the driver, and the GPU when there is one.
 struct CudaDeviceInfo {
   std::string cuda_targets, nvcc;
-  bool cold_l2_flush = false;
   std::optional<std::string> cuda_runtime, driver_cuda_version, driver;
   std::optional<std::string> unavailable;  // why no GPU is usable
   std::optional<GpuInfo> gpu;
@@ -124,6 +132,7 @@ struct DeviceInfo {
   double blas_gflops() const { return cpu ? cpu->sgemm_gflops : 0.0; }
   double sgemm_median_gflops() const { return cpu ? cpu->sgemm_median_gflops : 0.0; }
   double stream_gbytes_per_s() const { return cpu ? cpu->stream_gbytes_per_s : 0.0; }
+  std::vector<CacheRoof> cache_roofs() const { return cpu ? cpu->cache_roofs : std::vector<CacheRoof>{}; }
 };
 
 }  // namespace lattn

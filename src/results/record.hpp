@@ -48,13 +48,15 @@ struct Measurement {
   std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
   std::string variant;        // the kernel variant that ran the case (ImplRow::variant), or ""
   std::string timer_warning;  // the per-call time is near the clock's resolution
-  bool cold = false;          // the L2 was flushed before each call (CUDA)
   // An op with a byte model (the decode step): the rate against the run's measured bandwidth, the
   // tokens stepped per second (batch x tokens per call) and the time per token of one sequence
-  // (the call's time over its tokens); bandwidth_roof says what bounds it: "dram", or "llc" when
-  // the case's tensors fit in the last-level cache (its fraction against DRAM may then pass 1).
+  // (the call's time over its tokens); bandwidth_roof names the roof the fraction is taken against
+  // (src/run/bandwidth_roof.hpp): "dram" for a cold case, the cache level a warm case's working set
+  // fits in ("l1d", "l2", "llc"), or "dram" when it fits in none.
   std::optional<double> bandwidth_fraction, tokens_per_s, us_per_token;
   std::string bandwidth_roof;
+  // bandwidth_fraction above kAboveCeiling: faster than the roof, so the roof was mismeasured.
+  bool above_roof = false;
   // Against the compute ceiling (the device block's peak_gflops), the roofline, the BLAS's start-up
   // sgemm, and the sgemm re-measured around the case (CPU).
   std::optional<double> peak_gflops, peak_fraction, roofline_gflops, roofline_fraction, blas_gflops, blas_fraction,

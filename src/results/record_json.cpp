@@ -114,8 +114,8 @@ void put_measurement(nlohmann::json& r, const Measurement& m) {
   nlohmann::json errors = nlohmann::json::object();
   for (const auto& [name, e] : m.rel_errs) errors[name] = error_value(e);
   r["rel_errs"] = errors;
-  if (m.cold) r["cold"] = true;
   if (m.peak_fraction) r["above_ceiling"] = m.above_ceiling;
+  if (m.bandwidth_fraction) r["above_roof"] = m.above_roof;
 }
 
 }  // namespace
@@ -161,6 +161,10 @@ nlohmann::json to_json(const DeviceInfo& d) {
     j["sgemm_seconds"] = c->sgemm_seconds;
     j["stream_gbytes_per_s"] = c->stream_gbytes_per_s;
     j["stream_bytes"] = c->stream_bytes;
+    for (const CacheRoof& roof : c->cache_roofs) {
+      j["cache_gbytes_per_s"][roof.level] = roof.gbytes_per_s;
+      j["cache_roof_bytes"][roof.level] = roof.capacity_bytes;
+    }
     put(j, "fma_gflops", c->fma_gflops);
     if (!c->layer_products.empty()) j["layer_products"] = c->layer_products;
     if (const auto& t = c->tuning) {
@@ -182,7 +186,6 @@ nlohmann::json to_json(const DeviceInfo& d) {
   if (const auto& c = d.cuda) {
     j["cuda_targets"] = c->cuda_targets;
     j["nvcc"] = c->nvcc;
-    j["cold_l2_flush"] = c->cold_l2_flush;
     put(j, "cuda_runtime", c->cuda_runtime);
     put(j, "driver_cuda_version", c->driver_cuda_version);
     put(j, "driver", c->driver);
@@ -386,8 +389,8 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
   if (m.stopped_on != "samples" && m.stopped_on != "noise" && m.stopped_on != "timeout" && m.stopped_on != "interrupted")
     throw UsageError(where, "the journal record's stopped_on '" + m.stopped_on +
                                 "' is not samples, noise, timeout or interrupted");
-  m.cold = optional_field<bool>(line, "cold", where).value_or(false);
   m.above_ceiling = optional_field<bool>(line, "above_ceiling", where).value_or(false);
+  m.above_roof = optional_field<bool>(line, "above_roof", where).value_or(false);
   if (int(m.samples_ms.size()) != m.reps)
     throw UsageError(where, "the journal record has " + std::to_string(m.samples_ms.size()) + " samples for reps " +
                                 std::to_string(m.reps));

@@ -95,7 +95,6 @@ struct Backend {
 struct BackendOptions {
   int threads = 0;    // CPU threads for the whole run; 0: every core
   int device = 0;     // GPU index (CUDA backend)
-  bool cold = false;  // flush the L2 cache before each timed call (CUDA backend)
   // Chunked fwd_bwd: the forward keeps the chunk states for the backward where the backend can
   // (the CPU tiled path; the CUDA kernel suite's chunked form), else the backward recomputes them.
   // Records say which (`bwd_states`).

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <random>
 
+#include "src/run/bandwidth_roof.hpp"
 #include "src/run/check.hpp"
 #include "core/error.hpp"
 #include "core/op.hpp"
@@ -75,20 +76,23 @@ std::unique_ptr<InFlight> begin_case(RunContext& ctx, const ImplRow& row, const 
   return f;
 }
 
-// A memory-bound op's figures (core/op.hpp, Op::bytes): against the run's measured bandwidth, with
-// the roof named: the last-level cache when what a call touches fits in it, else DRAM.
+// A memory-bound op's figures (core/op.hpp, Op::bytes): against the roof the case meets
+// (src/run/bandwidth_roof.hpp): DRAM for a cold case, the cache level a warm one's working set fits
+// in, each at the rate measured at start-up.
 void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, const DeviceInfo& device, double seconds) {
   if (!(seconds > 0)) return;
   const double tokens = double(c.batch) * c.seq;
   m.tokens_per_s = tokens / seconds;
   m.us_per_token = seconds * 1e6 / c.seq;
-  if (device.stream_gbytes_per_s() > 0) m.bandwidth_fraction = m.gbytes_per_s / device.stream_gbytes_per_s();
-  long llc_kib = 0;
-  for (const auto& [level, kib] : device.host.cache_kib) llc_kib = std::max(llc_kib, kib);
-  // What a call keeps touching: its outputs and scratch (for the decode step, the state it steps in
-  // place; the pristine copy it is re-seeded from is not touched while it is timed).
+  // What a call keeps touching: its outputs and scratch (for the decode step, the states it steps in
+  // place; the pristine copy they are re-seeded from is not touched while it is timed).
   const double resident = double(memory.out_bytes + memory.temp_bytes);
-  m.bandwidth_roof = llc_kib > 0 && resident <= double(llc_kib) * 1024.0 ? "llc" : "dram";
+  const BandwidthRoof roof = bandwidth_roof(cache_cold(c), resident, device.cache_roofs(), device.stream_gbytes_per_s());
+  m.bandwidth_roof = roof.name;
+  if (roof.gbytes_per_s) {
+    m.bandwidth_fraction = m.gbytes_per_s / *roof.gbytes_per_s;
+    m.above_roof = *m.bandwidth_fraction > kAboveCeiling;
+  }
 }
 
 // Its outputs checked against the float64 reference and its figures: the record's measurement.
@@ -138,7 +142,6 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
     m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
                                   timing.stats.median * 1e6, ctx.timer.resolution_ns);
-  m.cold = run.cold;
 
   // Against the compute ceiling (the larger of the FMA rate and sgemm: the hardware's), the roofline
   // (the rate a case of this arithmetic intensity can reach at the measured bandwidth, if below the

@@ -37,7 +37,7 @@ std::string CheckResult::failure() const {
 
 CheckResult check_outputs(const Case& kase, const TensorSet& outputs, const Reference& reference) {
   CheckResult result;
-  result.tolerance = kase.op->tolerance(kase.dtype);
+  result.tolerance = kase.op->case_tolerance ? kase.op->case_tolerance(kase) : kase.op->tolerance(kase.dtype);
   if (kase.backward() && !reference.has_backward)
     throw RuntimeFailure("the reference has no backward for a fwd_bwd case");
   for (const TensorSpec& spec : kase.op->tensors) {

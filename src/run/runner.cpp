@@ -52,7 +52,7 @@ std::string format_duration(double seconds) {
 
 BackendOptions backend_options(const RunRequest& request) {
   const RunSettings& run = request.config.run;
-  BackendOptions options{run.threads, run.device, run.cold, run.bwd_states == "kept"};
+  BackendOptions options{run.threads, run.device, run.bwd_states == "kept"};
   options.plugins = request.plugins;
   options.tuning = request.tuning;
   return options;

@@ -221,9 +221,9 @@ kernel:
   // none and retnet once each, without the key; scalar and vector once per gate_norm.
   REQUIRE(plan.size() == 1 + 3 + 1 + 3);
   CHECK(plan[0].decay == "none");
-  // rule always applies; the shape keys too, at their defaults (square, dense)
+  // rule always applies; the shape keys too, at their defaults (square, dense), and cache (warm)
   const std::map<std::string, std::string> additive_only = {
-      {"rule", "additive"}, {"heads_k", "0"}, {"dim_v", "0"}, {"lengths", ""}, {"varlen", ""}};
+      {"rule", "additive"}, {"heads_k", "0"}, {"dim_v", "0"}, {"lengths", ""}, {"varlen", ""}, {"cache", "warm"}};
   CHECK(plan[0].options == additive_only);
   CHECK(plan[1].decay == "scalar");
   CHECK(plan[1].option("gate_norm") == "16");

@@ -18,8 +18,10 @@ namespace {
 // One call of `impl`/`mode` on the CUDA backend, checked against the float64 reference.
 test::Outcome run_cuda_case(const Problem& p, const std::string& impl, Mode mode, const std::string& dtype,
                             bool cold = false, std::uint64_t seed = 5) {
-  auto backend = make_backend("cuda", BackendOptions{0, 0, cold});
-  return test::run_on(*backend, test::kernel_case(p, impl, mode, "cuda", dtype), seed);
+  auto backend = make_backend("cuda", BackendOptions{});
+  Case kase = test::kernel_case(p, impl, mode, "cuda", dtype);
+  kase.options["cache"] = cold ? "cold" : "warm";
+  return test::run_on(*backend, kase, seed);
 }
 
 }  // namespace
@@ -86,8 +88,9 @@ TEST_CASE("the CUDA backend reports temp, arg and out bytes in closed form", "[c
 TEST_CASE("CUDA timing: events give positive times, warm and cold", "[cuda]") {
   const Problem p{1, 4, 512, 64, 64, Decay::retnet};
   for (bool cold : {false, true}) {
-    auto backend = make_backend("cuda", BackendOptions{0, 0, cold});
-    const Case kase = test::kernel_case(p, "chunked", Mode::fwd_bwd, "cuda", "bf16");
+    auto backend = make_backend("cuda", BackendOptions{});
+    Case kase = test::kernel_case(p, "chunked", Mode::fwd_bwd, "cuda", "bf16");
+    kase.options["cache"] = cold ? "cold" : "warm";
     auto prepared = backend->find(kase.op->name, kase.impl)->prepare(kase, make_case_inputs(kase, 0).inputs_for(kase.mode));
     prepared->run();
     const double ms = prepared->time_ms(3);

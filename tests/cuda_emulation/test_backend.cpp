@@ -8,6 +8,8 @@
 // closed forms, the layer over two calls of one case.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "backends/cuda/cuda_backend.hpp"
 #include "kernels/decode/cuda.hpp"
 #include "kernels/linear_attention/cuda/chunked_gated.hpp"
@@ -135,6 +137,29 @@ TEST_CASE("emulation: the CUDA decode row takes the deployed models' grouped hea
   CHECK_THAT(*backend->unsupported(wide), Catch::Matchers::Contains("dim (the key dim) over"));
 }
 
+TEST_CASE("emulation: the CUDA decode row steps pooled and bf16 states", "[emulation][backend_decode]") {
+  auto backend = emulated_cuda(BackendOptions{});
+  for (Rule rule : {Rule::additive, Rule::delta})
+    for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector})
+      for (const bool bf16 : {false, true})
+        for (const int slots : {0, 7}) {
+          DecodeProblem p{3, 2, 2, 24, 2, decay, rule, 1, 40};
+          p.state_slots = slots;
+          p.state_bf16 = bf16;
+          const Case c = test::decode_case(p, "cuda");
+          INFO(test::describe(c) << " slots " << slots << " bf16 " << bf16);
+          REQUIRE_FALSE(backend->unsupported(c));
+          const test::Outcome r = test::run_on(*backend, c, 5);
+          INFO(test::errors(r.check));
+          CHECK(r.check.passed);
+          // o and the snapshots from the float32 registers; hT rounded once, within 2^-8 of its norm.
+          CHECK(r.check.per_output.at("o") < 1e-5);
+          CHECK(r.check.per_output.at("snapshots") < 1e-5);
+          CHECK(r.check.per_output.at("hT") < (bf16 ? std::ldexp(1.0, -8) : 1e-5));
+          if (bf16) CHECK(r.check.per_output.at("hT") > 1e-4);
+        }
+}
+
 TEST_CASE("emulation: the test table has no op the rows above leave out", "[emulation][backend]") {
   for (const auto& row : test::op_test_table()) {
     const std::string op = row.shapes.front().op->name;
@@ -154,7 +179,7 @@ TEST_CASE("emulation: the CUDA backend's availability and device block", "[emula
   CHECK(info.cuda->driver_cuda_version);
   REQUIRE(backend->memory_available);
   CHECK(backend->memory_available() > 0);
-  CHECK(emulated_cuda(BackendOptions{0, 1, false})->availability().reason.find("--device 1") != std::string::npos);
+  CHECK(emulated_cuda(BackendOptions{0, 1})->availability().reason.find("--device 1") != std::string::npos);
 }
 
 TEST_CASE("emulation: the CUDA backend's scratch equals its closed forms", "[emulation][backend]") {
@@ -294,7 +319,7 @@ TEST_CASE("emulation: the CUDA chunked_gated row runs the section 1c shapes nati
   for (const Shape& s : {Shape{2, 8, ""}, Shape{1, 32, "37+1+20"}, Shape{4, 16, "9+1+4"}})
     for (const std::string decay : {"scalar", "vector"})
       for (const bool keep : {true, false}) {
-        auto backend = emulated_cuda(BackendOptions{0, 0, false, keep});
+        auto backend = emulated_cuda(BackendOptions{0, 0, keep});
         Problem p = base;
         p.decay = decay_from(decay);
         const Case c = shaped(p, "chunked", Mode::fwd_bwd, "float32", s.heads_k, s.dim_v, s.lengths);

@@ -65,7 +65,7 @@ TEST_CASE("bf16 on the CPU: every rule, decay, form and mode within the bf16 tol
   if (skipped_without_bf16()) return;
   double worst_native = 0, worst_converted = 0;
   for (const bool keep : {true, false}) {
-    auto backend = make_backend("cpu", BackendOptions{2, 0, false, keep});
+    auto backend = make_backend("cpu", BackendOptions{2, 0, keep});
     for (const Rule rule : {Rule::additive, Rule::delta})
       for (const Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector})
         for (const Problem& p : shapes(decay, rule))

@@ -201,7 +201,8 @@ TEST_CASE("decode: records carry the bandwidth figures and the table shows them"
   const std::string out = (dir / "d.json").string();
   const test::ProcessResult r = test::run_process(
       "timeout 300 " + test::binary() + " --suite decode --batch 2 --heads 2 --dim 16 --tokens 1,3 --snapshots 2 "
-      "--rule additive,delta --decay vector --reps 2 --warmup 0 --min-sample-ms 1 --threads 2 --out " + out);
+      "--rule additive,delta --decay vector --cache cold,warm --reps 2 --warmup 0 --min-sample-ms 1 --threads 2 --out " +
+      out);
   INFO(r.output);
   REQUIRE(r.exit_status == 0);
   // %peak: the fraction of the measured bandwidth, in percent, where the kernel suite's is of the compute ceiling.
@@ -210,11 +211,12 @@ TEST_CASE("decode: records carry the bandwidth figures and the table shows them"
   CHECK(r.output.find("us/token") != std::string::npos);
   std::ifstream file(out);
   const nlohmann::json doc = nlohmann::json::parse(file);
-  REQUIRE(doc["results"].size() == 4);
+  REQUIRE(doc["results"].size() == 8);
   for (const auto& rec : doc["results"]) {
     INFO(rec.dump());
     CHECK(rec["status"] == "ok");
     CHECK(rec["suite"] == "decode");
+    CHECK((rec["cache"] == "cold" || rec["cache"] == "warm"));
     CHECK(rec["tokens"] == rec["seq"]);
     const int tokens = rec["tokens"];
     // 2 x 2 heads of 16 x 16 states, in and out, plus the earlier snapshot when tokens > 1; q, k,
@@ -226,11 +228,20 @@ TEST_CASE("decode: records carry the bandwidth figures and the table shows them"
     CHECK(rec["gbytes_per_s"].get<double>() == Approx(expected / seconds * 1e-9));
     CHECK(rec["tokens_per_s"].get<double>() == Approx(2 * tokens / seconds));
     CHECK(rec["us_per_token"].get<double>() == Approx(seconds * 1e6 / tokens));
-    CHECK(rec["bandwidth_fraction"].get<double>() ==
-          Approx(rec["gbytes_per_s"].get<double>() / doc["device"]["stream_gbytes_per_s"].get<double>()));
-    // A few KiB: in the last-level cache wherever the device block knows the caches.
-    const bool caches_known = doc["device"].contains("cache_kib") && !doc["device"]["cache_kib"].empty();
-    CHECK(rec["bandwidth_roof"] == (caches_known ? "llc" : "dram"));
+    // Cold: against the DRAM triad. Warm: a few KiB, in the first level wherever the device block
+    // knows the caches, against that level's triad.
+    const auto& device = doc["device"];
+    const bool caches_known = device.contains("cache_gbytes_per_s") && !device["cache_gbytes_per_s"].empty();
+    if (rec["cache"] == "cold" || !caches_known) {
+      CHECK(rec["bandwidth_roof"] == "dram");
+      CHECK(rec["bandwidth_fraction"].get<double>() ==
+            Approx(rec["gbytes_per_s"].get<double>() / device["stream_gbytes_per_s"].get<double>()));
+    } else {
+      CHECK(rec["bandwidth_roof"] == "l1d");
+      CHECK(rec["bandwidth_fraction"].get<double>() ==
+            Approx(rec["gbytes_per_s"].get<double>() / device["cache_gbytes_per_s"]["L1d"].get<double>()));
+    }
+    CHECK(rec["above_roof"] == (rec["bandwidth_fraction"].get<double>() > 1.05));
   }
 }
 

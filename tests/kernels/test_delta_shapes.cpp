@@ -81,7 +81,7 @@ TEST_CASE("chunked delta rule on grouped, rectangular and packed shapes matches 
       for (int threads : {1, 3})
         for (bool keep : {true, false}) {
           INFO(describe(shape, decay) << " threads " << threads << (keep ? " kept" : " recomputed") << " states");
-          auto backend = make_backend("cpu", BackendOptions{threads, 0, false, keep});
+          auto backend = make_backend("cpu", BackendOptions{threads, 0, keep});
           const test::Outcome run = test::run_on(*backend, kase);
           INFO(test::errors(run.check));
           CHECK(run.bwd_states == (keep ? "kept" : "recomputed"));

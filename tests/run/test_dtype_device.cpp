@@ -18,20 +18,24 @@ using namespace lattn;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
-TEST_CASE("dtype bf16, device and cold are config keys with flags", "[config]") {
-  Config c = parse_config("dtype: bf16\ndevice: 1\ncold: true\n", "suite.yaml");
+TEST_CASE("dtype bf16, device and cache are config keys with flags", "[config]") {
+  Config c = parse_config("dtype: bf16\ndevice: 1\nkernel:\n  cache: [cold, warm]\n", "suite.yaml");
   CHECK(c.run.dtype == "bf16");
   CHECK(c.run.device == 1);
-  CHECK(c.run.cold);
-  CHECK(to_json(c).at("cold") == true);
+  CHECK(c.suite("kernel").names("cache") == std::vector<std::string>{"cold", "warm"});
+  CHECK(c.suite("decode").names("cache") == std::vector<std::string>{"cold"});  // the decode suite's default
+  CHECK(c.suite("layer").names("cache") == std::vector<std::string>{"warm"});
   CHECK(to_json(c).at("device") == 1);
+  CHECK_FALSE(to_json(c).contains("cold"));
   Overrides o;
   o.values["device"] = "0";
-  o.values["cold"] = "false";
+  o.values["cache"] = "warm";
   apply_overrides(c, o);
   CHECK(c.run.device == 0);
-  CHECK_FALSE(c.run.cold);
-  CHECK_THROWS_WITH(parse_config("cold: maybe\n", "s.yaml"), Contains("s.yaml:1: cold") && Contains("true or false"));
+  CHECK(c.suite("kernel").names("cache") == std::vector<std::string>{"warm"});
+  CHECK_THROWS_WITH(parse_config("kernel:\n  cache: tepid\n", "s.yaml"), Contains("s.yaml:2: kernel.cache") && Contains("cold, warm"));
+  // The run key it replaced says where it went rather than running warm.
+  CHECK_THROWS_WITH(parse_config("cold: true\n", "s.yaml"), Contains("s.yaml:1: cold") && Contains("cache: cold"));
   CHECK_THROWS_WITH(parse_config("device: -1\n", "s.yaml"), Contains("device"));
   CHECK_THROWS_WITH(parse_config("dtype: fp8\n", "s.yaml"), Contains("expected one of: float32, bf16"));
 }

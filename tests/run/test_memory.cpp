@@ -121,7 +121,7 @@ TEST_CASE("the backend reports the kernel's scratch as temp and the tensors as a
   CHECK(run.bwd_states == (kept > 0 ? "kept" : "recomputed"));
 
   // Asked to recompute them, the call holds the larger of the two passes' own scratch.
-  auto recomputing = make_backend("cpu", BackendOptions{2, 0, false, false});
+  auto recomputing = make_backend("cpu", BackendOptions{2, 0, false});
   const test::Outcome lighter = test::run_on(*recomputing, kase, 0);
   CHECK(lighter.memory.temp_bytes ==
         std::max(cpu::chunked_forward_workspace_bytes(p), cpu::chunked_backward_workspace_bytes(p)));

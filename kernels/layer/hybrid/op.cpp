@@ -128,6 +128,7 @@ const Op& layer_op() {
         {"mode", Param::mode, {"fwd", "fwd_bwd"}, "modes (fwd, fwd_bwd)"},
     };
     for (Axis& axis : block_axes()) o.axes.insert(o.axes.end() - 3, std::move(axis));  // after decay, before seq
+    o.axes.push_back(cache_axis("warm"));
     o.forms = {{"scan", layer_flops}, {"chunked", layer_flops}};
     o.tensors = {
         {"x", Role::input, rows, true},          {"wq", Role::input, weight, false},
