@@ -327,6 +327,7 @@ CpuDeviceInfo describe_cpu(int threads) {
   info.stream_gbytes_per_s = roof.stream_gbytes_per_s;
   info.stream_bytes = roof.stream_bytes;
   if (roof.fma_gflops > 0) info.fma_gflops = roof.fma_gflops;
+  if (roof.amx_gflops > 0) info.amx_gflops = roof.amx_gflops;
   info.layer_products = product_path_name();
   return info;
 }

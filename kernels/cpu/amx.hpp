@@ -87,28 +87,50 @@ struct Emulated {
 };
 
 #if defined(LATTN_AMX_INTRINSICS)
+// The intrinsics are macros that paste their tile numbers into the instruction's text, so each
+// template argument is spelled out as a literal here.
+#define LATTN_AMX_TILE_CASES(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 struct Hardware {
   static constexpr const char* name = "hardware";
   static void load_config(const TileConfig& c) { _tile_loadconfig(&c); }
   static void release() { _tile_release(); }
   template <int T>
   static void load(const void* base, std::size_t stride) {
-    _tile_loadd(T, base, stride);
+    static_assert(T >= 0 && T < kTiles);
+#define LATTN_AMX_LOAD(t) \
+  if constexpr (T == t) _tile_loadd(t, base, stride);
+    LATTN_AMX_TILE_CASES(LATTN_AMX_LOAD)
+#undef LATTN_AMX_LOAD
   }
   template <int T>
   static void store(void* base, std::size_t stride) {
-    _tile_stored(T, base, stride);
+    static_assert(T >= 0 && T < kTiles);
+#define LATTN_AMX_STORE(t) \
+  if constexpr (T == t) _tile_stored(t, base, stride);
+    LATTN_AMX_TILE_CASES(LATTN_AMX_STORE)
+#undef LATTN_AMX_STORE
   }
   template <int T>
   static void zero() {
-    _tile_zero(T);
+    static_assert(T >= 0 && T < kTiles);
+#define LATTN_AMX_ZERO(t) \
+  if constexpr (T == t) _tile_zero(t);
+    LATTN_AMX_TILE_CASES(LATTN_AMX_ZERO)
+#undef LATTN_AMX_ZERO
   }
+  // The (C, A, B) triples kernels/cpu/amx_gemm.hpp uses: its 2 x 2 block of accumulators.
   template <int C, int A, int B>
   static void dpbf16ps() {
-    static_assert(C != A && C != B && A != B, "tdpbf16ps takes three distinct tiles");
-    _tile_dpbf16ps(C, A, B);
+    static_assert((C == 0 && A == 4 && B == 6) || (C == 1 && A == 4 && B == 7) || (C == 2 && A == 5 && B == 6) ||
+                      (C == 3 && A == 5 && B == 7),
+                  "a tile triple amx_gemm.hpp does not use: spell it out here");
+    if constexpr (C == 0) _tile_dpbf16ps(0, 4, 6);
+    if constexpr (C == 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (C == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (C == 3) _tile_dpbf16ps(3, 5, 7);
   }
 };
+#undef LATTN_AMX_TILE_CASES
 #endif
 
 // ---- This CPU ----

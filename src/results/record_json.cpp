@@ -161,6 +161,7 @@ nlohmann::json to_json(const DeviceInfo& d) {
     j["stream_gbytes_per_s"] = c->stream_gbytes_per_s;
     j["stream_bytes"] = c->stream_bytes;
     put(j, "fma_gflops", c->fma_gflops);
+    put(j, "amx_gflops", c->amx_gflops);
     if (!c->layer_products.empty()) j["layer_products"] = c->layer_products;
     const ComputeCeiling ceiling = d.ceiling();
     j["peak_gflops"] = ceiling.gflops;

@@ -105,15 +105,16 @@ std::size_t chunked_bf16_forward_floats(const Problem& problem);
 // The additive rule's chunked forward with every product on AMX tiles (cpu/chunked/chunked_amx.cpp):
 // what chunked_bf16 takes, on the hardware's tiles or on the emulation's (kernels/cpu/amx.hpp). It
 // keeps no chunk states; its row's backward is the converted float32 one, as chunked_bf16's.
-enum class AmxPath { hardware, emulated };
+enum class AmxPath { hardware, emulated, none };
 std::optional<std::string> chunked_amx_limits(const Problem& problem);
 void chunked_amx_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator, AmxPath path);
 std::size_t chunked_amx_forward_floats(const Problem& problem);
 
 // The path the chunked_amx row runs: the hardware where amx::hardware_refusal() finds nothing
 // against it, none elsewhere (the row declines with that reason); a test may force one with
-// set_amx_override (std::nullopt restores the CPU's own). Forcing the hardware where it is refused
-// still declines.
+// set_amx_override (std::nullopt restores the CPU's own): the emulation, none (the row declines, so
+// that chunked_bf16's tests test it on an AMX host too), or the hardware, which still declines
+// where it is refused.
 std::optional<std::string> amx_refusal();
 AmxPath amx_path();
 void set_amx_override(std::optional<AmxPath> path);

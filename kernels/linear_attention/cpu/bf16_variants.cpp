@@ -68,6 +68,7 @@ void set_bf16_override(std::optional<bool> supported) { forced_support = support
 
 std::optional<std::string> amx_refusal() {
   if (forced_amx == AmxPath::emulated) return std::nullopt;
+  if (forced_amx == AmxPath::none) return std::string("AMX turned off (set_amx_override)");
   return amx::hardware_refusal();
 }
 
