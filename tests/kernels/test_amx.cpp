@@ -21,6 +21,7 @@
 #include "kernels/cpu/amx.hpp"
 #include "kernels/cpu/amx_gemm.hpp"
 #include "kernels/linear_attention/cpu/bf16.hpp"
+#include "kernels/linear_attention/cpu/chunked/chunk_products.hpp"
 #include "kernels/linear_attention/cpu/variants.hpp"
 #include "src/run/backend.hpp"
 #include "src/run/counting_allocator.hpp"
@@ -260,7 +261,7 @@ TEST_CASE("amx hardware: tdpbf16ps equals the emulation bit for bit", "[.hardwar
   }
 }
 
-TEST_CASE("amx chunked forward: every rule and decay, fwd and fwd_bwd, within the bf16 tolerance", "[amx]") {
+TEST_CASE("amx chunked: every rule and decay, fwd and fwd_bwd, within the bf16 tolerance", "[amx]") {
   double worst = 0;
   auto backend = make_backend("cpu", BackendOptions{2});
   for (const Rule rule : {Rule::additive, Rule::delta})
@@ -272,8 +273,9 @@ TEST_CASE("amx chunked forward: every rule and decay, fwd and fwd_bwd, within th
           REQUIRE_FALSE(backend->unsupported(c));
           const std::string variant = backend->find("linear_attention", "chunked")->variant(c);
           const std::string converted = cpu::cpu_variant_for("chunked", p).name + "+bf16cvt";
+          // The backward on AMX tiles for decays none and retnet; scalar gates' is converted.
           if (amx_takes(p))
-            CHECK(variant == (mode == Mode::fwd ? "chunked_amx" : "chunked_amx/" + converted));
+            CHECK(variant == (mode == Mode::fwd || decay != Decay::scalar ? "chunked_amx" : "chunked_amx/" + converted));
           else
             CHECK(variant == converted);  // the rows AMX does not take yet run converted, as before
           const test::Outcome r = test::run_on(*backend, c);
@@ -283,7 +285,8 @@ TEST_CASE("amx chunked forward: every rule and decay, fwd and fwd_bwd, within th
           CHECK(r.check.tolerance == 3e-2);
           if (amx_takes(p)) worst = std::max(worst, r.check.rel_err);
         }
-  // The AMX forward rounds P, S and the decayed keys to bf16, as chunked_bf16 does.
+  // The AMX forward rounds P, S and the decayed keys to bf16, as chunked_bf16 does; the backward
+  // rounds P, dA, the states and their gradients.
   WARN("chunked_amx worst rel_err " << worst);
   CHECK(worst > 0);
   CHECK(worst < 1e-2);
@@ -307,7 +310,7 @@ TEST_CASE("amx chunked forward: strong gates, long chunks, a chunk longer than t
   }
 }
 
-TEST_CASE("amx chunked forward: its scratch equals its closed form", "[amx][memory]") {
+TEST_CASE("amx chunked: its scratch equals its closed form", "[amx][memory]") {
   omp_set_num_threads(2);
   for (const Problem& p : {Problem{2, 4, 100, 32, 128, Decay::none}, Problem{1, 3, 70, 128, 64, Decay::scalar},
                            packed({0, 37, 38, 102}, 2, 1, 32, 64, 32, Decay::retnet, Rule::additive)}) {
@@ -320,7 +323,7 @@ TEST_CASE("amx chunked forward: its scratch equals its closed form", "[amx][memo
                                C * Dk / 2 + C * Dv + 3 * C;
     const std::size_t threads = std::min<std::size_t>(2, p.slices());
     CHECK(v.forward_workspace_bytes(p, false) == threads * thread * 4);
-    const TensorSet t = make_case_inputs(test::kernel_case(p, "chunked", Mode::fwd, "cpu", "bf16"), 0);
+    const TensorSet t = make_case_inputs(test::kernel_case(p, "chunked", Mode::fwd_bwd, "cpu", "bf16"), 0);
     const auto bits = [&](const char* name) {
       std::vector<cpu::Bf16> out(t.at(name).data.size());
       std::transform(t.at(name).data.begin(), t.at(name).data.end(), out.begin(), float_to_bf16_bits);
@@ -334,6 +337,31 @@ TEST_CASE("amx chunked forward: its scratch equals its closed form", "[amx][memo
     v.forward(p, fa, allocator, nullptr);
     CHECK(allocator.live_bytes() == 0);
     CHECK(allocator.peak_bytes() == v.forward_workspace_bytes(p, false));
+
+    // The backward on AMX tiles (decays none, retnet): the partial dq, dk copies of GradParts, then
+    // per thread the chunk's bf16 rows (4), their pairings (K^T, V^T, K, Q, V, dO; S^T, dS^T, dS),
+    // K_w^T and (diag(lam) Q)^T, two float32 and four bf16 C x C blocks, dS, a gradient's rows, the
+    // decays and the entering states of the longest sequence's chunks.
+    if (p.decay == Decay::scalar) {
+      CHECK(v.backward_workspace_bytes(p, false) ==
+            cpu::bf16_converted(cpu::cpu_variant_for("chunked", p)).backward_workspace_bytes(p, false));
+      continue;
+    }
+    const std::size_t chunks = std::size_t(cpu::max_chunks(p)), Dmax = std::max(Dk, Dv);
+    const std::size_t bwd_thread = C * Dk + C * Dv + Dk / 2 * C + Dv / 2 * C + C * Dk + C * Dv + 2 * Dv / 2 * Dk +
+                                   Dk / 2 * Dv + Dk * C + 2 * C * C + 2 * C * C + Dk * Dv + C * Dmax + 3 * C +
+                                   chunks * Dk * Dv;
+    const cpu::GradParts parts(p, 2);
+    const std::size_t bwd_threads = std::min<std::size_t>(2, parts.items);
+    CHECK(v.backward_workspace_bytes(p, false) == (parts.partial_floats(p) + bwd_threads * bwd_thread) * 4);
+    const std::vector<cpu::Bf16> dO = bits("dO");
+    std::vector<float> dq(p.key_elems()), dk(p.key_elems()), dv(p.value_elems()), dh0(p.state_elems());
+    const cpu::Bf16BackwardArgs ba{q.data(), k.data(), v16.data(), t.at("h0").data.data(), dO.data(),
+                                   t.at("dhT").data.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
+    CountingAllocator back;
+    v.backward(p, ba, back, nullptr);
+    CHECK(back.live_bytes() == 0);
+    CHECK(back.peak_bytes() == v.backward_workspace_bytes(p, false));
   }
   omp_set_num_threads(omp_get_num_procs());
 }

@@ -68,6 +68,9 @@ struct CpuBf16Variant {
   // forward's backward is the float32 table's, converted); empty: its own. A fwd_bwd record names
   // both, "<name>/<backward_name>".
   std::string backward_name = {};
+  // For a native row whose backward is its own for some problems and the converted float32 one
+  // for the rest: whether `problem`'s is its own (null: never).
+  std::function<bool(const Problem&)> own_backward = nullptr;
 };
 
 // Whether this CPU has AVX512-BF16 (the bf16 kernels' dot products and conversions), unless a test
@@ -104,11 +107,16 @@ std::size_t chunked_bf16_forward_floats(const Problem& problem);
 
 // The additive rule's chunked forward with every product on AMX tiles (cpu/chunked/chunked_amx.cpp):
 // what chunked_bf16 takes, on the hardware's tiles or on the emulation's (kernels/cpu/amx.hpp). It
-// keeps no chunk states; its row's backward is the converted float32 one, as chunked_bf16's.
+// keeps no chunk states. Its backward (cpu/chunked/chunked_amx_backward.cpp, on AMX tiles too,
+// recomputing the chunk states) takes decays none and retnet; with scalar gates the row's backward
+// is the converted float32 one, as chunked_bf16's. Scratch in floats, all threads'.
 enum class AmxPath { hardware, emulated, none };
 std::optional<std::string> chunked_amx_limits(const Problem& problem);
 void chunked_amx_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator, AmxPath path);
 std::size_t chunked_amx_forward_floats(const Problem& problem);
+bool chunked_amx_backward_takes(const Problem& problem);
+void chunked_amx_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator, AmxPath path);
+std::size_t chunked_amx_backward_floats(const Problem& problem);
 
 // The path the chunked_amx row runs: the hardware where amx::hardware_refusal() finds nothing
 // against it, none elsewhere (the row declines with that reason); a test may force one with

@@ -13,11 +13,19 @@ namespace {
 std::optional<bool> forced_support;
 std::optional<AmxPath> forced_amx;
 
-// The native chunked forwards keep no chunk states: their backward is the float32 table's,
-// converted, recomputing them.
+// The native chunked forwards keep no chunk states: their backward recomputes them, the row's own
+// where it has one for the problem, else the float32 table's, converted.
+// own: the row's own backward where `own.takes` says so (its scratch own.floats), else the
+// converted float32 one.
+struct OwnBackward {
+  std::function<bool(const Problem&)> takes = nullptr;
+  std::function<void(const Problem&, const Bf16BackwardArgs&, Allocator&)> run = nullptr;
+  std::function<std::size_t(const Problem&)> floats = nullptr;
+};
+
 CpuBf16Variant native_forward(std::string name, std::optional<std::string> (*limits)(const Problem&),
                               std::function<void(const Problem&, const Bf16ForwardArgs&, Allocator&)> forward,
-                              std::function<std::size_t(const Problem&)> forward_floats) {
+                              std::function<std::size_t(const Problem&)> forward_floats, OwnBackward own = {}) {
   CpuBf16Variant v;
   v.name = name;
   v.takes = {{Rule::additive}, {Decay::none, Decay::retnet, Decay::scalar}, limits, true};
@@ -25,14 +33,17 @@ CpuBf16Variant native_forward(std::string name, std::optional<std::string> (*lim
     if (keep) throw std::logic_error(name + " keeps no chunk states");
     forward(p, a, m);
   };
-  v.backward = [name](const Problem& p, const Bf16BackwardArgs& a, Allocator& m, const float* kept) {
+  v.backward = [name, own](const Problem& p, const Bf16BackwardArgs& a, Allocator& m, const float* kept) {
     if (kept) throw std::logic_error(name + " takes no kept chunk states");
+    if (own.takes && own.takes(p)) return own.run(p, a, m);
     bf16_converted(cpu_variant_for("chunked", p)).backward(p, a, m, nullptr);
   };
   v.forward_workspace_bytes = [forward_floats](const Problem& p, bool) { return forward_floats(p) * sizeof(float); };
-  v.backward_workspace_bytes = [](const Problem& p, bool) {
+  v.backward_workspace_bytes = [own](const Problem& p, bool) {
+    if (own.takes && own.takes(p)) return own.floats(p) * sizeof(float);
     return bf16_converted(cpu_variant_for("chunked", p)).backward_workspace_bytes(p, false);
   };
+  v.own_backward = own.takes;
   return v;
 }
 
@@ -47,7 +58,10 @@ std::vector<CpuBf16Variant> native_chunked() {
               "chunked_amx",
               chunked_amx_takes,
               [](const Problem& p, const Bf16ForwardArgs& a, Allocator& m) { chunked_amx_forward(p, a, m, amx_path()); },
-              chunked_amx_forward_floats),
+              chunked_amx_forward_floats,
+              {chunked_amx_backward_takes,
+               [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m) { chunked_amx_backward(p, a, m, amx_path()); },
+               chunked_amx_backward_floats}),
           native_forward("chunked_bf16", chunked_bf16_limits, chunked_bf16_forward, chunked_bf16_forward_floats)};
 }
 
@@ -88,7 +102,7 @@ CpuBf16Variant cpu_bf16_variant_for(const std::string& form, const Problem& prob
   if (auto why = cpu_bf16_refusal(form, problem)) throw std::logic_error(*why);
   if (const CpuBf16Variant* native = choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) {
     CpuBf16Variant v = *native;
-    v.backward_name = bf16_converted(cpu_variant_for(form, problem)).name;
+    if (!(v.own_backward && v.own_backward(problem))) v.backward_name = bf16_converted(cpu_variant_for(form, problem)).name;
     return v;
   }
   return bf16_converted(cpu_variant_for(form, problem));

@@ -24,41 +24,18 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 
 #include "kernels/cpu/amx_gemm.hpp"
-#include "kernels/cpu/exp.hpp"
-#include "kernels/linear_attention/cpu/bf16.hpp"
+#include "kernels/linear_attention/cpu/chunked/chunked_amx_parts.hpp"
 
 namespace lattn::cpu {
 namespace {
 
-constexpr int kMaxChunk = 256, kMaxDim = 256;
+using namespace amx_chunked;
+
 constexpr int kBlock = 2 * amx::kTileRows;  // rows of a scores / P V block: one 2 x 2 tile block
-
-int round_up(int x, int to) { return (x + to - 1) / to * to; }
-
-int items_threads(const Problem& p) {
-  return int(std::max<std::size_t>(1, std::min<std::size_t>(std::size_t(omp_get_max_threads()), p.slices())));
-}
-
-// Round to nearest even; a NaN stays a (quiet) NaN.
-inline Bf16 to_bf16(float x) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return Bf16((bits >> 16) | 0x40u);
-  return Bf16((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-inline float from_bf16(Bf16 x) {
-  const std::uint32_t bits = std::uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline std::uint32_t pair_of(Bf16 lo, Bf16 hi) { return std::uint32_t(lo) | (std::uint32_t(hi) << 16); }
 
 // One thread's scratch, in 4-byte words (a bf16 pair or a float32).
 struct Scratch {
@@ -83,7 +60,7 @@ template <class Tiles>
 void run_item(const Problem& p, const Bf16ForwardArgs& a, const HeadSlice& item, float* w, const Scratch& at) {
   const int C = p.chunk, Dk = p.dim, Dv = p.value_dim();
   const float scale = float(attention_scale(Dk));
-  const float log_gamma = p.decay == Decay::retnet ? float(std::log(decay_gamma(p.decay, item.head))) : 0.0f;
+  const float log_gamma = log_gamma_of(p, item.head);
   auto* kt = reinterpret_cast<std::uint32_t*>(w + at.kt);
   auto* vp = reinterpret_cast<std::uint32_t*>(w + at.vp);
   auto* kwt = reinterpret_cast<Bf16*>(w + at.kwt);
@@ -117,16 +94,7 @@ void run_item(const Problem& p, const Bf16ForwardArgs& a, const HeadSlice& item,
     }
 
     // Decays: L_i, lam_i = s exp(L_i), gam_j = exp(L_{n-1} - L_j).
-    float run = 0;
-    for (int i = 0; i < n; ++i) {
-      run += g_item ? g_item[c0 + i] : log_gamma;
-      L[i] = run;
-    }
-    for (int i = 0; i < n; ++i) {
-      lam[i] = scale * exp_nonpositive(L[i]);
-      gam[i] = exp_nonpositive(L[n - 1] - L[i]);
-    }
-    const float total = exp_nonpositive(L[n - 1]);
+    const float total = chunk_decays(n, scale, log_gamma, g_item ? g_item + c0 : nullptr, L, lam, gam);
 
     // K^T as pairs and K_w^T, zero in the columns n .. n32 - 1.
     for (int pr = 0; pr < Dk / 2; ++pr) {
