@@ -5,8 +5,6 @@
 // and those run only after hardware_refusal() found nothing against it.
 #include "kernels/cpu/amx.hpp"
 
-#include "kernels/cpu/amx_gemm.hpp"
-
 #include <omp.h>
 
 #include <algorithm>
@@ -17,6 +15,8 @@
 #include <mutex>
 #include <stdexcept>
 #include <vector>
+
+#include "kernels/cpu/amx_gemm.hpp"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -151,7 +151,8 @@ void dpbf16ps(int c, int a, int b) {
   checked_tile("tdpbf16ps", b);
   if (c == a || c == b || a == b) fault("tdpbf16ps", "the three tiles must be distinct");
   const TileConfig& k = state.config;
-  if (k.colsb[c] % 4 || k.colsb[a] % 4 || k.colsb[b] % 4) fault("tdpbf16ps", "a tile's bytes a row are not a multiple of 4");
+  if (k.colsb[c] % 4 || k.colsb[a] % 4 || k.colsb[b] % 4)
+    fault("tdpbf16ps", "a tile's bytes a row are not a multiple of 4");
   if (k.rows[c] != k.rows[a]) fault("tdpbf16ps", "C and A differ in rows");
   if (k.colsb[a] / 4 != k.rows[b]) fault("tdpbf16ps", "A's pairs a row differ from B's rows");
   if (k.colsb[c] != k.colsb[b]) fault("tdpbf16ps", "C and B differ in bytes a row");
@@ -186,13 +187,15 @@ std::optional<std::string> find_refusal() {
   // The OS must enable the tile state: XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA).
   unsigned xcr0_lo = 0, xcr0_hi = 0;
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return std::string("AMX-BF16 present but the OS does not enable the tile state (XCR0)");
+  if ((xcr0_lo & (3u << 17)) != (3u << 17))
+    return std::string("AMX-BF16 present but the OS does not enable the tile state (XCR0)");
 #if !defined(LATTN_AMX_INTRINSICS)
   return std::string("AMX-BF16 present but this build's compiler has no AMX intrinsics (-mamx-tile -mamx-bf16)");
 #elif defined(__linux__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
-    return std::string("AMX-BF16 present but Linux refused the tile data permission (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
+    return std::string(
+               "AMX-BF16 present but Linux refused the tile data permission (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
            std::strerror(errno) + ")";
   return std::nullopt;
 #else
@@ -204,7 +207,8 @@ std::optional<std::string> find_refusal() {
 #if defined(LATTN_AMX_INTRINSICS)
 double amx_loop_seconds(long iterations) {
   const TileConfig config = uniform_config(kTiles, kMaxRows, kMaxRowBytes);
-  alignas(64) static const std::uint16_t operands[kMaxRows * kMaxRowBytes / 2] = {};  // the rate does not depend on the values
+  alignas(64) static const std::uint16_t operands[kMaxRows * kMaxRowBytes / 2] =
+      {};  // the rate does not depend on the values
   Hardware::load_config(config);
   Hardware::load<4>(operands, kMaxRowBytes);
   Hardware::load<5>(operands, kMaxRowBytes);

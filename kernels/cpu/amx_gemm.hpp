@@ -16,8 +16,8 @@
 
 namespace lattn::cpu::amx {
 
-constexpr int kTileRows = 16;    // rows of every tile; C's tile columns (16 float32)
-constexpr int kTileDepth = 32;   // bf16 of the reduction a tdpbf16ps takes (16 pairs)
+constexpr int kTileRows = 16;   // rows of every tile; C's tile columns (16 float32)
+constexpr int kTileDepth = 32;  // bf16 of the reduction a tdpbf16ps takes (16 pairs)
 
 template <class Tiles>
 void configure() {

@@ -95,9 +95,9 @@ bool amx_takes(const Problem& p) {
 
 TEST_CASE("amx emulation: tdpbf16ps on known values", "[amx]") {
   // One row, two columns, two pairs: C[0][n] = c + sum_p a[p] . b[p][n].
-  const std::vector<std::uint16_t> a = {bf(1), bf(2), bf(3), bf(4)};            // pairs (1, 2), (3, 4)
-  const std::vector<std::uint16_t> b = {bf(5), bf(6), bf(-1), bf(0.5f),          // row 0: (5, 6), (-1, 0.5)
-                                        bf(7), bf(8), bf(2), bf(0.25f)};         // row 1: (7, 8), (2, 0.25)
+  const std::vector<std::uint16_t> a = {bf(1), bf(2), bf(3), bf(4)};       // pairs (1, 2), (3, 4)
+  const std::vector<std::uint16_t> b = {bf(5), bf(6), bf(-1), bf(0.5f),    // row 0: (5, 6), (-1, 0.5)
+                                        bf(7), bf(8), bf(2),  bf(0.25f)};  // row 1: (7, 8), (2, 0.25)
   const std::vector<float> c = emulated_dp(1, 2, 2, {10, 100}, a, b);
   CHECK(c[0] == 10 + 1 * 5 + 2 * 6 + 3 * 7 + 4 * 8);
   CHECK(c[1] == 100 + 1 * -1 + 2 * 0.5f + 3 * 2 + 4 * 0.25f);
@@ -163,7 +163,11 @@ TEST_CASE("amx emulation: the tile configuration's checks", "[amx]") {
   CHECK_THAT(error([](amx::TileConfig& c) { c.reserved[5] = 1; }), Contains("reserved"));
   CHECK_THAT(error([](amx::TileConfig& c) { c.rows[2] = 17; }), Contains("tile 2") && Contains("17 rows"));
   CHECK_THAT(error([](amx::TileConfig& c) { c.colsb[7] = 68; }), Contains("tile 7") && Contains("68 bytes"));
-  CHECK_THAT(error([](amx::TileConfig& c) { c.rows[8] = 1; c.colsb[8] = 4; }), Contains("tile 8"));
+  CHECK_THAT(error([](amx::TileConfig& c) {
+               c.rows[8] = 1;
+               c.colsb[8] = 4;
+             }),
+             Contains("tile 8"));
   CHECK_THAT(error([](amx::TileConfig& c) { c.colsb[3] = 0; }), Contains("tile 3") && Contains("not both"));
 
   // The emulation faults where the hardware would: ldtilecfg on a bad configuration, an
@@ -207,7 +211,8 @@ TEST_CASE("amx emulation: the tile configuration's checks", "[amx]") {
 // The products layer against a model made of dpbf16_element: each 32-deep step of the reduction is
 // one tdpbf16ps, taken in order, so the result is exact, not within a tolerance.
 TEST_CASE("amx products: every block shape, accumulating or not, exactly as the instruction's steps", "[amx]") {
-  for (const auto& [M, N, K] : {std::array<int, 3>{16, 16, 32}, {32, 32, 64}, {48, 80, 96}, {64, 16, 32}, {16, 48, 128}})
+  for (const auto& [M, N, K] :
+       {std::array<int, 3>{16, 16, 32}, {32, 32, 64}, {48, 80, 96}, {64, 16, 32}, {16, 48, 128}})
     for (const bool accumulate : {false, true}) {
       INFO("M " << M << " N " << N << " K " << K << (accumulate ? " accumulating" : ""));
       const std::size_t lda = std::size_t(K) + 32, ldb = std::size_t(N) + 16, ldc = std::size_t(N) + 8;
@@ -275,7 +280,8 @@ TEST_CASE("amx chunked: every rule and decay, fwd and fwd_bwd, within the bf16 t
           const std::string converted = cpu::cpu_variant_for("chunked", p).name + "+bf16cvt";
           // The backward on AMX tiles for decays none and retnet; scalar gates' is converted.
           if (amx_takes(p))
-            CHECK(variant == (mode == Mode::fwd || decay != Decay::scalar ? "chunked_amx" : "chunked_amx/" + converted));
+            CHECK(variant ==
+                  (mode == Mode::fwd || decay != Decay::scalar ? "chunked_amx" : "chunked_amx/" + converted));
           else
             CHECK(variant == converted);  // the rows AMX does not take yet run converted, as before
           const test::Outcome r = test::run_on(*backend, c);
@@ -319,8 +325,8 @@ TEST_CASE("amx chunked: its scratch equals its closed form", "[amx][memory]") {
     REQUIRE(v.name == "chunked_amx");
     // Written out: packed K^T, V, K_w^T, S; S; scores; P; a short chunk's Q; O's rows; the decays.
     const std::size_t C = p.chunk, Dk = p.dim, Dv = p.value_dim();
-    const std::size_t thread = Dk / 2 * C + C / 2 * Dv + Dk * C / 2 + Dk / 2 * Dv + Dk * Dv + C * C + C * C / 2 +
-                               C * Dk / 2 + C * Dv + 3 * C;
+    const std::size_t thread =
+        Dk / 2 * C + C / 2 * Dv + Dk * C / 2 + Dk / 2 * Dv + Dk * Dv + C * C + C * C / 2 + C * Dk / 2 + C * Dv + 3 * C;
     const std::size_t threads = std::min<std::size_t>(2, p.slices());
     CHECK(v.forward_workspace_bytes(p, false) == threads * thread * 4);
     const TensorSet t = make_case_inputs(test::kernel_case(p, "chunked", Mode::fwd_bwd, "cpu", "bf16"), 0);
@@ -356,8 +362,9 @@ TEST_CASE("amx chunked: its scratch equals its closed form", "[amx][memory]") {
     CHECK(v.backward_workspace_bytes(p, false) == (parts.partial_floats(p) + bwd_threads * bwd_thread) * 4);
     const std::vector<cpu::Bf16> dO = bits("dO");
     std::vector<float> dq(p.key_elems()), dk(p.key_elems()), dv(p.value_elems()), dh0(p.state_elems());
-    const cpu::Bf16BackwardArgs ba{q.data(), k.data(), v16.data(), t.at("h0").data.data(), dO.data(),
-                                   t.at("dhT").data.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
+    const cpu::Bf16BackwardArgs ba{
+        q.data(),  k.data(),  v16.data(), t.at("h0").data.data(), dO.data(), t.at("dhT").data.data(), dq.data(),
+        dk.data(), dv.data(), dh0.data()};
     CountingAllocator back;
     v.backward(p, ba, back, nullptr);
     CHECK(back.live_bytes() == 0);
@@ -389,7 +396,8 @@ TEST_CASE("amx: without AMX-BF16 the chunked_amx row declines with the reason", 
 int main(int argc, char** argv) {
   prepare_process_environment(argv);
   std::vector<char*> args(argv, argv + argc);
-  const auto flag = std::find_if(args.begin(), args.end(), [](const char* a) { return std::string(a) == "--hardware"; });
+  const auto flag =
+      std::find_if(args.begin(), args.end(), [](const char* a) { return std::string(a) == "--hardware"; });
   hardware_run = flag != args.end();
   if (hardware_run) {
     args.erase(flag);

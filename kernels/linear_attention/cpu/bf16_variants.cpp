@@ -54,15 +54,15 @@ std::optional<std::string> chunked_amx_takes(const Problem& p) {
 
 // AMX tiles first where the CPU has them (or a test forces the emulation), then AVX512-BF16.
 std::vector<CpuBf16Variant> native_chunked() {
-  return {native_forward(
-              "chunked_amx",
-              chunked_amx_takes,
-              [](const Problem& p, const Bf16ForwardArgs& a, Allocator& m) { chunked_amx_forward(p, a, m, amx_path()); },
-              chunked_amx_forward_floats,
-              {chunked_amx_backward_takes,
-               [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m) { chunked_amx_backward(p, a, m, amx_path()); },
-               chunked_amx_backward_floats}),
-          native_forward("chunked_bf16", chunked_bf16_limits, chunked_bf16_forward, chunked_bf16_forward_floats)};
+  return {
+      native_forward(
+          "chunked_amx", chunked_amx_takes,
+          [](const Problem& p, const Bf16ForwardArgs& a, Allocator& m) { chunked_amx_forward(p, a, m, amx_path()); },
+          chunked_amx_forward_floats,
+          {chunked_amx_backward_takes,
+           [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m) { chunked_amx_backward(p, a, m, amx_path()); },
+           chunked_amx_backward_floats}),
+      native_forward("chunked_bf16", chunked_bf16_limits, chunked_bf16_forward, chunked_bf16_forward_floats)};
 }
 
 const std::vector<CpuBf16Variant>& native_table(const std::string& form) {
@@ -102,7 +102,8 @@ CpuBf16Variant cpu_bf16_variant_for(const std::string& form, const Problem& prob
   if (auto why = cpu_bf16_refusal(form, problem)) throw std::logic_error(*why);
   if (const CpuBf16Variant* native = choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) {
     CpuBf16Variant v = *native;
-    if (!(v.own_backward && v.own_backward(problem))) v.backward_name = bf16_converted(cpu_variant_for(form, problem)).name;
+    if (!(v.own_backward && v.own_backward(problem)))
+      v.backward_name = bf16_converted(cpu_variant_for(form, problem)).name;
     return v;
   }
   return bf16_converted(cpu_variant_for(form, problem));

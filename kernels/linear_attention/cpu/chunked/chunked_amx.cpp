@@ -42,16 +42,16 @@ struct Scratch {
   std::size_t kt, vp, kwt, sp, state, scores, p, q, out, decay, total;
   explicit Scratch(const Problem& p) {
     const std::size_t C = std::size_t(p.chunk), Dk = std::size_t(p.dim), Dv = std::size_t(p.value_dim());
-    kt = 0;                      // K^T as pairs: [Dk / 2][C]
-    vp = kt + Dk / 2 * C;        // V as pairs: [C / 2][Dv]
-    kwt = vp + C / 2 * Dv;       // K_w^T: [Dk][C] bf16
-    sp = kwt + Dk * C / 2;       // S as pairs: [Dk / 2][Dv]
-    state = sp + Dk / 2 * Dv;    // S: [Dk][Dv] float32
-    scores = state + Dk * Dv;    // Q K^T: [C][C] float32
-    this->p = scores + C * C;    // P: [C][C] bf16
-    q = this->p + C * C / 2;     // a short chunk's Q, zero-padded: [C][Dk] bf16
-    out = q + C * Dk / 2;        // O's rows: [C][Dv] float32
-    decay = out + C * Dv;        // L_i, s exp(L_i), exp(L_{n-1} - L_i): 3 x C float32
+    kt = 0;                    // K^T as pairs: [Dk / 2][C]
+    vp = kt + Dk / 2 * C;      // V as pairs: [C / 2][Dv]
+    kwt = vp + C / 2 * Dv;     // K_w^T: [Dk][C] bf16
+    sp = kwt + Dk * C / 2;     // S as pairs: [Dk / 2][Dv]
+    state = sp + Dk / 2 * Dv;  // S: [Dk][Dv] float32
+    scores = state + Dk * Dv;  // Q K^T: [C][C] float32
+    this->p = scores + C * C;  // P: [C][C] bf16
+    q = this->p + C * C / 2;   // a short chunk's Q, zero-padded: [C][Dk] bf16
+    out = q + C * Dk / 2;      // O's rows: [C][Dv] float32
+    decay = out + C * Dv;      // L_i, s exp(L_i), exp(L_{n-1} - L_i): 3 x C float32
     total = decay + 3 * C;
   }
 };
@@ -99,7 +99,8 @@ void run_item(const Problem& p, const Bf16ForwardArgs& a, const HeadSlice& item,
     // K^T as pairs and K_w^T, zero in the columns n .. n32 - 1.
     for (int pr = 0; pr < Dk / 2; ++pr) {
       std::uint32_t* row = kt + std::size_t(pr) * C;
-      for (int j = 0; j < n; ++j) row[j] = pair_of(K[std::size_t(j) * Dk + 2 * pr], K[std::size_t(j) * Dk + 2 * pr + 1]);
+      for (int j = 0; j < n; ++j)
+        row[j] = pair_of(K[std::size_t(j) * Dk + 2 * pr], K[std::size_t(j) * Dk + 2 * pr + 1]);
       std::fill(row + n, row + n32, 0u);
     }
     for (int d = 0; d < Dk; ++d) {

@@ -42,8 +42,8 @@ int backward_threads(const Problem& p) {
 
 // One thread's scratch, in 4-byte words (a bf16 pair or a float32).
 struct Buffers {
-  std::size_t q, k, v, dO, kt, vt, kp, qp, vp, dop, stp, dstp, dsp, kwt, qlt, scores, dscores, P, PT, dA, dAT, dS,
-      rows, decay, states, total;
+  std::size_t q, k, v, dO, kt, vt, kp, qp, vp, dop, stp, dstp, dsp, kwt, qlt, scores, dscores, P, PT, dA, dAT, dS, rows,
+      decay, states, total;
   explicit Buffers(const Problem& p) {
     const std::size_t C = std::size_t(p.chunk), Dk = std::size_t(p.dim), Dv = std::size_t(p.value_dim());
     const std::size_t chunks = std::size_t(max_chunks(p));
@@ -53,31 +53,31 @@ struct Buffers {
       at += words;
       return here;
     };
-    q = take(C * Dk / 2);       // the chunk's rows as bf16, zero past n: Q, K [C][Dk], V, dO [C][Dv]
+    q = take(C * Dk / 2);  // the chunk's rows as bf16, zero past n: Q, K [C][Dk], V, dO [C][Dv]
     k = take(C * Dk / 2);
     v = take(C * Dv / 2);
     dO = take(C * Dv / 2);
-    kt = take(Dk / 2 * C);      // K^T, V^T as pairs along Dk, Dv: [D / 2][C]
+    kt = take(Dk / 2 * C);  // K^T, V^T as pairs along Dk, Dv: [D / 2][C]
     vt = take(Dv / 2 * C);
-    kp = take(C / 2 * Dk);      // K, Q, V, dO as pairs of rows: [C / 2][D]
+    kp = take(C / 2 * Dk);  // K, Q, V, dO as pairs of rows: [C / 2][D]
     qp = take(C / 2 * Dk);
     vp = take(C / 2 * Dv);
     dop = take(C / 2 * Dv);
-    stp = take(Dv / 2 * Dk);    // S_c^T, dS^T as pairs along Dv: [Dv / 2][Dk]
+    stp = take(Dv / 2 * Dk);  // S_c^T, dS^T as pairs along Dv: [Dv / 2][Dk]
     dstp = take(Dv / 2 * Dk);
-    dsp = take(Dk / 2 * Dv);    // dS as pairs along Dk: [Dk / 2][Dv]
-    kwt = take(Dk * C / 2);     // K_w^T, (diag(lam) Q)^T: [Dk][C] bf16
+    dsp = take(Dk / 2 * Dv);  // dS as pairs along Dk: [Dk / 2][Dv]
+    kwt = take(Dk * C / 2);   // K_w^T, (diag(lam) Q)^T: [Dk][C] bf16
     qlt = take(Dk * C / 2);
-    scores = take(C * C);       // Q K^T, dO V^T: [C][C] float32
+    scores = take(C * C);  // Q K^T, dO V^T: [C][C] float32
     dscores = take(C * C);
-    P = take(C * C / 2);        // P, P^T, dA, dA^T: [C][C] bf16
+    P = take(C * C / 2);  // P, P^T, dA, dA^T: [C][C] bf16
     PT = take(C * C / 2);
     dA = take(C * C / 2);
     dAT = take(C * C / 2);
-    dS = take(Dk * Dv);         // dS: [Dk][Dv] float32
+    dS = take(Dk * Dv);                 // dS: [Dk][Dv] float32
     rows = take(C * std::max(Dk, Dv));  // a gradient's rows before they go out: [C][max(Dk, Dv)]
-    decay = take(3 * C);        // L, lam, gam
-    states = take(chunks * Dk * Dv);  // S entering each chunk
+    decay = take(3 * C);                // L, lam, gam
+    states = take(chunks * Dk * Dv);    // S entering each chunk
     total = at;
   }
 };

@@ -3,12 +3,12 @@
 // factors. Plain C++: both files run it on the emulated tiles on any CPU.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-
-#include <omp.h>
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu/bf16.hpp"
