@@ -267,7 +267,7 @@ TEST_CASE("amx hardware: tdpbf16ps equals the emulation bit for bit", "[.hardwar
 }
 
 TEST_CASE("amx chunked: every rule and decay, fwd and fwd_bwd, within the bf16 tolerance", "[amx]") {
-  double worst = 0;
+  double worst = 0, worst_dg = 0;
   auto backend = make_backend("cpu", BackendOptions{2});
   for (const Rule rule : {Rule::additive, Rule::delta})
     for (const Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector})
@@ -278,10 +278,9 @@ TEST_CASE("amx chunked: every rule and decay, fwd and fwd_bwd, within the bf16 t
           REQUIRE_FALSE(backend->unsupported(c));
           const std::string variant = backend->find("linear_attention", "chunked")->variant(c);
           const std::string converted = cpu::cpu_variant_for("chunked", p).name + "+bf16cvt";
-          // The backward on AMX tiles for decays none and retnet; scalar gates' is converted.
+          // The forward and the backward on AMX tiles.
           if (amx_takes(p))
-            CHECK(variant ==
-                  (mode == Mode::fwd || decay != Decay::scalar ? "chunked_amx" : "chunked_amx/" + converted));
+            CHECK(variant == "chunked_amx");
           else
             CHECK(variant == converted);  // the rows AMX does not take yet run converted, as before
           const test::Outcome r = test::run_on(*backend, c);
@@ -289,13 +288,20 @@ TEST_CASE("amx chunked: every rule and decay, fwd and fwd_bwd, within the bf16 t
           CHECK(r.check.non_finite.empty());
           CHECK(r.check.passed);
           CHECK(r.check.tolerance == 3e-2);
-          if (amx_takes(p)) worst = std::max(worst, r.check.rel_err);
+          if (amx_takes(p))
+            for (const auto& [output, err] : r.check.per_output) {
+              double& w = output == "dg" ? worst_dg : worst;
+              w = std::max(w, err);
+            }
         }
   // The AMX forward rounds P, S and the decayed keys to bf16, as chunked_bf16 does; the backward
-  // rounds P, dA, the states and their gradients.
-  WARN("chunked_amx worst rel_err " << worst);
+  // rounds P, dA, the states and their gradients: every output within 1e-2 but dg, a sum from the
+  // sequence's end of q . dq - k . dk, whose cancellation takes it to ~1.4e-2 at D 128 (held to
+  // the bf16 tolerance above, as every output is).
+  WARN("chunked_amx worst rel_err " << worst << ", dg " << worst_dg);
   CHECK(worst > 0);
   CHECK(worst < 1e-2);
+  CHECK(worst_dg > 0);
 }
 
 TEST_CASE("amx chunked forward: strong gates, long chunks, a chunk longer than the sequence, threads", "[amx]") {
@@ -344,27 +350,26 @@ TEST_CASE("amx chunked: its scratch equals its closed form", "[amx][memory]") {
     CHECK(allocator.live_bytes() == 0);
     CHECK(allocator.peak_bytes() == v.forward_workspace_bytes(p, false));
 
-    // The backward on AMX tiles (decays none, retnet): the partial dq, dk copies of GradParts, then
+    // The backward on AMX tiles: the partial dq, dk copies of GradParts, then
     // per thread the chunk's bf16 rows (4), their pairings (K^T, V^T, K, Q, V, dO; S^T, dS^T, dS),
     // K_w^T and (diag(lam) Q)^T, two float32 and four bf16 C x C blocks, dS, a gradient's rows, the
-    // decays and the entering states of the longest sequence's chunks.
-    if (p.decay == Decay::scalar) {
-      CHECK(v.backward_workspace_bytes(p, false) ==
-            cpu::bf16_converted(cpu::cpu_variant_for("chunked", p)).backward_workspace_bytes(p, false));
-      continue;
-    }
+    // decays, and the entering states of the longest sequence's chunks and the state leaving it.
     const std::size_t chunks = std::size_t(cpu::max_chunks(p)), Dmax = std::max(Dk, Dv);
     const std::size_t bwd_thread = C * Dk + C * Dv + Dk / 2 * C + Dv / 2 * C + C * Dk + C * Dv + 2 * Dv / 2 * Dk +
                                    Dk / 2 * Dv + Dk * C + 2 * C * C + 2 * C * C + Dk * Dv + C * Dmax + 3 * C +
-                                   chunks * Dk * Dv;
+                                   (chunks + 1) * Dk * Dv;
     const cpu::GradParts parts(p, 2);
     const std::size_t bwd_threads = std::min<std::size_t>(2, parts.items);
     CHECK(v.backward_workspace_bytes(p, false) == (parts.partial_floats(p) + bwd_threads * bwd_thread) * 4);
     const std::vector<cpu::Bf16> dO = bits("dO");
     std::vector<float> dq(p.key_elems()), dk(p.key_elems()), dv(p.value_elems()), dh0(p.state_elems());
-    const cpu::Bf16BackwardArgs ba{
-        q.data(),  k.data(),  v16.data(), t.at("h0").data.data(), dO.data(), t.at("dhT").data.data(), dq.data(),
-        dk.data(), dv.data(), dh0.data()};
+    std::vector<float> dg(p.gate_elems());
+    const cpu::Bf16BackwardArgs ba{q.data(),   k.data(),
+                                   v16.data(), t.at("h0").data.data(),
+                                   dO.data(),  t.at("dhT").data.data(),
+                                   dq.data(),  dk.data(),
+                                   dv.data(),  dh0.data(),
+                                   g,          g ? dg.data() : nullptr};
     CountingAllocator back;
     v.backward(p, ba, back, nullptr);
     CHECK(back.live_bytes() == 0);

@@ -107,9 +107,8 @@ std::size_t chunked_bf16_forward_floats(const Problem& problem);
 
 // The additive rule's chunked forward with every product on AMX tiles (cpu/chunked/chunked_amx.cpp):
 // what chunked_bf16 takes, on the hardware's tiles or on the emulation's (kernels/cpu/amx.hpp). It
-// keeps no chunk states. Its backward (cpu/chunked/chunked_amx_backward.cpp, on AMX tiles too,
-// recomputing the chunk states) takes decays none and retnet; with scalar gates the row's backward
-// is the converted float32 one, as chunked_bf16's. Scratch in floats, all threads'.
+// keeps no chunk states; its backward (cpu/chunked/chunked_amx_backward.cpp, on AMX tiles too)
+// recomputes them, for every decay the forward takes. Scratch in floats, all threads'.
 enum class AmxPath { hardware, emulated, none };
 std::optional<std::string> chunked_amx_limits(const Problem& problem);
 void chunked_amx_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator, AmxPath path);

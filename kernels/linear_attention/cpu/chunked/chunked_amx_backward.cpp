@@ -1,8 +1,7 @@
 // The additive rule's chunked backward on bf16 token tensors with every product on AMX tiles
-// (kernels/cpu/amx_gemm.hpp; the backward of the `chunked_amx` row of cpu/bf16_variants.cpp, where
-// the decay is none or retnet: scalar gates need dg, which this file does not compute, and their
-// backward stays the converted float32 one). Every shape of docs/spec.md section 1c; the hardware's
-// tiles or the emulation's, as the forward (cpu/chunked/chunked_amx.cpp).
+// (kernels/cpu/amx_gemm.hpp; the backward of the `chunked_amx` row of cpu/bf16_variants.cpp): decays
+// none, retnet and scalar gates, every shape of docs/spec.md section 1c; the hardware's tiles or the
+// emulation's, as the forward (cpu/chunked/chunked_amx.cpp).
 //
 // With the forward's notation (chunk of n rows entering with S_c, lam_i = s exp(L_i), gam_j =
 // exp(L_{n-1} - L_j), D_ij = s exp(L_i - L_j) for j <= i, 0 above) and dS the gradient of the state
@@ -11,6 +10,11 @@
 //   dQ = diag(lam) (dO S_c^T) + dA K
 //   dK = diag(gam) (V dS^T) + dA^T Q,   dV = diag(gam) (K dS) + P^T dO
 //   dS <- exp(L_{n-1}) dS + (diag(lam) Q)^T dO                (dh0: dS after the first chunk)
+// Scalar gates' dg: with G_t the gates' running sum over the sequence, o and hT depend on G_t
+// through q_t exp(G_t) and k_t exp(-G_t) (and hT on G_T through exp(G_T) as a whole), so
+//   dG_t = q_t . dq_t - k_t . dk_t (+ <dhT, hT> at the last token),  dg_u = sum_{t >= u} dG_t
+// with this value head's own dq and dk rows (a grouped q/k head's sum over value heads would mix
+// heads' gates), and hT from one more step of the state sweep.
 // The entering states S_c come first from a forward sweep of the state products alone
 // (S_{c+1} = exp(L_{n-1}) S_c + K_w^T V, as the forward computes them), kept per chunk in this
 // thread's scratch. Each product is A (row-major bf16) times B (VNNI pairs along the reduction); the
@@ -74,10 +78,10 @@ struct Buffers {
     PT = take(C * C / 2);
     dA = take(C * C / 2);
     dAT = take(C * C / 2);
-    dS = take(Dk * Dv);                 // dS: [Dk][Dv] float32
-    rows = take(C * std::max(Dk, Dv));  // a gradient's rows before they go out: [C][max(Dk, Dv)]
-    decay = take(3 * C);                // L, lam, gam
-    states = take(chunks * Dk * Dv);    // S entering each chunk
+    dS = take(Dk * Dv);                     // dS: [Dk][Dv] float32
+    rows = take(C * std::max(Dk, Dv));      // a gradient's rows before they go out: [C][max(Dk, Dv)]
+    decay = take(3 * C);                    // L, lam, gam
+    states = take((chunks + 1) * Dk * Dv);  // S entering each chunk, and hT (scalar gates' dg)
     total = at;
   }
 };
@@ -123,6 +127,13 @@ void pair_state(const float* X, int rows, int cols, bool by_rows, std::uint32_t*
   }
 }
 
+// x (bf16) . y (float32), n long.
+float dot_bf16(const Bf16* x, const float* y, int n) {
+  float sum = 0;
+  for (int i = 0; i < n; ++i) sum += from_bf16(x[i]) * y[i];
+  return sum;
+}
+
 // out (n rows, ld `ld`) = or += the buffer's first n rows times w (null: 1).
 void rows_out(const float* rows, int n, int cols, const float* w, float* out, std::size_t ld, bool accumulate) {
   for (int r = 0; r < n; ++r) {
@@ -150,8 +161,8 @@ struct Walker {
     return reinterpret_cast<T*>(w + offset);
   }
 
-  // S entering each chunk of the item, from h0.
-  void states(const HeadSlice& item, float log_gamma) const {
+  // S entering each chunk of the item, from h0, and with `final` the state leaving the last.
+  void states(const HeadSlice& item, float log_gamma, const float* g, bool final) const {
     float* S = w + at.states;
     auto* kwt = buf<Bf16>(at.kwt);
     auto* vp = buf<std::uint32_t>(at.vp);
@@ -160,13 +171,14 @@ struct Walker {
     const std::size_t SF = std::size_t(Dk) * Dv;
     std::copy_n(a.h0 + item.state, SF, S);
     const int chunks = (item.seq + C - 1) / C;
-    for (int c = 0; c + 1 < chunks; ++c) {
-      const int c0 = c * C, n = C, n32 = round_up(n, amx::kTileDepth);
+    for (int c = 0; c + 1 < chunks + (final ? 1 : 0); ++c) {
+      const int c0 = c * C, n = std::min(C, item.seq - c0), n32 = round_up(n, amx::kTileDepth);
       const Bf16* K = a.k + item.key + std::size_t(c0) * Dk;
-      const float total = chunk_decays(n, scale, log_gamma, nullptr, L, lam, gam);
+      const float total = chunk_decays(n, scale, log_gamma, g ? g + c0 : nullptr, L, lam, gam);
       for (int d = 0; d < Dk; ++d) {
         Bf16* row = kwt + std::size_t(d) * C;
         for (int j = 0; j < n; ++j) row[j] = to_bf16(gam[j] * from_bf16(K[std::size_t(j) * Dk + d]));
+        std::fill(row + n, row + n32, Bf16(0));
       }
       copy_rows(a.v + item.value + std::size_t(c0) * Dv, n, n32, Dv, std::size_t(Dv), vrows, std::size_t(Dv));
       pair_rows(vrows, n32, Dv, vp);
@@ -180,7 +192,9 @@ struct Walker {
   // One value head's backward; dq, dk: its q/k rows' destination (added to where `accumulate`).
   void head(const HeadSlice& item, float* dq_item, float* dk_item, bool accumulate) const {
     const float log_gamma = log_gamma_of(p, item.head);
-    states(item, log_gamma);
+    const float* g = p.decay == Decay::scalar ? a.g + item.gate : nullptr;
+    float* dG = g ? a.dg + item.gate : nullptr;  // dL_t first, summed from the end at the last
+    states(item, log_gamma, g, g != nullptr);
     auto *q = buf<Bf16>(at.q), *k = buf<Bf16>(at.k), *v = buf<Bf16>(at.v), *dO = buf<Bf16>(at.dO);
     auto *kt = buf<std::uint32_t>(at.kt), *vt = buf<std::uint32_t>(at.vt), *kp = buf<std::uint32_t>(at.kp),
          *qp = buf<std::uint32_t>(at.qp), *dop = buf<std::uint32_t>(at.dop), *stp = buf<std::uint32_t>(at.stp),
@@ -195,7 +209,7 @@ struct Walker {
     for (int c = chunks - 1; c >= 0; --c) {
       const int c0 = c * C, n = std::min(C, item.seq - c0);
       const int n16 = round_up(n, amx::kTileRows), n32 = round_up(n, amx::kTileDepth);
-      const float total = chunk_decays(n, scale, log_gamma, nullptr, L, lam, gam);
+      const float total = chunk_decays(n, scale, log_gamma, g ? g + c0 : nullptr, L, lam, gam);
       const float* S = w + at.states + std::size_t(c) * SF;
 
       // The chunk's rows, zero to n32, and their pairings.
@@ -250,6 +264,8 @@ struct Walker {
       for (int m0 = 0; m0 < n16; m0 += kBlock)
         amx::gemm<Tiles>(std::min(kBlock, n16 - m0), Dk, std::min(m0 + kBlock, n32), dA + std::size_t(m0) * C,
                          std::size_t(C), kp, std::size_t(Dk), rows + std::size_t(m0) * Dk, std::size_t(Dk), true);
+      if (dG)
+        for (int i = 0; i < n; ++i) dG[c0 + i] = dot_bf16(q + std::size_t(i) * Dk, rows + std::size_t(i) * Dk, Dk);
       rows_out(rows, n, Dk, nullptr, dq_item + std::size_t(c0) * Dk, std::size_t(Dk), accumulate);
 
       // dK = diag(gam) (V dS^T) + dA^T Q, dV = diag(gam) (K dS) + P^T dO: block j0's reduction runs
@@ -261,6 +277,8 @@ struct Walker {
         amx::gemm<Tiles>(std::min(kBlock, n16 - j0), Dk, n32 - j0, dAT + std::size_t(j0) * C + j0, std::size_t(C),
                          qp + std::size_t(j0 / 2) * Dk, std::size_t(Dk), rows + std::size_t(j0) * Dk, std::size_t(Dk),
                          true);
+      if (dG)
+        for (int j = 0; j < n; ++j) dG[c0 + j] -= dot_bf16(k + std::size_t(j) * Dk, rows + std::size_t(j) * Dk, Dk);
       rows_out(rows, n, Dk, nullptr, dk_item + std::size_t(c0) * Dk, std::size_t(Dk), accumulate);
 
       amx::gemm<Tiles>(n16, Dv, Dk, k, std::size_t(Dk), dsp, std::size_t(Dv), rows, std::size_t(Dv), false);
@@ -277,6 +295,15 @@ struct Walker {
       amx::gemm<Tiles>(Dk, Dv, n32, qlt, std::size_t(C), dop, std::size_t(Dv), dS, std::size_t(Dv), true);
     }
     std::copy_n(dS, SF, a.dh0 + item.state);
+    if (!dG) return;
+    // dg_u = sum_{t >= u} dL_t, with <dhT, hT> in the last token's dL.
+    const float* hT = w + at.states + std::size_t(chunks) * SF;
+    double run = 0;
+    for (std::size_t x = 0; x < SF; ++x) run += double(a.dhT[item.state + x]) * hT[x];
+    for (int t = item.seq - 1; t >= 0; --t) {
+      run += dG[t];
+      dG[t] = float(run);
+    }
   }
 };
 
@@ -307,7 +334,9 @@ void backward(const Problem& p, const Bf16BackwardArgs& a, Allocator& allocator)
 
 }  // namespace
 
-bool chunked_amx_backward_takes(const Problem& p) { return p.decay == Decay::none || p.decay == Decay::retnet; }
+bool chunked_amx_backward_takes(const Problem& p) {
+  return p.decay == Decay::none || p.decay == Decay::retnet || p.decay == Decay::scalar;
+}
 
 std::size_t chunked_amx_backward_floats(const Problem& p) {
   const GradParts parts(p, omp_get_max_threads());
@@ -315,7 +344,8 @@ std::size_t chunked_amx_backward_floats(const Problem& p) {
 }
 
 void chunked_amx_backward(const Problem& p, const Bf16BackwardArgs& a, Allocator& allocator, AmxPath path) {
-  if (!chunked_amx_backward_takes(p)) throw std::logic_error("chunked_amx_backward: decays none and retnet only");
+  if (!chunked_amx_backward_takes(p))
+    throw std::logic_error("chunked_amx_backward: decays none, retnet and scalar only");
   if (path == AmxPath::emulated) return backward<amx::Emulated>(p, a, allocator);
 #if defined(LATTN_AMX_INTRINSICS)
   if (const auto& why = amx::hardware_refusal()) throw std::logic_error("chunked_amx: " + *why);
