@@ -253,9 +253,14 @@ TEST_CASE("amx hardware: tdpbf16ps equals the emulation bit for bit", "[.hardwar
     std::vector<std::uint16_t> a(std::size_t(M) * K), b(std::size_t(K) * N);
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = bf(values[i]);
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = bf(values[a.size() + i]);
-    // Tiny values too, for the hardware's denormal handling.
-    for (std::size_t i = 0; i < a.size(); i += 7) a[i] = bf(std::ldexp(values[i], -70));
-    std::vector<float> c(values.end() - M * N, values.end()), hw = c;
+    // Tiny values too, for the hardware's denormal handling: products near 2^-130 are denormal
+    // (flushed), a few inputs denormal themselves (read as zero), and some accumulators too.
+    for (std::size_t i = 0; i < a.size(); i += 7) a[i] = bf(std::ldexp(values[i], -100));
+    for (std::size_t i = 0; i < b.size(); i += 5) b[i] = bf(std::ldexp(values[a.size() + i], -30));
+    for (std::size_t i = 0; i < a.size(); i += 11) a[i] = bf(std::ldexp(values[i], -130));
+    std::vector<float> c(values.end() - M * N, values.end());
+    for (std::size_t i = 0; i < c.size(); i += 13) c[i] = std::ldexp(c[i], -130);
+    std::vector<float> hw = c;
     amx::configure<amx::Emulated>();
     amx::gemm<amx::Emulated>(M, N, K, a.data(), K, reinterpret_cast<const std::uint32_t*>(b.data()), N, c.data(), N,
                              accumulate);
