@@ -93,7 +93,7 @@ int checked_tile(const char* instruction, int tile) {
 void zero_upper(int t) {
   const int rows = state.config.rows[t], colsb = state.config.colsb[t];
   for (int r = 0; r < kMaxRows; ++r) {
-    std::uint8_t* row = state.data[t] + r * kMaxRowBytes;
+    std::uint8_t* row = state.data[t] + std::size_t(r) * kMaxRowBytes;
     std::memset(row + (r < rows ? colsb : 0), 0, std::size_t(kMaxRowBytes - (r < rows ? colsb : 0)));
   }
 }
@@ -103,8 +103,8 @@ void zero_upper(int t) {
 float dpbf16_element(float c, const std::uint16_t* a, const std::uint16_t* b, int pairs) {
   float low = 0.0f, high = 0.0f;
   for (int p = 0; p < pairs; ++p) {
-    low = flushed(std::fma(bf16_float(a[2 * p]), bf16_float(b[2 * p]), low));
-    high = flushed(std::fma(bf16_float(a[2 * p + 1]), bf16_float(b[2 * p + 1]), high));
+    low = flushed(std::fma(bf16_float(a[2 * std::size_t(p)]), bf16_float(b[2 * std::size_t(p)]), low));
+    high = flushed(std::fma(bf16_float(a[2 * std::size_t(p) + 1]), bf16_float(b[2 * std::size_t(p) + 1]), high));
   }
   return flushed(flushed(flushed(c) + low) + high);
 }
@@ -127,16 +127,16 @@ void release() {
 void load(int tile, const void* base, std::size_t stride) {
   const int t = checked_tile("tileloadd", tile);
   for (int r = 0; r < state.config.rows[t]; ++r)
-    std::memcpy(state.data[t] + r * kMaxRowBytes, static_cast<const std::uint8_t*>(base) + std::size_t(r) * stride,
-                state.config.colsb[t]);
+    std::memcpy(state.data[t] + std::size_t(r) * kMaxRowBytes,
+                static_cast<const std::uint8_t*>(base) + std::size_t(r) * stride, state.config.colsb[t]);
   zero_upper(t);
 }
 
 void store(int tile, void* base, std::size_t stride) {
   const int t = checked_tile("tilestored", tile);
   for (int r = 0; r < state.config.rows[t]; ++r)
-    std::memcpy(static_cast<std::uint8_t*>(base) + std::size_t(r) * stride, state.data[t] + r * kMaxRowBytes,
-                state.config.colsb[t]);
+    std::memcpy(static_cast<std::uint8_t*>(base) + std::size_t(r) * stride,
+                state.data[t] + std::size_t(r) * kMaxRowBytes, state.config.colsb[t]);
 }
 
 void zero(int tile) {
@@ -159,11 +159,12 @@ void dpbf16ps(int c, int a, int b) {
   const int m_rows = k.rows[c], n_cols = k.colsb[c] / 4, pairs = k.colsb[a] / 4;
   for (int m = 0; m < m_rows; ++m) {
     std::uint16_t arow[2 * kMaxRowBytes / 4];
-    std::memcpy(arow, state.data[a] + m * kMaxRowBytes, std::size_t(4 * pairs));
+    std::memcpy(arow, state.data[a] + std::size_t(m) * kMaxRowBytes, 4 * std::size_t(pairs));
     for (int n = 0; n < n_cols; ++n) {
       std::uint16_t bcol[2 * kMaxRowBytes / 4];
-      for (int p = 0; p < pairs; ++p) std::memcpy(bcol + 2 * p, state.data[b] + p * kMaxRowBytes + 4 * n, 4);
-      float* out = reinterpret_cast<float*>(state.data[c] + m * kMaxRowBytes) + n;
+      for (int p = 0; p < pairs; ++p)
+        std::memcpy(bcol + 2 * std::size_t(p), state.data[b] + std::size_t(p) * kMaxRowBytes + 4 * std::size_t(n), 4);
+      float* out = reinterpret_cast<float*>(state.data[c] + std::size_t(m) * kMaxRowBytes) + n;
       *out = dpbf16_element(*out, arow, bcol, pairs);
     }
   }

@@ -98,7 +98,7 @@ struct Hardware {
   static void load(const void* base, std::size_t stride) {
     static_assert(T >= 0 && T < kTiles);
 #define LATTN_AMX_LOAD(t) \
-  if constexpr (T == t) _tile_loadd(t, base, stride);
+  if constexpr (T == (t)) _tile_loadd(t, base, stride);
     LATTN_AMX_TILE_CASES(LATTN_AMX_LOAD)
 #undef LATTN_AMX_LOAD
   }
@@ -106,7 +106,7 @@ struct Hardware {
   static void store(void* base, std::size_t stride) {
     static_assert(T >= 0 && T < kTiles);
 #define LATTN_AMX_STORE(t) \
-  if constexpr (T == t) _tile_stored(t, base, stride);
+  if constexpr (T == (t)) _tile_stored(t, base, stride);
     LATTN_AMX_TILE_CASES(LATTN_AMX_STORE)
 #undef LATTN_AMX_STORE
   }
@@ -114,7 +114,7 @@ struct Hardware {
   static void zero() {
     static_assert(T >= 0 && T < kTiles);
 #define LATTN_AMX_ZERO(t) \
-  if constexpr (T == t) _tile_zero(t);
+  if constexpr (T == (t)) _tile_zero(t);
     LATTN_AMX_TILE_CASES(LATTN_AMX_ZERO)
 #undef LATTN_AMX_ZERO
   }

@@ -23,9 +23,10 @@ struct OwnBackward {
   std::function<std::size_t(const Problem&)> floats = nullptr;
 };
 
-CpuBf16Variant native_forward(std::string name, std::optional<std::string> (*limits)(const Problem&),
-                              std::function<void(const Problem&, const Bf16ForwardArgs&, Allocator&)> forward,
-                              std::function<std::size_t(const Problem&)> forward_floats, OwnBackward own = {}) {
+CpuBf16Variant native_forward(const std::string& name, std::optional<std::string> (*limits)(const Problem&),
+                              const std::function<void(const Problem&, const Bf16ForwardArgs&, Allocator&)>& forward,
+                              const std::function<std::size_t(const Problem&)>& forward_floats,
+                              const OwnBackward& own = {}) {
   CpuBf16Variant v;
   v.name = name;
   v.takes = {{Rule::additive}, {Decay::none, Decay::retnet, Decay::scalar}, limits, true};

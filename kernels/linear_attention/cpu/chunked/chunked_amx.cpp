@@ -100,7 +100,8 @@ void run_item(const Problem& p, const Bf16ForwardArgs& a, const HeadSlice& item,
     for (int pr = 0; pr < Dk / 2; ++pr) {
       std::uint32_t* row = kt + std::size_t(pr) * C;
       for (int j = 0; j < n; ++j)
-        row[j] = pair_of(K[std::size_t(j) * Dk + 2 * pr], K[std::size_t(j) * Dk + 2 * pr + 1]);
+        row[j] =
+            pair_of(K[std::size_t(j) * Dk + 2 * std::size_t(pr)], K[std::size_t(j) * Dk + 2 * std::size_t(pr) + 1]);
       std::fill(row + n, row + n32, 0u);
     }
     for (int d = 0; d < Dk; ++d) {
