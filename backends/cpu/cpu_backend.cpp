@@ -314,6 +314,7 @@ CpuDeviceInfo describe_cpu(int threads, TuningMode tuning_mode) {
   for (const CacheLevelRate& level : roof.cache_levels)
     info.cache_roofs.push_back({level.name, level.capacity, level.gbytes_per_s});
   if (roof.fma_gflops > 0) info.fma_gflops = roof.fma_gflops;
+  if (roof.amx_gflops > 0) info.amx_gflops = roof.amx_gflops;
   info.layer_products = product_path_name();
   return info;
 }

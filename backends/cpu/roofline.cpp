@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/amx.hpp"
+
 namespace lattn {
 namespace {
 
@@ -313,6 +315,7 @@ const Roofline& cpu_roofline(int threads) {
     roofline.stream_bytes = 3 * sizeof(float) * triad_elems;
     roofline.stream_gbytes_per_s = measure_triad(threads, triad_elems, 8);
     roofline.fma_gflops = measure_fma(threads, 50);
+    roofline.amx_gflops = cpu::amx::measure_amx_gflops(threads, 50).value_or(0.0);
     // Each level's triad over half of what it holds for the run's threads, about 1 ms per timing.
     roofline.cache_levels = cache_levels(threads);
     for (CacheLevelRate& level : roofline.cache_levels) {

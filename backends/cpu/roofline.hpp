@@ -28,6 +28,7 @@ struct Roofline {
   std::size_t stream_bytes = 0;     // bytes one triad pass moves (3 arrays), all threads
   double stream_gbytes_per_s = 0;   // best of the repetitions
   double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 50; 0 without AVX2
+  double amx_gflops = 0;            // tdpbf16ps on registers only, likewise; 0 without AMX-BF16 (kernels/cpu/amx.hpp)
   // The triad within each cache level (cache_level_triads): the roofs of warm cases.
   std::vector<CacheLevelRate> cache_levels;
 };

@@ -67,6 +67,9 @@ struct CpuDeviceInfo {
   std::size_t stream_bytes = 0;
   std::vector<CacheRoof> cache_roofs;  // smallest level first: the roofs of warm cases
   std::optional<double> fma_gflops;
+  // tdpbf16ps on registers only (kernels/cpu/amx.hpp), where the CPU has AMX-BF16: the ceiling of
+  // the bf16 cases an AMX variant runs.
+  std::optional<double> amx_gflops;
   // The packed products (kernels/cpu/packed_gemm.hpp) on sgemm's products, where they have a vector
   // kernel here, and the products the hybrid layer ran: "openblas" or "packed_<micro-kernel>".
   std::string layer_products;
@@ -129,6 +132,12 @@ struct DeviceInfo {
   // The rates records are held against; 0 where the backend measured none.
   ComputeCeiling ceiling() const { return cpu ? compute_ceiling(cpu->fma_gflops, cpu->sgemm_gflops) : ComputeCeiling{}; }
   double peak_gflops() const { return ceiling().gflops; }
+  // A record's ceiling: the AMX rate for a bf16 case whose variant runs on AMX tiles (its name
+  // begins with an AMX row's, "chunked_amx"), where it was measured; peak_gflops() otherwise.
+  double peak_gflops_for(const std::string& dtype, const std::string& variant) const {
+    if (cpu && cpu->amx_gflops && dtype == "bf16" && variant.rfind("chunked_amx", 0) == 0) return *cpu->amx_gflops;
+    return peak_gflops();
+  }
   double blas_gflops() const { return cpu ? cpu->sgemm_gflops : 0.0; }
   double sgemm_median_gflops() const { return cpu ? cpu->sgemm_median_gflops : 0.0; }
   double stream_gbytes_per_s() const { return cpu ? cpu->stream_gbytes_per_s : 0.0; }

@@ -166,6 +166,7 @@ nlohmann::json to_json(const DeviceInfo& d) {
       j["cache_roof_bytes"][roof.level] = roof.capacity_bytes;
     }
     put(j, "fma_gflops", c->fma_gflops);
+    put(j, "amx_gflops", c->amx_gflops);
     if (!c->layer_products.empty()) j["layer_products"] = c->layer_products;
     if (const auto& t = c->tuning) {
       nlohmann::json tuning = {{"source", t->source}, {"vector_width", t->vector_width}};

@@ -143,10 +143,11 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
     m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
                                   timing.stats.median * 1e6, ctx.timer.resolution_ns);
 
-  // Against the compute ceiling (the larger of the FMA rate and sgemm: the hardware's), the roofline
+  // Against the compute ceiling (the larger of the FMA rate and sgemm: the hardware's; the AMX rate
+  // for a bf16 case on AMX tiles), the roofline
   // (the rate a case of this arithmetic intensity can reach at the measured bandwidth, if below the
   // ceiling: memory-bound, small D, long sequences), and the BLAS's start-up sgemm.
-  const double peak = ctx.device.peak_gflops(), blas = ctx.device.blas_gflops(),
+  const double peak = ctx.device.peak_gflops_for(c.dtype, f.variant), blas = ctx.device.blas_gflops(),
                stream = ctx.device.stream_gbytes_per_s();
   if (peak > 0) {
     m.peak_gflops = peak;

@@ -30,6 +30,15 @@ struct Bf16Override {
   Bf16Override& operator=(const Bf16Override&) = delete;
 };
 
+// Turns the chunked_amx row off for a scope: these tests hold chunked_bf16 to its own checks on
+// an AMX host too (tests/kernels/test_amx.cpp tests the AMX row).
+struct AmxOff {
+  AmxOff() { cpu::set_amx_override(cpu::AmxPath::none); }
+  ~AmxOff() { cpu::set_amx_override(std::nullopt); }
+  AmxOff(const AmxOff&) = delete;
+  AmxOff& operator=(const AmxOff&) = delete;
+};
+
 Problem packed(std::vector<int> cu, int heads, int heads_k, int dim, int dim_v, int chunk, Decay decay, Rule rule) {
   Problem p{1, heads, cu.back(), dim, chunk, decay, rule, heads_k, dim_v};
   p.cu_seqlens = std::move(cu);
@@ -62,6 +71,7 @@ bool skipped_without_bf16() {
 }  // namespace
 
 TEST_CASE("bf16 on the CPU: every rule, decay, form and mode within the bf16 tolerance", "[bf16]") {
+  const AmxOff amx_off;
   if (skipped_without_bf16()) return;
   double worst_native = 0, worst_converted = 0;
   for (const bool keep : {true, false}) {
@@ -97,6 +107,7 @@ TEST_CASE("bf16 on the CPU: every rule, decay, form and mode within the bf16 tol
 }
 
 TEST_CASE("the native bf16 chunked forward's rows: retnet and scalar gates, short chunks, threads", "[bf16]") {
+  const AmxOff amx_off;
   if (skipped_without_bf16()) return;
   // Strong scalar gates (gate_norm 1), several thread counts, and a chunk longer than the sequence.
   for (int threads : {1, 2, 3}) {
@@ -116,6 +127,7 @@ TEST_CASE("the native bf16 chunked forward's rows: retnet and scalar gates, shor
 }
 
 TEST_CASE("bf16 variants' scratch equals their closed forms, and tokens are held at 2 bytes", "[bf16][memory]") {
+  const AmxOff amx_off;
   if (skipped_without_bf16()) return;
   omp_set_num_threads(2);
   for (const Problem& p : {Problem{2, 4, 300, 32, 128, Decay::none}, Problem{1, 1, 50, 64, 32, Decay::retnet},

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/roofline.hpp"
+#include "kernels/cpu/amx.hpp"
 #include "src/results/summary.hpp"
 #include "test_util.hpp"
 
@@ -34,6 +35,7 @@ TEST_CASE("the CPU roofline is measured once and cached", "[roofline]") {
     CHECK(first.fma_gflops > 0.5 * first.sgemm_gflops);
   else
     CHECK(first.fma_gflops == 0.0);
+  CHECK((first.amx_gflops > 0) == !cpu::amx::hardware_refusal());
   const Roofline& again = cpu_roofline(1);  // cached: the first call's figures, not a new measurement
   CHECK(&again == &first);
   CHECK(again.threads == 2);
@@ -98,6 +100,15 @@ TEST_CASE("the compute ceiling is the larger of the FMA rate and sgemm", "[roofl
   device.cpu->fma_gflops = 542.0;
   CHECK(device.peak_gflops() == 542.0);
   CHECK(device.blas_gflops() == 260.0);
+  // A bf16 record on AMX tiles is held against the AMX rate where one was measured; every other
+  // record against the ceiling.
+  CHECK(device.peak_gflops_for("bf16", "chunked_amx") == 542.0);  // no AMX rate measured
+  device.cpu->amx_gflops = 5000.0;
+  CHECK(device.peak_gflops_for("bf16", "chunked_amx") == 5000.0);
+  CHECK(device.peak_gflops_for("bf16", "chunked_amx/chunked_tiled+bf16cvt") == 5000.0);
+  CHECK(device.peak_gflops_for("bf16", "chunked_bf16") == 542.0);
+  CHECK(device.peak_gflops_for("float32", "chunked_tiled") == 542.0);
+  CHECK(device.peak_gflops() == 542.0);
   CHECK(DeviceInfo{}.peak_gflops() == 0.0);
 }
 
@@ -154,6 +165,8 @@ TEST_CASE("every record carries peak_fraction against the compute ceiling, blas_
   // The ceiling is the hardware's: the larger of the FMA rate and sgemm, and the BLAS figure beside it.
   CHECK(device["sgemm_gflops"].get<double>() == blas);
   CHECK(peak == std::max(device.value("fma_gflops", 0.0), blas));
+  // The AMX rate where this CPU runs AMX, absent elsewhere.
+  CHECK(device.contains("amx_gflops") == !cpu::amx::hardware_refusal());
   CHECK(device["peak_source"] == (peak == blas ? "sgemm" : "fma"));
   CHECK(device["sgemm_threads"] == 2);
   // At least 100 products over half a second, unless the 2.5 s cap came first; the median below the best.

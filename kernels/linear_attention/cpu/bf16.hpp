@@ -4,7 +4,8 @@
 // every product accumulates in float32 with the state kept in float32.
 //
 // Each form has its own bf16 table (cpu/bf16_variants.cpp), tried in order: the native kernels
-// first (cpu/chunked/chunked_bf16.cpp: the additive rule's chunked forward on AVX512-BF16 dot products),
+// first (cpu/chunked/chunked_amx.cpp on AMX tiles where the CPU has AMX-BF16, then
+// cpu/chunked/chunked_bf16.cpp: the additive rule's chunked forward on AVX512-BF16 dot products),
 // then, for every problem the float32 table takes, that float32 variant behind a converter
 // (cpu/bf16_convert.cpp): the bf16 token tensors are widened into float32 scratch from the
 // allocator before the float32 kernel runs, and the records name it "<float32 variant>+bf16cvt".
@@ -67,6 +68,9 @@ struct CpuBf16Variant {
   // forward's backward is the float32 table's, converted); empty: its own. A fwd_bwd record names
   // both, "<name>/<backward_name>".
   std::string backward_name = {};
+  // For a native row whose backward is its own for some problems and the converted float32 one
+  // for the rest: whether `problem`'s is its own (null: never).
+  std::function<bool(const Problem&)> own_backward = nullptr;
 };
 
 // Whether this CPU has AVX512-BF16 (the bf16 kernels' dot products and conversions), unless a test
@@ -100,5 +104,26 @@ void widen_bf16(const Bf16* in, float* out, std::size_t n);
 std::optional<std::string> chunked_bf16_limits(const Problem& problem);
 void chunked_bf16_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator);
 std::size_t chunked_bf16_forward_floats(const Problem& problem);
+
+// The additive rule's chunked forward with every product on AMX tiles (cpu/chunked/chunked_amx.cpp):
+// what chunked_bf16 takes, on the hardware's tiles or on the emulation's (kernels/cpu/amx.hpp). It
+// keeps no chunk states; its backward (cpu/chunked/chunked_amx_backward.cpp, on AMX tiles too)
+// recomputes them, for every decay the forward takes. Scratch in floats, all threads'.
+enum class AmxPath { hardware, emulated, none };
+std::optional<std::string> chunked_amx_limits(const Problem& problem);
+void chunked_amx_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator, AmxPath path);
+std::size_t chunked_amx_forward_floats(const Problem& problem);
+bool chunked_amx_backward_takes(const Problem& problem);
+void chunked_amx_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator, AmxPath path);
+std::size_t chunked_amx_backward_floats(const Problem& problem);
+
+// The path the chunked_amx row runs: the hardware where amx::hardware_refusal() finds nothing
+// against it, none elsewhere (the row declines with that reason); a test may force one with
+// set_amx_override (std::nullopt restores the CPU's own): the emulation, none (the row declines, so
+// that chunked_bf16's tests test it on an AMX host too), or the hardware, which still declines
+// where it is refused.
+std::optional<std::string> amx_refusal();
+AmxPath amx_path();
+void set_amx_override(std::optional<AmxPath> path);
 
 }  // namespace lattn::cpu

@@ -1,8 +1,9 @@
 // The CPU's bf16 variants of the linear-attention op (cpu/bf16.hpp): the native rows of each form,
-// tried in order, then every float32 variant behind the converter.
+// tried in order, then every float32 variant behind the converter; and which AMX path runs.
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/amx.hpp"
 #include "kernels/linear_attention/cpu/bf16.hpp"
 #include "kernels/linear_attention/cpu/variants.hpp"
 
@@ -10,26 +11,59 @@ namespace lattn::cpu {
 namespace {
 
 std::optional<bool> forced_support;
+std::optional<AmxPath> forced_amx;
 
-// The native chunked forward keeps no chunk states: its backward is the float32 table's, converted,
-// recomputing them.
-std::vector<CpuBf16Variant> native_chunked() {
+// The native chunked forwards keep no chunk states: their backward recomputes them, the row's own
+// where it has one for the problem, else the float32 table's, converted.
+// own: the row's own backward where `own.takes` says so (its scratch own.floats), else the
+// converted float32 one.
+struct OwnBackward {
+  std::function<bool(const Problem&)> takes = nullptr;
+  std::function<void(const Problem&, const Bf16BackwardArgs&, Allocator&)> run = nullptr;
+  std::function<std::size_t(const Problem&)> floats = nullptr;
+};
+
+CpuBf16Variant native_forward(const std::string& name, std::optional<std::string> (*limits)(const Problem&),
+                              const std::function<void(const Problem&, const Bf16ForwardArgs&, Allocator&)>& forward,
+                              const std::function<std::size_t(const Problem&)>& forward_floats,
+                              const OwnBackward& own = {}) {
   CpuBf16Variant v;
-  v.name = "chunked_bf16";
-  v.takes = {{Rule::additive}, {Decay::none, Decay::retnet, Decay::scalar}, chunked_bf16_limits, true};
-  v.forward = [](const Problem& p, const Bf16ForwardArgs& a, Allocator& m, float* keep) {
-    if (keep) throw std::logic_error("chunked_bf16 keeps no chunk states");
-    chunked_bf16_forward(p, a, m);
+  v.name = name;
+  v.takes = {{Rule::additive}, {Decay::none, Decay::retnet, Decay::scalar}, limits, true};
+  v.forward = [name, forward](const Problem& p, const Bf16ForwardArgs& a, Allocator& m, float* keep) {
+    if (keep) throw std::logic_error(name + " keeps no chunk states");
+    forward(p, a, m);
   };
-  v.backward = [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m, const float* kept) {
-    if (kept) throw std::logic_error("chunked_bf16 takes no kept chunk states");
+  v.backward = [name, own](const Problem& p, const Bf16BackwardArgs& a, Allocator& m, const float* kept) {
+    if (kept) throw std::logic_error(name + " takes no kept chunk states");
+    if (own.takes && own.takes(p)) return own.run(p, a, m);
     bf16_converted(cpu_variant_for("chunked", p)).backward(p, a, m, nullptr);
   };
-  v.forward_workspace_bytes = [](const Problem& p, bool) { return chunked_bf16_forward_floats(p) * sizeof(float); };
-  v.backward_workspace_bytes = [](const Problem& p, bool) {
+  v.forward_workspace_bytes = [forward_floats](const Problem& p, bool) { return forward_floats(p) * sizeof(float); };
+  v.backward_workspace_bytes = [own](const Problem& p, bool) {
+    if (own.takes && own.takes(p)) return own.floats(p) * sizeof(float);
     return bf16_converted(cpu_variant_for("chunked", p)).backward_workspace_bytes(p, false);
   };
-  return {v};
+  v.own_backward = own.takes;
+  return v;
+}
+
+std::optional<std::string> chunked_amx_takes(const Problem& p) {
+  if (auto why = chunked_amx_limits(p)) return why;
+  return amx_refusal();
+}
+
+// AMX tiles first where the CPU has them (or a test forces the emulation), then AVX512-BF16.
+std::vector<CpuBf16Variant> native_chunked() {
+  return {
+      native_forward(
+          "chunked_amx", chunked_amx_takes,
+          [](const Problem& p, const Bf16ForwardArgs& a, Allocator& m) { chunked_amx_forward(p, a, m, amx_path()); },
+          chunked_amx_forward_floats,
+          {chunked_amx_backward_takes,
+           [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m) { chunked_amx_backward(p, a, m, amx_path()); },
+           chunked_amx_backward_floats}),
+      native_forward("chunked_bf16", chunked_bf16_limits, chunked_bf16_forward, chunked_bf16_forward_floats)};
 }
 
 const std::vector<CpuBf16Variant>& native_table(const std::string& form) {
@@ -47,6 +81,16 @@ bool bf16_supported() {
 
 void set_bf16_override(std::optional<bool> supported) { forced_support = supported; }
 
+std::optional<std::string> amx_refusal() {
+  if (forced_amx == AmxPath::emulated) return std::nullopt;
+  if (forced_amx == AmxPath::none) return std::string("AMX turned off (set_amx_override)");
+  return amx::hardware_refusal();
+}
+
+AmxPath amx_path() { return forced_amx == AmxPath::emulated ? AmxPath::emulated : AmxPath::hardware; }
+
+void set_amx_override(std::optional<AmxPath> path) { forced_amx = path; }
+
 std::optional<std::string> cpu_bf16_refusal(const std::string& form, const Problem& problem) {
   if (!bf16_supported()) return std::string("bf16 on the CPU needs AVX512-BF16, which this CPU lacks");
   if (choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) return std::nullopt;
@@ -59,7 +103,8 @@ CpuBf16Variant cpu_bf16_variant_for(const std::string& form, const Problem& prob
   if (auto why = cpu_bf16_refusal(form, problem)) throw std::logic_error(*why);
   if (const CpuBf16Variant* native = choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) {
     CpuBf16Variant v = *native;
-    v.backward_name = bf16_converted(cpu_variant_for(form, problem)).name;
+    if (!(v.own_backward && v.own_backward(problem)))
+      v.backward_name = bf16_converted(cpu_variant_for(form, problem)).name;
     return v;
   }
   return bf16_converted(cpu_variant_for(form, problem));
