@@ -40,6 +40,8 @@ struct Measurement {
   std::string check_failure;  // empty when the check passed
   double temp_mb = 0, arg_mb = 0, out_mb = 0;
   std::string temp_unknown;   // why temp_mb is not known (written as null beside this reason); empty when it is
+  std::string layout;         // the layout a plugin impl took its tensors in, where not lattnbench's ("BTHD")
+  std::optional<double> layout_copy_mb;  // MiB converted into and out of that layout, untimed
   double flops = 0, gflops = 0, bytes = 0, gbytes_per_s = 0;
   std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
   std::string variant;        // the kernel variant that ran the case (ImplRow::variant), or ""
