@@ -244,15 +244,27 @@ class Jax(unittest.TestCase):
 
 
 class Fla(unittest.TestCase):
-    def test_fla_chunk_on_the_cuda_backend(self):
+    def test_fla_every_family_on_the_cuda_backend(self):
+        # Every rule and decay, fwd and fwd_bwd, bf16 and float32, chunk and scan: each case runs
+        # and passes the float64 check in the BTHD layout, or is declined for a reason fla.py names.
         status, doc, err = run(*SMALL, "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
-                               "--impl", "fla:chunk", "--seq", "256", "--mode", "fwd")
+                               "--impl", "fla:chunk,fla:scan", "--seq", "200", "--dim", "64",
+                               "--rule", "additive,delta", "--decay", "none,retnet,scalar,vector",
+                               "--mode", "fwd,fwd_bwd", "--dtype", "float32,bf16")
         if status == 2 or doc is None:
             self.skipTest("no CUDA backend in this build: " + err.strip().splitlines()[-1])
-        (r,) = records(doc, "fla:chunk")
-        if r["status"] == "skipped":
-            self.skipTest(r["skip_reason"])
-        self.assertEqual(r["status"], "ok", r)
+        rows = records(doc, "fla:chunk") + records(doc, "fla:scan")
+        reasons = {r.get("skip_reason", "") for r in rows if r["status"] == "skipped"}
+        if all(r["status"] == "skipped" for r in rows):
+            self.skipTest("; ".join(sorted(reasons)))
+        for r in rows:
+            if r["status"] == "skipped":
+                self.assertRegex(r["skip_reason"], r"^fla:scan: FLA's fused_recurrent_\w+ has no backward$", r)
+                continue
+            self.assertEqual(r["status"], "ok", r)
+            self.assertLessEqual(r["rel_err"], r["tolerance"], r)
+            self.assertEqual(r["layout"], "BTHD")
+            self.assertGreater(r["layout_copy_mb"], 0)
 
 
 if __name__ == "__main__":
