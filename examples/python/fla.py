@@ -51,7 +51,7 @@ import os
 
 import lattn
 
-# Before fla is imported: its dispatch reads this once (fla/ops/backends).
+# Before fla is imported: its dispatch reads this once (fla/backends.py).
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 
 _import_error = None
