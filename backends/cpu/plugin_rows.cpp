@@ -2,12 +2,12 @@
 // one call is the plugin's forward (and backward), with the case's buffers bound by name once,
 // scratch from the case's counting allocator (256-byte aligned, as the interface promises) and the
 // run's threads in lattn_case.threads, and the tensors in the layout the impl takes
-// (src/plugins/plugin_layout.hpp). What the call shares with the CUDA rows is src/plugin_call.
+// (src/run/plugin_layout.hpp). What the call shares with the CUDA rows is src/plugin_call.
 #include "backends/cpu/plugin_rows.hpp"
 
 #include "backends/cpu/host_case.hpp"
 #include "src/plugins/plugin_call.hpp"
-#include "src/plugins/plugin_layout.hpp"
+#include "src/run/plugin_layout.hpp"
 
 namespace lattn::cpu {
 

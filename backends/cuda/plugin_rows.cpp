@@ -5,7 +5,7 @@
 // rows is src/plugin_call. A bf16 case's q, k, v, dO are bf16 as for every CUDA row, and so are
 // o, dq, dk, dv, which the interface has the plugin write in the case's dtype (the case widens them
 // when the runner reads them); an impl that declares another layout gets its tensors in it
-// (src/plugins/plugin_layout.hpp).
+// (src/run/plugin_layout.hpp).
 #include "backends/cuda/plugin_rows.hpp"
 
 #include <cuda_runtime_api.h>
@@ -14,7 +14,7 @@
 #include "core/op.hpp"
 #include "kernels/cuda/check.hpp"
 #include "src/plugins/plugin_call.hpp"
-#include "src/plugins/plugin_layout.hpp"
+#include "src/run/plugin_layout.hpp"
 
 namespace lattn::cuda {
 namespace {

@@ -20,9 +20,8 @@ namespace lattn {
 // lattnbench's [B, H, T, ...] (docs/spec.md section 1c), or [B, T, H, ...], the layout
 // flash-linear-attention's kernels take. States and gamma keep theirs. A row hands an impl that
 // takes bthd its tensors permuted before the first call and permutes its outputs back after the
-// last, outside the timed calls (src/plugins/plugin_layout.hpp).
+// last, outside the timed calls (src/run/plugin_layout.hpp).
 enum class PluginLayout { bhtd, bthd };
-std::string to_string(PluginLayout layout);  // "BHTD", "BTHD"
 
 // One impl's functions as a row calls them: a C plugin's lattn_impl, or a Python impl's bridge.
 // The arguments are the C interface's (include/lattn/plugin.h).

@@ -30,7 +30,7 @@ struct MemoryUsage {
   std::size_t out_bytes = 0;
   std::size_t temp_bytes = 0;  // peak scratch of one call beyond inputs and outputs
   std::string temp_uncounted;  // why temp_bytes is not the call's scratch (a Python impl's); empty when it is
-  // An impl handed its tensors in another layout (src/plugins/plugin_layout.hpp): its name, and the
+  // An impl handed its tensors in another layout (src/run/plugin_layout.hpp): its name, and the
   // bytes converted outside the timed calls; empty and 0 otherwise.
   std::string layout;
   std::size_t layout_copy_bytes = 0;

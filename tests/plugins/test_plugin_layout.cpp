@@ -1,4 +1,4 @@
-// An impl that takes [B, T, H, D] (src/plugins/plugin_layout.hpp): its row prepares the case on
+// An impl that takes [B, T, H, D] (src/run/plugin_layout.hpp): its row prepares the case on
 // permuted copies, the timed calls only call the prepared case, and reading the outputs permutes
 // them back, so that the check sees the reference's layout; the record's bytes are the per-token
 // tensors at their stored size. (The NumPy impl that runs through the executable in this layout
@@ -7,7 +7,7 @@
 
 #include "core/op.hpp"
 #include "kernels/linear_attention/op.hpp"
-#include "src/plugins/plugin_layout.hpp"
+#include "src/run/plugin_layout.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;

@@ -1,4 +1,4 @@
-#include "src/plugins/plugin_layout.hpp"
+#include "src/run/plugin_layout.hpp"
 
 #include <utility>
 #include <vector>

@@ -18,6 +18,8 @@
 
 namespace lattn {
 
+std::string to_string(PluginLayout layout);  // "BHTD", "BTHD"
+
 // Whether the tensor `name` is a per-token one ([B, H, T] or [B, H, T, D]), which a layout permutes.
 bool is_per_token(const std::string& name);
 
