@@ -175,6 +175,9 @@ archs=${LATTN_DEVICE_CUDA_ARCHITECTURES:-$([[ $cc == 90 ]] && echo 90a-real || {
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DLATTN_CUDA=ON -DBUILD_TESTING=ON -DLATTN_CUDA_EMULATION=OFF
             "-DLATTN_CUDA_ARCHITECTURES=$archs")
 command -v ninja >/dev/null && cmake_args+=(-G Ninja)
+# The Python to embed is the python3 on PATH, the one that holds torch on the GPU image (CMake
+# would otherwise take /usr/bin/python3, which does not): fla.py's impls need it.
+command -v python3 >/dev/null && cmake_args+=("-DPython3_EXECUTABLE=$(command -v python3)")
 if [[ -d $deps/usr ]]; then
   multiarch=$deps/usr/lib/x86_64-linux-gnu
   # Debian's OpenBLAS config hard-codes /usr paths: write one that names the unpacked copies.
