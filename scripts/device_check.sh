@@ -18,7 +18,13 @@
 # (every log and result JSON). A step that cannot finish in the time left is cut short or skipped,
 # and says so.
 #
-#   scripts/device_check.sh [OUTDIR]        (default: $OUT, else ./out/device-check)
+#   scripts/device_check.sh [--table] [--dry-run] [OUTDIR]   (default: $OUT, else ./out/device-check)
+#
+# --table: steps 1 and 2, then the table of every rule x decay beside flash-linear-attention's
+# kernels (examples/python/fla.py) at FLA's benchmark shapes, instead of steps 3 and 4: the
+# shapes whose estimate fits the time left, cheapest first (docs/cuda.md, "FLA beside ours").
+# --dry-run: prints the table's commands and their estimates, checks that lattnbench parses each
+# (--list-cases; LATTN_BINARY or build/lattnbench), and runs nothing else; no GPU needed.
 #
 # Dependencies: the system's, or the Debian packages scripts/fetch_device_deps.sh unpacked into
 # .deps/root (used when present; LATTN_DEPS=DIR names another).
@@ -27,10 +33,77 @@
 # first of these in that order of severity: the lowest non-zero status wins).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+plan=check
+dry_run=0
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --table) plan=table ;;
+    --dry-run) dry_run=1 ;;
+    *) echo "device_check: unknown option $1 (--table, --dry-run)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# ---- the table: every rule x decay, ours (scan, chunked) beside FLA's (fla:chunk, fla:scan) ----
+# FLA's benchmarks/ops/registry.py SHAPE_CONFIGS (B T H D) and Qwen3-Next's grouped heads (H 32,
+# heads_k 16), cheapest first; bf16, and float32 at the headline shape. Each row: "B T H D HK DTYPE".
+table_rows=("8 1024 8 64 0 bf16" "4 2048 16 128 0 bf16" "4 2048 32 128 16 bf16" "2 16384 16 128 0 bf16"
+            "1 8192 96 128 0 bf16" "8 2048 32 256 0 bf16" "4 4096 64 128 0 bf16" "4 4096 64 128 0 float32")
+fla_plugin=$root/examples/python/fla.py
+table_args() {  # B T H D HK DTYPE [fla]: the lattnbench arguments of one row
+  local args=(--suite kernel --batch "$1" --seq "$2" --heads "$3" --dim "$4" --dtype "$6" --chunk 64
+              --rule additive,delta --decay none,retnet,scalar,vector --mode fwd,fwd_bwd
+              --warmup 1 --reps 3 --min-sample-ms 2)
+  (( $5 > 0 )) && args+=(--heads-k "$5")
+  if [[ ${7:-} == fla ]]; then args+=(--plugin "$fla_plugin" --impl scan,chunked,fla:chunk,fla:scan)
+  else args+=(--impl scan,chunked); fi
+  printf '%s\n' "${args[@]}"
+}
+# Seconds one row takes on an H200 host, estimated: the float64 reference (on the host's CPU) of its
+# 8 rule x decay cases with their backward, about 65 s each at B4 H64 T4096 D128 (the headline
+# reference measured 78 s with its timing, docs/measurements/cuda.md), scaled by B H T D^2; the GPU
+# calls, dominated by the two scans (21 ms fwd, 85 ms fwd_bwd at the headline, 2-4x for the delta
+# rule: about 30 s a row there, scaled the same); 30 s for FLA's Triton compilation and autotuning
+# in each new process; float32 doubles the scans.
+row_estimate() {
+  awk -v b="$1" -v t="$2" -v h="$3" -v d="$4" -v dt="$6" -v fla="${7:-}" 'BEGIN {
+    u = b * h * t * d * d / (4 * 64 * 4096 * 128 * 128)
+    s = 8 * 65 * u + 30 * u * (dt == "float32" ? 2 : 1) + (fla == "fla" ? 30 : 0) + 3
+    printf "%d\n", s + 0.999 }'
+}
+table_seconds=${LATTN_DEVICE_TABLE_SECONDS:-}
+
+if (( dry_run )); then
+  bin=${LATTN_BINARY:-$root/build/lattnbench}
+  [[ -x $bin ]] || { echo "device_check --dry-run: no lattnbench at $bin (set LATTN_BINARY)" >&2; exit 2; }
+  fla=fla
+  "$bin" --list --plugin "$fla_plugin" >/dev/null 2>&1 || fla=
+  if [[ -n $fla ]]; then echo "device_check --dry-run: $bin, with $fla_plugin"
+  else echo "device_check --dry-run: $bin, without the FLA impls ($fla_plugin does not load)"; fi
+  total=0 bad=0
+  for row in "${table_rows[@]}"; do
+    read -r B T H D HK DT <<<"$row"
+    mapfile -t args < <(table_args $B $T $H $D $HK $DT $fla)
+    est=$(row_estimate $B $T $H $D $HK $DT $fla)
+    total=$(( total + est ))
+    printf 'B %s T %s H %s D %s heads_k %s %s: estimate %s s (running total %s s)\n' $B $T $H $D $HK $DT $est $total
+    echo "  lattnbench --backend cuda --quiet --out table-B${B}-T${T}-H${H}-D${D}-Hk${HK}-${DT}.json ${args[*]}"
+    if ! "$bin" --list-cases "${args[@]}" >/tmp/lattn-dry-run.$$ 2>&1; then
+      echo "  does not parse: $(tail -1 /tmp/lattn-dry-run.$$)"; bad=$(( bad + 1 ))
+    else
+      echo "  parses: $(grep -c . /tmp/lattn-dry-run.$$) lines of --list-cases"
+    fi
+  done
+  rm -f /tmp/lattn-dry-run.$$
+  echo "estimate of the whole table: $total s; with --table the rows run cheapest first while their estimate fits the time left"
+  exit $(( bad ? 2 : 0 ))
+fi
 out=${1:-${OUT:-$root/out/device-check}}
 mkdir -p "$out"
 build=${LATTN_DEVICE_BUILD_DIR:-/tmp/lattn-device-build}
 deps=${LATTN_DEPS:-$root/.deps/root}
+# The FLA kernels fetch_device_deps.sh installed beside the Debian packages (fla-core, flash-qla).
+[[ -d $deps/../python ]] && export PYTHONPATH=$(cd "$deps/../python" && pwd)${PYTHONPATH:+:$PYTHONPATH}
 work=$(mktemp -d "${TMPDIR:-/tmp}/lattn-device-check.XXXXXX")
 logs=$work/device-check
 mkdir -p "$logs"
@@ -102,6 +175,9 @@ archs=${LATTN_DEVICE_CUDA_ARCHITECTURES:-$([[ $cc == 90 ]] && echo 90a-real || {
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DLATTN_CUDA=ON -DBUILD_TESTING=ON -DLATTN_CUDA_EMULATION=OFF
             "-DLATTN_CUDA_ARCHITECTURES=$archs")
 command -v ninja >/dev/null && cmake_args+=(-G Ninja)
+# The Python to embed is the python3 on PATH, the one that holds torch on the GPU image (CMake
+# would otherwise take /usr/bin/python3, which does not): fla.py's impls need it.
+command -v python3 >/dev/null && cmake_args+=("-DPython3_EXECUTABLE=$(command -v python3)")
 if [[ -d $deps/usr ]]; then
   multiarch=$deps/usr/lib/x86_64-linux-gnu
   # Debian's OpenBLAS config hard-codes /usr paths: write one that names the unpacked copies.
@@ -159,6 +235,52 @@ esac
 run_step occupancy 20 100 "$logs/occupancy.log" "$tests" "[occupancy]"
 grep "^occupancy" "$logs/occupancy.log" | tee -a "$summary"
 (( step_rc == 0 )) || worsen "$( (( step_rc == 124 || step_rc == 125 )) && echo 4 || echo 2)"
+
+if [[ $plan == table ]]; then
+  # ---- 3'. the table, cheapest row first, each while its estimate fits the time left ----
+  fla=
+  if "$bin" --list --plugin "$fla_plugin" >"$logs/fla-load.log" 2>&1; then fla=fla
+  else note "$(printf '%-28s %s' "fla impls" "left out: $(tail -1 "$logs/fla-load.log")")"; fi
+  for row in "${table_rows[@]}"; do
+    read -r B T H D HK DT <<<"$row"
+    name=table-B${B}-T${T}-H${H}-D${D}-Hk${HK}-${DT}
+    est=$(row_estimate $B $T $H $D $HK $DT $fla)
+    left=$(( deadline - $(date +%s) ))
+    if (( est > left )); then
+      note "$(printf '%-28s skipped: estimate %ss, %ss left' "$name" "$est" "$left")"
+      continue
+    fi
+    mapfile -t args < <(table_args $B $T $H $D $HK $DT $fla)
+    run_step "$name" $(( 2 * est )) 0 "$logs/$name.log" "$bin" --backend cuda --quiet --out "$logs/$name.json" "${args[@]}"
+    case $step_rc in
+      0) ;;
+      124|137|125) worsen 4 ;;
+      *) worsen 3 ;;
+    esac
+  done
+  # The table: one line per shape, rule, decay and mode; each impl's median and rel_err.
+  python3 - "$logs" <<'PY' 2>&1 | tee -a "$summary"
+import glob, json, os, sys
+impls = ["scan", "chunked", "fla:scan", "fla:chunk"]
+print("table (ms, rel_err; -: not run, with the reason in the JSON):")
+print(f"{'shape':34} {'rule':8} {'decay':6} {'mode':7} " + " ".join(f"{i:>20}" for i in impls))
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "table-*.json"))):
+    doc = json.load(open(path))
+    rows = {}
+    for r in doc["results"]:
+        key = (r.get("rule", "additive"), r.get("decay", "none"), r["mode"])
+        cell = "-"
+        if r["status"] == "ok":
+            cell = f"{r['median_ms']:.3f} {r['rel_err']:.0e}"
+        elif r["status"] == "failed":
+            cell = "FAILED"
+        rows.setdefault(key, {})[r["impl"]] = cell
+    shape = os.path.basename(path)[len("table-"):-len(".json")]
+    for (rule, decay, mode), cells in sorted(rows.items()):
+        print(f"{shape:34} {rule:8} {decay:6} {mode:7} " + " ".join(f"{cells.get(i, '-'):>20}" for i in impls))
+PY
+  exit "$status"
+fi
 
 # ---- 3. compute-sanitizer on small cases ----
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)

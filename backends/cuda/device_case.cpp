@@ -39,7 +39,8 @@ bool in_case_dtype(const Case& kase, const std::string& name) {
 
 }  // namespace
 
-DeviceCase::DeviceCase(const Case& kase, const TensorSet& inputs, int device)
+DeviceCase::DeviceCase(const Case& kase, const TensorSet& inputs, int device,
+                       const std::vector<std::string>& bf16_outputs)
     : device_(device), allocator_(device_memory()) {
   LATTN_CUDA_CHECK(cudaSetDevice(device_));
   LATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -63,7 +64,10 @@ DeviceCase::DeviceCase(const Case& kase, const TensorSet& inputs, int device)
     }
     buffers_.push_back(std::move(n));
   }
-  for (const Tensor& t : make_case_outputs(kase)) buffers_.push_back({t.name, true, DeviceBuffer(t.bytes())});
+  for (const Tensor& t : make_case_outputs(kase)) {
+    const bool half = bf16 && std::find(bf16_outputs.begin(), bf16_outputs.end(), t.name) != bf16_outputs.end();
+    buffers_.push_back({t.name, true, DeviceBuffer(half ? t.elems() * sizeof(std::uint16_t) : t.bytes()), half});
+  }
   LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -153,6 +157,15 @@ void DeviceCase::read_outputs(TensorSet& outputs) {
   for (const Named& n : buffers_) {
     if (!n.output) continue;
     Tensor& t = outputs.at(n.name);
+    if (n.bf16) {
+      std::vector<std::uint16_t> bits(n.buffer.bytes() / sizeof(std::uint16_t));
+      if (!bits.empty())
+        LATTN_CUDA_CHECK(cudaMemcpyAsync(bits.data(), n.buffer.get(), n.buffer.bytes(), cudaMemcpyDeviceToHost, stream_));
+      LATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `bits` is read here
+      t.data.resize(bits.size());
+      std::transform(bits.begin(), bits.end(), t.data.begin(), bf16_bits_to_float);
+      continue;
+    }
     t.data.assign(n.buffer.bytes() / sizeof(float), 0.0f);
     if (!t.data.empty())
       LATTN_CUDA_CHECK(cudaMemcpyAsync(t.data.data(), n.buffer.get(), n.buffer.bytes(), cudaMemcpyDeviceToHost, stream_));

@@ -1,6 +1,7 @@
 // A case on the GPU: device copies of its input tensors (bf16 bit patterns for the tensors its op
-// keeps in the case's dtype, when that is bf16), float32 outputs, its own stream and events, the
-// cold case's L2 flush, and one call: the impl's kernels, bound to the device pointers once and
+// keeps in the case's dtype, when that is bf16), float32 outputs (but those a plugin's row names, which
+// a bf16 case holds as bf16, as the plugin interface has them, widened when read), its own stream and
+// events, the cold case's L2 flush, and one call: the impl's kernels, bound to the device pointers once and
 // enqueued by run() and time_ms(). Every CUDA impl row prepares one of these (cuda_backend.cpp).
 //
 // run() enqueues one call and waits for it; time_ms(n) records a CUDA event, enqueues n calls
@@ -55,7 +56,9 @@ class DeviceCase final : public PreparedCase {
   // One call's work, enqueued on the case's stream (asynchronous).
   using Enqueue = std::function<void()>;
 
-  DeviceCase(const Case& kase, const TensorSet& inputs, int device);
+  // `bf16_outputs`: the outputs a bf16 case holds as bf16 bits on the device (a plugin writes o,
+  // dq, dk, dv so); read_outputs widens them.
+  DeviceCase(const Case& kase, const TensorSet& inputs, int device, const std::vector<std::string>& bf16_outputs = {});
   DeviceCase(const DeviceCase&) = delete;
   DeviceCase& operator=(const DeviceCase&) = delete;
   ~DeviceCase() override;
@@ -92,6 +95,7 @@ class DeviceCase final : public PreparedCase {
     std::string name;
     bool output = false;
     DeviceBuffer buffer;
+    bool bf16 = false;  // an output held as bf16 bits
   };
 
   void enqueue_counted();

@@ -24,6 +24,13 @@ struct ScratchSeen {
   std::string source;                // what counted it (the record's temp_mb_source) or, without bytes, why not
 };
 
+// The order in which an impl takes the per-token tensors (q k v o dO dq dk dv, g, beta, dg, dbeta):
+// lattnbench's [B, H, T, ...] (docs/spec.md section 1c), or [B, T, H, ...], the layout
+// flash-linear-attention's kernels take. States and gamma keep theirs. A row hands an impl that
+// takes bthd its tensors permuted before the first call and permutes its outputs back after the
+// last, outside the timed calls (src/run/plugin_layout.hpp).
+enum class PluginLayout { bhtd, bthd };
+
 // One impl's functions as a row calls them: a C plugin's lattn_impl, or a Python impl's bridge.
 // The arguments are the C interface's (include/lattn/plugin.h).
 class ImplFunctions {
@@ -45,6 +52,8 @@ class ImplFunctions {
     call();
     return std::nullopt;
   }
+  // The layout the impl takes its tensors in: a C plugin's is the interface's, [B, H, T, D].
+  virtual PluginLayout layout() const { return PluginLayout::bhtd; }
 };
 
 struct LoadedPlugin {

@@ -38,6 +38,10 @@ RULES = ("additive", "delta")
 DECAYS = ("none", "retnet", "scalar", "vector")
 DTYPES = ("float32", "bfloat16")
 ARRAYS = ("numpy", "dlpack")
+# How the per-token tensors (q k v o dO dq dk dv, g, beta, dg, dbeta) are laid out: lattnbench's
+# [B, H, T, ...], or [B, T, H, ...] (flash-linear-attention's), which lattnbench converts to and
+# from outside the timed calls. States ([B, H, D, D]) and gamma ([H]) are the same in both.
+LAYOUTS = ("BHTD", "BTHD")
 
 _declared = []  # the Plugins of the file being loaded
 
@@ -100,7 +104,8 @@ def _names(what, values, allowed):
 class Impl:
     """An impl as its decorator made it; calling it calls the forward."""
 
-    def __init__(self, plugin, name, forward, device, ops, modes, rules, decays, dtypes, arrays, unsupported):
+    def __init__(self, plugin, name, forward, device, ops, modes, rules, decays, dtypes, arrays, unsupported,
+                 layout="BHTD"):
         self.plugin, self.name, self.forward = plugin, name, forward
         self.device = _names("device", device, DEVICES)[0]
         self.ops = _names("op", ops, OPS)
@@ -109,6 +114,7 @@ class Impl:
         self.decays = _names("decay", decays, DECAYS)
         self.dtypes = _names("dtype", dtypes, DTYPES)
         self.arrays = _names("arrays", arrays, ARRAYS)[0]
+        self.layout = _names("layout", layout, LAYOUTS)[0]
         if self.device == "cuda" and self.arrays == "numpy":
             raise ValueError(f"impl {name!r}: a cuda impl takes arrays='dlpack' (NumPy arrays are host memory)")
         if unsupported is not None and not callable(unsupported):
@@ -147,14 +153,18 @@ class Plugin:
         _declared.append(self)
 
     def impl(self, name, *, device="cpu", ops=("linear_attention",), modes=("fwd", "fwd_bwd"),
-             rules=("additive",), decays=("none",), dtypes=("float32",), arrays="numpy", unsupported=None):
+             rules=("additive",), decays=("none",), dtypes=("float32",), arrays="numpy", unsupported=None,
+             layout="BHTD"):
         """Declares the decorated function forward(case, tensors) as impl NAME. It runs the cases
         whose op, mode, rule, decay and dtype are among those given, and unsupported(case), when
         given, returns why it does not run one (or None). A fwd_bwd case needs a backward
-        (@impl.backward). arrays: "numpy" (host arrays) or "dlpack" (DLArray views)."""
+        (@impl.backward). arrays: "numpy" (host arrays) or "dlpack" (DLArray views). layout: "BHTD"
+        (q as [B, H, T, D], lattnbench's) or "BTHD" ([B, T, H, D]; g [B, T, H] or [B, T, H, D],
+        beta [B, T, H]), handed over converted, the copy outside the timed calls."""
 
         def decorate(forward):
-            impl = Impl(self, name, forward, device, ops, modes, rules, decays, dtypes, arrays, unsupported)
+            impl = Impl(self, name, forward, device, ops, modes, rules, decays, dtypes, arrays, unsupported,
+                        layout)
             self.impls.append(impl)
             return impl
 

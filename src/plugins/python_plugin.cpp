@@ -213,7 +213,8 @@ struct TensorSpec {
   const void* data;
   bool writable;
   bool model_dtype;  // q k v o dO dq dk dv: the case's dtype; the rest float32
-  int shape;         // 0: [B,H,T,D] 1: [B,H,D,D] 2: [B,H,T] 3: g's ([B,H,T] scalar, [B,H,T,D] vector) 4: [H]
+  int shape;         // 0: [B,H,T,D] 1: [B,H,D,D] 2: [B,H,T] 3: g's ([B,H,T] scalar, [B,H,T,D] vector) 4: [H];
+                     // 0, 2 and 3 as [B,T,H,...] for an impl of layout BTHD
 };
 
 std::vector<TensorSpec> tensor_specs(const lattn_tensors& t) {
@@ -249,6 +250,11 @@ class PythonImplFunctions final : public ImplFunctions {
     PyObject* fn = PyObject_GetAttrString(impl, "forward");
     PyObject* bwd = PyObject_GetAttrString(impl, "backward_fn");
     PyObject* arrays = PyObject_GetAttrString(impl, "arrays");
+    PyObject* layout = PyObject_GetAttrString(impl, "layout");
+    layout_ = layout && PyUnicode_Check(layout) && std::strcmp(PyUnicode_AsUTF8(layout), "BTHD") == 0
+                  ? PluginLayout::bthd
+                  : PluginLayout::bhtd;
+    Py_XDECREF(layout);
     forward_ = fn;
     backward_ = bwd && bwd != Py_None ? bwd : nullptr;
     if (bwd == Py_None) Py_DECREF(bwd);
@@ -258,6 +264,7 @@ class PythonImplFunctions final : public ImplFunctions {
   }
 
   bool has_backward() const override { return backward_ != nullptr; }
+  PluginLayout layout() const override { return layout_; }
 
   std::optional<std::string> unsupported(const lattn_case& c) const override {
     Gil gil;
@@ -384,14 +391,17 @@ class PythonImplFunctions final : public ImplFunctions {
     const bool vector_gate = std::strcmp(c.decay, "vector") == 0;
     const bool bf16 = std::strcmp(c.dtype, "bfloat16") == 0;
     const bool cuda = std::strcmp(c.device, "cuda") == 0;
+    const bool bthd = layout_ == PluginLayout::bthd;  // the row has permuted the per-token buffers
     PyObject* specs = PyList_New(0);
     for (const TensorSpec& s : tensor_specs(t)) {
       if (!s.data) continue;
       std::vector<long long> shape;
       switch (s.shape == 3 ? (vector_gate ? 0 : 2) : s.shape) {
-        case 0: shape = {c.batch, c.heads, c.seq, c.dim}; break;
+        case 0: shape = bthd ? std::vector<long long>{c.batch, c.seq, c.heads, c.dim}
+                             : std::vector<long long>{c.batch, c.heads, c.seq, c.dim}; break;
         case 1: shape = {c.batch, c.heads, c.dim, c.dim}; break;
-        case 2: shape = {c.batch, c.heads, c.seq}; break;
+        case 2: shape = bthd ? std::vector<long long>{c.batch, c.seq, c.heads}
+                             : std::vector<long long>{c.batch, c.heads, c.seq}; break;
         default: shape = {c.heads}; break;
       }
       long long elements = 1;
@@ -415,6 +425,7 @@ class PythonImplFunctions final : public ImplFunctions {
   PyObject* backward_ = nullptr;
   std::string device_;
   bool numpy_ = true;
+  PluginLayout layout_ = PluginLayout::bhtd;
   mutable std::vector<BoundCall> bound_;  // under the GIL
 };
 

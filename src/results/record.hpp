@@ -44,6 +44,8 @@ struct Measurement {
   // and C plugin), or a Python impl's library: "tracemalloc" (the Python heap's peak, NumPy's
   // buffers among it), "torch.cuda", "jax.memory_stats" (docs/plugins.md).
   std::string temp_source;
+  std::string layout;         // the layout a plugin impl took its tensors in, where not lattnbench's ("BTHD")
+  std::optional<double> layout_copy_mb;  // MiB converted into and out of that layout, untimed
   double flops = 0, gflops = 0, bytes = 0, gbytes_per_s = 0;
   std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
   std::string variant;        // the kernel variant that ran the case (ImplRow::variant), or ""

@@ -90,7 +90,7 @@ constexpr OptionalKey kOptionals[] = {
     {"blas_gflops", &Measurement::blas_gflops},         {"blas_fraction", &Measurement::blas_fraction},
     {"blas_gflops_now", &Measurement::blas_gflops_now}, {"blas_fraction_now", &Measurement::blas_fraction_now},
     {"bandwidth_fraction", &Measurement::bandwidth_fraction}, {"tokens_per_s", &Measurement::tokens_per_s},
-    {"us_per_token", &Measurement::us_per_token},
+    {"us_per_token", &Measurement::us_per_token}, {"layout_copy_mb", &Measurement::layout_copy_mb},
 };
 constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"check_failure", &Measurement::check_failure},
@@ -99,7 +99,8 @@ constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"timer_warning", &Measurement::timer_warning},
                               {"bandwidth_roof", &Measurement::bandwidth_roof},
                               {"temp_mb_unknown", &Measurement::temp_unknown},
-                              {"temp_mb_source", &Measurement::temp_source}};
+                              {"temp_mb_source", &Measurement::temp_source},
+                              {"layout", &Measurement::layout}};
 
 void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const DoubleKey& k : kDoubles) r[k.key] = m.*k.member;

@@ -33,6 +33,10 @@ struct MemoryUsage {
   // What counted temp_bytes (the record's temp_mb_source): lattnbench's counting allocator, or a
   // Python impl's library (tracemalloc, torch.cuda, jax.memory_stats).
   std::string temp_source = "counting_allocator";
+  // An impl handed its tensors in another layout (src/run/plugin_layout.hpp): its name, and the
+  // bytes converted outside the timed calls; empty and 0 otherwise.
+  std::string layout;
+  std::size_t layout_copy_bytes = 0;
 };
 
 // A case with its inputs resident on the device and its outputs allocated.

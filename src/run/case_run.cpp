@@ -129,6 +129,10 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.temp_mb = double(memory.temp_bytes) / kMiB;
   m.temp_unknown = memory.temp_uncounted;
   if (m.temp_unknown.empty()) m.temp_source = memory.temp_source;
+  if (!memory.layout.empty()) {
+    m.layout = memory.layout;
+    m.layout_copy_mb = double(memory.layout_copy_bytes) / kMiB;
+  }
   m.arg_mb = double(memory.arg_bytes) / kMiB;
   m.out_mb = double(memory.out_bytes) / kMiB;
   const double seconds = timing.stats.median * 1e-3;

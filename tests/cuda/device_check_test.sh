@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/device_check.sh without a GPU: its logic run against stand-ins for what it calls
 # (cmake, nvcc, nvidia-smi, compute-sanitizer, and the lattnbench and lattn_cuda_tests the fake
-# build leaves), each told by environment variables how to behave. Checked per scenario: the exit
+# build leaves), each told by environment variables how to behave; then its --table plan and its
+# --dry-run (every table command printed and parsed by lattnbench --list-cases). Checked per scenario: the exit
 # status (which step's failure wins), that OUTDIR holds the summary and one archive and nothing
 # else (a GPU machine returns at most 8 files), what the archive holds, what the summary says,
 # and that a step past its time is killed (TERM, then KILL for one that ignores TERM) within its
@@ -63,6 +64,8 @@ EOF
 # the result file at the end; FAKE_BENCH_HANG names the result file whose run hangs.
 cat >"$fakes/lattnbench.in" <<'EOF'
 #!/usr/bin/env bash
+# --list (a plugin loads) and --list-cases (the plan parses): FAKE_LIST_RC says how it ends.
+[[ " $* " == *" --list"* ]] && { echo "listing (stand-in)"; exit "${FAKE_LIST_RC:-0}"; }
 out=; dtype=float32; while (($#)); do case $1 in --out) out=$2 ;; --dtype) dtype=$2 ;; esac; shift; done
 echo '{"case": 1}' >"$out.journal.jsonl"
 if [[ -n ${FAKE_BENCH_HANG:-} && $out == *"$FAKE_BENCH_HANG"* ]]; then
@@ -82,13 +85,14 @@ EOF
 chmod +x "$fakes"/*
 
 # ---- one run of the script in a scenario: env assignments, then the checks ----
+script_args=()  # the script's options (--table) for the scenarios that set them
 run() {  # SCENARIO [VAR=value...]
   scenario=$1; shift
   out=$tmp/$scenario/out
   mkdir -p "$out"
   local t0=$(date +%s)
   env PATH="$fakes:$PATH" LATTN_DEVICE_BUILD_DIR="$tmp/$scenario/build" LATTN_DEPS="$tmp/none" "$@" \
-    "$root/scripts/device_check.sh" "$out" >"$tmp/$scenario/stdout" 2>&1
+    "$root/scripts/device_check.sh" "${script_args[@]}" "$out" >"$tmp/$scenario/stdout" 2>&1
   rc=$?
   took=$(( $(date +%s) - t0 ))
   files=$(find "$out" -type f | wc -l)
@@ -179,6 +183,45 @@ run out-of-time LATTN_DEVICE_CHECK_SECONDS=3
 expect_rc 4
 expect_summary "configure +skipped: no time left"
 expect_file env.log summary.txt
+
+# --table: the cuda tests, then the table's rows cheapest first while their estimate fits the time
+# left (with instant stand-ins the four cheapest fit 420 s; the others are skipped and say so),
+# and the table in the summary; no sanitizer, no headline.
+script_args=(--table)
+run table
+expect_rc 0
+expect_file cuda-tests.log table-B8-T1024-H8-D64-Hk0-bf16.json table-B4-T2048-H32-D128-Hk16-bf16.json \
+  table-B2-T16384-H16-D128-Hk0-bf16.json
+expect_summary "^table-B8-T1024-H8-D64-Hk0-bf16 +ok"
+expect_summary "^table-B1-T8192-H96-D128-Hk0-bf16 +skipped: estimate 446s"
+expect_summary "^table-B4-T4096-H64-D128-Hk0-bf16 +skipped: estimate 583s"
+expect_summary "^B8-T1024-H8-D64-Hk0-bf16 +additive none +fwd +- +0.500 1e-03"
+grep -q "sanitize\|headline" <<<"$listing" && fail "the table plan ran the sanitizer or the headline"
+# A lattnbench without Python (the prebuilt one): the table runs ours alone and says why.
+run table-no-python FAKE_LIST_RC=2
+expect_rc 0
+expect_summary "^fla impls +left out: listing"
+expect_summary "^table-B8-T1024-H8-D64-Hk0-bf16 +ok"
+script_args=()
+
+# --dry-run: every command printed with its estimate and parsed by lattnbench --list-cases; exit 2
+# when one does not parse; no OUTDIR written.
+scenario=dry-run
+dry=$(env LATTN_BINARY="$fakes/lattnbench.in" "$root/scripts/device_check.sh" --dry-run "$tmp/dry-out" 2>&1); rc=$?
+expect_rc 0
+[[ -e $tmp/dry-out ]] && fail "the dry run wrote $tmp/dry-out"
+(( $(grep -c "^  lattnbench --backend cuda" <<<"$dry") == 8 )) || fail "not 8 table commands: $dry"
+(( $(grep -c "^  parses" <<<"$dry") == 8 )) || fail "not every command parsed: $dry"
+grep -q "^B 4 T 4096 H 64 D 128 heads_k 0 bf16: estimate 583 s" <<<"$dry" || fail "no headline estimate: $dry"
+grep -q "estimate of the whole table: 3398 s" <<<"$dry" || fail "no total: $dry"
+grep -q -- "--heads-k 16 --plugin .*fla.py --impl scan,chunked,fla:chunk,fla:scan" <<<"$dry" || fail "no grouped-heads row with FLA: $dry"
+scenario=dry-run-does-not-parse
+dry=$(env LATTN_BINARY="$fakes/lattnbench.in" FAKE_LIST_RC=2 "$root/scripts/device_check.sh" --dry-run 2>&1); rc=$?
+expect_rc 2
+grep -q "does not parse: listing" <<<"$dry" || fail "no line saying what does not parse: $dry"
+scenario=unknown-option
+"$root/scripts/device_check.sh" --bogus >/dev/null 2>&1; rc=$?
+expect_rc 2
 
 if (( failures )); then
   echo "device_check_test: $failures failures"

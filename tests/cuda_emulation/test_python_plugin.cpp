@@ -50,6 +50,28 @@ TEST_CASE("emulation: a Python impl on the CUDA backend takes DLPack device tens
   CHECK(backend->unsupported(declined));
 }
 
+TEST_CASE("emulation: a Python impl in the BTHD layout on the CUDA backend, float32 and bf16, matches the reference",
+          "[python]") {
+  const auto backend = backend_with_python_plugin();
+  for (const std::string dtype : {"float32", "bf16"}) {
+    const Case c = test::kernel_case({2, 3, 7, 4, 4, Decay::none}, "emu:scan_bthd", Mode::fwd, "cuda", dtype);
+    INFO(test::describe(c));
+    REQUIRE_FALSE(backend->unsupported(c));
+    const test::Outcome r = test::run_on(*backend, c, 5);
+    INFO(test::errors(r.check));
+    CHECK(r.check.passed);
+    // float32 all through; bf16 inputs with o written in bf16 (its rounding, 2^-9, and no more)
+    CHECK(r.check.rel_err < (dtype == "bf16" ? 8e-3 : 1e-5));
+    CHECK(r.memory.layout == "BTHD");
+    // q k v o per token: 2 x 3 x 7 tokens of 4, at 2 bytes in bf16, 4 in float32
+    CHECK(r.memory.layout_copy_bytes == std::size_t(2 * 3 * 7 * 4 * 4 * (dtype == "bf16" ? 2 : 4)));
+  }
+  // The impl that takes lattnbench's layout declines bf16 by its decorator, not the row.
+  const Case bf16 = test::kernel_case({1, 1, 5, 3, 4, Decay::none}, "emu:scan", Mode::fwd, "cuda", "bf16");
+  REQUIRE(backend->unsupported(bf16));
+  CHECK_THAT(*backend->unsupported(bf16), Catch::Matchers::Contains("emu:scan: takes dtype float32, not bfloat16"));
+}
+
 TEST_CASE("emulation: a Python impl that raises on the CUDA backend fails the case with the exception's last line",
           "[python]") {
   const auto backend = backend_with_python_plugin();

@@ -146,6 +146,33 @@ class Core(unittest.TestCase):
                     self.assertEqual(r["status"], "skipped", r)
                     self.assertTrue(r["skip_reason"].startswith(r["impl"]), r)
 
+    def test_an_impl_in_the_bthd_layout_is_handed_it_and_checked_in_ours(self):
+        # bthd_kernel.py indexes [B, T, H, D] and raises on any other shape: its outputs pass the
+        # float64 check only if the inputs were permuted in and the outputs and gradients back.
+        B, H, T, D = 2, 3, 40, 8
+        for decay in ("none", "retnet", "scalar", "vector"):
+            _, doc, _ = run("--suite", "kernel", "--batch", str(B), "--heads", str(H), "--dim", str(D), "--seq",
+                            str(T), "--reps", "2", "--warmup", "1", "--min-sample-ms", "1", "--plugin",
+                            os.path.join(HERE, "bthd_kernel.py"), "--impl", "bthd:scan,scan", "--decay", decay,
+                            "--rule", "additive,delta", "--mode", "fwd,fwd_bwd", expect=0)
+            ran = 0
+            for r in records(doc, "bthd:scan"):
+                if r["status"] == "skipped":
+                    self.assertIn("the backward covers", r["skip_reason"], r)
+                    continue
+                ran += 1
+                self.assert_checked(r)
+                self.assertEqual(r["layout"], "BTHD")
+                token = B * T * H
+                gates = {"none": 0, "retnet": 0, "scalar": 1, "vector": 1}[decay] * (D if decay == "vector" else 1)
+                per_pass = 4 * D + gates + (1 if r.get("rule", "additive") == "delta" else 0)  # q k v o, g, beta
+                tensors = per_pass * (2 if r["mode"] == "fwd_bwd" else 1)  # and dO dq dk dv, dg, dbeta
+                self.assertAlmostEqual(r["layout_copy_mb"], token * tensors * 4 / 2**20, places=9)
+            self.assertEqual(ran, 3 if decay in ("none", "retnet") else 2)  # fwd_bwd: additive, none or retnet
+            for r in records(doc, "scan"):
+                self.assertNotIn("layout", r)
+                self.assertNotIn("layout_copy_mb", r)
+
     def test_a_kernel_written_from_the_docs_alone(self):
         _, doc, _ = run(*SMALL, "--plugin", os.path.join(HERE, "outside_kernel.py"), "--impl",
                         "outside:quadratic,outside:declines,scan", "--seq", "96,256", "--mode", "fwd,fwd_bwd",
@@ -189,6 +216,7 @@ class Core(unittest.TestCase):
             os.path.join(bad, "syntax.py"): r"does not load: SyntaxError: '\(' was never closed",
             os.path.join(bad, "no_plugin.py"): r"does not load: ValueError: declares 0 plugins",
             os.path.join(bad, "bad_rule.py"): r"does not load: ValueError: rule 'hebbian' is not one of additive, delta",
+            os.path.join(bad, "bad_layout.py"): r"does not load: ValueError: layout 'BHDT' is not one of BHTD, BTHD",
             os.path.join(bad, "bad_name.py"): r"plugin name 'Bad-Name' is not \[a-z0-9_\]\+",
             os.path.join(bad, "missing.py"): r"no such file",
             "python:lattn_no_such_module": r"does not load: ModuleNotFoundError: No module named 'lattn_no_such_module'",
@@ -284,15 +312,27 @@ class Jax(unittest.TestCase):
 
 
 class Fla(unittest.TestCase):
-    def test_fla_chunk_on_the_cuda_backend(self):
+    def test_fla_every_family_on_the_cuda_backend(self):
+        # Every rule and decay, fwd and fwd_bwd, bf16 and float32, chunk and scan: each case runs
+        # and passes the float64 check in the BTHD layout, or is declined for a reason fla.py names.
         status, doc, err = run(*SMALL, "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
-                               "--impl", "fla:chunk", "--seq", "256", "--mode", "fwd")
+                               "--impl", "fla:chunk,fla:scan", "--seq", "200", "--dim", "64",
+                               "--rule", "additive,delta", "--decay", "none,retnet,scalar,vector",
+                               "--mode", "fwd,fwd_bwd", "--dtype", "float32,bf16")
         if status == 2 or doc is None:
             self.skipTest("no CUDA backend in this build: " + err.strip().splitlines()[-1])
-        (r,) = records(doc, "fla:chunk")
-        if r["status"] == "skipped":
-            self.skipTest(r["skip_reason"])
-        self.assertEqual(r["status"], "ok", r)
+        rows = records(doc, "fla:chunk") + records(doc, "fla:scan")
+        reasons = {r.get("skip_reason", "") for r in rows if r["status"] == "skipped"}
+        if all(r["status"] == "skipped" for r in rows):
+            self.skipTest("; ".join(sorted(reasons)))
+        for r in rows:
+            if r["status"] == "skipped":
+                self.assertRegex(r["skip_reason"], r"^fla:scan: FLA's fused_recurrent_\w+ has no backward$", r)
+                continue
+            self.assertEqual(r["status"], "ok", r)
+            self.assertLessEqual(r["rel_err"], r["tolerance"], r)
+            self.assertEqual(r["layout"], "BTHD")
+            self.assertGreater(r["layout_copy_mb"], 0)
 
 
 if __name__ == "__main__":
