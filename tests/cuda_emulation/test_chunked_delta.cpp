@@ -267,7 +267,7 @@ TEST_CASE("emulation: the CUDA backend runs the chunked delta row on section 1c'
   // backward's own scratch, or the larger of the forward's and the recomputing backward's).
   Problem p{2, 4, 30, 16, 16, Decay::scalar, Rule::delta};
   for (const bool keep : {true, false}) {
-    auto backend = cuda::make_cuda_backend(BackendOptions{0, 0, false, keep});
+    auto backend = cuda::make_cuda_backend(BackendOptions{0, 0, keep});
     Case c = test::kernel_case(p, "chunked", Mode::fwd_bwd, "cuda", "bf16");
     c.options["heads_k"] = "2";
     c.options["dim_v"] = "24";
