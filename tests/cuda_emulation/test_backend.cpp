@@ -32,17 +32,14 @@ bool limit_matters(const Case& c) {
   const cuda::Dtype dtype = c.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
   const Problem p = linear_problem(c);
   if (c.impl == "chunked" && p.delta()) return false;  // its kernels' launches do not depend on the limit
-  if (c.impl == "chunked" && c.op->name == "linear_attention" && gated(p.decay)) {
+  if (c.impl == "chunked") {  // the additive rule's chunked kernels (the layer's linear branch too)
     for (const char* kernel : {"output", "dv", "dq", "dk"}) {
       const cuda::GatedTiles h100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kH100SharedOptin),
                              a100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kA100SharedOptin);
       if (h100.rows_per_block != a100.rows_per_block || h100.blocks_per_sm != a100.blocks_per_sm) return true;
     }
-    return false;
+    if (c.op->name == "linear_attention") return false;
   }
-  if (c.impl == "chunked" &&
-      cuda::chunked_tiles(p, dtype, lattn_emu::kH100SharedOptin) != cuda::chunked_tiles(p, dtype, lattn_emu::kA100SharedOptin))
-    return true;
   if (c.op->name == "linear_attention") return false;
   const cuda::SwaProblem w{c.batch, c.heads, c.seq, c.dim, c.window};
   for (bool backward : {false, c.backward()})

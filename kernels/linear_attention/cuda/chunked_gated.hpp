@@ -66,6 +66,12 @@ std::vector<ChunkedKernel> chunked_gated_kernels(const Problem& problem, Dtype d
 
 // ---- what the .cu files share ----
 
+// The kernels' gate modes (a template argument of each): log-gates read from g per token (scalar)
+// or per token and key channel (vector), or fixed per value head (decay none: 0, retnet: log
+// gamma_h), which read no g and write no dg.
+constexpr int kScalarGates = 0, kVectorGates = 1, kFixedGates = 2;
+int gate_kind(const Problem& problem);
+
 // A problem as the kernels see it (cuda/chunked_gated.cuh locates a chunk from it). Chunk k (of
 // every value head) is chunk c of sequence n, numbered sequence by sequence.
 struct GatedShape {
@@ -79,6 +85,8 @@ struct GatedShape {
   const int* cu;     // packed: the documents' boundaries (docs + 1); null: dense
   const int* first;  // packed: the first chunk of each document (docs + 1)
   bool vector;
+  int gates;         // kScalarGates, kVectorGates or kFixedGates (none, retnet: no g read)
+  bool retnet;       // fixed gates: log gamma_h per value head (retnet) or 0 (none)
   float scale;       // dim^-1/2
 };
 
@@ -131,7 +139,7 @@ std::size_t gated_state_pass_shared_bytes(Dtype dtype);
 // The blocks per multiprocessor the state pass's launch bounds promise on the current device.
 int gated_state_pass_blocks(Dtype dtype);
 // Resident blocks per multiprocessor of each kernel as launched (cudaOccupancy...).
-int gated_state_pass_occupancy(Dtype dtype, bool vector);
+int gated_state_pass_occupancy(Dtype dtype, int gates);
 int gated_output_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
 int gated_dv_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
 int gated_dqk_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles, bool dk_pass);
