@@ -104,7 +104,8 @@ CheckResult run_gated(const GatedCase& g, std::uint64_t seed = 7) {
   for (int n = 0; n < p.sequences(); ++n) chunks += std::size_t((p.slice(std::size_t(n) * p.heads).seq + C - 1) / C);
   const std::size_t es = g.dtype == cuda::Dtype::f32 ? 4 : 2, Dk = p.dim, Dv = p.value_dim();
   const std::size_t tables = p.packed() ? 2 * p.cu_seqlens.size() * 4 : 0;
-  const std::size_t states = chunks * p.heads * Dk * Dv * es, rowsums = fixed ? 0 : chunks * p.heads * ((Dv + 63) / 64) * Dk * 4;
+  const std::size_t states = chunks * p.heads * Dk * Dv * es,
+                    rowsums = fixed ? 0 : chunks * p.heads * ((Dv + 63) / 64) * Dk * 4;
   const std::size_t parts = p.group() > 1 ? 2 * p.heads_total() * p.seq * Dk * 4 : 0;
   CHECK(v.kept_states_bytes(p, g.dtype) == states);
   CHECK(v.forward_workspace_bytes(p, g.dtype) == tables + states);

@@ -1,4 +1,5 @@
-// The gated chunked form's host API (cuda/chunked_gated.hpp) and its last kernel, dg.
+// The gated chunked form's host API (cuda/chunked_gated.hpp) and its last kernel, dg. Fixed gates
+// (decay none, retnet) have no dg: neither this kernel nor the reverse pass's row sums run for them.
 //
 // Forward: the state pass (h_c of every chunk, hT), then the output kernel. Backward: the state
 // pass again unless the forward's states were kept, the reverse state pass (dh_c, dh0 and dg's

@@ -115,8 +115,8 @@ __host__ __device__ inline std::size_t warp_area_bytes(int f_floats) {
 }
 
 // Calls F<T, Gates, RB, MinBlocks>::run(args...) for the dtype, the gates and the tiles a
-// chunk-parallel launch was given (Gates: kScalarGates, kVectorGates or kFixedGates): RB 64 (bf16) for two blocks per multiprocessor, or 32 for two
-// or one.
+// chunk-parallel launch was given (Gates: kScalarGates, kVectorGates or kFixedGates): RB 64 (bf16) for two blocks per
+// multiprocessor, or 32 for two or one.
 template <template <class, int, int, int> class F, class... Args>
 auto dispatch_tiles(Dtype dtype, int gates, GatedTiles tiles, Args&&... args) {
   auto by_tiles = [&](auto t, auto v) {

@@ -1,8 +1,9 @@
-// The chunkwise-parallel form with gated decays on the GPU (decay scalar or vector, the additive
-// rule): its host API, which the CUDA variant table's chunked_gated row runs (cuda/variants.cpp),
-// and what its .cu files share. Host-side declarations only; every pointer is device memory in
-// the layouts of kernels/linear_attention/problem.hpp. docs/cuda.md ("Gated decays, chunked")
-// describes the kernels:
+// The chunkwise-parallel form of the additive rule on the GPU, every decay: scalar or vector gates
+// read from g, and decay none and retnet as fixed log-gates per value head (no g read, no dg). Its
+// host API, which the CUDA variant table's chunked_gated (scalar, vector) and chunked (none,
+// retnet) rows run (cuda/variants.cpp), and what its .cu files share. Host-side declarations only;
+// every pointer is device memory in the layouts of kernels/linear_attention/problem.hpp. docs/cuda.md
+// ("Gated decays, chunked") describes the kernels:
 //   cuda/chunked_gated_states.cu  the state pass, forward (h_c, hT) and reverse (dh_c, dh0, dg's
 //                                 per-chunk state term)
 //   cuda/chunked_gated_output.cu  O, chunk-parallel
@@ -85,9 +86,9 @@ struct GatedShape {
   const int* cu;     // packed: the documents' boundaries (docs + 1); null: dense
   const int* first;  // packed: the first chunk of each document (docs + 1)
   bool vector;
-  int gates;         // kScalarGates, kVectorGates or kFixedGates (none, retnet: no g read)
-  bool retnet;       // fixed gates: log gamma_h per value head (retnet) or 0 (none)
-  float scale;       // dim^-1/2
+  int gates;    // kScalarGates, kVectorGates or kFixedGates (none, retnet: no g read)
+  bool retnet;  // fixed gates: log gamma_h per value head (retnet) or 0 (none)
+  float scale;  // dim^-1/2
 };
 
 // The pointers a chunk-parallel kernel reads and writes (the roles each kernel gives them are in
