@@ -333,8 +333,7 @@ fi
 if command -v python3 >/dev/null; then
   python3 - "$logs" <<'PY' 2>&1 | tee -a "$summary"
 import json, os, sys
-estimate = {("chunked", "fwd", 64): "0.7-1.0", ("chunked", "fwd_bwd", 64): "2.3-2.9",
-            ("chunked", "fwd", 128): "0.6-0.9", ("chunked", "fwd_bwd", 128): "2.0-2.6"}
+estimate = {("chunked", "fwd", 64): "0.7-1.2", ("chunked", "fwd_bwd", 64): "2.3-3.3"}
 for name in ("headline-bf16", "headline-float32"):
     path = os.path.join(sys.argv[1], name + ".json")
     if not os.path.exists(path):

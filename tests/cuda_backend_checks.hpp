@@ -72,30 +72,13 @@ inline void check_linear_memory(const std::function<std::unique_ptr<Backend>(con
         }
 }
 
-// The chunked kernels as the headline shape (batch 4, heads 64, seq 4096, dim 128; chunk 64 and
-// 128; float32 and bf16) launches them on the current device, one line each on stdout (what
-// docs/cuda.md quotes, and what scripts/device_check.sh prints on a GPU). Every kernel must be
-// able to keep the blocks per multiprocessor its launch bounds were built for resident.
-inline void report_chunked_kernels(const char* device) {
-  for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
-    for (int chunk : {64, 128}) {
-      const Problem p{4, 64, 4096, 128, chunk, Decay::none};
-      for (const cuda::ChunkedKernel& k : cuda::chunked_kernels(p, dtype)) {
-        std::printf("occupancy on %s: %s chunk %d %s: %d threads, %d rows per block, %zu bytes of shared memory, "
-                    "launch bounds for %d blocks/SM, %d resident\n",
-                    device, dtype == cuda::Dtype::f32 ? "float32" : "bf16", chunk, k.name.c_str(), k.threads,
-                    k.rows_per_block, k.shared_bytes, k.launch_bounds_blocks, k.resident_blocks);
-        INFO(k.name);
-        CHECK(k.resident_blocks >= k.launch_bounds_blocks);
-      }
-    }
-  std::fflush(stdout);
-}
-
-// The gated chunked kernels at the headline shape (chunk 64), scalar and vector gates, float32 and
-// bf16, one line each on stdout (docs/cuda.md, "Gated decays, chunked"), with the same check.
+// The additive rule's chunked kernels (cuda/chunked_gated*.cu) at the headline shape (batch 4, heads
+// 64, seq 4096, dim 128, chunk 64), decay none (fixed gates: retnet launches alike), scalar and
+// vector gates, float32 and bf16, one line each on stdout (what docs/cuda.md quotes, and what
+// scripts/device_check.sh prints on a GPU). Every kernel must be able to keep the blocks per
+// multiprocessor its launch bounds were built for resident.
 inline void report_gated_chunked_kernels(const char* device) {
-  for (Decay decay : {Decay::scalar, Decay::vector})
+  for (Decay decay : {Decay::none, Decay::scalar, Decay::vector})
     for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
       const Problem p{4, 64, 4096, 128, 64, decay};
       for (const cuda::ChunkedKernel& k : cuda::chunked_gated_kernels(p, dtype)) {

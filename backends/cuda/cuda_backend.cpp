@@ -20,6 +20,7 @@
 #include "kernels/decode/op.hpp"
 #include "kernels/layer/hybrid/cuda/kernels.hpp"
 #include "kernels/layer/hybrid/op.hpp"
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
 #include "kernels/linear_attention/cuda/kernels.hpp"
 #include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
@@ -245,7 +246,7 @@ ImplRow layer_row(const std::string& form, const Settings& s) {
     if (!shared) return no_shared_memory(s.device);
     if (auto why = swa_unsupported(window_problem(c), Dtype::f32, *shared)) return why;
     const Problem p = linear_problem(c);
-    if (auto why = c.impl == "chunked" ? chunked_unsupported(p, Dtype::f32, *shared) : scan_unsupported(p)) return why;
+    if (auto why = c.impl == "chunked" ? chunked_gated_unsupported(p, Dtype::f32, *shared) : scan_unsupported(p)) return why;
     return cublas_unavailable();
   };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {

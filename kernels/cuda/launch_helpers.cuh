@@ -1,4 +1,5 @@
-// Host-side launch helpers that kernels/linear_attention/cuda/chunked.cu and kernels/sliding_window/cuda.cu share: the element size of a
+// Host-side launch helpers that the CUDA kernels' launch code shares (kernels/linear_attention/cuda/*.cu,
+// kernels/sliding_window/cuda.cu): the element size of a
 // dtype, the current device, and the dynamic shared-memory limits, each queried or raised once per
 // device and kernel so that no attribute call lands inside a timed loop. Included inside each .cu's
 // own unit (internal linkage; the caches are per file, as the kernels they serve are).

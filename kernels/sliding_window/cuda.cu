@@ -1,7 +1,7 @@
 // Sliding-window softmax attention on the GPU (docs/spec.md section 2), forward and backward, float32 or
 // bf16 token inputs; every softmax, accumulation and output is float32. bf16 tile products run on
 // the tensor cores (WMMA 16x16x16, bf16 operands, float32 accumulators), float32 ones on the FMA
-// units (the same 16 x 16 warp tiles as kernels/linear_attention/cuda/chunked.cu).
+// units (the 16 x 16 warp tiles of kernels/cuda/warp_tiles.cuh).
 //
 // Math. Per (batch, head), with s = Dh^-1/2 and the window of query t, J(t) = [max(0, t-W+1), t]:
 //     S_{t,tau} = s q_t . k_tau,   P_{t,tau} = exp(S_{t,tau} - L_t) on J(t) (0 elsewhere),

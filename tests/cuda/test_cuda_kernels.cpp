@@ -120,7 +120,6 @@ TEST_CASE("the CUDA backend skips what it cannot run, with a reason", "[cuda]") 
 TEST_CASE("chunked kernels' occupancy", "[.][occupancy]") {
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
-  test::report_chunked_kernels(prop.name);
   test::report_gated_chunked_kernels(prop.name);
   test::report_chunked_delta_kernels(prop.name);
 }

@@ -34,17 +34,14 @@ bool limit_matters(const Case& c) {
   const cuda::Dtype dtype = c.dtype == "bf16" ? cuda::Dtype::bf16 : cuda::Dtype::f32;
   const Problem p = linear_problem(c);
   if (c.impl == "chunked" && p.delta()) return false;  // its kernels' launches do not depend on the limit
-  if (c.impl == "chunked" && c.op->name == "linear_attention" && gated(p.decay)) {
+  if (c.impl == "chunked") {  // the additive rule's chunked kernels (the layer's linear branch too)
     for (const char* kernel : {"output", "dv", "dq", "dk"}) {
       const cuda::GatedTiles h100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kH100SharedOptin),
                              a100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kA100SharedOptin);
       if (h100.rows_per_block != a100.rows_per_block || h100.blocks_per_sm != a100.blocks_per_sm) return true;
     }
-    return false;
+    if (c.op->name == "linear_attention") return false;
   }
-  if (c.impl == "chunked" &&
-      cuda::chunked_tiles(p, dtype, lattn_emu::kH100SharedOptin) != cuda::chunked_tiles(p, dtype, lattn_emu::kA100SharedOptin))
-    return true;
   if (c.op->name == "linear_attention") return false;
   const cuda::SwaProblem w{c.batch, c.heads, c.seq, c.dim, c.window};
   for (bool backward : {false, c.backward()})
@@ -248,7 +245,7 @@ Case shaped(const Problem& p, const std::string& impl, Mode mode, const std::str
 
 }  // namespace
 
-TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively, and the chunked row declines them",
+TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively",
           "[emulation][backend]") {
   // Through the backend: DeviceCase sizes every tensor from the op's tensor specs, and the rows
   // bind them (bind_linear_tensors); the scan rows take the case as it is (their variant, no
@@ -286,38 +283,23 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively, and
           if (lp.delta()) backward = cu + 2 * part + values + (lp.decay == Decay::scalar ? keys : 0);
           CHECK(r.memory.temp_bytes == (mode == Mode::fwd ? cu : std::max(cu, backward)));
         }
-  // The chunked row keeps to square dense problems: each shape key alone is declined with the
-  // table's reason, which the backend's skip carries as it is.
-  for (const Shape& s : {Shape{2, 16, ""}, Shape{4, 8, ""}, Shape{4, 16, "9+1+4"}}) {
-    const Case c = shaped(base, "chunked", Mode::fwd_bwd, "float32", s.heads_k, s.dim_v, s.lengths);
-    INFO(test::describe(c) << " heads_k " << s.heads_k << " dim_v " << s.dim_v << " lengths " << s.lengths);
-    std::string why;
-    CHECK(cuda::cuda_variant("chunked", linear_problem(c), &why) == nullptr);
-    const std::optional<std::string> skip = backend->unsupported(c);
-    REQUIRE(skip);
-    CHECK(*skip == why);
-    CHECK_THAT(*skip, Catch::Matchers::Contains(
-                          "chunked (square dense problems only (heads_k = heads, dim_v = dim, no packed documents))"));
-    CHECK(backend->variant(c).empty());
-    // The same case in square dense form runs on the chunked row.
-    CHECK_FALSE(backend->unsupported(test::kernel_case(base, "chunked", Mode::fwd_bwd, "cuda")));
-  }
 }
 
-TEST_CASE("emulation: the CUDA chunked_gated row runs the section 1c shapes natively, states kept and recomputed",
+TEST_CASE("emulation: the CUDA chunked rows run the section 1c shapes natively, states kept and recomputed",
           "[emulation][backend]") {
-  // Through the backend (DeviceCase, bind_linear_tensors), with the scratch written out: a packed
-  // case's tables (the documents' boundaries and first chunks, 2 (N + 1) ints), the chunk states
-  // (chunks x H x Dk x Dv floats here), kept across both calls or recomputed by the backward, their
-  // gradients, dg's row sums (chunks x H x ceil(Dv / 64) x Dk floats) and with grouped heads dq and
-  // dk per value head (2 B H T Dk floats).
+  // Through the backend (DeviceCase, bind_linear_tensors), the additive rule's chunked rows
+  // (chunked: decay none and retnet; chunked_gated: scalar and vector gates; the same kernels), with
+  // the scratch written out: a packed case's tables (the documents' boundaries and first chunks,
+  // 2 (N + 1) ints), the chunk states (chunks x H x Dk x Dv floats here), kept across both calls or
+  // recomputed by the backward, their gradients, for gated decays dg's row sums (chunks x H x
+  // ceil(Dv / 64) x Dk floats) and with grouped heads dq and dk per value head (2 B H T Dk floats).
   const Problem base{2, 4, 21, 16, 8};
   struct Shape {
     int heads_k, dim_v;
     std::string lengths;
   };
   for (const Shape& s : {Shape{2, 8, ""}, Shape{1, 32, "37+1+20"}, Shape{4, 16, "9+1+4"}})
-    for (const std::string decay : {"scalar", "vector"})
+    for (const std::string decay : {"none", "retnet", "scalar", "vector"})
       for (const bool keep : {true, false}) {
         auto backend = emulated_cuda(BackendOptions{0, 0, keep});
         Problem p = base;
@@ -328,7 +310,7 @@ TEST_CASE("emulation: the CUDA chunked_gated row runs the section 1c shapes nati
                                << (keep ? " kept" : " recomputed"));
         REQUIRE(!lp.square_dense());
         REQUIRE_FALSE(backend->unsupported(c));
-        CHECK(backend->variant(c) == "chunked_gated");
+        CHECK(backend->variant(c) == (gated(lp.decay) ? "chunked_gated" : "chunked"));
         const test::Outcome r = test::run_on(*backend, c, 5);
         INFO(test::errors(r.check));
         CHECK(r.check.passed);
@@ -337,7 +319,7 @@ TEST_CASE("emulation: the CUDA chunked_gated row runs the section 1c shapes nati
         for (int n = 0; n < lp.sequences(); ++n) chunks += std::size_t((lp.slice(std::size_t(n) * lp.heads).seq + 7) / 8);
         const std::size_t tables = lp.packed() ? 2 * lp.cu_seqlens.size() * 4 : 0;
         const std::size_t states = chunks * lp.heads * lp.dim * lp.value_dim() * 4;
-        const std::size_t rowsums = chunks * lp.heads * ((lp.value_dim() + 63) / 64) * lp.dim * 4;
+        const std::size_t rowsums = !gated(lp.decay) ? 0 : chunks * lp.heads * ((lp.value_dim() + 63) / 64) * lp.dim * 4;
         const std::size_t parts = lp.group() > 1 ? 2 * lp.heads_total() * lp.seq * lp.dim * 4 : 0;
         CHECK(r.memory.temp_bytes == tables + 2 * states + rowsums + parts);
       }

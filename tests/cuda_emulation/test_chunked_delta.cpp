@@ -248,8 +248,8 @@ TEST_CASE("emulation: the chunked delta row declines what its kernels cannot tak
   CHECK(cuda::chunked_delta_forward_workspace_bytes(dense, cuda::Dtype::bf16) == 33792);
   CHECK(cuda::chunked_delta_backward_workspace_bytes(dense, cuda::Dtype::bf16, true) == 8192 + (6400 + 6400 + 256) * 4);
   CHECK(cuda::chunked_delta_backward_workspace_bytes(dense, cuda::Dtype::bf16, false) == 33792 + 60416);
-  // The backend's chunked check asks the delta row's own (not the additive kernels' tiles).
-  CHECK(cuda::chunked_unsupported(tiny, cuda::Dtype::bf16, limit) ==
+  // The chunked table's check for the delta rule is the delta row's own (not the additive kernels' tiles).
+  CHECK(cuda::cuda_variant_for("chunked", tiny).device_limits(tiny, cuda::Dtype::bf16, limit) ==
         cuda::chunked_delta_unsupported(tiny, cuda::Dtype::bf16, limit));
 }
 

@@ -1,7 +1,8 @@
 // The gated chunked kernels (kernels/linear_attention/cuda/chunked_gated*.cu, the CUDA chunked
-// table's chunked_gated row), run in the emulation, against the float64 reference with the
-// runner's inputs and tolerances: every output of fwd_bwd (o, hT, dq, dk, dv, dh0, dg), scalar and
-// vector gates at gate_norm 16 and 1 (strong: a chunk's gates sum to -50 and less), float32 and
+// table's chunked_gated row, and its chunked row: decay none and retnet as fixed log-gates), run in
+// the emulation, against the float64 reference with the runner's inputs and tolerances: every
+// output of fwd_bwd (o, hT, dq, dk, dv, dh0, dg), none, retnet, and scalar and vector gates at
+// gate_norm 16 and 1 (strong: a chunk's gates sum to -50 and less), float32 and
 // bf16, the chunk states kept by the forward and recomputed by the backward, on ragged last
 // chunks, chunks of several row blocks, chunk > seq, chunk 1, dims off multiples of 16, and the
 // shapes of docs/spec.md section 1c (grouped heads, dim_v != dim, packed documents); the scratch
@@ -53,7 +54,7 @@ std::string describe(const GatedCase& g) {
 // The case as the config writes it (heads_k, dim_v, lengths), settled as a run settles it.
 Case gated_kase(const GatedCase& g) {
   Case c = test::kernel_case(g.p, "chunked", Mode::fwd_bwd, "cuda", g.dtype == cuda::Dtype::f32 ? "float32" : "bf16");
-  c.options["gate_norm"] = g.gate_norm;
+  if (gated(g.p.decay)) c.options["gate_norm"] = g.gate_norm;
   c.options["heads_k"] = std::to_string(g.p.qk_heads());
   c.options["dim_v"] = std::to_string(g.p.value_dim());
   std::string lengths;
@@ -79,7 +80,8 @@ CheckResult run_gated(const GatedCase& g, std::uint64_t seed = 7) {
   REQUIRE(p.value_dim() == g.p.value_dim());
   REQUIRE(p.cu_seqlens == g.p.cu_seqlens);
   const cuda::CudaVariant& v = cuda::cuda_variant_for("chunked", p);
-  REQUIRE(v.name == "chunked_gated");
+  const bool fixed = !gated(p.decay);  // none, retnet: fixed log-gates, no g and no dg
+  REQUIRE(v.name == (fixed ? "chunked" : "chunked_gated"));
   const TensorSet in = make_case_inputs(kase, seed);  // bf16 cases: the token tensors rounded
   std::map<std::string, DeviceBuffer> device;
   for (const Tensor& t : in) {
@@ -96,13 +98,14 @@ CheckResult run_gated(const GatedCase& g, std::uint64_t seed = 7) {
   // The scratch, written out: a packed problem's tables (the documents' boundaries and first
   // chunks), one set of chunk states (chunks x H x Dk x Dv in the token dtype), and in the backward
   // the states' gradients, dg's row sums (chunks x H x ceil(Dv / 64) x Dk floats) and with grouped
-  // heads dq and dk per value head.
+  // heads dq and dk per value head. Fixed gates take no row sums.
   const int C = std::min(p.chunk, p.seq);
   std::size_t chunks = 0;
   for (int n = 0; n < p.sequences(); ++n) chunks += std::size_t((p.slice(std::size_t(n) * p.heads).seq + C - 1) / C);
   const std::size_t es = g.dtype == cuda::Dtype::f32 ? 4 : 2, Dk = p.dim, Dv = p.value_dim();
   const std::size_t tables = p.packed() ? 2 * p.cu_seqlens.size() * 4 : 0;
-  const std::size_t states = chunks * p.heads * Dk * Dv * es, rowsums = chunks * p.heads * ((Dv + 63) / 64) * Dk * 4;
+  const std::size_t states = chunks * p.heads * Dk * Dv * es,
+                    rowsums = fixed ? 0 : chunks * p.heads * ((Dv + 63) / 64) * Dk * 4;
   const std::size_t parts = p.group() > 1 ? 2 * p.heads_total() * p.seq * Dk * 4 : 0;
   CHECK(v.kept_states_bytes(p, g.dtype) == states);
   CHECK(v.forward_workspace_bytes(p, g.dtype) == tables + states);
@@ -126,7 +129,7 @@ void expect_pass(const GatedCase& g) {
   INFO(describe(g));
   const CheckResult r = run_gated(g);
   INFO(errors(r));
-  CHECK(r.per_output.count("dg") == 1);
+  CHECK(r.per_output.count("dg") == (gated(g.p.decay) ? 1u : 0u));
   CHECK(r.non_finite.empty());
   CHECK(r.passed);
 }
@@ -165,6 +168,30 @@ TEST_CASE("emulation: the gated chunked kernels match the float64 reference", "[
           Problem p = base;
           p.decay = decay;
           expect_pass({p, gate_norm, dtype, gate_norm == "16"});
+        }
+}
+
+// The shapes of the two tests above with decay none and retnet (the chunked row: fixed log-gates,
+// two heads' gammas where H is 2), states kept and recomputed. Not in the sanitizer builds' groups:
+// `linear` runs the same kernel instances (test_linear_attention.cpp's chunked cases).
+TEST_CASE("emulation: the chunked row (decay none, retnet) on the gated kernels matches the float64 reference",
+          "[emulation][chunked_fixed]") {
+  const std::vector<Problem> shapes = {shaped(1, 2, 37, 20, 16, Decay::none), shaped(2, 1, 45, 33, 32, Decay::none),
+                                       shaped(1, 1, 20, 8, 64, Decay::none),  shaped(1, 1, 150, 24, 100, Decay::none),
+                                       shaped(1, 1, 130, 40, 128, Decay::none), shaped(1, 2, 7, 16, 1, Decay::none),
+                                       shaped(1, 1, 9, 1, 4, Decay::none),    shaped(1, 1, 50, 72, 48, Decay::none),
+                                       shaped(1, 1, 230, 16, 200, Decay::none),
+                                       packed(shaped(1, 4, 0, 16, 32, Decay::none, 1, 32), {37, 1, 70, 20}),
+                                       shaped(2, 4, 33, 20, 16, Decay::none, 2, 10),
+                                       packed(shaped(1, 2, 0, 24, 16, Decay::none, 2, 24), {5, 1, 40}),
+                                       shaped(1, 2, 40, 40, 64, Decay::none, 1, 80)};
+  for (Decay decay : {Decay::none, Decay::retnet})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+      for (const Problem& base : shapes)
+        for (bool keep : {true, false}) {
+          Problem p = base;
+          p.decay = decay;
+          expect_pass({p, "16", dtype, keep});
         }
 }
 
@@ -210,6 +237,8 @@ TEST_CASE("emulation: the gated chunked launch code's every tile choice, under t
   // gates at D 128 and 256 (32 rows, two blocks or one), a chunk of 20 rows (32 rows).
   const std::size_t limit = lattn_emu::shared_optin_limit();
   const std::vector<GatedCase> cases = {{shaped(1, 1, 70, 24, 64, Decay::scalar), "16", cuda::Dtype::bf16},
+                                        {shaped(1, 1, 70, 24, 64, Decay::retnet), "16", cuda::Dtype::bf16},
+                                        {shaped(1, 1, 40, 192, 64, Decay::none), "16", cuda::Dtype::f32},
                                         {shaped(1, 1, 40, 128, 64, Decay::vector), "16", cuda::Dtype::f32},
                                         {shaped(1, 1, 40, 256, 64, Decay::vector), "16", cuda::Dtype::f32},
                                         {shaped(1, 1, 40, 16, 20, Decay::vector), "16", cuda::Dtype::bf16}};

@@ -1,12 +1,11 @@
-// The scan and chunked kernels (kernels/linear_attention/cuda/scan.cu, cuda/chunked.cu and
-// cuda/chunk_states.cu), run in the emulation, against the float64 reference with the runner's
-// inputs and tolerances (core/op.cpp, src/run/check.cpp): every output of fwd_bwd (o, hT, dq, dk, dv,
-// dh0) on D = 1, D off multiples of 16 and 32, ragged last chunks, chunks of several row blocks,
-// chunk > seq, both decays, float32 and bf16 (inputs rounded to bf16 before the reference sees
-// them, as the runner does), and the scratch the chunked form takes against its closed forms. And
-// every tile choice the chunked launch code can make under the device limit of this run (64 or
-// 32 rows per block, for two blocks per multiprocessor or for one), read from the launch log. And
-// the scan on the shapes of docs/spec.md section 1c (grouped heads, dim_v != dim, packed
+// The scan and chunked kernels (kernels/linear_attention/cuda/scan.cu; the chunked form of decay
+// none and retnet, cuda/chunked_gated*.cu with fixed log-gates, through its host API), run in the
+// emulation, against the float64 reference with the runner's inputs and tolerances (core/op.cpp,
+// src/run/check.cpp): every output of fwd_bwd (o, hT, dq, dk, dv, dh0) on D = 1, D off multiples of
+// 16 and 32, ragged last chunks, chunks of several row blocks, chunk > seq, both decays, float32
+// and bf16 (inputs rounded to bf16 before the reference sees them, as the runner does), and the
+// scratch the chunked form takes against its closed forms (test_chunked_gated.cpp has its tile
+// choices and section 1c's shapes). And the scan on the shapes of docs/spec.md section 1c (grouped heads, dim_v != dim, packed
 // documents), both rules, every decay, fwd and fwd_bwd, with its scratch against its closed forms.
 #include <catch2/catch.hpp>
 
@@ -16,6 +15,7 @@
 #include <string>
 
 #include "src/run/check.hpp"
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
 #include "kernels/linear_attention/cuda/kernels.hpp"
 #include "kernels/linear_attention/cuda/variants.hpp"
 #include "kernels/linear_attention/op.hpp"
@@ -65,11 +65,13 @@ CheckResult run_case(const Problem& p, Kernel form, cuda::Dtype dtype, std::uint
     cuda::scan_backward(p, dtype, bwd, allocator, nullptr);
     CHECK(allocator.peak() == std::max(cuda::scan_forward_workspace_bytes(p), cuda::scan_backward_workspace_bytes(p)));
   } else {
-    cuda::chunked_forward(p, dtype, fwd, allocator, nullptr);
-    CHECK(allocator.peak() == cuda::chunked_forward_workspace_bytes(p, dtype));
-    cuda::chunked_backward(p, dtype, bwd, allocator, nullptr);
-    CHECK(allocator.peak() == cuda::chunked_backward_workspace_bytes(p, dtype, false));
-    CHECK(cuda::chunked_backward_workspace_bytes(p, dtype, false) ==
+    cuda::chunked_gated_forward(p, dtype, fwd, allocator, nullptr);
+    CHECK(allocator.peak() == cuda::chunked_gated_forward_workspace_bytes(p, dtype));
+    CHECK(cuda::chunked_gated_forward_workspace_bytes(p, dtype) ==
+          p.heads_total() * p.chunks() * p.dim * p.dim * (dtype == cuda::Dtype::f32 ? 4 : 2));
+    cuda::chunked_gated_backward(p, dtype, bwd, allocator, nullptr);
+    CHECK(allocator.peak() == cuda::chunked_gated_backward_workspace_bytes(p, dtype, false));
+    CHECK(cuda::chunked_gated_backward_workspace_bytes(p, dtype, false) ==
           2 * p.heads_total() * p.chunks() * p.dim * p.dim * (dtype == cuda::Dtype::f32 ? 4 : 2));
   }
   TensorSet out = make_case_outputs(kase);
@@ -144,14 +146,6 @@ CheckResult run_scan(const Case& kase, std::uint64_t seed = 7) {
   for (const Tensor& t : out) names.push_back(t.name);
   for (const std::string& name : names) out.at(name).data = device.at(name).floats();
   return check_outputs(kase, out, kase.op->reference(kase, in, backward));
-}
-
-// The rows per block of a chunk-parallel launch: the RB whose layout has the launch's shared bytes.
-int rows_per_block(const Problem& p, cuda::Dtype dtype, std::size_t shared) {
-  int found = 0;
-  for (int rb : {32, 64})
-    if (cuda::chunked_shared_bytes(p, dtype, rb) == shared) found = rb;
-  return found;
 }
 
 }  // namespace
@@ -255,46 +249,4 @@ TEST_CASE("emulation: the scan declines a dim or dim_v over its register tile wi
   Problem widest{1, 2, 8, cuda::kScanMaxDim, 8};
   widest.dim_v = cuda::kScanMaxDim / 2;
   CHECK(cuda::cuda_variant("scan", widest) != nullptr);
-}
-
-TEST_CASE("emulation: the chunked launch code's every tile choice, under this run's device limit",
-          "[emulation][tiles]") {
-  const std::size_t limit = lattn_emu::shared_optin_limit();
-  // Which shape gets which choice depends on the limit (H100's 227 KiB or A100's 163); together
-  // they make every one under either: bf16 at D = 24 (64 rows, two blocks), float32 at D = 96,
-  // 128, 160 and 192 (32 or 64 rows, two blocks or one), chunks of at most 32 rows (32 rows).
-  struct Shape {
-    Problem p;
-    cuda::Dtype dtype;
-  };
-  const std::vector<Shape> shapes = {
-      {{1, 1, 70, 24, 64, Decay::retnet}, cuda::Dtype::bf16}, {{1, 1, 40, 16, 20, Decay::none}, cuda::Dtype::bf16},
-      {{1, 1, 70, 96, 64, Decay::none}, cuda::Dtype::f32},    {{1, 1, 40, 128, 64, Decay::retnet}, cuda::Dtype::f32},
-      {{1, 1, 70, 160, 64, Decay::none}, cuda::Dtype::f32},   {{1, 1, 40, 192, 64, Decay::retnet}, cuda::Dtype::f32}};
-  std::set<std::pair<int, int>> choices;  // (rows per block, blocks per multiprocessor)
-  for (const Shape& s : shapes) {
-    REQUIRE(!cuda::chunked_unsupported(s.p, s.dtype, limit));
-    lattn_emu::clear_launch_log();
-    expect_pass(s.p, Kernel::chunked, s.dtype);
-    const auto log = lattn_emu::launch_log();
-    REQUIRE(log.size() == 7);  // forward: states, rows; backward: states, reverse states, rows, cols, cols
-    const cuda::ChunkedTiles tiles = cuda::chunked_tiles(s.p, s.dtype, limit);
-    for (const auto& launch : log) {
-      INFO(describe(s.p, Kernel::chunked, s.dtype) << ": " << launch.kernel << " with " << launch.shared << " bytes");
-      if (launch.kernel == "chunk_state_kernel") continue;
-      CHECK(rows_per_block(s.p, s.dtype, launch.shared) == tiles.rows_per_block);
-      const int blocks = 2 * (launch.shared + 1024) <= limit + 1024 ? 2 : 1;  // what fits, as launched
-      CHECK(blocks == tiles.blocks_per_sm);
-      choices.insert({tiles.rows_per_block, blocks});
-    }
-  }
-  INFO("device limit " << limit);
-  CHECK(choices == std::set<std::pair<int, int>>{{32, 1}, {32, 2}, {64, 1}, {64, 2}});
-}
-
-TEST_CASE("emulation: the chunked kernels' shapes and occupancy", "[emulation][tiles]") {
-  // The launch figures come from the launch code, the resident blocks from the emulation's
-  // occupancy query (threads and shared memory only: registers are known on a GPU alone).
-  test::report_chunked_kernels(lattn_emu::shared_optin_limit() == lattn_emu::kH100SharedOptin ? "emulated H100/H200"
-                                                                                               : "emulated A100");
 }

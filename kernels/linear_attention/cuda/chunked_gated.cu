@@ -1,4 +1,5 @@
-// The gated chunked form's host API (cuda/chunked_gated.hpp) and its last kernel, dg.
+// The gated chunked form's host API (cuda/chunked_gated.hpp) and its last kernel, dg. Fixed gates
+// (decay none, retnet) have no dg: neither this kernel nor the reverse pass's row sums run for them.
 //
 // Forward: the state pass (h_c of every chunk, hT), then the output kernel. Backward: the state
 // pass again unless the forward's states were kept, the reverse state pass (dh_c, dh0 and dg's
@@ -126,6 +127,8 @@ GatedShape gated_shape(const Problem& p, const Workspace<int>& tables, cudaStrea
   s.chunks = gated_chunk_count(p);
   s.per_seq = (p.seq + s.C - 1) / s.C;
   s.vector = p.decay == Decay::vector;
+  s.gates = gate_kind(p);
+  s.retnet = p.decay == Decay::retnet;
   s.scale = float(attention_scale(p.dim));
   if (p.packed()) {
     const std::size_t n = p.cu_seqlens.size();
@@ -144,6 +147,7 @@ GatedShape gated_shape(const Problem& p, const Workspace<int>& tables, cudaStrea
 }
 
 std::size_t rowsum_floats(const Problem& p) {
+  if (gate_kind(p) == kFixedGates) return 0;  // no dg
   return std::size_t(gated_chunk_count(p)) * p.heads * ((p.value_dim() + kStateCols - 1) / kStateCols) * p.dim;
 }
 
@@ -157,6 +161,10 @@ constexpr std::size_t kReservedPerBlock = 1024;
 const char* const kKernels[] = {"output", "dv", "dq", "dk"};
 
 }  // namespace
+
+int gate_kind(const Problem& p) {
+  return p.decay == Decay::vector ? kVectorGates : p.decay == Decay::scalar ? kScalarGates : kFixedGates;
+}
 
 int gated_chunk_count(const Problem& p) {
   const int C = effective_chunk(p);
@@ -213,10 +221,9 @@ std::optional<std::string> chunked_gated_unsupported(const Problem& p, Dtype dty
 
 std::vector<ChunkedKernel> chunked_gated_kernels(const Problem& p, Dtype dtype) {
   const std::size_t limit = max_shared_bytes(current_device());
-  const bool vector = p.decay == Decay::vector;
   std::vector<ChunkedKernel> kernels;
   kernels.push_back({"gated_state_kernel", kGatedThreads, 0, gated_state_pass_shared_bytes(dtype),
-                     gated_state_pass_blocks(dtype), gated_state_pass_occupancy(dtype, vector)});
+                     gated_state_pass_blocks(dtype), gated_state_pass_occupancy(dtype, gate_kind(p))});
   for (const char* kernel : kKernels) {
     const GatedTiles tiles = gated_tiles(kernel, p, dtype, limit);
     if (tiles.rows_per_block == 0) continue;
@@ -253,14 +260,16 @@ void chunked_gated_backward(const Problem& p, Dtype dtype, const DeviceBackward&
     gated_state_pass(p, dtype, shape, {a.k, a.v, a.g, a.h0, nullptr, own.data(), nullptr, nullptr, false}, stream);
     h = own.data();
   }
-  gated_state_pass(p, dtype, shape, {a.q, a.dO, a.g, a.dhT, a.dh0, dh.data(), h, rowsums.data(), true}, stream);
+  const bool dg = shape.gates != kFixedGates;  // fixed gates have no dg, nor its row sums
+  gated_state_pass(p, dtype, shape, {a.q, a.dO, a.g, a.dhT, a.dh0, dh.data(), h, dg ? rowsums.data() : nullptr, true},
+                   stream);
   gated_dv(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, dh.data(), a.dv}, stream);
   const bool grouped = p.group() > 1;
   float* dq = grouped ? parts.data() : a.dq;
   float* dk = grouped ? parts.data() + key_part_floats(p) : a.dk;
   gated_dqk(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, h, dq}, false, stream);
   gated_dqk(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, dh.data(), dk}, true, stream);
-  launch_dg(dtype, {shape, a.q, a.k, dq, dk, rowsums.data(), a.dg}, stream);
+  if (dg) launch_dg(dtype, {shape, a.q, a.k, dq, dk, rowsums.data(), a.dg}, stream);
   if (grouped) {
     sum_group_keys(p, dq, a.dq, stream);
     sum_group_keys(p, dk, a.dk, stream);

@@ -114,21 +114,30 @@ __host__ __device__ inline std::size_t warp_area_bytes(int f_floats) {
   return tile + align128(std::size_t(f_floats) * 4);
 }
 
-// Calls F<T, Vector, RB, MinBlocks>::run(args...) for the dtype, the gates and the tiles a
-// chunk-parallel launch was given: RB 64 (bf16) for two blocks per multiprocessor, or 32 for two
-// or one.
-template <template <class, bool, int, int> class F, class... Args>
-auto dispatch_tiles(Dtype dtype, bool vector, GatedTiles tiles, Args&&... args) {
+// Calls F<T, Gates, RB, MinBlocks>::run(args...) for the dtype, the gates and the tiles a
+// chunk-parallel launch was given (Gates: kScalarGates, kVectorGates or kFixedGates): RB 64 (bf16) for two blocks per
+// multiprocessor, or 32 for two or one.
+template <template <class, int, int, int> class F, class... Args>
+auto dispatch_tiles(Dtype dtype, int gates, GatedTiles tiles, Args&&... args) {
   auto by_tiles = [&](auto t, auto v) {
     using T = decltype(t);
-    constexpr bool V = decltype(v)::value;
+    constexpr int V = decltype(v)::value;
     if constexpr (sizeof(T) == 2)  // float32 takes RB 32 only (gated_tiles)
       if (tiles.rows_per_block == 64) return F<T, V, 64, 2>::run(args...);
     if (tiles.blocks_per_sm == 2) return F<T, V, 32, 2>::run(args...);
     return F<T, V, 32, 1>::run(args...);
   };
-  if (dtype == Dtype::f32) return vector ? by_tiles(float{}, std::true_type{}) : by_tiles(float{}, std::false_type{});
-  return vector ? by_tiles(bf16{}, std::true_type{}) : by_tiles(bf16{}, std::false_type{});
+  auto by_gates = [&](auto t) {
+    if (gates == kVectorGates) return by_tiles(t, std::integral_constant<int, kVectorGates>{});
+    if (gates == kFixedGates) return by_tiles(t, std::integral_constant<int, kFixedGates>{});
+    return by_tiles(t, std::integral_constant<int, kScalarGates>{});
+  };
+  return dtype == Dtype::f32 ? by_gates(float{}) : by_gates(bf16{});
+}
+
+// Fixed gates' log-gate of value head h: log gamma_h = log(1 - 2^(-5-h)) for retnet, 0 for none.
+__device__ __forceinline__ double head_log_gate(const GatedShape& s, int h) {
+  return s.retnet ? log1p(-ldexp(1.0, -5 - h)) : 0.0;
 }
 
 // ---- 8 values at a time (16-byte aligned shared memory) ----

@@ -1,8 +1,9 @@
-// The chunkwise-parallel form with gated decays on the GPU (decay scalar or vector, the additive
-// rule): its host API, which the CUDA variant table's chunked_gated row runs (cuda/variants.cpp),
-// and what its .cu files share. Host-side declarations only; every pointer is device memory in
-// the layouts of kernels/linear_attention/problem.hpp. docs/cuda.md ("Gated decays, chunked")
-// describes the kernels:
+// The chunkwise-parallel form of the additive rule on the GPU, every decay: scalar or vector gates
+// read from g, and decay none and retnet as fixed log-gates per value head (no g read, no dg). Its
+// host API, which the CUDA variant table's chunked_gated (scalar, vector) and chunked (none,
+// retnet) rows run (cuda/variants.cpp), and what its .cu files share. Host-side declarations only;
+// every pointer is device memory in the layouts of kernels/linear_attention/problem.hpp. docs/cuda.md
+// ("Gated decays, chunked") describes the kernels:
 //   cuda/chunked_gated_states.cu  the state pass, forward (h_c, hT) and reverse (dh_c, dh0, dg's
 //                                 per-chunk state term)
 //   cuda/chunked_gated_output.cu  O, chunk-parallel
@@ -66,6 +67,12 @@ std::vector<ChunkedKernel> chunked_gated_kernels(const Problem& problem, Dtype d
 
 // ---- what the .cu files share ----
 
+// The kernels' gate modes (a template argument of each): log-gates read from g per token (scalar)
+// or per token and key channel (vector), or fixed per value head (decay none: 0, retnet: log
+// gamma_h), which read no g and write no dg.
+constexpr int kScalarGates = 0, kVectorGates = 1, kFixedGates = 2;
+int gate_kind(const Problem& problem);
+
 // A problem as the kernels see it (cuda/chunked_gated.cuh locates a chunk from it). Chunk k (of
 // every value head) is chunk c of sequence n, numbered sequence by sequence.
 struct GatedShape {
@@ -79,7 +86,9 @@ struct GatedShape {
   const int* cu;     // packed: the documents' boundaries (docs + 1); null: dense
   const int* first;  // packed: the first chunk of each document (docs + 1)
   bool vector;
-  float scale;       // dim^-1/2
+  int gates;    // kScalarGates, kVectorGates or kFixedGates (none, retnet: no g read)
+  bool retnet;  // fixed gates: log gamma_h per value head (retnet) or 0 (none)
+  float scale;  // dim^-1/2
 };
 
 // The pointers a chunk-parallel kernel reads and writes (the roles each kernel gives them are in
@@ -131,7 +140,7 @@ std::size_t gated_state_pass_shared_bytes(Dtype dtype);
 // The blocks per multiprocessor the state pass's launch bounds promise on the current device.
 int gated_state_pass_blocks(Dtype dtype);
 // Resident blocks per multiprocessor of each kernel as launched (cudaOccupancy...).
-int gated_state_pass_occupancy(Dtype dtype, bool vector);
+int gated_state_pass_occupancy(Dtype dtype, int gates);
 int gated_output_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
 int gated_dv_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
 int gated_dqk_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles, bool dk_pass);

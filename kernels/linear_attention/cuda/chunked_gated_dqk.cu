@@ -62,8 +62,9 @@ __host__ __device__ inline DqkLayout dqk_layout(int Dv, int RB, int es, bool vec
   return L;
 }
 
-template <class T, bool Vector, int RB, int MinBlocks, bool DK>
+template <class T, int Gates, int RB, int MinBlocks, bool DK>
 __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(GatedParams p) {
+  constexpr bool Vector = Gates == kVectorGates, Fixed = Gates == kFixedGates;
   constexpr int RT = RB / 16, CG = kGatedWarps / RT, TN = kDqkCols / 16 / CG, SX = (RT + CG - 1) / CG;
   constexpr int NW = 16 * TN;  // the warp's channels
   extern __shared__ __align__(128) unsigned char smem[];
@@ -75,6 +76,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
   if (o0 >= ch.n) return;  // past a short chunk's end: the whole block, before any barrier
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, to = warp % RT, cg = warp / RT;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W, Dvp = L.Dvp, valid = min(RB, ch.n - o0), blocks = (ch.n + RB - 1) / RB;
+  const double lg = Fixed ? head_log_gate(s, at.h) : 0.0;  // fixed gates: every row's log-gate
   const int c0 = at.ct * kDqkCols, cols = min(kDqkCols, Dk - c0), wc = cg * NW;  // wc: the warp's first
   T* Own = reinterpret_cast<T*>(smem + L.own);
   T* Wb = reinterpret_cast<T*>(smem + L.wb);
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
     tile_sums_and_exp(G, L.ldG, RB, kDqkCols, tiles);
     for (int d = int(threadIdx.x); d < kDqkCols; d += kGatedThreads) between[d] = 0.0;
   } else if (threadIdx.x == 0) {
-    own_total[0] = row_sums<true>(g + o0, valid, RB, own);
+    own_total[0] = row_sums<true, Fixed>(g + o0, lg, valid, RB, own);
     between[0] = 0.0;
   }
   __syncthreads();
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
     __pipeline_wait_prior(0);
     __syncthreads();
     if constexpr (Vector) walked_factors<DK>(Ws, L.ldC, g + w0 * W + c0, W, rows, cols, blk);
-    else if (threadIdx.x == 0) blk[0] = row_sums<DK>(g + w0, rows, RB, walk);
+    else if (threadIdx.x == 0) blk[0] = row_sums<DK, Fixed>(g + w0, lg, rows, RB, walk);
     sc.zero();
     if (cg * SX < RT) warp_mma<true, SX>(sc.acc[0], Own + to * 16 * L.ldV, L.ldV, Wb + cg * SX * 16 * L.ldV, L.ldV, Dvp / 16);
     __syncthreads();  // blk and walk are written
@@ -252,20 +254,20 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dqk_kernel(Gat
 
 template <bool DK>
 struct Pass {
-  template <class T, bool Vector, int RB, int MinBlocks>
+  template <class T, int Gates, int RB, int MinBlocks>
   struct Launch {
     static int run(const GatedParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
-      auto kernel = gated_dqk_kernel<T, Vector, RB, MinBlocks, DK>;
+      auto kernel = gated_dqk_kernel<T, Gates, RB, MinBlocks, DK>;
       allow_shared(kernel, device, shared);
       kernel<<<grid, kGatedThreads, shared, stream>>>(params);
       LATTN_CUDA_CHECK_LAUNCH();
       return 0;
     }
   };
-  template <class T, bool Vector, int RB, int MinBlocks>
+  template <class T, int Gates, int RB, int MinBlocks>
   struct Occupancy {
     static int run(std::size_t shared, int device) {
-      auto kernel = gated_dqk_kernel<T, Vector, RB, MinBlocks, DK>;
+      auto kernel = gated_dqk_kernel<T, Gates, RB, MinBlocks, DK>;
       allow_shared(kernel, device, shared);
       int blocks = 0;
       LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGatedThreads, shared));
@@ -282,9 +284,9 @@ std::size_t gated_dqk_shared_bytes(const Problem& p, Dtype dtype, int rows_per_b
 
 int gated_dqk_occupancy(const Problem& p, Dtype dtype, GatedTiles tiles, bool dk_pass) {
   const std::size_t shared = gated_dqk_shared_bytes(p, dtype, tiles.rows_per_block, dk_pass);
-  const bool vector = p.decay == Decay::vector;
-  return dk_pass ? dispatch_tiles<Pass<true>::Occupancy>(dtype, vector, tiles, shared, current_device())
-                 : dispatch_tiles<Pass<false>::Occupancy>(dtype, vector, tiles, shared, current_device());
+  const int gates = gate_kind(p);
+  return dk_pass ? dispatch_tiles<Pass<true>::Occupancy>(dtype, gates, tiles, shared, current_device())
+                 : dispatch_tiles<Pass<false>::Occupancy>(dtype, gates, tiles, shared, current_device());
 }
 
 void gated_dqk(const Problem& p, Dtype dtype, const GatedShape& shape, const GatedArgs& args, bool dk_pass,
@@ -297,9 +299,9 @@ void gated_dqk(const Problem& p, Dtype dtype, const GatedShape& shape, const Gat
   const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks * params.col_tiles));
   const std::size_t shared = gated_dqk_shared_bytes(p, dtype, tiles.rows_per_block, dk_pass);
   if (dk_pass)
-    dispatch_tiles<Pass<true>::Launch>(dtype, shape.vector, tiles, params, grid, shared, device, stream);
+    dispatch_tiles<Pass<true>::Launch>(dtype, shape.gates, tiles, params, grid, shared, device, stream);
   else
-    dispatch_tiles<Pass<false>::Launch>(dtype, shape.vector, tiles, params, grid, shared, device, stream);
+    dispatch_tiles<Pass<false>::Launch>(dtype, shape.gates, tiles, params, grid, shared, device, stream);
 }
 
 }  // namespace lattn::cuda

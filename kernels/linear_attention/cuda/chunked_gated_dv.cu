@@ -56,8 +56,9 @@ __host__ __device__ inline DvLayout dv_layout(int Dk, int RB, int es, bool vecto
   return L;
 }
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(GatedParams p) {
+  constexpr bool Vector = Gates == kVectorGates, Fixed = Gates == kFixedGates;
   constexpr int RT = RB / 16, CG = kGatedWarps / RT, TN = kDvCols / 16 / CG, SI = (RT + CG - 1) / CG;
   extern __shared__ __align__(128) unsigned char smem[];
   const GatedShape& s = p.shape;
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
   if (j0 >= ch.n) return;  // past a short chunk's end: the whole block, before any barrier
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, tj = warp % RT, cg = warp / RT;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W, Dp = L.Dp, valid = min(RB, ch.n - j0), blocks = (ch.n + RB - 1) / RB;
+  const double lg = Fixed ? head_log_gate(s, at.h) : 0.0;  // fixed gates: every row's log-gate
   const int col0 = at.ct * kDvCols;
   T* K = reinterpret_cast<T*>(smem + L.k);
   T* Q = reinterpret_cast<T*>(smem + L.q);
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
     }
   } else {
     if (threadIdx.x == 0) {
-      own_total[0] = row_sums<true>(g + j0, valid, RB, own);
+      own_total[0] = row_sums<true, Fixed>(g + j0, lg, valid, RB, own);
       between[0] = 0.0;
     }
 #pragma unroll
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
     __pipeline_wait_prior(0);
     __syncthreads();
     if constexpr (Vector) walked_factors<true>(Q, L.ldK, g + i0 * W, W, rows, Dk, blk);  // Q . EQ (block start)
-    else if (threadIdx.x == 0) blk[0] = row_sums<true>(g + i0, rows, RB, walk);
+    else if (threadIdx.x == 0) blk[0] = row_sums<true, Fixed>(g + i0, lg, rows, RB, walk);
     __syncthreads();
     sc.zero();
     if (cg * SI < RT) {
@@ -262,10 +264,10 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dv_kernel(Gate
   });
 }
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 struct Launch {
   static int run(const GatedParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
-    auto kernel = gated_dv_kernel<T, Vector, RB, MinBlocks>;
+    auto kernel = gated_dv_kernel<T, Gates, RB, MinBlocks>;
     allow_shared(kernel, device, shared);
     kernel<<<grid, kGatedThreads, shared, stream>>>(params);
     LATTN_CUDA_CHECK_LAUNCH();
@@ -273,10 +275,10 @@ struct Launch {
   }
 };
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 struct Occupancy {
   static int run(std::size_t shared, int device) {
-    auto kernel = gated_dv_kernel<T, Vector, RB, MinBlocks>;
+    auto kernel = gated_dv_kernel<T, Gates, RB, MinBlocks>;
     allow_shared(kernel, device, shared);
     int blocks = 0;
     LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGatedThreads, shared));
@@ -291,7 +293,7 @@ std::size_t gated_dv_shared_bytes(const Problem& p, Dtype dtype, int rows_per_bl
 }
 
 int gated_dv_occupancy(const Problem& p, Dtype dtype, GatedTiles tiles) {
-  return dispatch_tiles<Occupancy>(dtype, p.decay == Decay::vector, tiles,
+  return dispatch_tiles<Occupancy>(dtype, gate_kind(p), tiles,
                                    gated_dv_shared_bytes(p, dtype, tiles.rows_per_block), current_device());
 }
 
@@ -302,7 +304,7 @@ void gated_dv(const Problem& p, Dtype dtype, const GatedShape& shape, const Gate
   const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block,
                            (shape.Dv + kDvCols - 1) / kDvCols};
   const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks * params.col_tiles));
-  dispatch_tiles<Launch>(dtype, shape.vector, tiles, params, grid, gated_dv_shared_bytes(p, dtype, tiles.rows_per_block),
+  dispatch_tiles<Launch>(dtype, shape.gates, tiles, params, grid, gated_dv_shared_bytes(p, dtype, tiles.rows_per_block),
                          device, stream);
 }
 

@@ -211,21 +211,22 @@ __device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, 
 }
 
 // Scalar gates: sums[r] = sum of g over rows 0 .. r (Prefix) or r+1 .. valid-1 of a block's rows
-// (double), 0 past valid; returns the block's total. One thread.
-template <bool Prefix>
-__device__ double row_sums(const float* g, int valid, int rows, double* sums) {
+// (double), 0 past valid; returns the block's total. Fixed: every row's log-gate is lg, g is not
+// read. One thread.
+template <bool Prefix, bool Fixed = false>
+__device__ double row_sums(const float* g, double lg, int valid, int rows, double* sums) {
   double s = 0;
   if constexpr (Prefix) {
 #pragma unroll 1
     for (int r = 0; r < rows; ++r) {
-      if (r < valid) s += g[r];
+      if (r < valid) s += Fixed ? lg : g[r];
       sums[r] = s;
     }
   } else {
 #pragma unroll 1
     for (int r = rows - 1; r >= 0; --r) {
       sums[r] = r < valid ? s : 0.0;
-      if (r < valid) s += g[r];
+      if (r < valid) s += Fixed ? lg : g[r];
     }
   }
   return s;

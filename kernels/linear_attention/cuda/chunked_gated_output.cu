@@ -64,8 +64,9 @@ __host__ __device__ inline OutputLayout output_layout(int Dk, int RB, int es, bo
   return L;
 }
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(GatedParams p) {
+  constexpr bool Vector = Gates == kVectorGates, Fixed = Gates == kFixedGates;
   constexpr int RT = RB / 16, CG = kGatedWarps / RT, TN = kOutCols / 16 / CG, SJ = (RT + CG - 1) / CG;
   extern __shared__ __align__(128) unsigned char smem[];
   const GatedShape& s = p.shape;
@@ -76,6 +77,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
   if (r0 >= ch.n) return;  // a row block past a short chunk's end: the whole block, before any barrier
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, ti = warp % RT, cg = warp / RT;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W, Dp = L.Dp, valid = min(RB, ch.n - r0);
+  const double lg = Fixed ? head_log_gate(s, at.h) : 0.0;  // fixed gates: every row's log-gate
   const int col0 = at.ct * kOutCols;
   T* Q = reinterpret_cast<T*>(smem + L.q);
   T* K = reinterpret_cast<T*>(smem + L.k);
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
     }
   } else {
     if (threadIdx.x == 0) {
-      row_sums<true>(g + r0, valid, RB, own);
+      row_sums<true, Fixed>(g + r0, lg, valid, RB, own);
       between[0] = 0.0;
     }
 #pragma unroll
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
     __pipeline_wait_prior(0);
     __syncthreads();
     if constexpr (Vector) walked_factors<false>(K, L.ldK, g + j0 * W, W, RB, Dk, blk);  // K . EK (block end)
-    else if (threadIdx.x == 0) blk[0] = row_sums<false>(g + j0, RB, RB, walk);
+    else if (threadIdx.x == 0) blk[0] = row_sums<false, Fixed>(g + j0, lg, RB, RB, walk);
     __syncthreads();
     sc.zero();
     if (cg * SJ < RT) {
@@ -265,34 +267,34 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_output_kernel(
   });
 }
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 void launch_as(const GatedParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
-  auto kernel = gated_output_kernel<T, Vector, RB, MinBlocks>;
+  auto kernel = gated_output_kernel<T, Gates, RB, MinBlocks>;
   allow_shared(kernel, device, shared);
   kernel<<<grid, kGatedThreads, shared, stream>>>(params);
   LATTN_CUDA_CHECK_LAUNCH();
 }
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 int occupancy_as(std::size_t shared, int device) {
-  auto kernel = gated_output_kernel<T, Vector, RB, MinBlocks>;
+  auto kernel = gated_output_kernel<T, Gates, RB, MinBlocks>;
   allow_shared(kernel, device, shared);
   int blocks = 0;
   LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGatedThreads, shared));
   return blocks;
 }
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 struct Launch {
   static int run(const GatedParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
-    launch_as<T, Vector, RB, MinBlocks>(params, grid, shared, device, stream);
+    launch_as<T, Gates, RB, MinBlocks>(params, grid, shared, device, stream);
     return 0;
   }
 };
 
-template <class T, bool Vector, int RB, int MinBlocks>
+template <class T, int Gates, int RB, int MinBlocks>
 struct Occupancy {
-  static int run(std::size_t shared, int device) { return occupancy_as<T, Vector, RB, MinBlocks>(shared, device); }
+  static int run(std::size_t shared, int device) { return occupancy_as<T, Gates, RB, MinBlocks>(shared, device); }
 };
 
 }  // namespace
@@ -302,7 +304,7 @@ std::size_t gated_output_shared_bytes(const Problem& p, Dtype dtype, int rows_pe
 }
 
 int gated_output_occupancy(const Problem& p, Dtype dtype, GatedTiles tiles) {
-  return dispatch_tiles<Occupancy>(dtype, p.decay == Decay::vector, tiles,
+  return dispatch_tiles<Occupancy>(dtype, gate_kind(p), tiles,
                              gated_output_shared_bytes(p, dtype, tiles.rows_per_block), current_device());
 }
 
@@ -313,7 +315,7 @@ void gated_output(const Problem& p, Dtype dtype, const GatedShape& shape, const 
   const GatedParams params{shape, args, (shape.C + tiles.rows_per_block - 1) / tiles.rows_per_block,
                            (shape.Dv + kOutCols - 1) / kOutCols};
   const dim3 grid(unsigned(std::size_t(shape.chunks) * shape.H * params.row_blocks * params.col_tiles));
-  dispatch_tiles<Launch>(dtype, shape.vector, tiles, params, grid, gated_output_shared_bytes(p, dtype, tiles.rows_per_block),
+  dispatch_tiles<Launch>(dtype, shape.gates, tiles, params, grid, gated_output_shared_bytes(p, dtype, tiles.rows_per_block),
                    device, stream);
 }
 

@@ -58,8 +58,9 @@ struct PassParams {
   GatedStatePass args;
 };
 
-template <class T, bool Vector, int MinBlocks>
+template <class T, int Gates, int MinBlocks>
 __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(PassParams p) {
+  constexpr bool Vector = Gates == kVectorGates, Fixed = Gates == kFixedGates;
   extern __shared__ __align__(128) unsigned char smem[];
   const GatedShape& s = p.shape;
   const GatedStatePass& a = p.args;
@@ -83,6 +84,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(P
 
   // The block's sequence and value head: chunk k = first + c of it is the chunk-parallel kernels'.
   const int seq = pair / s.H, h = pair % s.H;
+  const float lg = Fixed ? float(head_log_gate(s, h)) : 0.0f;  // fixed gates: every row's log-gate
   const ChunkRef ch0 = locate_chunk(s, s.cu ? s.first[seq] : seq * s.per_seq, h);
   const int chunks = ch0.chunks, first = ch0.first;
   const int len = s.cu ? s.cu[seq + 1] - s.cu[seq] : s.T;
@@ -119,8 +121,12 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(P
     __pipeline_commit();
   };
   // Step u's log-gates: vector, rows x the block's 64 state rows; scalar, the rows. Zero past the
-  // step's rows and the state's rows.
+  // step's rows and the state's rows. Fixed gates stage nothing (an empty group keeps the count).
   auto stage_gates = [&](int u) {
+    if constexpr (Fixed) {
+      __pipeline_commit();
+      return;
+    }
     int c, b, in_chunk;
     locate(u, c, b, in_chunk);
     const std::size_t t0 = std::size_t(c) * s.C + std::size_t(b) * kStep;
@@ -170,7 +176,11 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(P
     T* Ab = A0 + buf * step;
     float gnow[16];
 #pragma unroll
-    for (int r = 0; r < 16; ++r) gnow[r] = Vector ? G[(gseg * 16 + r) * kStep + gd] : r < 2 ? G[2 * lane + r] : 0.0f;
+    for (int r = 0; r < 16; ++r) {
+      if constexpr (Vector) gnow[r] = G[(gseg * 16 + r) * kStep + gd];
+      else if constexpr (Fixed) gnow[r] = r < 2 && 2 * lane + r < rows_of(c, b) ? lg : 0.0f;
+      else gnow[r] = r < 2 ? G[2 * lane + r] : 0.0f;
+    }
     if constexpr (Vector) {
       float sum = 0.0f;
 #pragma unroll
@@ -235,7 +245,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_state_kernel(P
     const int ksteps = (rows_of(c, b) + 15) / 16;
     warp_mma<false, 2, true>(S.acc[0], Ab + wm * 16, L.ld, X0 + buf * step + wn * 32, L.ld, ksteps);  // S += A^T X
 
-    if (a.reverse && chunk_end) {  // dS is the gradient of the state entering chunk c
+    if (a.reverse && chunk_end && a.rowsums) {  // dS is the gradient of the state entering chunk c (dg's term)
       const T* hc = static_cast<const T*>(a.fwd_states) + std::size_t(first + c) * slot + std::size_t(h) * dd;
       float part = 0.0f;
       each_lane(S, scratch, [&](int t, int r, int cc, float& v) {
@@ -265,18 +275,18 @@ int pass_blocks(Dtype dtype, std::size_t limit) {
   return 2 * (pass_layout(element_size(dtype)).total + 1024) <= limit + 1024 ? 2 : 1;
 }
 
-template <class T, bool Vector>
+template <class T, int Gates>
 struct PassKernel {
   template <int MinBlocks>
   static void launch(const PassParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
-    auto kernel = gated_state_kernel<T, Vector, MinBlocks>;
+    auto kernel = gated_state_kernel<T, Gates, MinBlocks>;
     allow_shared(kernel, device, shared);
     kernel<<<grid, kGatedThreads, shared, stream>>>(params);
     LATTN_CUDA_CHECK_LAUNCH();
   }
   template <int MinBlocks>
   static int occupancy(std::size_t shared, int device) {
-    auto kernel = gated_state_kernel<T, Vector, MinBlocks>;
+    auto kernel = gated_state_kernel<T, Gates, MinBlocks>;
     allow_shared(kernel, device, shared);
     int blocks = 0;
     LATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGatedThreads, shared));
@@ -290,20 +300,40 @@ struct PassKernel {
   }
 };
 
+// Calls F<T, Gates> for the dtype and the gates.
+template <template <class, int> class F, class... Args>
+auto dispatch_pass(Dtype dtype, int gates, Args&&... args) {
+  auto by_gates = [&](auto t) {
+    using T = decltype(t);
+    if (gates == kVectorGates) return F<T, kVectorGates>::run(args...);
+    if (gates == kFixedGates) return F<T, kFixedGates>::run(args...);
+    return F<T, kScalarGates>::run(args...);
+  };
+  return dtype == Dtype::f32 ? by_gates(float{}) : by_gates(bf16{});
+}
+
+template <class T, int Gates>
+struct PassLaunch {
+  static int run(int blocks, const PassParams& params, dim3 grid, std::size_t shared, int device, cudaStream_t stream) {
+    PassKernel<T, Gates>::run(blocks, params, grid, shared, device, stream);
+    return 0;
+  }
+};
+template <class T, int Gates>
+struct PassResident {
+  static int run(int blocks, std::size_t shared, int device) { return PassKernel<T, Gates>::resident(blocks, shared, device); }
+};
+
 }  // namespace
 
 std::size_t gated_state_pass_shared_bytes(Dtype dtype) { return pass_layout(element_size(dtype)).total; }
 
 int gated_state_pass_blocks(Dtype dtype) { return pass_blocks(dtype, max_shared_bytes(current_device())); }
 
-int gated_state_pass_occupancy(Dtype dtype, bool vector) {
+int gated_state_pass_occupancy(Dtype dtype, int gates) {
   const std::size_t shared = gated_state_pass_shared_bytes(dtype);
   const int device = current_device(), blocks = pass_blocks(dtype, max_shared_bytes(device));
-  if (dtype == Dtype::f32)
-    return vector ? PassKernel<float, true>::resident(blocks, shared, device)
-                  : PassKernel<float, false>::resident(blocks, shared, device);
-  return vector ? PassKernel<bf16, true>::resident(blocks, shared, device)
-                : PassKernel<bf16, false>::resident(blocks, shared, device);
+  return dispatch_pass<PassResident>(dtype, gates, blocks, shared, device);
 }
 
 void gated_state_pass(const Problem& p, Dtype dtype, const GatedShape& shape, const GatedStatePass& args,
@@ -313,12 +343,7 @@ void gated_state_pass(const Problem& p, Dtype dtype, const GatedShape& shape, co
                            ((shape.Dv + kStep - 1) / kStep)));
   const std::size_t shared = gated_state_pass_shared_bytes(dtype);
   const int device = current_device(), blocks = pass_blocks(dtype, max_shared_bytes(device));
-  if (dtype == Dtype::f32)
-    shape.vector ? PassKernel<float, true>::run(blocks, params, grid, shared, device, stream)
-                 : PassKernel<float, false>::run(blocks, params, grid, shared, device, stream);
-  else
-    shape.vector ? PassKernel<bf16, true>::run(blocks, params, grid, shared, device, stream)
-                 : PassKernel<bf16, false>::run(blocks, params, grid, shared, device, stream);
+  dispatch_pass<PassLaunch>(dtype, shape.gates, blocks, params, grid, shared, device, stream);
 }
 
 }  // namespace lattn::cuda

@@ -1,4 +1,4 @@
-// CUDA kernels of docs/spec.md section 1 (cuda/scan.cu; cuda/chunked.cu with cuda/chunk_states.cu;
+// CUDA kernels of docs/spec.md section 1 (cuda/scan.cu, cuda/scan_delta.cu, cuda/chunked_delta*.cu;
 // docs/cuda.md), host-side declarations. Every pointer is device memory in the layouts of
 // kernels/linear_attention/problem.hpp. Token tensors (q, k, v, dO) are float32 or bf16 (as raw
 // 16-bit patterns) by `dtype`; states (h0, dhT) and every output are float32, and every product
@@ -8,11 +8,8 @@
 // its scratch is a packed problem's document boundaries and, with grouped heads, dq and dk per
 // value head before their sum; the additive rule's backward runs a forward recurrence for dq and a
 // reverse one for dk, dv and keeps nothing else (the delta rule's backward keeps a token tensor,
-// below). The chunked additive form without gates takes square dense problems (the gated decays,
-// every shape: cuda/chunked_gated.hpp); it keeps the state entering every chunk
-// (and in the backward the gradient of the state leaving it) in scratch from the allocator, one
-// D x D matrix per (batch x head, chunk) in the token dtype. The delta rule's chunked form
-// (cuda/chunked_delta*.cu, below) takes every shape. The *_workspace_bytes closed forms are held
+// below). The additive rule's chunked form, every decay and shape, is cuda/chunked_gated.hpp's; the
+// delta rule's (cuda/chunked_delta*.cu, below) takes every shape too. The *_workspace_bytes closed forms are held
 // to the allocator's count by the tests.
 #pragma once
 
@@ -81,14 +78,6 @@ std::size_t scan_additive_backward_workspace_bytes(const Problem& problem);
 // dq or dk of every q/k head: the sum of its value heads' rows in `parts` ([B][H][T][Dk], device
 // memory; cuda/scan.cu), for the scan's grouped heads.
 void sum_group_keys(const Problem& problem, const float* parts, float* out, cudaStream_t stream);
-// kept_states (chunked_states_bytes of device memory, or null): the forward writes the chunk
-// states there instead of into scratch of its own, and the backward reads them from there
-// instead of recomputing them (`bwd_states: kept`).
-void chunked_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
-                     cudaStream_t stream, void* kept_states = nullptr);
-void chunked_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
-                      cudaStream_t stream, const void* kept_states = nullptr);
-
 // The delta rule's scan (cuda/scan_delta.cu; the table's `scan_delta` row): beside a packed
 // problem's document boundaries, its backward keeps e_t = v_t - u_t of every token (a value
 // tensor of floats), for scalar gates dg's per-channel sums (a key tensor per value head) and,
@@ -127,32 +116,10 @@ std::optional<std::string> chunked_delta_unsupported(const Problem& problem, Dty
 // What the scan variant that runs `problem` takes from the allocator (cuda/variants.cpp).
 std::size_t scan_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_backward_workspace_bytes(const Problem& problem);
-// One set of chunk states: B * H * chunks * D * D elements of the token dtype.
-std::size_t chunked_states_bytes(const Problem& problem, Dtype dtype);
-// What chunked_forward (without kept states) and chunked_backward take from the allocator: one set,
-// and two (the states and their gradients), or one when the forward's are kept.
-std::size_t chunked_forward_workspace_bytes(const Problem& problem, Dtype dtype);
-std::size_t chunked_backward_workspace_bytes(const Problem& problem, Dtype dtype, bool states_kept);
-
-// Shared memory of one block of the chunk-parallel kernels with `rows_per_block` output rows, and
-// the tiles the launch code chooses under an opt-in limit: rows per block (64 or 32; 0 when none
-// fits) and the blocks per multiprocessor the choice was made for (2, else 1).
-std::size_t chunked_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
-struct ChunkedTiles {
-  int rows_per_block = 0;
-  int blocks_per_sm = 0;
-  // Written out: the .cu files that include this are C++17.
-  bool operator==(const ChunkedTiles& o) const { return rows_per_block == o.rows_per_block && blocks_per_sm == o.blocks_per_sm; }
-  bool operator!=(const ChunkedTiles& o) const { return !(*this == o); }
-};
-ChunkedTiles chunked_tiles(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
-// Why a case cannot run on a device with `max_shared_bytes` of opt-in shared memory per block.
+// Why the scan cannot take a problem (its dim or dim_v past kScanMaxDim), or nothing.
 std::optional<std::string> scan_unsupported(const Problem& problem);
-// Why the chunked row that takes `problem` cannot run it on a device with `max_shared_bytes` of
-// opt-in shared memory per block (its tiles' shared memory), or nothing.
-std::optional<std::string> chunked_unsupported(const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 
-// The chunked form's kernels as a case launches them on the current device: threads and dynamic
+// A chunked form's kernels as a case launches them on the current device: threads and dynamic
 // shared memory per block, rows per block (0 for the state pass), the blocks per multiprocessor
 // their launch bounds were built for, and the blocks that can reside on one multiprocessor
 // (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
@@ -164,8 +131,7 @@ struct ChunkedKernel {
   int launch_bounds_blocks;
   int resident_blocks;
 };
-std::vector<ChunkedKernel> chunked_kernels(const Problem& problem, Dtype dtype);
-// The same for the delta rule's chunked kernels (cuda/chunked_delta*.cu), in launch order: forward
+// The delta rule's chunked kernels (cuda/chunked_delta*.cu), in launch order: forward
 // (prepare, state pass, output), then the backward's (dV_local, reverse state pass, dq / dk, WY).
 std::vector<ChunkedKernel> chunked_delta_kernels(const Problem& problem, Dtype dtype);
 

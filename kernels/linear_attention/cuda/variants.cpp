@@ -1,9 +1,8 @@
 // The CUDA backend's variants of the linear-attention op: which kernel runs which (rule, decay) in
 // each form, and the scan's entry points of kernels.hpp, which ask the table. Rows are tried in order.
-// The chunked rows: `chunked` takes the ungated additive rule, square dense problems only (its tiles
-// are D x D and its chunks those of whole batch rows; section 1c's shapes are declined with
-// variants.hpp's reason); `chunked_gated` the additive rule with scalar or vector gates and every
-// shape of docs/spec.md section 1c (cuda/chunked_gated.hpp); `chunked_delta` the delta rule's WY
+// The chunked rows: `chunked` takes the additive rule with decay none or retnet and `chunked_gated`
+// with scalar or vector gates, both on the gated chunked kernels (cuda/chunked_gated.hpp; none and
+// retnet as fixed log-gates per head, no g read) and every shape of docs/spec.md section 1c; `chunked_delta` the delta rule's WY
 // form, every decay and every shape (cuda/chunked_delta.hpp). The scan rows take every rule, decay
 // and shape.
 #include "kernels/linear_attention/cuda/variants.hpp"
@@ -43,8 +42,9 @@ std::vector<CudaVariant> scan_table() {
 
 std::vector<CudaVariant> chunked_table() {
   return {
-      {"chunked", {{Rule::additive}, {Decay::none, Decay::retnet}}, chunked_forward, chunked_backward,
-       chunked_forward_workspace_bytes, chunked_backward_workspace_bytes, chunked_states_bytes, chunked_unsupported},
+      {"chunked", {{Rule::additive}, {Decay::none, Decay::retnet}, nullptr, true}, chunked_gated_forward,
+       chunked_gated_backward, chunked_gated_forward_workspace_bytes, chunked_gated_backward_workspace_bytes,
+       chunked_gated_states_bytes, chunked_gated_unsupported},
       {"chunked_gated", {{Rule::additive}, {Decay::scalar, Decay::vector}, nullptr, true}, chunked_gated_forward,
        chunked_gated_backward, chunked_gated_forward_workspace_bytes, chunked_gated_backward_workspace_bytes,
        chunked_gated_states_bytes, chunked_gated_unsupported},

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/layer/hybrid/cuda/kernels.hpp"
+#include "kernels/linear_attention/cuda/chunked_gated.hpp"
 #include "kernels/linear_attention/cuda/kernels.hpp"
 #include "kernels/sliding_window/cuda.hpp"
 
@@ -18,7 +19,7 @@ namespace lattn::cuda {
 // states are not kept), and the window backward's own scratch.
 std::vector<std::size_t> layer_scratch_slices(const LayerProblem& p, bool backward) {
   const std::size_t N = p.token_elems() * 4, S = p.linear.state_elems() * 4, R = p.linear.heads_total() * p.linear.seq * 4;
-  const std::size_t states = p.chunked ? chunked_states_bytes(p.linear, Dtype::f32) : 0;
+  const std::size_t states = p.chunked ? chunked_gated_states_bytes(p.linear, Dtype::f32) : 0;
   std::vector<std::size_t> slices = {N, N, N, N, N, N, N, S, S, R};
   if (backward) slices.push_back(R);  // rinv
   if (states) slices.push_back(states);
@@ -50,7 +51,7 @@ void layer_enqueue(const LayerProblem& p, bool backward, const LayerBackwardArgs
   }
   const DeviceForward linear{q.data(), k.data(), v.data(), h0.data(), lin.data(), hT.data()};
   if (p.chunked)
-    chunked_forward(lp, Dtype::f32, linear, arena, stream);
+    chunked_gated_forward(lp, Dtype::f32, linear, arena, stream);
   else
     scan_forward(lp, Dtype::f32, linear, arena, stream);
   const SwaProblem wp{lp.batch, lp.heads, lp.seq, lp.dim, p.window};
@@ -71,7 +72,7 @@ void layer_enqueue(const LayerProblem& p, bool backward, const LayerBackwardArgs
   const DeviceBackward lb{q.data(), k.data(), v.data(), h0.data(), dlin.data(),
                           h0.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
   if (p.chunked)
-    chunked_backward(lp, Dtype::f32, lb, arena, stream);
+    chunked_gated_backward(lp, Dtype::f32, lb, arena, stream);
   else
     scan_backward(lp, Dtype::f32, lb, arena, stream);
   swa_backward(wp, Dtype::f32,
