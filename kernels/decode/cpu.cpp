@@ -15,9 +15,10 @@
 //             a write walk, S_i = a_i S_i + (beta k_i) w.
 // The per-row weights of a head's tokens are made once per work item in the thread's scratch.
 // A pooled step finds each sequence's states at its slot (problem.hpp, state_offset). A bf16 state
-// is widened into the thread's float32 copy of the work item's columns, stepped there over all of
-// the step's tokens (in the core's L2: 64 KiB at Dk = Dv = 128) and rounded back once: memory sees
-// the bf16 state read once and written once, half the float32 state's bytes.
+// is widened in the first token's loads and rounded in the last token's stores (simd.hpp), once per
+// step; between them, a step of several tokens keeps the strip in the thread's float32 copy (in
+// the core's cache: 64 KiB at Dk = Dv = 128). Memory sees the bf16 state read once and written
+// once, half the float32 state's bytes, with no pass of its own for the conversion.
 // Rows go two at a time into their own accumulators, so that the FMA chains do not wait on each
 // other's latency.
 #include "kernels/decode/cpu.hpp"
@@ -27,7 +28,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/simd.hpp"
@@ -46,7 +46,8 @@ constexpr int kRowArrays = 4;
 struct HeadStep {
   int rows_k = 0, cols_v = 0;       // the state's rows (Dk) and columns (Dv)
   int tokens = 0, extra = 0;
-  float* state = nullptr;           // Dk x Dv, updated in place
+  float* state = nullptr;           // Dk x Dv, updated in place; a bf16 state's float32 copy
+  std::uint16_t* state16 = nullptr; // a bf16 state, Dk x Dv (then `state` is used for T > 1 only)
   const float* v = nullptr;         // [tokens][Dv]
   float* o = nullptr;               // [tokens][Dv]
   float* snapshots = nullptr;       // [extra][Dk][Dv]
@@ -55,8 +56,11 @@ struct HeadStep {
   const float* coef = nullptr;      // [tokens] delta: s beta (k . q)
 };
 
-template <class I, int NV, bool FULL, bool DELTA, RowDecay DEC>
-void walk_strip(const HeadStep& h, int c0) {
+// One token over the strip at column c0: reads the state at `from` and writes it at `to` (each
+// already at c0): the same float32 array (in place), or a bf16 state read or written in the walk's
+// own loads and stores (Src, Dst: float or std::uint16_t).
+template <class I, int NV, bool FULL, bool DELTA, RowDecay DEC, class Src, class Dst>
+void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
   using V = typename I::V;
   using M = typename I::M;
   constexpr int L = I::L;
@@ -68,77 +72,97 @@ void walk_strip(const HeadStep& h, int c0) {
   const std::size_t Dk = std::size_t(h.rows_k), Dv = std::size_t(h.cols_v);
   M m[NV];
   for (int n = 0; n < NV; ++n) m[n] = I::mask(h.cols_v - c0 - n * L);
-  auto load = [&](const float* p, int n) __attribute__((always_inline)) { return simd::load_lanes<I, FULL>(m[n], p + std::ptrdiff_t(n) * L); };
-  auto store = [&](float* p, int n, V x) __attribute__((always_inline)) { simd::store_lanes<I, FULL>(p + std::ptrdiff_t(n) * L, m[n], x); };
-  float* S = h.state + c0;
-  for (int t = 0; t < h.tokens; ++t) {
-    const float* w = h.rows + std::size_t(t) * kRowArrays * Dk;
-    const float *x1 = w, *x2 = w + Dk, *ar = w + 2 * std::ptrdiff_t(Dk), *bk = w + 3 * std::ptrdiff_t(Dk);
-    const V au = I::set1(DEC == RowDecay::uniform ? h.uniform[t] : 1.0f);
-    V vv[NV], y0[NV], y1[NV];
-    for (int n = 0; n < NV; ++n) {
-      vv[n] = load(h.v + std::size_t(t) * Dv + c0, n);
-      y0[n] = y1[n] = I::zero();
-    }
-    auto decayed = [&](V r, std::size_t i) __attribute__((always_inline)) {
-      if constexpr (DEC == RowDecay::uniform) return I::mul(r, au);
-      if constexpr (DEC == RowDecay::rows) return I::mul(r, I::set1(ar[i]));
-      return r;
-    };
-    if constexpr (DELTA) {
-      V u0[NV], u1[NV];
-      for (int n = 0; n < NV; ++n) u0[n] = u1[n] = I::zero();
-      auto read = [&](std::size_t i, V* u, V* y) __attribute__((always_inline)) {
-        const V a = I::set1(x1[i]), b = I::set1(x2[i]);
-        for (int n = 0; n < NV; ++n) {
-          const V r = load(S + i * Dv, n);
-          u[n] = I::fma(a, r, u[n]);
-          y[n] = I::fma(b, r, y[n]);
-        }
-      };
-      std::size_t i = 0;
-      if constexpr (kPairRows)
-        for (; i + 1 < Dk; i += 2) {
-          read(i, u0, y0);
-          read(i + 1, u1, y1);
-        }
-      for (; i < Dk; ++i) read(i, u0, y0);
-      V wv[NV];
-      const V c = I::set1(h.coef[t]);
-      for (int n = 0; n < NV; ++n) {
-        wv[n] = I::add(vv[n], I::mul(I::set1(-1.0f), I::add(u0[n], u1[n])));
-        store(h.o + std::size_t(t) * Dv + c0, n, I::fma(c, wv[n], I::add(y0[n], y1[n])));
-      }
-      for (std::size_t r = 0; r < Dk; ++r) {
-        const V b = I::set1(bk[r]);
-        for (int n = 0; n < NV; ++n) store(S + r * Dv, n, I::fma(b, wv[n], decayed(load(S + r * Dv, n), r)));
-      }
-    } else {
-      auto write = [&](std::size_t i, V* y) __attribute__((always_inline)) {
-        const V a = I::set1(x1[i]), b = I::set1(x2[i]);
-        for (int n = 0; n < NV; ++n) {
-          const V r = I::fma(a, vv[n], decayed(load(S + i * Dv, n), i));
-          store(S + i * Dv, n, r);
-          y[n] = I::fma(b, r, y[n]);
-        }
-      };
-      std::size_t i = 0;
-      if constexpr (kPairRows)
-        for (; i + 1 < Dk; i += 2) {
-          write(i, y0);
-          write(i + 1, y1);
-        }
-      for (; i < Dk; ++i) write(i, y0);
-      for (int n = 0; n < NV; ++n) store(h.o + std::size_t(t) * Dv + c0, n, I::add(y0[n], y1[n]));
-    }
-    // Slot i of the snapshots (1..extra) is the state i tokens before the step's end.
-    const int slot = h.tokens - 1 - t;
-    if (slot >= 1 && slot <= h.extra) {
-      float* out = h.snapshots + std::size_t(slot - 1) * Dk * Dv + c0;
-      for (std::size_t r = 0; r < Dk; ++r)
-        for (int n = 0; n < NV; ++n) store(out + r * Dv, n, load(S + r * Dv, n));
-    }
+  auto load = [&](const auto* p, int n) __attribute__((always_inline)) { return simd::load_lanes<I, FULL>(m[n], p + std::ptrdiff_t(n) * L); };
+  auto store = [&](auto* p, int n, V x) __attribute__((always_inline)) { simd::store_lanes<I, FULL>(p + std::ptrdiff_t(n) * L, m[n], x); };
+  const float* w = h.rows + std::size_t(t) * kRowArrays * Dk;
+  const float *x1 = w, *x2 = w + Dk, *ar = w + 2 * std::ptrdiff_t(Dk), *bk = w + 3 * std::ptrdiff_t(Dk);
+  const V au = I::set1(DEC == RowDecay::uniform ? h.uniform[t] : 1.0f);
+  V vv[NV], y0[NV], y1[NV];
+  for (int n = 0; n < NV; ++n) {
+    vv[n] = load(h.v + std::size_t(t) * Dv + c0, n);
+    y0[n] = y1[n] = I::zero();
   }
+  auto decayed = [&](V r, std::size_t i) __attribute__((always_inline)) {
+    if constexpr (DEC == RowDecay::uniform) return I::mul(r, au);
+    if constexpr (DEC == RowDecay::rows) return I::mul(r, I::set1(ar[i]));
+    return r;
+  };
+  if constexpr (DELTA) {
+    V u0[NV], u1[NV];
+    for (int n = 0; n < NV; ++n) u0[n] = u1[n] = I::zero();
+    auto read = [&](std::size_t i, V* u, V* y) __attribute__((always_inline)) {
+      const V a = I::set1(x1[i]), b = I::set1(x2[i]);
+      for (int n = 0; n < NV; ++n) {
+        const V r = load(from + i * Dv, n);
+        u[n] = I::fma(a, r, u[n]);
+        y[n] = I::fma(b, r, y[n]);
+      }
+    };
+    std::size_t i = 0;
+    if constexpr (kPairRows)
+      for (; i + 1 < Dk; i += 2) {
+        read(i, u0, y0);
+        read(i + 1, u1, y1);
+      }
+    for (; i < Dk; ++i) read(i, u0, y0);
+    V wv[NV];
+    const V c = I::set1(h.coef[t]);
+    for (int n = 0; n < NV; ++n) {
+      wv[n] = I::add(vv[n], I::mul(I::set1(-1.0f), I::add(u0[n], u1[n])));
+      store(h.o + std::size_t(t) * Dv + c0, n, I::fma(c, wv[n], I::add(y0[n], y1[n])));
+    }
+    for (std::size_t r = 0; r < Dk; ++r) {
+      const V b = I::set1(bk[r]);
+      for (int n = 0; n < NV; ++n) store(to + r * Dv, n, I::fma(b, wv[n], decayed(load(from + r * Dv, n), r)));
+    }
+  } else {
+    auto write = [&](std::size_t i, V* y) __attribute__((always_inline)) {
+      const V a = I::set1(x1[i]), b = I::set1(x2[i]);
+      for (int n = 0; n < NV; ++n) {
+        const V r = I::fma(a, vv[n], decayed(load(from + i * Dv, n), i));
+        store(to + i * Dv, n, r);
+        y[n] = I::fma(b, r, y[n]);
+      }
+    };
+    std::size_t i = 0;
+    if constexpr (kPairRows)
+      for (; i + 1 < Dk; i += 2) {
+        write(i, y0);
+        write(i + 1, y1);
+      }
+    for (; i < Dk; ++i) write(i, y0);
+    for (int n = 0; n < NV; ++n) store(h.o + std::size_t(t) * Dv + c0, n, I::add(y0[n], y1[n]));
+  }
+  // Slot i of the snapshots (1..extra) is the state i tokens before the step's end. Never the last
+  // token's, so `to` is float32 here whenever a snapshot is taken.
+  const int slot = h.tokens - 1 - t;
+  if (slot >= 1 && slot <= h.extra) {
+    float* out = h.snapshots + std::size_t(slot - 1) * Dk * Dv + c0;
+    for (std::size_t r = 0; r < Dk; ++r)
+      for (int n = 0; n < NV; ++n) store(out + r * Dv, n, load(to + r * Dv, n));
+  }
+}
+
+// The step's tokens over one strip. A float32 state is stepped in place. A bf16 state is read by the
+// first token's walk and written by the last one's, rounded once; between them (T > 1) the strip
+// lives in the thread's float32 copy (h.state), in the core's cache.
+template <class I, int NV, bool FULL, bool DELTA, RowDecay DEC>
+void walk_strip(const HeadStep& h, int c0) {
+  using std::uint16_t;
+  float* work = h.state + c0;
+  if (!h.state16) {
+    for (int t = 0; t < h.tokens; ++t) walk_token<I, NV, FULL, DELTA, DEC, float, float>(h, c0, t, work, work);
+    return;
+  }
+  uint16_t* s16 = h.state16 + c0;
+  const int last = h.tokens - 1;
+  if (last == 0) {
+    walk_token<I, NV, FULL, DELTA, DEC, uint16_t, uint16_t>(h, c0, 0, s16, s16);
+    return;
+  }
+  walk_token<I, NV, FULL, DELTA, DEC, uint16_t, float>(h, c0, 0, s16, work);
+  for (int t = 1; t < last; ++t) walk_token<I, NV, FULL, DELTA, DEC, float, float>(h, c0, t, work, work);
+  walk_token<I, NV, FULL, DELTA, DEC, float, uint16_t>(h, c0, last, work, s16);
 }
 
 using StripFn = void (*)(const HeadStep&, int);
@@ -180,7 +204,7 @@ constexpr std::size_t kStreamedStateBytes = std::size_t(4) << 20;
 // narrow strips (32 columns, 16 on AVX2) that stay in L1. scripts/ab.py at B 64 and B 1 (H 16,
 // D 128) chose between the two (docs/performance.md, "The decode step").
 Kernel kernel_for(Vec vec, const DecodeProblem& p, bool delta, RowDecay decay) {
-  const bool streamed = p.state_elems() * sizeof(float) > kStreamedStateBytes;
+  const bool streamed = p.state_elems() * (p.state_bf16 ? 2 : sizeof(float)) > kStreamedStateBytes;
   const int cols = p.value_dim();
   switch (vec) {
 #if defined(__AVX512F__)
@@ -239,32 +263,8 @@ void make_weights(const DecodeProblem& p, const DecodeArgs<float>& a, std::size_
 
 std::size_t weights_floats(const DecodeProblem& p) { return std::size_t(p.tokens) * (kRowArrays * std::size_t(p.dim) + 2); }
 
-// A thread's float32 copy of a bf16 head state: Dk x Dv.
-std::size_t widened_floats(const DecodeProblem& p) { return p.state_bf16 ? p.head_state_elems() : 0; }
-
-// bf16 bits to float32 and back, rounding to nearest even (the values are finite). Plain loops the
-// compiler vectorises; inline, where core/random.hpp's are calls.
-inline void widen_columns(const std::uint16_t* from, float* to, int rows, int cols, int c0, int c1) {
-  for (int i = 0; i < rows; ++i) {
-    const std::uint16_t* src = from + std::size_t(i) * cols;
-    float* dst = to + std::size_t(i) * cols;
-    for (int j = c0; j < c1; ++j) {
-      const std::uint32_t bits = std::uint32_t(src[j]) << 16;
-      std::memcpy(dst + j, &bits, sizeof(float));
-    }
-  }
-}
-inline void round_columns(const float* from, std::uint16_t* to, int rows, int cols, int c0, int c1) {
-  for (int i = 0; i < rows; ++i) {
-    const float* src = from + std::size_t(i) * cols;
-    std::uint16_t* dst = to + std::size_t(i) * cols;
-    for (int j = c0; j < c1; ++j) {
-      std::uint32_t bits;
-      std::memcpy(&bits, src + j, sizeof(float));
-      dst[j] = std::uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-    }
-  }
-}
+// A thread's float32 copy of a bf16 head state, Dk x Dv, for a step of several tokens.
+std::size_t widened_floats(const DecodeProblem& p) { return p.state_bf16 && p.tokens > 1 ? p.head_state_elems() : 0; }
 
 }  // namespace
 
@@ -304,6 +304,7 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& 
       h.extra = p.extra_slots();
       const std::size_t at = p.state_offset(bh, a.state_index);
       h.state = p.state_bf16 ? widened : a.state + at;
+      h.state16 = p.state_bf16 ? a.state_bf16 + at : nullptr;
       h.v = a.v + bh * p.tokens * std::size_t(cols);
       h.o = a.o + bh * p.tokens * std::size_t(cols);
       h.snapshots = h.extra > 0 ? a.snapshots + bh * std::size_t(h.extra) * DD : nullptr;
@@ -311,10 +312,7 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& 
       h.uniform = uniform;
       h.coef = coef;
       const int first = groups == 1 ? 0 : group, last = groups == 1 ? strips : group + 1;
-      const int c0 = first * kernel.width, c1 = std::min(cols, last * kernel.width);
-      if (p.state_bf16) widen_columns(a.state_bf16 + at, widened, p.dim, cols, c0, c1);
       kernel.fn(h, first, last);
-      if (p.state_bf16) round_columns(widened, a.state_bf16 + at, p.dim, cols, c0, c1);
     }
   }
 }

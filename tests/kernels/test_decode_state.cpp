@@ -4,6 +4,7 @@
 // float32 step rounded once), the backend row against the float64 reference, the index's draw,
 // the bytes the records count and the config keys' validation.
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
@@ -109,38 +110,46 @@ TEST_CASE("decode state: a bf16 CPU step is the float32 step rounded once, after
     test::VecOverride force(vec);
     for (Rule rule : {Rule::additive, Rule::delta})
       for (Decay decay : all_decays())
-        for (const int heads : {2, 40}) {  // a strip per work item, and a head per work item
-          DecodeProblem p{1, heads, 3, 36, 3, decay, rule};
-          p.state_bf16 = true;
-          TensorSet in = make_case_inputs(test::decode_case(p), 9);  // h0 already bf16 values
-          INFO("vec " << cpu::to_string(vec) << " rule " << to_string(rule) << " decay " << to_string(decay)
-                      << " heads " << heads);
-          CountingAllocator allocator;
-          DecodeProblem f32 = p;
-          f32.state_bf16 = false;
-          std::vector<float> states = in.at("h0").data, o1(p.value_elems()), s1(p.snapshot_elems());
-          DecodeArgs<float> a1 = args_over(in, f32, o1.data(), s1.data());
-          a1.state = states.data();
-          cpu::decode_step(f32, a1, allocator);
-          std::vector<std::uint16_t> bits(p.state_elems());
-          std::transform(in.at("h0").data.begin(), in.at("h0").data.end(), bits.begin(), float_to_bf16_bits);
-          std::vector<float> o2(p.value_elems()), s2(p.snapshot_elems());
-          DecodeArgs<float> a2 = args_over(in, p, o2.data(), s2.data());
-          a2.state_bf16 = bits.data();
-          cpu::decode_step(p, a2, allocator);
-          // The tokens' outputs and the earlier snapshots come from the float32 states in between.
-          CHECK(o2 == o1);
-          CHECK(s2 == s1);
-          std::size_t differ = 0;
-          for (std::size_t e = 0; e < states.size(); ++e) differ += bf16_bits_to_float(bits[e]) != rounded(states[e]);
-          CHECK(differ == 0);
-        }
+        // A strip per work item, a head per work item, and a state past kStreamedStateBytes walked
+        // in strips as wide as its ragged rows (Dv 100).
+        for (const auto [heads, dim, dim_v] : {std::array{2, 36, 36}, std::array{40, 36, 36}, std::array{180, 128, 100}})
+          for (const int tokens : {1, 3}) {  // bf16 in and out in one walk; through a float32 copy
+            DecodeProblem p{1, heads, tokens, dim, 3, decay, rule, 0, dim_v};
+            p.state_bf16 = true;
+            TensorSet in = make_case_inputs(test::decode_case(p), 9);  // h0 already bf16 values
+            INFO("vec " << cpu::to_string(vec) << " rule " << to_string(rule) << " decay " << to_string(decay)
+                        << " heads " << heads << " tokens " << tokens);
+            CountingAllocator allocator;
+            DecodeProblem f32 = p;
+            f32.state_bf16 = false;
+            std::vector<float> states = in.at("h0").data, o1(p.value_elems()), s1(p.snapshot_elems());
+            DecodeArgs<float> a1 = args_over(in, f32, o1.data(), s1.data());
+            a1.state = states.data();
+            cpu::decode_step(f32, a1, allocator);
+            std::vector<std::uint16_t> bits(p.state_elems());
+            std::transform(in.at("h0").data.begin(), in.at("h0").data.end(), bits.begin(), float_to_bf16_bits);
+            std::vector<float> o2(p.value_elems()), s2(p.snapshot_elems());
+            DecodeArgs<float> a2 = args_over(in, p, o2.data(), s2.data());
+            a2.state_bf16 = bits.data();
+            cpu::decode_step(p, a2, allocator);
+            // The tokens' outputs and the earlier snapshots come from the float32 states in between.
+            CHECK(o2 == o1);
+            CHECK(s2 == s1);
+            std::size_t differ = 0;
+            for (std::size_t e = 0; e < states.size(); ++e) differ += bf16_bits_to_float(bits[e]) != rounded(states[e]);
+            CHECK(differ == 0);
+          }
   }
-  // Its scratch: each thread's float32 copy of a head's state beside the row weights.
+  // Its scratch: for a step of several tokens, each thread's float32 copy of a head's state beside
+  // the row weights; one token reads and writes the bf16 state in its walk and needs no copy.
   DecodeProblem p{1, 2, 3, 36, 1, Decay::none, Rule::delta, 0, 20};
   const std::size_t f32 = cpu::decode_step_workspace_bytes(p, 2);
   p.state_bf16 = true;
   CHECK(cpu::decode_step_workspace_bytes(p, 2) == f32 + 2 * 36 * 20 * sizeof(float));
+  p.tokens = 1;
+  const std::size_t one = cpu::decode_step_workspace_bytes(p, 2);
+  p.state_bf16 = false;
+  CHECK(one == cpu::decode_step_workspace_bytes(p, 2));
 }
 
 TEST_CASE("decode state: the CPU row's pooled and bf16 steps match the float64 reference",
