@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -12,10 +13,16 @@
 
 namespace lattn::cpu {
 
+std::size_t cold_span_bytes(std::size_t llc_bytes) {
+  constexpr std::size_t kCap = std::size_t(1) << 30;
+  return std::max(2 * llc_bytes, std::min(16 * llc_bytes, kCap));
+}
+
 std::size_t cold_copies(std::size_t bytes_per_copy, std::size_t llc_bytes) {
+  const std::size_t span = cold_span_bytes(llc_bytes);
   if (bytes_per_copy == 0) return 1;
-  if (bytes_per_copy >= 2 * llc_bytes) return 1;
-  return 2 * llc_bytes / bytes_per_copy + 1;
+  if (bytes_per_copy >= span) return 1;
+  return span / bytes_per_copy + 1;
 }
 
 bool rotation_fits(std::size_t bytes) {
@@ -24,7 +31,7 @@ bool rotation_fits(std::size_t bytes) {
   return bytes <= std::size_t(pages) * std::size_t(page) / 8;
 }
 
-std::size_t eviction_bytes() { return 2 * machine_last_level_cache_bytes(); }
+std::size_t eviction_bytes() { return cold_span_bytes(machine_last_level_cache_bytes()); }
 
 void evict_caches() {
   static std::once_flag once;

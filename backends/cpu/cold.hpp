@@ -1,8 +1,15 @@
 // How the CPU backend reads a cold case's inputs from DRAM (core/op.hpp, cache_axis; docs/harness.md,
 // "Cold and warm"): either each call steps its own copy of what it reads, rotating over copies
-// that together pass twice the machine's last-level cache (the decode step: an engine's layers
-// stream their states in turn), or the caches are evicted before each call, outside its timing
-// (every other row, and a decode step whose copies would not fit in memory).
+// that together pass the cold span (the decode step: an engine's layers stream their states in
+// turn), or the caches are evicted before each call by writing over a buffer of the cold span,
+// outside its timing (every other row, and a decode step whose copies would not fit in memory).
+//
+// Why sixteen times the last-level cache and not twice: current last levels keep part of a working
+// set that loops through them (thrash- and scan-resistant replacement, as RRIP policies are), so a
+// 64 MiB state stepped again and again on a 32 MiB L3 (Zen 5) still found part of itself there:
+// 1.5 ms a step at B 64 against 2.1 ms per 64 sequences at B 512, and a bandwidth fraction of 1.1-1.5.
+// At sixteen times the cache a copy's lines come back after the whole cache has turned over many
+// times. The span is capped at 1 GiB (or twice the cache, where that is more).
 #pragma once
 
 #include <cstddef>
@@ -12,18 +19,23 @@
 
 namespace lattn::cpu {
 
-// Copies of a call's working set (`bytes_per_copy`) to rotate over so that together they pass twice
-// the machine's last-level cache (machine_last_level_cache_bytes): a call then finds nothing of its
-// copy in the cache, every other copy having streamed through since. 1 for a working set that
-// passes twice the cache alone.
+// The bytes that pass through between two touches of the same line for a call to find nothing of it
+// in a last-level cache of `llc_bytes`: sixteen times it, at most 1 GiB, at least twice it.
+std::size_t cold_span_bytes(std::size_t llc_bytes);
+
+// Copies of a call's working set (`bytes_per_copy`) to rotate over so that together they pass the
+// cold span of the machine's last-level cache (machine_last_level_cache_bytes): a call then finds
+// nothing of its copy in the cache, every other copy having streamed through since. 1 for a
+// working set that passes the span alone.
 std::size_t cold_copies(std::size_t bytes_per_copy, std::size_t llc_bytes);
 
 // Whether `bytes` of copies may be held for rotation: at most an eighth of the physical memory;
 // beyond it a case evicts instead.
 bool rotation_fits(std::size_t bytes);
 
-// Writes over a buffer twice the machine's last-level cache with the run's threads (the buffer is
-// the process's, made on first use), so that nothing a call read before is left in any cache.
+// Writes over a buffer of the cold span of the machine's last-level cache with the run's threads
+// (the buffer is the process's, made on first use), so that nothing a call read before is left in
+// any cache.
 void evict_caches();
 // That buffer's bytes, for the memory estimates.
 std::size_t eviction_bytes();

@@ -8,8 +8,11 @@
 // out 30% low under load, a best of 30 still read 210 instead of ~300 GFLOP/s once on an idle
 // two-core VM, and a best of 100 (0.2 s) read 157 once; the start-up measurement now runs until
 // its best settles (sgemm_peak_settled).
-// The bandwidth is a STREAM-style triad a = b + s c over arrays together four times the last-level
-// cache, counted as 3 arrays' bytes per pass (no write-allocate traffic).
+// The DRAM bandwidth is a triad in place, a = a + s b, over two arrays together eight times the
+// last-level cache (a last level that resists thrashing keeps part of a smaller loop), counted as
+// the 3 words per element it moves: a and b read, a written back. STREAM's a = b + s c moves a
+// fourth (the write-allocate read of a) that it does not count, which made its rate 3/4 of what
+// the memory moves and an in-place kernel's fraction of it read up to 4/3.
 // Within a cache level, the same triad runs on each thread's own arrays, together half of what the
 // level holds for the run's threads, many passes per timing: the roof of a warm case whose working
 // set fits there (docs/harness.md, "Cold and warm").
@@ -89,7 +92,7 @@ double measure_sgemm(int threads, int n, int reps) {
 }
 
 double measure_triad(int threads, std::size_t elems, int reps) {
-  std::vector<float> a(elems), b(elems), c(elems);
+  std::vector<float> a(elems), b(elems);
   double best = 1e30;
   const long n = long(elems);
 #pragma omp parallel num_threads(threads)
@@ -99,14 +102,15 @@ double measure_triad(int threads, std::size_t elems, int reps) {
     for (long i = 0; i < n; ++i) {
       a[i] = 0.0f;
       b[i] = 1.0f;
-      c[i] = 2.0f;
     }
     for (int r = -1; r < reps; ++r) {
       std::chrono::steady_clock::time_point start;
 #pragma omp master
       start = std::chrono::steady_clock::now();
+      // In place: a's lines are read before they are written, so the three words counted per
+      // element are the three the memory moves (a = b + s c would also read a's lines first).
 #pragma omp for schedule(static)
-      for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+      for (long i = 0; i < n; ++i) a[i] = a[i] + 0.5f * b[i];
 #pragma omp master
       if (r >= 0) best = std::min(best, seconds_since(start));
     }
@@ -278,9 +282,9 @@ std::vector<CacheLevelRate> cache_levels(int threads) {
 }
 
 std::size_t triad_elems_for_cache(std::size_t llc_bytes) {
-  constexpr std::size_t kMinElems = std::size_t(1) << 21, kMaxElems = std::size_t(1) << 25;  // 8 and 128 MiB
+  constexpr std::size_t kMinElems = std::size_t(1) << 21, kMaxElems = std::size_t(1) << 26;  // 8 and 256 MiB
   if (llc_bytes == 0) return kMaxElems;
-  return std::clamp(4 * llc_bytes / (3 * sizeof(float)), kMinElems, kMaxElems);
+  return std::clamp(8 * llc_bytes / (2 * sizeof(float)), kMinElems, kMaxElems);
 }
 
 bool sgemm_peak_settled(const std::vector<double>& product_seconds, double elapsed_seconds, const PeakRule& rule) {

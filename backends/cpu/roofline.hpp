@@ -25,7 +25,7 @@ struct Roofline {
   int sgemm_products = 0;           // how many products the start-up measurement took
   double sgemm_median_gflops = 0;   // their median: how far the machine's moments spread
   double sgemm_seconds = 0;         // how long it took
-  std::size_t stream_bytes = 0;     // bytes one triad pass moves (3 arrays), all threads
+  std::size_t stream_bytes = 0;     // bytes one triad pass moves (2 arrays read, 1 written), all threads
   double stream_gbytes_per_s = 0;   // best of the repetitions
   double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 50; 0 without AVX2
   double amx_gflops = 0;            // tdpbf16ps on registers only, likewise; 0 without AMX-BF16 (kernels/cpu/amx.hpp)
@@ -47,10 +47,10 @@ std::size_t machine_last_level_cache_bytes();
 // rates left 0; empty where sysfs says nothing.
 std::vector<CacheLevelRate> cache_levels(int threads);
 
-// Elements of each of the triad's three float arrays: together four times the last-level cache,
-// so that a pass streams from memory with nothing left in the cache from the pass before, between
-// 8 and 128 MiB per array (128 MiB when the cache size is unknown). A fixed 3 x 128 MiB made a
-// one-case run of a few KiB peak at 400 MB.
+// Elements of each of the in-place triad's two float arrays: together eight times the last-level
+// cache, so that a pass streams from memory with (almost) nothing left in the cache from the pass
+// before, between 8 and 256 MiB per array (256 MiB when the cache size is unknown). The arrays are
+// freed once measured; a fixed 3 x 128 MiB once made a one-case run of a few KiB peak at 400 MB.
 std::size_t triad_elems_for_cache(std::size_t llc_bytes);
 
 // Measures on the first call (one to three seconds), returns the cached figures after. `threads`

@@ -15,6 +15,7 @@
 
 using namespace lattn;
 using lattn::cpu::cold_copies;
+using lattn::cpu::cold_span_bytes;
 using lattn::cpu::eviction_bytes;
 using lattn::cpu::rotation_fits;
 
@@ -65,20 +66,23 @@ TEST_CASE("cache: a cold case's roof is DRAM, a warm one's the smallest level it
   CHECK_FALSE(bandwidth_roof(true, 1.0, kLevels, 0.0).gbytes_per_s);
 }
 
-TEST_CASE("cache: a cold copy rotation passes twice the last-level cache", "[cache]") {
-  CHECK(cold_copies(64 * MiB, 32 * MiB) == 1);  // alone past twice the cache
-  CHECK(cold_copies(40 * MiB, 32 * MiB) == 2);
-  CHECK(cold_copies(1 * MiB, 32 * MiB) == 65);
+TEST_CASE("cache: a cold copy rotation passes sixteen times the last-level cache, at most 1 GiB", "[cache]") {
+  CHECK(cold_span_bytes(32 * MiB) == 512 * MiB);
+  CHECK(cold_span_bytes(96 * MiB) == 1024 * MiB);   // capped
+  CHECK(cold_span_bytes(640 * MiB) == 1280 * MiB);  // never under twice the cache
+  CHECK(cold_copies(512 * MiB, 32 * MiB) == 1);     // alone past the span
+  CHECK(cold_copies(64 * MiB, 32 * MiB) == 9);      // a state twice the cache is not cold alone
+  CHECK(cold_copies(1 * MiB, 32 * MiB) == 513);
   CHECK(cold_copies(0, 32 * MiB) == 1);
-  for (std::size_t bytes : {std::size_t(1), 3 * KiB, 700 * KiB, 31 * MiB, 63 * MiB})
-    CHECK(cold_copies(bytes, 32 * MiB) * bytes > 64 * MiB);
+  for (std::size_t bytes : {std::size_t(1), 3 * KiB, 700 * KiB, 31 * MiB, 63 * MiB, 511 * MiB})
+    CHECK(cold_copies(bytes, 32 * MiB) * bytes > 512 * MiB);
   CHECK(rotation_fits(64 * MiB));
   CHECK_FALSE(rotation_fits(std::size_t(1) << 50));
   // The whole machine's last level: at least cpu0's, or the stated fallback where sysfs says nothing.
   const std::size_t llc = machine_last_level_cache_bytes();
   CHECK(llc >= std::max<std::size_t>(last_level_cache_bytes(), 1));
   if (last_level_cache_bytes() == 0) CHECK(llc == kAssumedLastLevelCacheBytes);
-  CHECK(eviction_bytes() == 2 * llc);
+  CHECK(eviction_bytes() == cold_span_bytes(llc));
 }
 
 TEST_CASE("cache: a cold decode step on the CPU rotates over copies, a warm one steps one", "[cache][decode]") {
@@ -89,8 +93,9 @@ TEST_CASE("cache: a cold decode step on the CPU rotates over copies, a warm one 
   const std::size_t copies = cpu::decode_case_copies(c);
   // Each copy: q, k, v, o (16 floats a head), g and beta (one a head), the 16 x 16 states.
   const std::size_t copy = 4 * (4 * 4 * 16 + 2 * 4 + 4 * 256);
-  CHECK(copies * copy > 2 * machine_last_level_cache_bytes());
-  CHECK((copies - 1) * copy <= 2 * machine_last_level_cache_bytes());
+  const std::size_t span = cpu::cold_span_bytes(machine_last_level_cache_bytes());
+  CHECK(copies * copy > span);
+  CHECK((copies - 1) * copy <= span);
   // Checked after the timed calls stepped every copy: one step from h0 on copy 0.
   auto backend = make_backend("cpu", BackendOptions{2});
   const TensorSet all = make_case_inputs(c, 5);

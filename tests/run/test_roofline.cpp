@@ -41,16 +41,17 @@ TEST_CASE("the CPU roofline is measured once and cached", "[roofline]") {
   CHECK(again.threads == 2);
 }
 
-TEST_CASE("the triad's arrays are four times the last-level cache, between 8 and 128 MiB each", "[roofline]") {
+TEST_CASE("the in-place triad's two arrays are eight times the last-level cache, between 8 and 256 MiB each",
+          "[roofline]") {
   constexpr std::size_t MiB = std::size_t(1) << 20;
-  CHECK(triad_elems_for_cache(32 * MiB) == 128 * MiB / 12);  // Zen 4: 32 MiB L3 per CCD, 3 x 42.7 MiB
-  CHECK(triad_elems_for_cache(0) == (std::size_t(1) << 25));             // unknown: 128 MiB per array
+  CHECK(triad_elems_for_cache(32 * MiB) == 128 * MiB / 4);               // Zen 4/5: 32 MiB L3, 2 x 128 MiB
+  CHECK(triad_elems_for_cache(0) == (std::size_t(1) << 26));             // unknown: 256 MiB per array
   CHECK(triad_elems_for_cache(1 * MiB) == (std::size_t(1) << 21));       // 8 MiB at the least
-  CHECK(triad_elems_for_cache(1024 * MiB) == (std::size_t(1) << 25));    // 128 MiB at the most
-  // The runner's figure is four times this host's largest cache where sysfs tells it.
+  CHECK(triad_elems_for_cache(1024 * MiB) == (std::size_t(1) << 26));    // 256 MiB at the most
+  // The runner's figure is eight times this host's largest cache where sysfs tells it.
   if (const std::size_t llc = last_level_cache_bytes(); llc > 0) {
-    const std::size_t total = triad_elems_for_cache(llc) * 3 * sizeof(float);
-    CHECK((total >= std::min<std::size_t>(4 * llc - 12, 384 * MiB) || total == 24 * MiB));
+    const std::size_t total = triad_elems_for_cache(llc) * 2 * sizeof(float);
+    CHECK((total >= std::min<std::size_t>(8 * llc - 8, 512 * MiB) || total == 16 * MiB));
   }
 }
 
