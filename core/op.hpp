@@ -104,6 +104,13 @@ struct Op {
   void (*settle)(Case&) = nullptr;
   // Record keys beyond the case's own fields (the layer's head_dim and model_dim).
   std::vector<std::pair<std::string, long>> (*extra_identity)(const Case&) = nullptr;
+  // The case of the first (sequence, head) pairs of `kase`, at least `pairs` of them where the
+  // heads' grouping allows (whole sequences once past one), whose every input and output tensor is
+  // the first elements of `kase`'s, element for element: a run's `check_heads` checks those
+  // elements against a float64 reference made for that case alone (docs/harness.md, "A part
+  // checked"). nullopt where the op cannot cut the case so (packed documents) or the part is the
+  // whole; null for an op whose pairs are not independent.
+  std::optional<Case> (*check_part)(const Case& kase, int pairs) = nullptr;
 
   const Form* form(const std::string& impl) const;
   // The form whose flop model an impl is credited with: its own form; for a plugin's impl

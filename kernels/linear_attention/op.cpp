@@ -244,6 +244,26 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   return set;
 }
 
+// Every tensor is [sequence][head][...] with the sequence outermost (q and k over the q/k heads), and
+// each pair's outputs depend on its own inputs alone (a head's decay on its index alone), so the
+// first pairs of a case are a case of their own whose tensors are the first elements of its.
+// Packed documents are not cut: their states are per document.
+std::optional<Case> check_part(const Case& c, int pairs) {
+  if (!documents(c).empty() || pairs <= 0) return std::nullopt;
+  const int group = c.heads / qk_heads(c);
+  Case part = c;
+  if (pairs >= c.heads) {
+    part.batch = std::min(c.batch, (pairs + c.heads - 1) / c.heads);
+  } else {
+    part.batch = 1;
+    part.heads = std::min(c.heads, (pairs + group - 1) / group * group);
+    if (group > 1) part.options["heads_k"] = std::to_string(part.heads / group);
+    settle_shape_keys(part);
+  }
+  if (part.batch == c.batch && part.heads == c.heads) return std::nullopt;
+  return part;
+}
+
 Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const Problem p = linear_problem(c);
   Reference ref;
@@ -521,6 +541,7 @@ const Op& linear_attention_op() {
     o.settle = settle_case;
     o.limit = case_limit;
     o.extra_identity = extra_identity;
+    o.check_part = check_part;
     return o;
   }();
   return op;

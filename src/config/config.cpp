@@ -30,6 +30,7 @@ namespace {
 
 // Run settings beyond these are refused; each op's axes carry their own ranges (kernels/<op>/op.cpp).
 constexpr long kMaxDevice = 1023;
+constexpr long kMaxCheckHeads = 1L << 24;
 constexpr long kMaxThreads = 4096, kMaxWarmup = 1000000, kMaxReps = 100000;
 constexpr double kMaxNoisePct = 100, kMaxTimeoutS = 86400, kMaxSlowdownPct = 1000;
 
@@ -166,6 +167,9 @@ const std::vector<Field>& top_fields() {
       {"slowdown", false,
        [](Config& c, const std::vector<Raw>& raws) { c.run.slowdown = parse_number_or_zero(raws[0], kMaxSlowdownPct); },
        "testing aid for the regression gate: make every call this % slower by a spin (docs/harness.md)"},
+      {"check_heads", false,
+       [](Config& c, const std::vector<Raw>& raws) { c.run.check_heads = int(parse_int(raws[0], 0, kMaxCheckHeads)); },
+       "check only the first N (sequence, head) pairs' outputs, against a reference made for them alone (0: all)"},
       {"seed", false, [](Config& c, const std::vector<Raw>& raws) { c.run.seed = parse_seed(raws[0]); },
        "seed of the inputs"},
       {"device", false,

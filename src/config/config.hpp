@@ -30,6 +30,7 @@ struct RunSettings {
   // together (docs/harness.md): the run's peak memory, and what it prepares before a first case ends.
   double batch_memory = 1.0 / 32;
   double slowdown = 0.0;    // testing aid: percent added to every call by a spin (docs/harness.md)
+  int check_heads = 0;      // check only the first this many (sequence, head) pairs (Op::check_part); 0: all
   std::uint64_t seed = 0;
   int device = 0;     // GPU index (CUDA backend)
   std::string bwd_states = "kept";  // chunked fwd_bwd: "kept" from the forward or "recomputed" (BackendOptions)

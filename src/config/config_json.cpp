@@ -47,6 +47,8 @@ nlohmann::json to_json(const Config& c) {
       {"device", c.run.device},
       {"bwd_states", c.run.bwd_states},
   };
+  // Only a run that checks a part has the key, so that other runs' config blocks stay as they were.
+  if (c.run.check_heads > 0) out["check_heads"] = c.run.check_heads;
   // Only a run with plugins has the key, so that other runs' config blocks stay as they were.
   for (const PluginFile& p : c.plugins)
     out["plugins"].push_back({{"path", p.path}, {"name", p.name}, {"sha256", p.sha256}});

@@ -38,6 +38,9 @@ struct Measurement {
   std::map<std::string, double> rel_errs;
   double tolerance = 0;
   std::string check_failure;  // empty when the check passed
+  // The (sequence, head) pairs whose outputs were checked when the run checked a part (check_heads,
+  // docs/harness.md); 0: every output element was checked.
+  int checked_pairs = 0;
   double temp_mb = 0, arg_mb = 0, out_mb = 0;
   std::string temp_unknown;   // why temp_mb is not known (written as null beside this reason); empty when it is
   // What counted temp_mb when it is known: "counting_allocator" (lattnbench's, every built-in kernel

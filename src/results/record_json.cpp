@@ -117,6 +117,7 @@ void put_measurement(nlohmann::json& r, const Measurement& m) {
   r["rel_errs"] = errors;
   if (m.peak_fraction) r["above_ceiling"] = m.above_ceiling;
   if (m.bandwidth_fraction) r["above_roof"] = m.above_roof;
+  if (m.checked_pairs > 0) r["checked_pairs"] = m.checked_pairs;
 }
 
 }  // namespace
@@ -393,6 +394,7 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
                                 "' is not samples, noise, timeout or interrupted");
   m.above_ceiling = optional_field<bool>(line, "above_ceiling", where).value_or(false);
   m.above_roof = optional_field<bool>(line, "above_roof", where).value_or(false);
+  m.checked_pairs = optional_field<int>(line, "checked_pairs", where).value_or(0);
   if (int(m.samples_ms.size()) != m.reps)
     throw UsageError(where, "the journal record has " + std::to_string(m.samples_ms.size()) + " samples for reps " +
                                 std::to_string(m.reps));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <random>
+#include <stdexcept>
 
 #include "src/run/bandwidth_roof.hpp"
 #include "src/run/check.hpp"
@@ -47,6 +48,20 @@ void dump_case(const std::string& dir, const Case& c, const TensorSet& inputs, c
 
 TimingSettings timing_settings(const RunSettings& run) {
   return TimingSettings{run.warmup, run.reps, run.min_sample_ms, run.min_samples, run.max_noise, run.timeout, run.slowdown};
+}
+
+// `part`'s outputs: the first elements of each of the whole case's (Op::check_part).
+TensorSet first_elements(const Case& part, const TensorSet& whole) {
+  TensorSet out = make_case_outputs(part);
+  std::vector<std::string> names;
+  for (const Tensor& t : out) names.push_back(t.name);
+  for (const std::string& name : names) {
+    std::vector<float>& to = out.at(name).data;
+    const std::vector<float>& from = whole.at(name).data;
+    if (from.size() < to.size()) throw std::logic_error("check_part: " + name + " is not a prefix of the case's");
+    std::copy(from.begin(), from.begin() + std::ptrdiff_t(to.size()), to.begin());
+  }
+  return out;
 }
 
 // A case between its preparation and its check.
@@ -103,11 +118,14 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   f.prepared->watch_scratch();  // after the samples: a Python impl's own allocator watched in a call of its own
   TensorSet outputs = make_case_outputs(c);
   f.prepared->read_outputs(outputs);
-  const CheckResult check = check_outputs(c, outputs, f.shared->reference);
+  const CheckResult check = f.shared->part ? check_outputs(*f.shared->part, first_elements(*f.shared->part, outputs),
+                                                         f.shared->reference)
+                                           : check_outputs(c, outputs, f.shared->reference);
   const MemoryUsage memory = f.prepared->memory();
 
   Measurement m;
   m.check_failure = check.failure();
+  if (f.shared->part) m.checked_pairs = f.shared->part->batch * f.shared->part->heads;
   m.compile_s = timing.compile_s;
   m.warmup = run.warmup;
   m.inner = timing.inner;
@@ -173,9 +191,15 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
 
 }  // namespace
 
-ReferenceCache::ReferenceCache(const std::vector<Case>& plan) {
+ReferenceCache::ReferenceCache(const std::vector<Case>& plan, int check_heads) : check_heads_(check_heads) {
   for (const Case& c : plan)
     if (c.backward()) backward_keys_.insert(reference_key(c));
+}
+
+Case ReferenceCache::reference_case(const Case& c) const {
+  if (check_heads_ > 0 && c.op->check_part)
+    if (std::optional<Case> part = c.op->check_part(c, check_heads_)) return *part;
+  return c;
 }
 
 std::shared_ptr<const ReferenceCache::Entry> ReferenceCache::get(const Case& c, std::uint64_t seed) {
@@ -187,7 +211,13 @@ std::shared_ptr<const ReferenceCache::Entry> ReferenceCache::get(const Case& c, 
   std::erase_if(entries_, [](const auto& entry) { return entry.second.use_count() == 1; });
   auto entry = std::make_shared<Entry>();
   entry->inputs = make_case_inputs(c, seed);
-  entry->reference = c.op->reference(c, entry->inputs, backward);
+  if (Case part = reference_case(c); part.batch != c.batch || part.heads != c.heads) {
+    // The part's inputs are the first elements of the case's (Op::check_part), made as such.
+    entry->reference = c.op->reference(part, make_case_inputs(part, seed), backward);
+    entry->part = std::move(part);
+  } else {
+    entry->reference = c.op->reference(c, entry->inputs, backward);
+  }
   entries_[key] = entry;
   return entry;
 }

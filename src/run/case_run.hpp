@@ -32,16 +32,21 @@ class ReferenceCache {
  public:
   struct Entry {
     TensorSet inputs;  // every input and cotangent (fwd_bwd's superset)
-    Reference reference;
+    Reference reference;  // of the case, or of `part` where one is checked
+    std::optional<Case> part;  // the first pairs checked (Op::check_part), else the whole case
   };
 
-  explicit ReferenceCache(const std::vector<Case>& plan);
+  // check_heads: the run's (RunSettings::check_heads), 0 for every output element.
+  explicit ReferenceCache(const std::vector<Case>& plan, int check_heads = 0);
+  // The case whose reference is made for `c`: its part where one is checked, else `c`.
+  Case reference_case(const Case& c) const;
   std::shared_ptr<const Entry> get(const Case& c, std::uint64_t seed);
   // Whether the reference of `c`'s key is made with its gradients (some case of the key needs them).
   bool backward(const Case& c) const;
 
  private:
   std::set<std::string> backward_keys_;
+  int check_heads_ = 0;
   std::map<std::string, std::shared_ptr<const Entry>> entries_;
 };
 

@@ -184,7 +184,7 @@ int run_benchmarks(const RunRequest& request) {
                                    config.run.slowdown, config.run.slowdown));
   for (const auto& w : warnings) fmt::print(stderr, "lattnbench: warning: {}\n", w);
 
-  RunContext ctx{request, *backend, device, ReferenceCache(plan), measure_steady_clock()};
+  RunContext ctx{request, *backend, device, ReferenceCache(plan, config.run.check_heads), measure_steady_clock()};
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count(); };
   // The ETA starts from the cost model (docs/cli.md) and moves to what the cases take. Its paces
   // are this machine's under the load of the start-up: the sgemm's median product (its typical
@@ -211,7 +211,7 @@ int run_benchmarks(const RunRequest& request) {
   std::set<std::string> references;  // the keys whose float64 reference a case before makes
   for (const Case* c : to_run) {
     const bool makes_reference = references.insert(reference_key(*c)).second;
-    const double flops = makes_reference ? reference_flops(*c, ctx.cache.backward(*c)) : 0.0;
+    const double flops = makes_reference ? reference_flops(ctx.cache.reference_case(*c), ctx.cache.backward(*c)) : 0.0;
     CostRates op_rates = rates;
     op_rates.reference_gflops = reference_paces.at(c->op).gflops;
     op_rates.input_elems_per_s = reference_paces.at(c->op).input_elems_per_s;
