@@ -47,28 +47,35 @@ done
 # ---- the table: every rule x decay, ours (scan, chunked) beside FLA's (fla:chunk, fla:scan) ----
 # FLA's benchmarks/ops/registry.py SHAPE_CONFIGS (B T H D) and Qwen3-Next's grouped heads (H 32,
 # heads_k 16), cheapest first; bf16, and float32 at the headline shape. Each row: "B T H D HK DTYPE".
-table_rows=("8 1024 8 64 0 bf16" "4 2048 16 128 0 bf16" "4 2048 32 128 16 bf16" "2 16384 16 128 0 bf16"
-            "1 8192 96 128 0 bf16" "8 2048 32 256 0 bf16" "4 4096 64 128 0 bf16" "4 4096 64 128 0 float32")
+table_rows=("8 1024 8 64 0 bf16" "4 2048 16 128 0 bf16" "4 2048 32 128 16 bf16" "4 4096 64 128 0 bf16"
+            "1 8192 96 128 0 bf16" "4 4096 64 128 0 float32" "8 2048 32 256 0 bf16" "2 16384 16 128 0 bf16")
 fla_plugin=$root/examples/python/fla.py
+# Each case's outputs are checked on its first 16 (sequence, head) pairs against a reference made
+# for them alone (docs/harness.md, "A part checked"): the full float64 reference of one headline
+# case takes about a minute on the host's CPU, the part a sixteenth of the headline's 256 pairs.
+check_pairs=16
 table_args() {  # B T H D HK DTYPE [fla]: the lattnbench arguments of one row
   local args=(--suite kernel --batch "$1" --seq "$2" --heads "$3" --dim "$4" --dtype "$6" --chunk 64
               --rule additive,delta --decay none,retnet,scalar,vector --mode fwd,fwd_bwd
-              --warmup 1 --reps 3 --min-sample-ms 2)
+              --warmup 1 --reps 3 --min-sample-ms 2 --check-heads "$check_pairs")
   (( $5 > 0 )) && args+=(--heads-k "$5")
   if [[ ${7:-} == fla ]]; then args+=(--plugin "$fla_plugin" --impl scan,chunked,fla:chunk,fla:scan)
   else args+=(--impl scan,chunked); fi
   printf '%s\n' "${args[@]}"
 }
 # Seconds one row takes on an H200 host, estimated: the float64 reference (on the host's CPU) of its
-# 8 rule x decay cases with their backward, about 65 s each at B4 H64 T4096 D128 (the headline
-# reference measured 78 s with its timing, docs/measurements/cuda.md), scaled by B H T D^2; the GPU
-# calls, dominated by the two scans (21 ms fwd, 85 ms fwd_bwd at the headline, 2-4x for the delta
-# rule: about 30 s a row there, scaled the same); 30 s for FLA's Triton compilation and autotuning
-# in each new process; float32 doubles the scans.
+# 8 rule x decay cases with their backward, about 65 s each for all 256 pairs at B4 H64 T4096 D128
+# (the headline reference measured 78 s with its timing, docs/measurements/cuda.md), here for
+# check_pairs of them, scaled by T D^2; the inputs made for the whole case (about 2 s a case at the
+# headline, scaled by B H T D); the GPU calls, dominated by the two scans (21 ms fwd, 85 ms fwd_bwd
+# at the headline, 2-4x for the delta rule: about 30 s a row there, scaled by B H T D^2); 30 s for
+# FLA's Triton compilation and autotuning in each new process; float32 doubles the scans.
 row_estimate() {
-  awk -v b="$1" -v t="$2" -v h="$3" -v d="$4" -v dt="$6" -v fla="${7:-}" 'BEGIN {
+  awk -v b="$1" -v t="$2" -v h="$3" -v d="$4" -v dt="$6" -v fla="${7:-}" -v pairs="$check_pairs" 'BEGIN {
     u = b * h * t * d * d / (4 * 64 * 4096 * 128 * 128)
-    s = 8 * 65 * u + 30 * u * (dt == "float32" ? 2 : 1) + (fla == "fla" ? 30 : 0) + 3
+    checked = (b * h < pairs ? b * h : pairs) / 256 * t * d * d / (4096 * 128 * 128)
+    inputs = 8 * 2 * b * h * t * d / (4 * 64 * 4096 * 128)
+    s = 8 * 65 * checked + inputs + 30 * u * (dt == "float32" ? 2 : 1) + (fla == "fla" ? 30 : 0) + 3
     printf "%d\n", s + 0.999 }'
 }
 table_seconds=${LATTN_DEVICE_TABLE_SECONDS:-}
@@ -313,8 +320,9 @@ bench() {  # NAME CAP RESERVE ARGS...
   esac
 }
 head=(--suite kernel --batch 4 --heads 64 --seq 4096 --dim 128 --impl chunked,scan --mode fwd,fwd_bwd
-      --warmup 3 --reps 10 --min-sample-ms 20)
-# The float64 reference of the four large cases takes most of a headline run (78 s for bf16 on an H200 host).
+      --warmup 3 --reps 10 --min-sample-ms 20 --check-heads "$check_pairs")
+# The float64 reference of the large cases, made for their first check_pairs pairs: the whole one
+# took most of a headline run (78 s for bf16 on an H200 host).
 bench headline-bf16 120 60 "${head[@]}" --chunk 64,128 --dtype bf16
 bench headline-float32 60 0 "${head[@]}" --chunk 64 --dtype float32
 short=(--suite kernel --batch 2 --heads 4 --seq 512,2048,8192 --dim 32,64,128 --chunk 64 --warmup 2 --reps 5 --min-sample-ms 5)

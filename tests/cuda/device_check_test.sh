@@ -185,20 +185,20 @@ expect_summary "configure +skipped: no time left"
 expect_file env.log summary.txt
 
 # --table: the cuda tests, then the table's rows cheapest first while their estimate fits the time
-# left (with instant stand-ins the four cheapest fit 420 s; the others are skipped and say so),
-# and the table in the summary; no sanitizer, no headline.
+# left (with instant stand-ins and 130 s the four cheapest fit; the others are skipped and say
+# so), and the table in the summary; no sanitizer, no headline.
 script_args=(--table)
-run table
+run table LATTN_DEVICE_CHECK_SECONDS=130
 expect_rc 0
 expect_file cuda-tests.log table-B8-T1024-H8-D64-Hk0-bf16.json table-B4-T2048-H32-D128-Hk16-bf16.json \
-  table-B2-T16384-H16-D128-Hk0-bf16.json
+  table-B4-T4096-H64-D128-Hk0-bf16.json
 expect_summary "^table-B8-T1024-H8-D64-Hk0-bf16 +ok"
-expect_summary "^table-B1-T8192-H96-D128-Hk0-bf16 +skipped: estimate 446s"
-expect_summary "^table-B4-T4096-H64-D128-Hk0-bf16 +skipped: estimate 583s"
+expect_summary "^table-B1-T8192-H96-D128-Hk0-bf16 +skipped: estimate 133s"
+expect_summary "^table-B2-T16384-H16-D128-Hk0-bf16 +skipped: estimate 186s"
 expect_summary "^B8-T1024-H8-D64-Hk0-bf16 +additive none +fwd +- +0.500 1e-03"
 grep -q "sanitize\|headline" <<<"$listing" && fail "the table plan ran the sanitizer or the headline"
 # A lattnbench without Python (the prebuilt one): the table runs ours alone and says why.
-run table-no-python FAKE_LIST_RC=2
+run table-no-python FAKE_LIST_RC=2 LATTN_DEVICE_CHECK_SECONDS=130
 expect_rc 0
 expect_summary "^fla impls +left out: listing"
 expect_summary "^table-B8-T1024-H8-D64-Hk0-bf16 +ok"
@@ -212,8 +212,9 @@ expect_rc 0
 [[ -e $tmp/dry-out ]] && fail "the dry run wrote $tmp/dry-out"
 (( $(grep -c "^  lattnbench --backend cuda" <<<"$dry") == 8 )) || fail "not 8 table commands: $dry"
 (( $(grep -c "^  parses" <<<"$dry") == 8 )) || fail "not every command parsed: $dry"
-grep -q "^B 4 T 4096 H 64 D 128 heads_k 0 bf16: estimate 583 s" <<<"$dry" || fail "no headline estimate: $dry"
-grep -q "estimate of the whole table: 3398 s" <<<"$dry" || fail "no total: $dry"
+grep -q "^B 4 T 4096 H 64 D 128 heads_k 0 bf16: estimate 112 s" <<<"$dry" || fail "no headline estimate: $dry"
+grep -q "estimate of the whole table: 899 s" <<<"$dry" || fail "no total: $dry"
+(( $(grep -c -- "--check-heads 16" <<<"$dry") == 8 )) || fail "not every row checks its first 16 pairs: $dry"
 grep -q -- "--heads-k 16 --plugin .*fla.py --impl scan,chunked,fla:chunk,fla:scan" <<<"$dry" || fail "no grouped-heads row with FLA: $dry"
 scenario=dry-run-does-not-parse
 dry=$(env LATTN_BINARY="$fakes/lattnbench.in" FAKE_LIST_RC=2 "$root/scripts/device_check.sh" --dry-run 2>&1); rc=$?
