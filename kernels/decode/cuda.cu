@@ -2,22 +2,27 @@
 // each Dk x Dv state is read once and written once per step whatever its tokens, and those bytes
 // bound the time (docs/spec.md section 1d). The kernel is laid out for that stream:
 //
-// - A thread holds 16 bytes of a state row, one vector (4 float32 columns, or 8 bf16 ones), for
-//   each of its rows rg, rg + RG, ... (RG row groups; up to 16 rows of float32 or 8 of bf16: 64
-//   floats of state in registers either way). Consecutive threads take consecutive vectors of a row
-//   (CV vectors across the block's column slice), then the next row, so each warp load is 512
-//   contiguous bytes, and every thread issues all of its state loads before it uses any, 256
-//   bytes (float32) or 128 (bf16) of independent 16-byte loads in flight per thread.
-//   bf16 takes 8 columns a thread (16-byte vectors, 8 rows) rather than 4 (8-byte vectors, 16
-//   rows): the same 64 registers of state and bytes in flight, in half the load and store
-//   instructions, and half the row groups the read-outs are summed over. A Dv that is not a
-//   multiple of the vector (or a pointer not 16-byte aligned) takes the same layout element by
-//   element (`vec` false).
+// - A thread holds one vector of a state row, 4 columns (16 bytes of float32, 8 of bf16), in each
+//   of its rows rg, rg + RG, ... (RG row groups, up to 16 rows: 64 floats of state in registers).
+//   Consecutive threads take consecutive vectors of a row (CV vectors across the block's column
+//   slice), then the next row, so a warp's load is up to 512 (bf16: 256) contiguous bytes, and
+//   every thread issues all of its state loads before it uses any: 16 independent loads, 256
+//   bytes (bf16: 128) in flight per thread.
+//   A bf16 state takes 4 columns a thread in 8-byte vectors, not 8 in 16-byte ones: 8 columns
+//   (8 rows, the same 64 floats and bytes in flight) double the per-column read-out sums each
+//   thread carries through a token (y and u), and the delta rule's kernel then spilled at the 128
+//   registers that two resident blocks of 256 threads allow; 4 columns keep the float32 layout,
+//   registers and reductions, at twice the load instructions for the same bytes.
+//   A Dv that is not a multiple of 4 (or a tensor not 16-byte aligned) takes the same layout
+//   element by element (`vec` false), the columns past Dv zero.
 // - A block is at most 256 threads: a head's column slice takes RG x CV of them (both powers of
 //   two), and heads whose slice is smaller than a warp or a block share one (HB heads a block,
 //   e.g. 4 at D 64, 16 at D 32), as long as the grid keeps a block per multiprocessor; so blocks
-//   are never tiny and a multiprocessor holds several (launch bounds: two of 256 threads, 128
-//   registers a thread), tens of kilobytes of loads in flight each.
+//   are never tiny and a multiprocessor holds two (launch bounds: 128 registers a thread), 64 KiB
+//   of float32 state loads in flight each at D 128. With fewer heads than multiprocessors a head's
+//   columns are split over more blocks instead (down to 8 vectors, 128 bytes of a float32 row).
+// - One instance per q, k, v dtype, state dtype and rule: each holds only its rule's registers
+//   (the additive rule keeps v's columns through the rows, the delta rule u and k . q).
 // - The step's tokens are staged in shared memory once per block, up to 8 at a time: v's slice,
 //   q and k of the value head's q/k head (grouped heads read the same rows in place; the group's
 //   blocks share them in L2), exp(g) (per key channel for vector gates, else the token's decay)
@@ -49,17 +54,9 @@ constexpr int kThreads = 256;           // a block's most threads (two resident 
 constexpr int kMaxStage = 8;            // tokens staged in shared memory at a time
 constexpr std::size_t kSharedBudget = 48 * 1024;  // no opt-in shared memory
 
-// Columns a thread holds per row (one 16-byte vector) and its most rows: 64 floats of state.
-template <class St>
-struct Layout;
-template <>
-struct Layout<float> {
-  static constexpr int V = 4, R = 16;
-};
-template <>
-struct Layout<__nv_bfloat16> {
-  static constexpr int V = 8, R = 8;
-};
+// Columns a thread holds in each of its rows (one vector: 16 bytes of float32, 8 of bf16), and
+// its most rows: 64 floats of state in registers.
+constexpr int kVector = 4, kRows = 16;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -88,7 +85,8 @@ __device__ __forceinline__ int opaque(int x) {
   return x;
 }
 
-// One row's vector of the state: 16 bytes, or element by element (n valid columns).
+// One row's vector of the state: one load or store (16 bytes of float32, 8 of bf16), or element by
+// element (n valid columns; the ragged path).
 __device__ __forceinline__ void load_vector(const float* at, bool vec, int n, float (&x)[4]) {
   if (vec && n == 4) {
     const float4 f = *reinterpret_cast<const float4*>(at);
@@ -98,15 +96,15 @@ __device__ __forceinline__ void load_vector(const float* at, bool vec, int n, fl
 #pragma unroll
   for (int c = 0; c < 4; ++c) x[c] = c < n ? at[c] : 0.0f;
 }
-__device__ __forceinline__ void load_vector(const __nv_bfloat16* at, bool vec, int n, float (&x)[8]) {
-  if (vec && n == 8) {
-    const uint4 u = *reinterpret_cast<const uint4*>(at);
-    x[0] = low_bf16(u.x), x[1] = high_bf16(u.x), x[2] = low_bf16(u.y), x[3] = high_bf16(u.y);
-    x[4] = low_bf16(u.z), x[5] = high_bf16(u.z), x[6] = low_bf16(u.w), x[7] = high_bf16(u.w);
+__device__ __forceinline__ void load_vector(const __nv_bfloat16* at, bool vec, int n, float (&x)[4]) {
+  if (vec && n == 4) {
+    const unsigned long long u = *reinterpret_cast<const unsigned long long*>(at);
+    const unsigned lo = unsigned(u), hi = unsigned(u >> 32);
+    x[0] = low_bf16(lo), x[1] = high_bf16(lo), x[2] = low_bf16(hi), x[3] = high_bf16(hi);
     return;
   }
 #pragma unroll
-  for (int c = 0; c < 8; ++c) x[c] = c < n ? __bfloat162float(at[c]) : 0.0f;
+  for (int c = 0; c < 4; ++c) x[c] = c < n ? __bfloat162float(at[c]) : 0.0f;
 }
 __device__ __forceinline__ void store_vector(float* at, bool vec, int n, const float (&x)[4]) {
   if (vec && n == 4) {
@@ -117,14 +115,14 @@ __device__ __forceinline__ void store_vector(float* at, bool vec, int n, const f
   for (int c = 0; c < 4; ++c)
     if (c < n) at[c] = x[c];
 }
-__device__ __forceinline__ void store_vector(__nv_bfloat16* at, bool vec, int n, const float (&x)[8]) {
-  if (vec && n == 8) {
-    *reinterpret_cast<uint4*>(at) = make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
-                                               pack_bf16(x[6], x[7]));
+__device__ __forceinline__ void store_vector(__nv_bfloat16* at, bool vec, int n, const float (&x)[4]) {
+  if (vec && n == 4) {
+    *reinterpret_cast<unsigned long long*>(at) =
+        (static_cast<unsigned long long>(pack_bf16(x[2], x[3])) << 32) | pack_bf16(x[0], x[1]);
     return;
   }
 #pragma unroll
-  for (int c = 0; c < 8; ++c)
+  for (int c = 0; c < 4; ++c)
     if (c < n) at[c] = __float2bfloat16_rn(x[c]);
 }
 // float32 outputs (o, the snapshots) of a thread's V columns: 16-byte stores when vectorised.
@@ -150,9 +148,13 @@ struct StepParams {
   bool delta, retnet, scalar_gates, vector_gates;
   float s;
   // The launch (DecodeLaunch): row groups, column vectors, heads per block, tokens staged at a
-  // time, floats of one staged token of one head, 16-byte accesses.
+  // time, floats of one staged token of one head, whole-vector accesses (else element by element).
   int RG, CV, HB, TS, token_floats;
   bool vec;
+  // Derived from those (here rather than in each thread's registers): a head's threads (RG CV) and
+  // warps, columns of a slice (CV V), staged floats of q (RG R), where a staged token's decay lies,
+  // and the floats of one warp's partial sums.
+  int HT, WH, slice_cols, KP, s_at, PW;
 };
 
 // Where a staged token's parts lie in its token_floats: v's slice first, then q, k and the vector
@@ -167,20 +169,28 @@ __host__ __device__ inline int staged_token_floats(int slice_cols, int KP, bool 
   return (staged_scalars(slice_cols, KP, vector_gates) + 2 + 3) / 4 * 4;
 }
 
+// Floats of one column vector's partial sums in shared memory: y (V), and u (V) for the delta
+// rule, padded from 8 floats up so that the 16-byte accesses of 8 consecutive lanes (one shared
+// memory wavefront) fall on distinct banks.
+__host__ __device__ inline int partial_stride(int V, bool delta) {
+  const int floats = delta ? 2 * V : V;
+  return floats >= 8 ? floats + 4 : floats;
+}
+
 template <class In, class St, bool kDelta>
 __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(StepParams p) {
-  constexpr int V = Layout<St>::V, R = Layout<St>::R;
+  constexpr int V = kVector, R = kRows;
   extern __shared__ __align__(16) float smem[];  // staged tokens, then the partial sums
   const int Dk = p.Dk, Dv = p.Dv, T = p.T, RG = p.RG, CV = p.CV, HB = p.HB, TS = p.TS, TF = p.token_floats;
-  const int HT = RG * CV;  // threads of one head's slice
+  const int HT = p.HT;  // threads of one head's slice
   const int tid = int(threadIdx.x), lane = tid & 31;
   const int hb = tid / HT, within = tid % HT, rg = within / CV, cv = within % CV;
-  const int slice_cols = CV * V, first_col = int(blockIdx.y) * slice_cols, j0 = first_col + cv * V;
+  const int slice_cols = p.slice_cols, first_col = int(blockIdx.y) * slice_cols, j0 = first_col + cv * V;
   const int first_head = int(blockIdx.x) * HB;
   const bool head_ok = first_head + hb < p.heads_total;
   const int bh = head_ok ? first_head + hb : 0;
   const int ncols = head_ok ? max(0, min(V, Dv - j0)) : 0;  // the thread's columns inside Dv
-  const std::size_t DD = std::size_t(Dk) * Dv, value_tok = std::size_t(bh) * T * Dv;
+  const std::size_t DD = std::size_t(Dk) * Dv;
   const int slot = p.state_index ? p.state_index[bh / p.H] : bh / p.H;
   const std::size_t state_at = (std::size_t(slot) * p.H + std::size_t(bh % p.H)) * DD;
   St* const state = reinterpret_cast<St*>(p.state_bf16 ? static_cast<void*>(p.state_bf16) : static_cast<void*>(p.state));
@@ -201,10 +211,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(StepParams p) 
   }
 
   float* const staged = smem;
-  // The partial sums of a head's warps: y (V per column vector), u (delta) and k . q once a warp.
-  const int WH = HT / 32, P2 = kDelta ? 2 * V : V, PW = P2 * CV + 1;
+  // The partial sums of a head's warps (partial_floats): y and u (delta) of each column vector, then
+  // k . q once a warp.
+  const int WH = p.WH, PS = partial_stride(V, kDelta), PW = p.PW;
   float* const partials = smem + std::size_t(HB) * TS * TF;
-  const int KP = RG * R, s_at = staged_scalars(slice_cols, KP, p.vector_gates);
+  const int KP = p.KP, s_at = p.s_at;
 
   for (int t0 = 0; t0 < T; t0 += TS) {
     const int n = min(TS, T - t0);
@@ -244,16 +255,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(StepParams p) 
       // This thread's rows of q, k and exp(g).
       const float *const qs = tok + slice_cols + rg * R, *const ks = qs + KP, *const as = ks + KP;
       const float decay = tok[s_at], beta = tok[s_at + 1];
-      // v's columns: the additive rule's update takes them row by row, the delta rule's only after the sums.
+      // v's columns: the additive rule's update takes them row by row, the delta rule's only after
+      // the sums (w = v - u, 16 bytes at a time).
+      const float* const vs = tok + cv * V;
       float vv[V], y[V], u[V];
-      auto read_v = [&] {
+      if (!kDelta)
 #pragma unroll
         for (int c = 0; c < V; c += 4) {
-          const float4 f = *reinterpret_cast<const float4*>(tok + cv * V + c);
+          const float4 f = *reinterpret_cast<const float4*>(vs + c);
           vv[c] = f.x, vv[c + 1] = f.y, vv[c + 2] = f.z, vv[c + 3] = f.w;
         }
-      };
-      if (!kDelta) read_v();
 #pragma unroll
       for (int c = 0; c < V; ++c) y[c] = u[c] = 0.0f;
       float kq = 0.0f;
@@ -294,34 +305,52 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(StepParams p) 
         float* const buf = partials + std::size_t((t & 1) * HB + hb) * WH * PW;
         const int wh = within / 32;
         if (lane < CV) {
+          float* const at = buf + wh * PW + cv * PS;
 #pragma unroll
-          for (int c = 0; c < V; ++c) {
-            buf[wh * PW + c * CV + cv] = y[c];
-            if (kDelta) buf[wh * PW + (V + c) * CV + cv] = u[c];
+          for (int c = 0; c < V; c += 4) {
+            *reinterpret_cast<float4*>(at + c) = make_float4(y[c], y[c + 1], y[c + 2], y[c + 3]);
+            if (kDelta) *reinterpret_cast<float4*>(at + V + c) = make_float4(u[c], u[c + 1], u[c + 2], u[c + 3]);
           }
         }
-        if (kDelta && lane == 0) buf[wh * PW + P2 * CV] = kq;
+        if (kDelta && lane == 0) buf[wh * PW + CV * PS] = kq;
         __syncthreads();
 #pragma unroll
         for (int c = 0; c < V; ++c) y[c] = u[c] = 0.0f;
         kq = 0.0f;
+#pragma unroll 1
         for (int w = 0; w < WH; ++w) {
+          const float* const at = buf + w * PW + cv * PS;
 #pragma unroll
-          for (int c = 0; c < V; ++c) {
-            y[c] += buf[w * PW + c * CV + cv];
-            if (kDelta) u[c] += buf[w * PW + (V + c) * CV + cv];
+          for (int c = 0; c < V; c += 4) {
+            const float4 y4 = *reinterpret_cast<const float4*>(at + c);
+            y[c] += y4.x, y[c + 1] += y4.y, y[c + 2] += y4.z, y[c + 3] += y4.w;
+            if (kDelta) {
+              const float4 u4 = *reinterpret_cast<const float4*>(at + V + c);
+              u[c] += u4.x, u[c + 1] += u4.y, u[c + 2] += u4.z, u[c + 3] += u4.w;
+            }
           }
-          if (kDelta) kq += buf[w * PW + P2 * CV];
+          if (kDelta) kq += buf[w * PW + CV * PS];
         }
       }
       if (kDelta) {
-        read_v();
+        const float bkq = beta * kq;
 #pragma unroll
-        for (int c = 0; c < V; ++c) {
-          const float w = vv[c] - u[c];
-          y[c] = fmaf(beta * kq, w, y[c]);
-          u[c] = w;
+        for (int c = 0; c < V; c += 4) {
+          const float4 f = *reinterpret_cast<const float4*>(vs + c);
+          u[c] = f.x - u[c], u[c + 1] = f.y - u[c + 1], u[c + 2] = f.z - u[c + 2], u[c + 3] = f.w - u[c + 3];
+#pragma unroll
+          for (int x = c; x < c + 4; ++x) y[x] = fmaf(bkq, u[x], y[x]);
         }
+      }
+      // o first (y is then free for the delta rule's update). The addresses are made here from an
+      // opaque copy of the head, rather than kept in registers over the token loop.
+      const int head = opaque(bh);
+      if (rg == 0 && ncols > 0) {
+#pragma unroll
+        for (int c = 0; c < V; ++c) y[c] *= p.s;
+        store_floats<V>(p.o + (std::size_t(head) * T + t) * Dv + j0, p.vec, ncols, y);
+      }
+      if (kDelta) {
 #pragma unroll
         for (int m4 = 0; m4 < R; m4 += 4) {
           const float4 k4 = *reinterpret_cast<const float4*>(ks + m4);
@@ -335,16 +364,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(StepParams p) 
         }
       }
       if (ncols == 0) continue;
-      if (rg == 0) {
-#pragma unroll
-        for (int c = 0; c < V; ++c) y[c] *= p.s;
-        store_floats<V>(p.o + value_tok + std::size_t(t) * Dv + j0, p.vec, ncols, y);
-      }
       // Slot i (1..extra) is the state i tokens before the step's end.
       const int snap = T - 1 - t;
       if (snap >= 1 && snap <= p.extra) {
-        float* const at =
-            opaque(p.snapshots + (std::size_t(bh) * p.extra + std::size_t(snap - 1)) * DD + std::size_t(rg) * Dv + j0);
+        float* const at = p.snapshots + (std::size_t(head) * p.extra + std::size_t(snap - 1)) * DD + std::size_t(rg) * Dv + j0;
         const int step = opaque(row_step);
 #pragma unroll
         for (int m = 0; m < R; ++m)
@@ -399,8 +422,6 @@ StepParams step_params(const DecodeProblem& pr, const DecodeArgs<void>& a) {
 
 unsigned copy_blocks(std::size_t total) { return unsigned(std::min<std::size_t>((total + 255) / 256, 4096)); }
 
-// One instance per input dtype, state dtype and rule: the rule's registers only (the additive
-// rule keeps v's columns through the rows, the delta rule u and k . q instead).
 template <class In, class St>
 void launch_rule(bool delta, dim3 grid, unsigned threads, std::size_t shared, cudaStream_t stream, const StepParams& p) {
   if (delta)
@@ -432,8 +453,7 @@ bool aligned16(const void* ptr) { return ptr == nullptr || reinterpret_cast<std:
 
 DecodeLaunch decode_launch(const DecodeProblem& pr, int multiprocessors) {
   DecodeLaunch l{};
-  const int V = pr.state_bf16 ? Layout<__nv_bfloat16>::V : Layout<float>::V;
-  const int R = pr.state_bf16 ? Layout<__nv_bfloat16>::R : Layout<float>::R;
+  const int V = kVector, R = kRows;
   const int Dk = pr.dim, Dv = pr.value_dim();
   const std::size_t heads = pr.heads_total();
   l.vector = V;
@@ -465,7 +485,7 @@ DecodeLaunch decode_launch(const DecodeProblem& pr, int multiprocessors) {
   const std::size_t per_token = std::size_t(l.heads_per_block) *
                                 staged_token_floats(l.column_vectors * V, l.row_groups * R, pr.decay == Decay::vector) * sizeof(float);
   const std::size_t sums = warps_per_head > 1 ? 2 * std::size_t(l.heads_per_block) * warps_per_head *
-                                                    ((pr.delta() ? 2 * V : V) * l.column_vectors + 1) * sizeof(float)
+                                                    (partial_stride(V, pr.delta()) * l.column_vectors + 4) * sizeof(float)
                                               : 0;
   l.stage_tokens = std::min(pr.tokens, kMaxStage);
   while (l.stage_tokens > 1 && sums + per_token * std::size_t(l.stage_tokens) > kSharedBudget) --l.stage_tokens;
@@ -489,7 +509,12 @@ void decode_step(const DecodeProblem& pr, Dtype dtype, const DecodeArgs<void>& a
   if (l.shared_bytes > kSharedBudget) throw RuntimeFailure("the CUDA decode step's staged tokens do not fit in 48 KiB");
   StepParams p = step_params(pr, a);
   p.RG = l.row_groups, p.CV = l.column_vectors, p.HB = l.heads_per_block, p.TS = l.stage_tokens;
-  p.token_floats = staged_token_floats(l.column_vectors * l.vector, l.row_groups * (pr.state_bf16 ? Layout<__nv_bfloat16>::R : Layout<float>::R), p.vector_gates);
+  p.HT = l.row_groups * l.column_vectors, p.WH = p.HT / 32;
+  p.slice_cols = l.column_vectors * l.vector;
+  p.KP = l.row_groups * kRows;
+  p.s_at = staged_scalars(p.slice_cols, p.KP, p.vector_gates);
+  p.token_floats = staged_token_floats(p.slice_cols, p.KP, p.vector_gates);
+  p.PW = partial_stride(l.vector, p.delta) * l.column_vectors + 4;
   // 16-byte accesses where every row starts on a vector and the tensors are 16-byte aligned.
   p.vec = l.vectorised && aligned16(a.state) && aligned16(a.state_bf16) && aligned16(a.o) && aligned16(a.snapshots);
   const dim3 grid(l.blocks, unsigned(l.column_slices));

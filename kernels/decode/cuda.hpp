@@ -15,19 +15,19 @@
 
 namespace lattn::cuda {
 
-// A thread holds up to 16 state rows (key channels) of float32, 8 of bf16, and a head's rows are
-// split over at most 64 row groups of a 256-thread block: 512 rows either way. The value dim is not
-// bounded: blocks take its columns in slices.
+// A thread holds up to 16 state rows (key channels), and a head's rows are split over at most 32
+// row groups of a 256-thread block: 512 rows. The value dim is not bounded: blocks take its
+// columns in slices.
 constexpr int kDecodeMaxDim = 512;
 
 // How decode_step launches a problem (cuda.cu's comment says why): a thread holds one vector of
-// `vector` state columns (16 bytes: 4 float32 or 8 bf16) in each of its rows_per_thread rows;
+// `vector` state columns (4: 16 bytes of float32, 8 of bf16) in each of its rows_per_thread rows;
 // a head's slice of column_vectors x vector columns takes row_groups x column_vectors threads,
 // heads_per_block heads a block (threads in all), blocks x column_slices blocks. The tokens are
 // staged stage_tokens at a time in shared_bytes of shared memory (no opt-in).
 struct DecodeLaunch {
   int vector = 0;
-  bool vectorised = false;  // Dv a multiple of `vector`: 16-byte loads and stores (else element by element)
+  bool vectorised = false;  // Dv a multiple of `vector`: one load and store per vector (else element by element)
   int rows_per_thread = 0, row_groups = 0, column_vectors = 0, heads_per_block = 0;
   int column_slices = 0, threads = 0, stage_tokens = 0;
   unsigned blocks = 0;
