@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -14,9 +15,26 @@
 
 namespace lattn::cuda {
 
-// A block's warps hold 16 state rows (key channels) per thread: 32 warps of a 1024-thread block
-// hold 512 rows. The value dim is not bounded: blocks take its columns 32 at a time.
+// A thread holds up to 16 state rows (key channels), and a head's rows are split over at most 32
+// row groups of a 256-thread block: 512 rows. The value dim is not bounded: blocks take its
+// columns in slices.
 constexpr int kDecodeMaxDim = 512;
+
+// How decode_step launches a problem (cuda.cu's comment says why): a thread holds one vector of
+// `vector` state columns (4: 16 bytes of float32, 8 of bf16) in each of its rows_per_thread rows;
+// a head's slice of column_vectors x vector columns takes row_groups x column_vectors threads,
+// heads_per_block heads a block (threads in all), blocks x column_slices blocks. The tokens are
+// staged stage_tokens at a time in shared_bytes of shared memory (no opt-in).
+struct DecodeLaunch {
+  int vector = 0;
+  bool vectorised = false;  // Dv a multiple of `vector`: one load and store per vector (else element by element)
+  int rows_per_thread = 0, row_groups = 0, column_vectors = 0, heads_per_block = 0;
+  int column_slices = 0, threads = 0, stage_tokens = 0;
+  unsigned blocks = 0;
+  std::size_t shared_bytes = 0;
+};
+// The launch on a device of `multiprocessors` multiprocessors.
+DecodeLaunch decode_launch(const DecodeProblem& p, int multiprocessors);
 
 // Why the kernel cannot run this step, or nothing.
 std::optional<std::string> decode_unsupported(const DecodeProblem& p);

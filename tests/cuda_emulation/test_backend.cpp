@@ -113,7 +113,7 @@ TEST_CASE("emulation: the CUDA decode row takes the deployed models' grouped hea
   auto backend = emulated_cuda(BackendOptions{});
   // Qwen3-Next's Gated DeltaNet (32 value heads on 16 q/k heads, 128 x 128 states, verifying a
   // draft of two), Mamba2's (one q/k group, 128 x 64 states), and a value dim over the kernel's
-  // dim limit (which bounds the key rows only: blocks take the value columns 32 at a time).
+  // dim limit (which bounds the key rows only: blocks take the value columns in slices).
   for (const DecodeProblem& p :
        {DecodeProblem{1, 32, 2, 128, 2, Decay::scalar, Rule::delta, 16, 128},
         DecodeProblem{2, 8, 1, 128, 1, Decay::scalar, Rule::additive, 1, 64},
@@ -155,6 +155,115 @@ TEST_CASE("emulation: the CUDA decode row steps pooled and bf16 states", "[emula
           CHECK(r.check.per_output.at("hT") < (bf16 ? std::ldexp(1.0, -8) : 1e-5));
           if (bf16) CHECK(r.check.per_output.at("hT") > 1e-4);
         }
+}
+
+TEST_CASE("emulation: the CUDA decode step's launch: vectors, heads per block, column slices, staged tokens",
+          "[emulation][backend_decode]") {
+  // At a device's 132 multiprocessors (H100, H200), as decode_step launches it there.
+  constexpr int sms = 132;
+  auto launch = [](DecodeProblem p, bool bf16_state) {
+    p.state_bf16 = bf16_state;
+    return cuda::decode_launch(p, sms);
+  };
+  for (const bool bf16 : {false, true}) {
+    INFO("bf16 state " << bf16);
+    // B 256, H 16, D 128: a head a block, 8 row groups of 16 rows x 32 vectors of 4 columns.
+    const cuda::DecodeLaunch big = launch({256, 16, 1, 128}, bf16);
+    CHECK(big.vector == 4);
+    CHECK(big.vectorised);
+    CHECK(big.rows_per_thread == 16);
+    CHECK(big.row_groups == 8);
+    CHECK(big.column_vectors == 32);
+    CHECK(big.heads_per_block == 1);
+    CHECK(big.threads == 256);
+    CHECK(big.column_slices == 1);
+    CHECK(big.blocks == 4096u);
+    CHECK(big.stage_tokens == 1);
+    // Small heads share a block while the grid keeps a block per multiprocessor.
+    const cuda::DecodeLaunch d64 = launch({64, 16, 1, 64}, bf16);
+    CHECK(d64.heads_per_block == 4);
+    CHECK(d64.threads == 256);
+    CHECK(d64.blocks == 256u);
+    CHECK(launch({256, 16, 1, 32}, bf16).heads_per_block == 16);
+    CHECK(launch({64, 16, 1, 32}, bf16).heads_per_block == 4);
+    // Few heads: the columns are split over more blocks (8 vectors a slice at the least).
+    const cuda::DecodeLaunch few = launch({1, 2, 1, 128}, bf16);
+    CHECK(few.column_vectors == 8);
+    CHECK(few.column_slices == 4);
+    CHECK(few.heads_per_block == 1);
+    // Dv not a multiple of the vector: element by element.
+    CHECK_FALSE(launch({2, 3, 1, 24, 1, Decay::none, Rule::additive, 1, 37}, bf16).vectorised);
+    // A draft longer than a stage; a wide key dim whose staged tokens fill the shared memory sooner.
+    CHECK(launch({2, 3, 10, 16, 3, Decay::scalar, Rule::delta}, bf16).stage_tokens == 8);
+    const cuda::DecodeLaunch wide = launch({1, 2, 8, cuda::kDecodeMaxDim, 2, Decay::vector, Rule::delta, 1, 8}, bf16);
+    CHECK(wide.stage_tokens == 7);
+    CHECK(wide.row_groups == 32);
+    CHECK(wide.shared_bytes <= 48u * 1024);
+  }
+}
+
+TEST_CASE("emulation: the CUDA decode step's heads per block, ragged columns, bf16 states and staged drafts",
+          "[emulation][backend_decode]") {
+  // Each case through the backend against the float64 reference, with the launch path it exercises
+  // asserted first (cuda::decode_launch at the emulated device's 132 multiprocessors).
+  auto backend = emulated_cuda(BackendOptions{});
+  int sms = 0;
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  struct Shape {
+    DecodeProblem p;
+    std::string what;
+  };
+  std::vector<Shape> shapes;
+  for (Rule rule : {Rule::additive, Rule::delta}) {
+    for (Decay decay : {Decay::retnet, Decay::vector}) {
+      // 531 heads of D 32 on one q/k head: 4 heads a block (each its own retnet gamma), the last block ragged.
+      shapes.push_back({{9, 59, 2, 32, 2, decay, rule, 1, 32}, "heads per block, D 32"});
+      // D 64: 2 heads a block, each over two warps (a shuffle, then the shared-memory pass).
+      shapes.push_back({{11, 25, 1, 64, 1, decay, rule}, "heads per block, D 64"});
+    }
+    for (Decay decay : {Decay::none, Decay::scalar, Decay::vector}) {
+      // Dv = 37: element by element, a 4-token draft with snapshots, pooled.
+      DecodeProblem ragged{3, 2, 4, 24, 4, decay, rule, 1, 37, 7};
+      shapes.push_back({ragged, "ragged Dv, pooled, 4-token draft"});
+      ragged.state_bf16 = true;
+      shapes.push_back({ragged, "ragged Dv, bf16 state"});
+      // A bf16 state in vectors, grouped heads, a 4-token draft with 3 snapshots, 9 slots for 3 sequences.
+      DecodeProblem vectors{3, 4, 4, 64, 4, decay, rule, 2, 64, 9};
+      vectors.state_bf16 = true;
+      shapes.push_back({vectors, "bf16 state vectors, pooled, 4-token draft"});
+      // Drafts over more than one stage of staged tokens: 10 tokens (8 + 2), and the widest key
+      // dim with vector gates (7 + 1).
+      shapes.push_back({{2, 3, 10, 16, 3, decay, rule}, "two stages"});
+    }
+    shapes.push_back({{1, 2, 8, cuda::kDecodeMaxDim, 2, Decay::vector, rule, 1, 8}, "two stages, dim 512"});
+  }
+  for (const Shape& s : shapes) {
+    const DecodeProblem& p = s.p;
+    const cuda::DecodeLaunch l = cuda::decode_launch(p, sms);
+    INFO(s.what << ": B " << p.batch << " H " << p.heads << " T " << p.tokens << " D " << p.dim << " Dv "
+                << p.value_dim() << " Hk " << p.qk_heads() << " " << to_string(p.rule) << " " << to_string(p.decay)
+                << " slots " << p.state_slots << " bf16 state " << p.state_bf16);
+    if (s.what.find("heads per block") == 0) {
+      CHECK(l.heads_per_block > 1);
+      CHECK(p.heads_total() % std::size_t(l.heads_per_block) != 0);
+    }
+    if (s.what.find("ragged") == 0) CHECK_FALSE(l.vectorised);
+    if (s.what.find("bf16 state vectors") == 0) CHECK(l.vectorised);
+    if (s.what.find("two stages") == 0) CHECK(l.stage_tokens < p.tokens);
+    for (const std::string dtype : {"float32", "bf16"}) {
+      if (dtype == "bf16" && s.what.find("heads per block, D 64") == 0) continue;  // the largest case: float32 only
+      const Case c = test::decode_case(p, "cuda", dtype);
+      INFO(test::describe(c));
+      REQUIRE_FALSE(backend->unsupported(c));
+      const test::Outcome r = test::run_on(*backend, c, 5);
+      INFO(test::errors(r.check));
+      CHECK(r.check.passed);
+      if (dtype != "float32") continue;
+      CHECK(r.check.per_output.at("o") < 1e-5);
+      if (p.extra_slots() > 0) CHECK(r.check.per_output.at("snapshots") < 1e-5);
+      CHECK(r.check.per_output.at("hT") < (p.state_bf16 ? std::ldexp(1.0, -8) : 1e-5));
+    }
+  }
 }
 
 TEST_CASE("emulation: the test table has no op the rows above leave out", "[emulation][backend]") {
