@@ -10,16 +10,17 @@
 // 64 x 32 slices, one block of 4 warps each, (sequence x value head, 64 state rows, 32 state
 // columns), the column slice fastest (a head's blocks run side by side and read its K rows through
 // L2 once): 2048 blocks at B 4, H 64, D 128 (8 a head), of 128 threads, several resident per
-// multiprocessor (as many as their shared memory allows, up to kMaxPassBlocks; the launch bounds
-// size the registers for them), so that the machine holds many independent walks at once rather
-// than a few waves of wide ones. Each block keeps its 64 x 32 slice of S in registers for the whole
-// walk (warp w: rows 16 w .. 16 w + 15, all 32 columns). The walk goes in steps of up to 64
-// tokens, never across a chunk's end; a step's K (or Q) rows for the block's 64 state rows and V
-// (or dO) rows for its 32 columns are staged by cp.async into one of two buffers while the block
-// computes on the other, and the step's log-gates into a third (vector gates: 64 tokens x the
-// block's 64 state rows; scalar gates: 64 floats; fixed gates: none), refilled for the next step
-// as soon as they have been read. Over a step's rows (b from the step's start), with e the step's
-// sum of log-gates:
+// multiprocessor (bf16: 6 where their shared memory fits; pass_counts), so that the machine holds
+// many independent walks at once rather than a few waves of wide ones (the 64 x 64 tiles of 8
+// warps this replaced: 1024 blocks, 2 resident). Each block keeps its 64 x 32 slice of S in
+// registers for the whole walk (warp w: rows 16 w .. 16 w + 15, all 32 columns). The walk goes in
+// steps of up to 64 tokens (bf16 with scalar or fixed gates; 32 for float32 and for vector gates,
+// whose staged log-gates take a row per state row: pass_step), never across a chunk's end; a
+// step's K (or Q) rows for the block's 64 state rows and V (or dO) rows for its 32 columns are
+// staged by cp.async into one of two buffers while the block computes on the other, and the step's
+// log-gates into a third (vector gates: tokens x the block's 64 state rows; scalar gates: one a
+// token; fixed gates: none), refilled for the next step as soon as they have been read. Over a
+// step's rows (b from the step's start), with e the step's sum of log-gates:
 //   forward:  S <- diag(exp(e)) S + (K . exp(e - b))^T V          (the rows' factors: suffix sums)
 //   reverse:  dS <- diag(exp(e)) dS + s (Q . exp(b))^T dO         (prefix sums; steps last first)
 // which composed over a chunk's steps are its decay and its write; every factor is exp of a sum of
