@@ -82,10 +82,12 @@ inline void report_gated_chunked_kernels(const char* device) {
     for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16}) {
       const Problem p{4, 64, 4096, 128, 64, decay};
       for (const cuda::ChunkedKernel& k : cuda::chunked_gated_kernels(p, dtype)) {
-        std::printf("occupancy on %s: %s %s %s: %d threads, %d rows per block, %zu bytes of shared memory, "
+        const std::string grid = k.grid_blocks ? std::to_string(k.grid_blocks) + " blocks of " : "";
+        std::printf("occupancy on %s: %s %s %s: %s%d threads, %d rows per block, %zu bytes of shared memory, "
                     "launch bounds for %d blocks/SM, %d resident\n",
                     device, to_string(decay).c_str(), dtype == cuda::Dtype::f32 ? "float32" : "bf16", k.name.c_str(),
-                    k.threads, k.rows_per_block, k.shared_bytes, k.launch_bounds_blocks, k.resident_blocks);
+                    grid.c_str(), k.threads, k.rows_per_block, k.shared_bytes, k.launch_bounds_blocks,
+                    k.resident_blocks);
         INFO(k.name);
         CHECK(k.resident_blocks >= k.launch_bounds_blocks);
       }

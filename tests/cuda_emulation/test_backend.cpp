@@ -401,7 +401,7 @@ TEST_CASE("emulation: the CUDA chunked rows run the section 1c shapes natively, 
   // the scratch written out: a packed case's tables (the documents' boundaries and first chunks,
   // 2 (N + 1) ints), the chunk states (chunks x H x Dk x Dv floats here), kept across both calls or
   // recomputed by the backward, their gradients, for gated decays dg's row sums (chunks x H x
-  // ceil(Dv / 64) x Dk floats) and with grouped heads dq and dk per value head (2 B H T Dk floats).
+  // ceil(Dv / 32) x Dk floats) and with grouped heads dq and dk per value head (2 B H T Dk floats).
   const Problem base{2, 4, 21, 16, 8};
   struct Shape {
     int heads_k, dim_v;
@@ -428,7 +428,7 @@ TEST_CASE("emulation: the CUDA chunked rows run the section 1c shapes natively, 
         for (int n = 0; n < lp.sequences(); ++n) chunks += std::size_t((lp.slice(std::size_t(n) * lp.heads).seq + 7) / 8);
         const std::size_t tables = lp.packed() ? 2 * lp.cu_seqlens.size() * 4 : 0;
         const std::size_t states = chunks * lp.heads * lp.dim * lp.value_dim() * 4;
-        const std::size_t rowsums = !gated(lp.decay) ? 0 : chunks * lp.heads * ((lp.value_dim() + 63) / 64) * lp.dim * 4;
+        const std::size_t rowsums = !gated(lp.decay) ? 0 : chunks * lp.heads * ((lp.value_dim() + 31) / 32) * lp.dim * 4;
         const std::size_t parts = lp.group() > 1 ? 2 * lp.heads_total() * lp.seq * lp.dim * 4 : 0;
         CHECK(r.memory.temp_bytes == tables + 2 * states + rowsums + parts);
       }

@@ -97,7 +97,7 @@ CheckResult run_gated(const GatedCase& g, std::uint64_t seed = 7) {
                                  f("dv"), f("dh0"), f("g"), f("dg")};
   // The scratch, written out: a packed problem's tables (the documents' boundaries and first
   // chunks), one set of chunk states (chunks x H x Dk x Dv in the token dtype), and in the backward
-  // the states' gradients, dg's row sums (chunks x H x ceil(Dv / 64) x Dk floats) and with grouped
+  // the states' gradients, dg's row sums (chunks x H x ceil(Dv / 32) x Dk floats) and with grouped
   // heads dq and dk per value head. Fixed gates take no row sums.
   const int C = std::min(p.chunk, p.seq);
   std::size_t chunks = 0;
@@ -105,7 +105,7 @@ CheckResult run_gated(const GatedCase& g, std::uint64_t seed = 7) {
   const std::size_t es = g.dtype == cuda::Dtype::f32 ? 4 : 2, Dk = p.dim, Dv = p.value_dim();
   const std::size_t tables = p.packed() ? 2 * p.cu_seqlens.size() * 4 : 0;
   const std::size_t states = chunks * p.heads * Dk * Dv * es,
-                    rowsums = fixed ? 0 : chunks * p.heads * ((Dv + 63) / 64) * Dk * 4;
+                    rowsums = fixed ? 0 : chunks * p.heads * ((Dv + 31) / 32) * Dk * 4;
   const std::size_t parts = p.group() > 1 ? 2 * p.heads_total() * p.seq * Dk * 4 : 0;
   CHECK(v.kept_states_bytes(p, g.dtype) == states);
   CHECK(v.forward_workspace_bytes(p, g.dtype) == tables + states);
@@ -212,6 +212,32 @@ TEST_CASE("emulation: the gated chunked kernels take grouped heads, rectangular 
         Problem p = base;
         p.decay = decay;
         expect_pass({p, "1", dtype, dtype == cuda::Dtype::f32});
+      }
+}
+
+TEST_CASE("emulation: the state pass split over 64 x 32 slices of the state, every gate mode",
+          "[emulation][chunked_gated]") {
+  // The state pass's blocks each walk one 64-row x 32-column slice of a head's Dk x Dv state (and of
+  // dS in reverse, with dg's row sums per 32-column slice). These shapes make several slices both
+  // ways with ragged last ones: Dk 72 (64 + 8 rows) x Dv 100 (32 + 32 + 32 + 4 columns), Dk 130
+  // (64 + 64 + 2) x Dv 40 (32 + 8), Dk 24 x Dv 66 (32 + 32 + 2) with grouped heads; chunks of
+  // several staged steps (100 rows: steps of 64 and 36 in bf16 with scalar or fixed gates, 32 + 32
+  // + 32 + 4 otherwise) and ragged last chunks; vector and scalar gates at gate_norm 1 (strong: a
+  // chunk's log-gates sum to -50 and less) and 16, none and retnet; float32 and bf16; states kept
+  // and recomputed.
+  const std::vector<Problem> shapes = {shaped(1, 2, 150, 72, 100, Decay::none, 1, 100),
+                                       shaped(1, 1, 90, 130, 64, Decay::none, 1, 40),
+                                       shaped(2, 2, 70, 24, 48, Decay::none, 1, 66)};
+  for (Decay decay : {Decay::vector, Decay::scalar, Decay::none, Decay::retnet})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+      for (const Problem& base : shapes) {
+        Problem p = base;
+        p.decay = decay;
+        for (const std::string gate_norm : {"1", "16"}) {
+          if (!gated(decay) && gate_norm == "16") continue;
+          expect_pass({p, gate_norm, dtype, gate_norm == "1"});
+        }
+        if (!gated(decay)) expect_pass({p, "1", dtype, false});
       }
 }
 

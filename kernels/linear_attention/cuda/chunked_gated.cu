@@ -11,7 +11,7 @@
 // dg (docs/kernels.md, "Gated decays"): within chunk c, with S_c the state entering it and dS_c the
 // gradient of that state, dg_i = rowsum(dS_c . S_c) - sum over the chunk's rows tau < i of
 // (q_tau . dq_tau - k_tau . dk_tau) (per key channel; scalar gates sum the channels). The reverse
-// state pass leaves rowsum(dS_c . S_c) per 64-column tile; one block per (chunk, value head)
+// state pass leaves rowsum(dS_c . S_c) per 32-column slice; one block per (chunk, value head)
 // sums them and walks the chunk's rows in double.
 #include <cuda_bf16.h>
 
@@ -27,7 +27,7 @@ namespace lattn::cuda {
 namespace {
 
 constexpr int kDgThreads = 256;
-constexpr int kStateCols = 64;  // the state pass's column tiles (its row sums are per tile)
+constexpr int kStateCols = 32;  // the state pass's column slices (its row sums are per slice)
 
 struct DgParams {
   GatedShape shape;
@@ -35,7 +35,7 @@ struct DgParams {
   const void* k;
   const float* dq;  // per value head (the key parts, or dq itself with one value head per q/k head)
   const float* dk;
-  const float* rowsums;  // [chunk][head][Dv tile][Dk]
+  const float* rowsums;  // [chunk][head][Dv slice][Dk]
   float* dg;
 };
 
@@ -213,8 +213,9 @@ std::optional<std::string> chunked_gated_unsupported(const Problem& p, Dtype dty
              ", dim_v " + std::to_string(p.value_dim()) + " need " +
              std::to_string(gated_shared_bytes(kernel, p, dtype, 32)) +
              " bytes of shared memory per block; this device has " + std::to_string(limit);
-  if (gated_state_pass_shared_bytes(dtype) > limit)
-    return "the CUDA chunked_gated state pass needs " + std::to_string(gated_state_pass_shared_bytes(dtype)) +
+  const std::size_t pass = gated_state_pass_shared_bytes(dtype, gate_kind(p));
+  if (pass > limit)
+    return "the CUDA chunked_gated state pass needs " + std::to_string(pass) +
            " bytes of shared memory per block; this device has " + std::to_string(limit);
   return std::nullopt;
 }
@@ -222,8 +223,10 @@ std::optional<std::string> chunked_gated_unsupported(const Problem& p, Dtype dty
 std::vector<ChunkedKernel> chunked_gated_kernels(const Problem& p, Dtype dtype) {
   const std::size_t limit = max_shared_bytes(current_device());
   std::vector<ChunkedKernel> kernels;
-  kernels.push_back({"gated_state_kernel", kGatedThreads, 0, gated_state_pass_shared_bytes(dtype),
-                     gated_state_pass_blocks(dtype), gated_state_pass_occupancy(dtype, gate_kind(p))});
+  const int gates = gate_kind(p);
+  kernels.push_back({"gated_state_kernel", gated_state_pass_threads(), 0, gated_state_pass_shared_bytes(dtype, gates),
+                     gated_state_pass_blocks(dtype, gates), gated_state_pass_occupancy(dtype, gates),
+                     gated_state_pass_grid(p)});
   for (const char* kernel : kKernels) {
     const GatedTiles tiles = gated_tiles(kernel, p, dtype, limit);
     if (tiles.rows_per_block == 0) continue;

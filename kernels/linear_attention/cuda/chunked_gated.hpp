@@ -45,7 +45,7 @@ int gated_chunk_count(const Problem& problem);
 std::size_t chunked_gated_states_bytes(const Problem& problem, Dtype dtype);
 // What the forward (without kept states) and the backward take from the allocator: a packed
 // problem's tables (2 (documents + 1) ints), the states unless kept, and in the backward the
-// states' gradients, dg's per-chunk state terms (chunks x heads x ceil(Dv / 64) x Dk floats) and,
+// states' gradients, dg's per-chunk state terms (chunks x heads x ceil(Dv / 32) x Dk floats) and,
 // with grouped heads, dq and dk per value head (2 B H T Dk floats).
 std::size_t chunked_gated_forward_workspace_bytes(const Problem& problem, Dtype dtype);
 std::size_t chunked_gated_backward_workspace_bytes(const Problem& problem, Dtype dtype, bool states_kept);
@@ -108,7 +108,7 @@ struct GatedArgs {
 //            (K . exp(b_last - b))^T V, from S = h0; the last S into final_state (hT)
 //   reverse: stores dS (leaving chunk c) into states[c], then dS <- diag(exp(b_last)) dS +
 //            s (Q . exp(b))^T dO, from dS = dhT; the last into final_state (dh0); after chunk c,
-//            rowsums[c][h][Dv tile][d] = sum over the tile's columns of dS[d][.] h_c[d][.] (dg's
+//            rowsums[c][h][Dv slice][d] = sum over the 32-column slice's columns of dS[d][.] h_c[d][.] (dg's
 //            state term), h_c read from fwd_states.
 struct GatedStatePass {
   const void* a;  // K or Q
@@ -136,9 +136,13 @@ void gated_dqk(const Problem& problem, Dtype dtype, const GatedShape& shape, con
 std::size_t gated_output_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
 std::size_t gated_dv_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
 std::size_t gated_dqk_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block, bool dk_pass);
-std::size_t gated_state_pass_shared_bytes(Dtype dtype);
-// The blocks per multiprocessor the state pass's launch bounds promise on the current device.
-int gated_state_pass_blocks(Dtype dtype);
+// The state pass (both directions): shared memory per block, the blocks per multiprocessor its
+// launch bounds promise on the current device, threads per block and blocks per launch (one per
+// sequence, value head, 64 state rows and 32 state columns).
+std::size_t gated_state_pass_shared_bytes(Dtype dtype, int gates);
+int gated_state_pass_blocks(Dtype dtype, int gates);
+int gated_state_pass_threads();
+std::size_t gated_state_pass_grid(const Problem& problem);
 // Resident blocks per multiprocessor of each kernel as launched (cudaOccupancy...).
 int gated_state_pass_occupancy(Dtype dtype, int gates);
 int gated_output_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);

@@ -122,7 +122,8 @@ std::optional<std::string> scan_unsupported(const Problem& problem);
 // A chunked form's kernels as a case launches them on the current device: threads and dynamic
 // shared memory per block, rows per block (0 for the state pass), the blocks per multiprocessor
 // their launch bounds were built for, and the blocks that can reside on one multiprocessor
-// (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor); and, where the report gives it, the blocks of
+// the launch (0: not given).
 struct ChunkedKernel {
   std::string name;
   int threads;
@@ -130,6 +131,7 @@ struct ChunkedKernel {
   std::size_t shared_bytes;
   int launch_bounds_blocks;
   int resident_blocks;
+  std::size_t grid_blocks = 0;
 };
 // The delta rule's chunked kernels (cuda/chunked_delta*.cu), in launch order: forward
 // (prepare, state pass, output), then the backward's (dV_local, reverse state pass, dq / dk, WY).
