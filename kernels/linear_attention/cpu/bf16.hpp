@@ -117,6 +117,27 @@ bool chunked_amx_backward_takes(const Problem& problem);
 void chunked_amx_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator, AmxPath path);
 std::size_t chunked_amx_backward_floats(const Problem& problem);
 
+// The additive rule with vector gates (GLA) in the chunked form, forward and backward, every big
+// product on AMX tiles (cpu/chunked/chunked_amx_gated.cpp); and the delta rule's chunked form, every
+// decay (cpu/chunked/chunked_amx_delta.cpp). Any Dk, Dv and chunk up to 256, every shape of
+// docs/spec.md section 1c; no kept chunk states (the backwards recompute them). Scratch in floats,
+// all threads'.
+std::optional<std::string> chunked_amx_gated_limits(const Problem& problem);
+void chunked_amx_gated_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator,
+                               AmxPath path);
+std::size_t chunked_amx_gated_forward_floats(const Problem& problem);
+void chunked_amx_gated_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator,
+                                AmxPath path);
+std::size_t chunked_amx_gated_backward_floats(const Problem& problem);
+std::optional<std::string> chunked_amx_delta_limits(const Problem& problem);
+void chunked_amx_delta_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator,
+                               AmxPath path);
+std::size_t chunked_amx_delta_forward_floats(const Problem& problem);
+bool chunked_amx_delta_backward_takes(const Problem& problem);
+void chunked_amx_delta_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator,
+                                AmxPath path);
+std::size_t chunked_amx_delta_backward_floats(const Problem& problem);
+
 // The path the chunked_amx row runs: the hardware where amx::hardware_refusal() finds nothing
 // against it, none elsewhere (the row declines with that reason); a test may force one with
 // set_amx_override (std::nullopt restores the CPU's own): the emulation, none (the row declines, so
