@@ -4,8 +4,10 @@
 // every product accumulates in float32 with the state kept in float32.
 //
 // Each form has its own bf16 table (cpu/bf16_variants.cpp), tried in order: the native kernels
-// first (cpu/chunked/chunked_amx.cpp on AMX tiles where the CPU has AMX-BF16, then
-// cpu/chunked/chunked_bf16.cpp: the additive rule's chunked forward on AVX512-BF16 dot products),
+// first (on AMX tiles where the CPU has AMX-BF16: cpu/chunked/chunked_amx.cpp for the additive rule's
+// decays none, retnet and scalar, chunked_amx_gated.cpp for vector gates, chunked_amx_delta.cpp for
+// the delta rule; then cpu/chunked/chunked_bf16.cpp: the additive rule's chunked forward on
+// AVX512-BF16 dot products),
 // then, for every problem the float32 table takes, that float32 variant behind a converter
 // (cpu/bf16_convert.cpp): the bf16 token tensors are widened into float32 scratch from the
 // allocator before the float32 kernel runs, and the records name it "<float32 variant>+bf16cvt".
