@@ -4,8 +4,10 @@
 // every product accumulates in float32 with the state kept in float32.
 //
 // Each form has its own bf16 table (cpu/bf16_variants.cpp), tried in order: the native kernels
-// first (cpu/chunked/chunked_amx.cpp on AMX tiles where the CPU has AMX-BF16, then
-// cpu/chunked/chunked_bf16.cpp: the additive rule's chunked forward on AVX512-BF16 dot products),
+// first (on AMX tiles where the CPU has AMX-BF16: cpu/chunked/chunked_amx.cpp for the additive rule's
+// decays none, retnet and scalar, chunked_amx_gated.cpp for vector gates, chunked_amx_delta.cpp for
+// the delta rule; then cpu/chunked/chunked_bf16.cpp: the additive rule's chunked forward on
+// AVX512-BF16 dot products),
 // then, for every problem the float32 table takes, that float32 variant behind a converter
 // (cpu/bf16_convert.cpp): the bf16 token tensors are widened into float32 scratch from the
 // allocator before the float32 kernel runs, and the records name it "<float32 variant>+bf16cvt".
@@ -116,6 +118,27 @@ std::size_t chunked_amx_forward_floats(const Problem& problem);
 bool chunked_amx_backward_takes(const Problem& problem);
 void chunked_amx_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator, AmxPath path);
 std::size_t chunked_amx_backward_floats(const Problem& problem);
+
+// The additive rule with vector gates (GLA) in the chunked form, forward and backward, every big
+// product on AMX tiles (cpu/chunked/chunked_amx_gated.cpp); and the delta rule's chunked form, every
+// decay (cpu/chunked/chunked_amx_delta.cpp). Any Dk, Dv and chunk up to 256, every shape of
+// docs/spec.md section 1c; no kept chunk states (the backwards recompute them). Scratch in floats,
+// all threads'.
+std::optional<std::string> chunked_amx_gated_limits(const Problem& problem);
+void chunked_amx_gated_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator,
+                               AmxPath path);
+std::size_t chunked_amx_gated_forward_floats(const Problem& problem);
+void chunked_amx_gated_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator,
+                                AmxPath path);
+std::size_t chunked_amx_gated_backward_floats(const Problem& problem);
+std::optional<std::string> chunked_amx_delta_limits(const Problem& problem);
+void chunked_amx_delta_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator,
+                               AmxPath path);
+std::size_t chunked_amx_delta_forward_floats(const Problem& problem);
+bool chunked_amx_delta_backward_takes(const Problem& problem);
+void chunked_amx_delta_backward(const Problem& problem, const Bf16BackwardArgs& args, Allocator& allocator,
+                                AmxPath path);
+std::size_t chunked_amx_delta_backward_floats(const Problem& problem);
 
 // The path the chunked_amx row runs: the hardware where amx::hardware_refusal() finds nothing
 // against it, none elsewhere (the row declines with that reason); a test may force one with

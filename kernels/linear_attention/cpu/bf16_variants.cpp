@@ -53,7 +53,24 @@ std::optional<std::string> chunked_amx_takes(const Problem& p) {
   return amx_refusal();
 }
 
-// AMX tiles first where the CPU has them (or a test forces the emulation), then AVX512-BF16.
+std::optional<std::string> chunked_amx_gated_takes(const Problem& p) {
+  if (auto why = chunked_amx_gated_limits(p)) return why;
+  return amx_refusal();
+}
+
+std::optional<std::string> chunked_amx_delta_takes(const Problem& p) {
+  if (auto why = chunked_amx_delta_limits(p)) return why;
+  return amx_refusal();
+}
+
+CpuBf16Variant taking(CpuBf16Variant v, std::vector<Rule> rules, std::vector<Decay> decays) {
+  v.takes.rules = std::move(rules);
+  v.takes.decays = std::move(decays);
+  return v;
+}
+
+// AMX tiles first where the CPU has them (or a test forces the emulation): the additive rule with
+// decays none, retnet and scalar, then with vector gates, then the delta rule; then AVX512-BF16.
 std::vector<CpuBf16Variant> native_chunked() {
   return {
       native_forward(
@@ -63,6 +80,28 @@ std::vector<CpuBf16Variant> native_chunked() {
           {chunked_amx_backward_takes,
            [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m) { chunked_amx_backward(p, a, m, amx_path()); },
            chunked_amx_backward_floats}),
+      taking(native_forward("chunked_amx_gated", chunked_amx_gated_takes,
+                            [](const Problem& p, const Bf16ForwardArgs& a, Allocator& m) {
+                              chunked_amx_gated_forward(p, a, m, amx_path());
+                            },
+                            chunked_amx_gated_forward_floats,
+                            {[](const Problem&) { return true; },
+                             [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m) {
+                               chunked_amx_gated_backward(p, a, m, amx_path());
+                             },
+                             chunked_amx_gated_backward_floats}),
+             {Rule::additive}, {Decay::vector}),
+      taking(native_forward("chunked_amx_delta", chunked_amx_delta_takes,
+                            [](const Problem& p, const Bf16ForwardArgs& a, Allocator& m) {
+                              chunked_amx_delta_forward(p, a, m, amx_path());
+                            },
+                            chunked_amx_delta_forward_floats,
+                            {chunked_amx_delta_backward_takes,
+                             [](const Problem& p, const Bf16BackwardArgs& a, Allocator& m) {
+                               chunked_amx_delta_backward(p, a, m, amx_path());
+                             },
+                             chunked_amx_delta_backward_floats}),
+             {Rule::delta}, {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}),
       native_forward("chunked_bf16", chunked_bf16_limits, chunked_bf16_forward, chunked_bf16_forward_floats)};
 }
 
