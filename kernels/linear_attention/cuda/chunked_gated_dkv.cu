@@ -178,9 +178,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   __syncthreads();
 
   WarpBlock<T, 1, SI> sc;  // the warp's transposed score (or dA) tiles: key tile tj, query tiles cg SI ..
-  WarpBlock<T, 1, TN> dv, dk;
-  dv.zero();
-  dk.zero();
+  WarpBlock<T, 1, TN> dv, dk;  // zeroed where they are first used (not live through the gates' start)
   if constexpr (Vector) {
     // The own gates in 32-channel pieces: the tiles' sums, dV's diagonal tiles (raw Q and K),
     // then Q . EQ and K . EK.
@@ -236,8 +234,12 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
             from_float<T>(jj <= lane ? scale * diag[(tj * 16 + lane) * 16 + jj] : 0.0f);
     }
     __syncthreads();
+    dv.zero();
+    dk.zero();
     if (has_v) warp_mma<false, TN>(dv.acc[0], S + tj * 16 * L.ldS, L.ldS, O + c0 + wc, L.ldV, RT);
   } else {
+    dv.zero();
+    dk.zero();
     // The own block for both: s A^T and dA^T masked (i >= j) with exp(b_i - b_j).
     sc.zero();
 #pragma unroll
@@ -289,32 +291,38 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
       blk[0] = row_sums<true, Fixed>(g + i0, lg, rows, RB, walk);
     }
     __syncthreads();
-    sc.zero();
-    if (cg * SI < RT) {
+    // The score tiles one 16 x 16 tile at a time (the dV and dK accumulators are live here).
+    WarpBlock<T, 1, 1> one;
+#pragma unroll 1
+    for (int u = 0; u < SI; ++u) {
+      const int I = cg * SI + u;
+      if (I >= RT) break;
+      one.zero();
       if constexpr (Vector)
-        mma_scaled_a<true, SI>(sc.acc[0], K + tj * 16 * L.ldK, L.ldK, f, Q + cg * SI * 16 * L.ldK, L.ldK, Dkp / 16,
-                               piece);
+        mma_scaled_a<true, 1>(one.acc[0], K + tj * 16 * L.ldK, L.ldK, f, Q + I * 16 * L.ldK, L.ldK, Dkp / 16, piece);
       else
-        warp_mma<true, SI>(sc.acc[0], K + tj * 16 * L.ldK, L.ldK, Q + cg * SI * 16 * L.ldK, L.ldK, Dkp / 16);
+        warp_mma<true, 1>(one.acc[0], K + tj * 16 * L.ldK, L.ldK, Q + I * 16 * L.ldK, L.ldK, Dkp / 16);
+      each_lane(one, scratch, [&](int, int r, int c, float& x) {
+        const int j = tj * 16 + r, i = I * 16 + c;
+        if constexpr (Vector) S[j * L.ldS + i] = from_float<T>(scale * x);
+        else S[j * L.ldS + i] = from_float<T>(i < rows ? scale * x * walked_weight(j, i) : 0.0f);
+      });
     }
-    each_lane(sc, scratch, [&](int u, int r, int c, float& x) {
-      const int I = cg * SI + u, j = tj * 16 + r, i = I * 16 + c;
-      if (I >= RT) return;
-      if constexpr (Vector) S[j * L.ldS + i] = from_float<T>(scale * x);
-      else S[j * L.ldS + i] = from_float<T>(i < rows ? scale * x * walked_weight(j, i) : 0.0f);
-    });
     __syncthreads();
     if (has_v) warp_mma<false, TN>(dv.acc[0], S + tj * 16 * L.ldS, L.ldS, O + c0 + wc, L.ldV, RT);
     __syncthreads();  // S is read: its place takes dA
-    sc.zero();
-    if (cg * SI < RT)
-      warp_mma<true, SI>(sc.acc[0], V + tj * 16 * L.ldV, L.ldV, O + cg * SI * 16 * L.ldV, L.ldV, Dvp / 16);
-    each_lane(sc, scratch, [&](int u, int r, int c, float& x) {
-      const int I = cg * SI + u, j = tj * 16 + r, i = I * 16 + c;
-      if (I >= RT) return;
-      if constexpr (Vector) dA[j * L.ldS + i] = from_float<T>(scale * x);
-      else dA[j * L.ldS + i] = from_float<T>(i < rows ? scale * x * walked_weight(j, i) : 0.0f);
-    });
+#pragma unroll 1
+    for (int u = 0; u < SI; ++u) {
+      const int I = cg * SI + u;
+      if (I >= RT) break;
+      one.zero();
+      warp_mma<true, 1>(one.acc[0], V + tj * 16 * L.ldV, L.ldV, O + I * 16 * L.ldV, L.ldV, Dvp / 16);
+      each_lane(one, scratch, [&](int, int r, int c, float& x) {
+        const int j = tj * 16 + r, i = I * 16 + c;
+        if constexpr (Vector) dA[j * L.ldS + i] = from_float<T>(scale * x);
+        else dA[j * L.ldS + i] = from_float<T>(i < rows ? scale * x * walked_weight(j, i) : 0.0f);
+      });
+    }
     __syncthreads();
     if (has_k) {
       if constexpr (Vector)
