@@ -241,6 +241,26 @@ TEST_CASE("emulation: the state pass split over 64 x 32 slices of the state, eve
       }
 }
 
+TEST_CASE("emulation: the dV/dK kernel's edges: ragged column tiles, grouped heads, strong gates, several chunks",
+          "[emulation][chunked_gated]") {
+  // The dV/dK kernel's blocks own 64 columns of dV and 64 channels of dK each: Dk 72 x Dv 20 (a
+  // block past Dv computes dK alone, its second tile 8 channels), Dk 20 x Dv 130 (blocks past Dk
+  // compute dV alone, a last tile of 2 columns), with grouped heads (dK summed over a group's value
+  // heads); chunks of several row blocks with ragged last chunks (several walked query blocks);
+  // vector gates at gate_norm 1 (strong: the pieces of the own rows' gates and the channel
+  // factors), scalar gates and none; float32 and bf16.
+  const std::vector<Problem> shapes = {shaped(1, 4, 150, 72, 64, Decay::none, 2, 20),
+                                       shaped(2, 2, 90, 20, 48, Decay::none, 1, 130),
+                                       shaped(1, 2, 200, 40, 100, Decay::none, 2, 72)};
+  for (Decay decay : {Decay::vector, Decay::scalar, Decay::none})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+      for (const Problem& base : shapes) {
+        Problem p = base;
+        p.decay = decay;
+        expect_pass({p, "1", dtype, true});
+      }
+}
+
 TEST_CASE("emulation: every gated chunked kernel once per gate and dtype, for the sanitizers",
           "[emulation][chunked_gated][gated_race]") {
   // What the sanitizer builds run of this group (every emulated barrier wakes every CUDA thread, and
