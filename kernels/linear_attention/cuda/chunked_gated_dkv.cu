@@ -32,10 +32,10 @@
 // second 16 KiB+ of shared memory that drops the bf16 vector-gated headline case to one block per
 // multiprocessor. dQ stays its own launch (cuda/chunked_gated_dq.cu).
 //
-// Shared memory at the headline shape (bf16, Dk = Dv = 128, RB 64, vector gates): K, V, Q, dO
-// 17 KiB each, the score tiles or a 64-channel piece of the gates 18 KiB, dV's diagonal tiles,
-// the gates' sums and the warps' areas: 114688 bytes, two blocks per multiprocessor as the dV and
-// dK kernels it replaces (docs/cuda.md lists every case).
+// Shared memory at the headline shape (bf16, Dk = Dv = 128, RB 64; as the emulation computes it):
+// K, V, Q, dO 17 KiB each, the score tile with dV's diagonal tiles (or a 32-channel piece of the
+// gates), the gates' sums and the warps' areas: 104448 bytes with vector gates, 92288 without;
+// two blocks per multiprocessor, as the dV and dK kernels it replaces.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
