@@ -19,10 +19,27 @@
 // memory; the same per-warp f scales the reduction index of A^T (mma_scaled_a, every channel) and
 // the output channels of dK (mma_scaled_b, the block's channels of the same f), whose common
 // factor EK is applied at the end. The diagonal 16 x 16 tiles are element-wise on the FMA units:
-// dV's (diagonal_scores, over 64-channel pieces of the own rows' gates) first, kept in shared
-// memory until the score tile is written; dK's (diagonal_dk) after the walk and the state terms,
-// so that its share lives in registers only for the epilogue: the own rows' Q and dO are staged
-// again there (an L2 read), and the own gates on the block's channels.
+// dV's (diagonal_scores, over 32-channel pieces of the own rows' gates) first, kept in shared
+// memory until the score tile is written; dK's (diagonal_dk) after the walk and the state terms:
+// the own rows' Q and dO are staged again there (an L2 read), and the own gates on the block's
+// channels.
+//
+// Registers: the launch bounds for 2 blocks of 256 threads cap a thread at 128 registers, and
+// every instance must fit them without a spill or a stack frame (the build fails otherwise).
+// Where the score and accumulator tiles are few (RB 32: one dV and one dK tile a warp), what
+// decides the peak is the values that live through the whole kernel, so these are kept small:
+//  - the chunk's offsets (q/k, v/dO, g, dh_c, dK's rows; 64-bit each) are written to shared memory
+//    by one thread before the first barrier and read where a stage or a store needs them, not
+//    held in registers through the walk; the fixed gates' log-gate is computed where one thread
+//    uses it; the stores' row bounds use the row block's count of rows, not the chunk's;
+//  - dV's diagonal scores go in groups of 4 channels (diagonal_scores<4>: 4 query, factor, key
+//    and gate values a lane per key row instead of 8), and each 32-channel piece's part is added
+//    to the warp's scratch in shared memory, so no partial sums live across the gates' staging;
+//  - dK's diagonal share (8 TN floats a lane) goes to shared memory (K and V's place, free by
+//    then) as soon as it is computed instead of living through the own block's remaining query
+//    tiles, and is added back in the epilogue.
+// A smaller row block was no way out: the vector gates spilled at RB 32, the smallest row block
+// the 8-warp tiling allows (at RB 16 a warp would own no whole 16-column tile of the 64).
 //
 // Why dQ is not in this kernel: dQ owns query rows and walks the key blocks below them, the
 // opposite direction; only where a row block is the whole chunk would one block have all of dQ's
@@ -34,8 +51,8 @@
 //
 // Shared memory at the headline shape (bf16, Dk = Dv = 128, RB 64; as the emulation computes it):
 // K, V, Q, dO 17 KiB each, the score tile with dV's diagonal tiles (or a 32-channel piece of the
-// gates), the gates' sums and the warps' areas: 104448 bytes with vector gates, 92288 without;
-// two blocks per multiprocessor, as the dV and dK kernels it replaces.
+// gates), the gates' sums, the chunk's offsets and the warps' areas: 104576 bytes with vector
+// gates, 92416 without; two blocks per multiprocessor, as the dV and dK kernels it replaces.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
@@ -52,6 +69,10 @@ namespace {
 
 constexpr int kDkvCols = 64;   // dV's value columns and dK's key channels per block
 constexpr int kGatePiece = 32;  // vector gates: the own rows' gates staged 32 channels at a time
+// The chunk's offsets in the tensors (q/k, v/dO, g, dh_c, dK's rows): in shared memory after the
+// first barrier (one thread writes them), read where used rather than kept in registers through
+// the walk.
+constexpr int kOffKey = 0, kOffValue = 1, kOffGate = 2, kOffState = 3, kOffKeyPart = 4, kOffsets = 5;
 
 __host__ __device__ constexpr int round64(int x) { return (x + 63) / 64 * 64; }
 
@@ -61,11 +82,11 @@ __host__ __device__ constexpr int round64(int x) { return (x + 63) / 64 * 64; }
 // block's 64 columns) and, at the end, the own rows' gates on the block's channels (vector) reuse;
 // one region for in turn the own rows' gates in 32-channel pieces (vector) and the score tile
 // (rows: keys; s A^T, then dA^T), with dV's diagonal tiles' scores beside it (vector); the gates'
-// sums; the warps' areas. (The largest dims must fit A100's 163 KiB: float32 with vector gates at
-// dim 256 takes 166400 bytes.)
+// sums; the chunk's offsets; the warps' areas. (The largest dims must fit A100's 163 KiB: float32
+// with vector gates at dim 256 takes 166528 bytes.)
 struct DkvLayout {
-  int Dkp, Dvp, Kw, Vw, ldK, ldV, ldS, ldG, ldH, ldP;
-  std::size_t k, v, q, o, h, g, x, s, diag, sums, warps, warp_bytes, total;
+  int Dkp, Dvp, Kw, Vw, ldK, ldV, ldS, ldG, ldH, ldP, ldD;
+  std::size_t k, v, dd, q, o, h, g, x, s, diag, sums, offs, warps, warp_bytes, total;
 };
 
 __host__ __device__ inline DkvLayout dkv_layout(int Dk, int Dv, int RB, int es, bool vector) {
@@ -80,9 +101,14 @@ __host__ __device__ inline DkvLayout dkv_layout(int Dk, int Dv, int RB, int es, 
   L.ldG = padded_ld(kDkvCols, 4);
   L.ldH = padded_ld(kDkvCols, es);
   L.ldP = padded_ld(kGatePiece, 4);
+  L.ldD = padded_ld(kDkvCols, 4);
   Carve c;
   L.k = c.take(std::size_t(RB) * L.ldK * es);
   L.v = c.take(std::size_t(RB) * L.ldV * es);
+  // Vector gates: K and V's place takes dK's diagonal share at the end (RB x 64 floats).
+  const std::size_t dd = vector ? std::size_t(RB) * L.ldD * 4 : 0;
+  if (c.at - L.k < dd) c.take(dd - (c.at - L.k));
+  L.dd = L.k;
   const std::size_t q = align128(std::size_t(RB) * L.ldK * es);
   const std::size_t o = std::max(std::size_t(RB) * L.ldV * es, vector ? std::size_t(RB) * L.ldG * 4 : 0);
   const std::size_t hv = std::size_t(64) * L.ldH * es, hk = std::size_t(64) * L.ldV * es;
@@ -95,6 +121,7 @@ __host__ __device__ inline DkvLayout dkv_layout(int Dk, int Dv, int RB, int es, 
   L.s = L.x;
   L.diag = L.x + s;
   L.sums = c.take(sizeof(double) * (vector ? std::size_t(RB / 16 + 1) * L.Dkp : std::size_t(2 * RB + 3)));
+  L.offs = c.take(sizeof(std::size_t) * kOffsets);
   L.warp_bytes = warp_area_bytes(vector ? L.Kw : 0);
   L.warps = c.take(kGatedWarps * L.warp_bytes);
   L.total = c.at;
@@ -116,7 +143,6 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, tj = warp % RT, cg = warp / RT;
   const int Dk = s.Dk, Dv = s.Dv, W = s.W, Dkp = L.Dkp, Dvp = L.Dvp, Kw = L.Kw, Vw = L.Vw;
   const int valid = min(RB, ch.n - j0), blocks = (ch.n + RB - 1) / RB;
-  const double lg = Fixed ? head_log_gate(s, at.h) : 0.0;  // fixed gates: every row's log-gate
   const int c0 = at.ct * kDkvCols, wc = cg * NW;              // the block's first column, the warp's
   const bool has_v = c0 < Dv, has_k = c0 < Dk;                // block-uniform
   const int kcols = min(kDkvCols, Dk - c0);                   // dK's channels (when has_k)
@@ -127,6 +153,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   T* H = reinterpret_cast<T*>(smem + L.h);
   float* G = reinterpret_cast<float*>(smem + L.x);   // the own gates' 32-channel pieces (vector, start)
   float* Gk = reinterpret_cast<float*>(smem + L.g);  // the own gates on the block's channels (vector, end)
+  float* DD = reinterpret_cast<float*>(smem + L.dd);  // dK's diagonal tiles' share (vector, end)
   T* S = reinterpret_cast<T*>(smem + L.s);  // S[j][i] = s A_ij, then dA[j][i] = s dA_ij (times the gates)
   T* dA = S;
   // Vector gates: tiles[t][d], between[d] (the walked blocks' so far), d < Dkp. Scalar: own[r]
@@ -140,6 +167,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   double* const between = sums + (Vector ? RT * Dkp : 2 * RB);
   double* const blk = between + 1;        // scalar
   double* const own_total = between + 2;  // scalar
+  std::size_t* const offs = reinterpret_cast<std::size_t*>(smem + L.offs);
   unsigned char* area = smem + L.warps + warp * L.warp_bytes;
   float* scratch = reinterpret_cast<float*>(area);
   T* piece = reinterpret_cast<T*>(area);
@@ -150,7 +178,13 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   const T* v = static_cast<const T*>(p.args.v) + ch.value;
   const T* dO = static_cast<const T*>(p.args.dO) + ch.value;
   const float* g = p.args.g + ch.gate;
+  // After the first barrier: the chunk's rows from the offsets in shared memory.
+  auto queries = [&] { return static_cast<const T*>(p.args.q) + offs[kOffKey]; };
+  auto grads = [&] { return static_cast<const T*>(p.args.dO) + offs[kOffValue]; };
+  auto gates = [&] { return p.args.g + offs[kOffGate]; };
   const float scale = s.scale;
+  // Fixed gates: every row's log-gate, computed where one thread uses it (not live through the kernel).
+  auto log_gate = [&] { return Fixed ? head_log_gate(s, at.h) : 0.0; };
   // Vector gates: the sum of the own tiles strictly between lo and hi, per channel d.
   auto tiles_between = [&](int lo, int hi, int d) {
     double x = 0;
@@ -168,9 +202,16 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   stage_async<kGatedThreads>(Q, L.ldK, q + std::size_t(j0) * Dk, Dk, valid, Dk, RB, Kw);
   stage_async<kGatedThreads>(O, L.ldV, dO + std::size_t(j0) * Dv, Dv, valid, Dv, RB, Vw);
   __pipeline_commit();
+  if (threadIdx.x == 0) {
+    offs[kOffKey] = ch.key;
+    offs[kOffValue] = ch.value;
+    offs[kOffGate] = ch.gate;
+    offs[kOffState] = ch.state;
+    offs[kOffKeyPart] = ch.key_part;
+  }
   if constexpr (!Vector) {
     if (threadIdx.x == 0) {
-      own_total[0] = row_sums<true, Fixed>(g + j0, lg, valid, RB, own);
+      own_total[0] = row_sums<true, Fixed>(g + j0, log_gate(), valid, RB, own);
       between[0] = 0.0;
     }
   }
@@ -182,37 +223,38 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   if constexpr (Vector) {
     // The own gates in 32-channel pieces: the tiles' sums, dV's diagonal tiles (raw Q and K),
     // then Q . EQ and K . EK.
-    float d1[16];  // this warp's part of the diagonal tile's scores, query row lane % 16
     for (int d = int(threadIdx.x); d < Dkp; d += kGatedThreads) between[d] = 0.0;
     for (int pc = 0; pc < Dkp; pc += kGatePiece) {
       const int pw = min(kGatePiece, Dkp - pc);
-      stage_async<kGatedThreads>(G, L.ldP, g + std::size_t(j0) * W + pc, W, valid, Dk - pc, RB, kGatePiece);
+      stage_async<kGatedThreads>(G, L.ldP, gates() + std::size_t(j0) * W + pc, W, valid, Dk - pc, RB, kGatePiece);
       __pipeline_commit();
       __pipeline_wait_prior(0);
       __syncthreads();
       tile_sums_and_exp(G, L.ldP, RB, pw, tiles + pc, Dkp);
       __syncthreads();
-      diagonal_scores(d1, Q + pc, K + pc, L.ldK, G, L.ldP, tj, pw, cg * 2 + (lane >> 4), CG * 2, pc == 0);
+      {  // this warp's part of the piece's diagonal scores (query row lane % 16), added to its scratch
+        float d1[16];
+        diagonal_scores<4>(d1, Q + pc, K + pc, L.ldK, G, L.ldP, tj, pw, cg * 2 + (lane >> 4), CG * 2);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) d1[j] += __shfl_xor_sync(0xffffffffu, d1[j], 16);
+        if (lane < 16) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+            scratch[lane * kTileScratchLd + j] = (pc == 0 ? 0.0f : scratch[lane * kTileScratchLd + j]) + d1[j];
+        }
+      }
       __syncthreads();
       tile_factors<true>(Q + pc, L.ldK, G, L.ldP, RB, pw);   // Q . EQ
       tile_factors<false>(K + pc, L.ldK, G, L.ldP, RB, pw);  // K . EK
       __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 16; ++j) d1[j] += __shfl_xor_sync(0xffffffffu, d1[j], 16);
-    if (cg > 0 && lane < 16) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) scratch[lane * kTileScratchLd + j] = d1[j];
-    }
-    __syncthreads();
     if (cg == 0 && lane < 16) {  // the parts' sum, kept in shared memory until the score tile is written
-      for (int o = 1; o < CG; ++o) {
-        const float* other = reinterpret_cast<const float*>(smem + L.warps + (tj + o * RT) * L.warp_bytes);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) d1[j] += other[lane * kTileScratchLd + j];
+      for (int j = 0; j < 16; ++j) {
+        float x = 0.0f;
+        for (int o = 0; o < CG; ++o)
+          x += reinterpret_cast<const float*>(smem + L.warps + (tj + o * RT) * L.warp_bytes)[lane * kTileScratchLd + j];
+        diag[(tj * 16 + lane) * 16 + j] = x;
       }
-#pragma unroll
-      for (int j = 0; j < 16; ++j) diag[(tj * 16 + lane) * 16 + j] = d1[j];
     }
     __syncthreads();
     // dV's own block: the tiles below the diagonal with f = the tiles between.
@@ -276,8 +318,8 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
   for (int ib = at.rb + 1; ib < blocks; ++ib) {
     const std::size_t i0 = std::size_t(ib) * RB;
     const int rows = min(RB, ch.n - int(i0));
-    stage_async<kGatedThreads>(Q, L.ldK, q + i0 * Dk, Dk, rows, Dk, RB, Kw);
-    stage_async<kGatedThreads>(O, L.ldV, dO + i0 * Dv, Dv, rows, Dv, RB, Vw);
+    stage_async<kGatedThreads>(Q, L.ldK, queries() + i0 * Dk, Dk, rows, Dk, RB, Kw);
+    stage_async<kGatedThreads>(O, L.ldV, grads() + i0 * Dv, Dv, rows, Dv, RB, Vw);
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
@@ -286,9 +328,9 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
       // block's start), its sums added to between.
       warp_factors(f, Dk, Kw, [&](int d) { return between[d] + tiles_between(tj, RT, d); });
       __syncthreads();
-      walked_factors<true>(Q, L.ldK, g + i0 * W, W, rows, Dk, between, true);
+      walked_factors<true>(Q, L.ldK, gates() + i0 * W, W, rows, Dk, between, true);
     } else if (threadIdx.x == 0) {
-      blk[0] = row_sums<true, Fixed>(g + i0, lg, rows, RB, walk);
+      blk[0] = row_sums<true, Fixed>(gates() + i0, log_gate(), rows, RB, walk);
     }
     __syncthreads();
     // The score tiles one 16 x 16 tile at a time (the dV and dK accumulators are live here).
@@ -351,7 +393,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
       for (int d = lane; d < Dvp; d += 32) V[r * L.ldV + d] = from_float<T>(to_float(V[r * L.ldV + d]) * fr);
     }
   }
-  const T* dstate = static_cast<const T*>(p.args.states) + ch.state;
+  const T* dstate = static_cast<const T*>(p.args.states) + offs[kOffState];
   if (has_k) {  // dh_c's rows of the block's channels, B's columns
     stage_async<kGatedThreads>(H, L.ldV, dstate + std::size_t(c0) * Dv, Dv, kcols, Dv, 64, Dvp);
     __pipeline_commit();
@@ -374,19 +416,18 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
     }
   }
   if (has_v) {
-    float* out = p.args.out + ch.value + c0;
+    float* out = p.args.out + offs[kOffValue] + c0;
     each_lane(dv, scratch, [&](int t, int r, int c, float& x) {
-      const int j = j0 + tj * 16 + r, col = wc + t * 16 + c;
-      if (j < ch.n && c0 + col < Dv) out[std::size_t(j) * Dv + col] = x;
+      const int j = tj * 16 + r, col = wc + t * 16 + c;
+      if (j < valid && c0 + col < Dv) out[std::size_t(j0 + j) * Dv + col] = x;
     });
   }
   if (!has_k) return;  // block-uniform, after the last barrier of the dV part
 
-  float dd[8 * TN];  // vector gates: dK's diagonal tiles' share, added after the common factor
   if constexpr (Vector) {
     // ---- dK's own block: its rows as queries again (raw), dA^T, the gates on the block's channels ----
-    stage_async<kGatedThreads>(Q, L.ldK, q + std::size_t(j0) * Dk, Dk, valid, Dk, RB, Kw);
-    stage_async<kGatedThreads>(O, L.ldV, dO + std::size_t(j0) * Dv, Dv, valid, Dv, RB, Vw);
+    stage_async<kGatedThreads>(Q, L.ldK, queries() + std::size_t(j0) * Dk, Dk, valid, Dk, RB, Kw);
+    stage_async<kGatedThreads>(O, L.ldV, grads() + std::size_t(j0) * Dv, Dv, valid, Dv, RB, Vw);
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
@@ -401,7 +442,7 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
       if (I < RT) dA[j * L.ldS + i] = from_float<T>(i >= j ? scale * x : 0.0f);
     });
     __syncthreads();  // dO is read: its place takes the gates
-    stage_async<kGatedThreads>(Gk, L.ldG, g + std::size_t(j0) * W + c0, W, valid, kcols, RB, kDkvCols);
+    stage_async<kGatedThreads>(Gk, L.ldG, gates() + std::size_t(j0) * W + c0, W, valid, kcols, RB, kDkvCols);
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
@@ -410,7 +451,13 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
       Gk[r * L.ldG + d] = expf(Gk[r * L.ldG + d]);
     }
     __syncthreads();
-    diagonal_dk<TN>(dd, dA, L.ldS, Q + c0, L.ldK, Gk, L.ldG, tj, wc);
+    {  // dK's diagonal share, in the lane's own elements of K and V's place until the end
+      float dd[8 * TN];
+      diagonal_dk<TN>(dd, dA, L.ldS, Q + c0, L.ldK, Gk, L.ldG, tj, wc);
+#pragma unroll
+      for (int t = 0; t < TN; ++t)
+        store8(DD + (tj * 16 + (lane >> 1)) * L.ldD + wc + t * 16 + (lane & 1) * 8, *reinterpret_cast<float(*)[8]>(dd + t * 8));
+    }
     __syncthreads();
     tile_factors<true>(Q + c0, L.ldK, Gk, L.ldG, RB, kDkvCols);  // Q . EQ on the block's channels
     tile_products<false>(Gk, L.ldG, RB, kDkvCols);             // dK's common factor EK
@@ -422,12 +469,12 @@ __global__ void __launch_bounds__(kGatedThreads, MinBlocks) gated_dkv_kernel(Gat
                               1, piece);
     }
   }
-  float* out = p.args.dk + ch.key_part + c0;
+  float* out = p.args.dk + offs[kOffKeyPart] + c0;
   each_lane(dk, scratch, [&](int t, int r, int c, float& x) {
     const int row = tj * 16 + r, col = wc + t * 16 + c;
     float y = x;
-    if constexpr (Vector) y = x * Gk[row * L.ldG + col] + dd[t * 8 + (c & 7)];
-    if (j0 + row < ch.n && col < kcols) out[std::size_t(j0 + row) * Dk + col] = y;
+    if constexpr (Vector) y = x * Gk[row * L.ldG + col] + DD[row * L.ldD + col];
+    if (row < valid && col < kcols) out[std::size_t(j0 + row) * Dk + col] = y;
   });
 }
 
