@@ -35,7 +35,7 @@ bool limit_matters(const Case& c) {
   const Problem p = linear_problem(c);
   if (c.impl == "chunked" && p.delta()) return false;  // its kernels' launches do not depend on the limit
   if (c.impl == "chunked") {  // the additive rule's chunked kernels (the layer's linear branch too)
-    for (const char* kernel : {"output", "dv", "dq", "dk"}) {
+    for (const char* kernel : {"output", "dkv", "dq"}) {
       const cuda::GatedTiles h100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kH100SharedOptin),
                              a100 = cuda::gated_tiles(kernel, p, dtype, lattn_emu::kA100SharedOptin);
       if (h100.rows_per_block != a100.rows_per_block || h100.blocks_per_sm != a100.blocks_per_sm) return true;

@@ -241,6 +241,26 @@ TEST_CASE("emulation: the state pass split over 64 x 32 slices of the state, eve
       }
 }
 
+TEST_CASE("emulation: the dV/dK kernel's edges: ragged column tiles, grouped heads, strong gates, several chunks",
+          "[emulation][chunked_gated]") {
+  // The dV/dK kernel's blocks own 64 columns of dV and 64 channels of dK each: Dk 72 x Dv 20 (a
+  // block past Dv computes dK alone, its second tile 8 channels), Dk 20 x Dv 130 (blocks past Dk
+  // compute dV alone, a last tile of 2 columns), with grouped heads (dK summed over a group's value
+  // heads); chunks of several row blocks with ragged last chunks (several walked query blocks);
+  // vector gates at gate_norm 1 (strong: the pieces of the own rows' gates and the channel
+  // factors), scalar gates and none; float32 and bf16.
+  const std::vector<Problem> shapes = {shaped(1, 4, 150, 72, 64, Decay::none, 2, 20),
+                                       shaped(2, 2, 90, 20, 48, Decay::none, 1, 130),
+                                       shaped(1, 2, 200, 40, 100, Decay::none, 2, 72)};
+  for (Decay decay : {Decay::vector, Decay::scalar, Decay::none})
+    for (cuda::Dtype dtype : {cuda::Dtype::f32, cuda::Dtype::bf16})
+      for (const Problem& base : shapes) {
+        Problem p = base;
+        p.decay = decay;
+        expect_pass({p, "1", dtype, true});
+      }
+}
+
 TEST_CASE("emulation: every gated chunked kernel once per gate and dtype, for the sanitizers",
           "[emulation][chunked_gated][gated_race]") {
   // What the sanitizer builds run of this group (every emulated barrier wakes every CUDA thread, and
@@ -274,12 +294,13 @@ TEST_CASE("emulation: the gated chunked launch code's every tile choice, under t
     REQUIRE(!cuda::chunked_gated_unsupported(g.p, g.dtype, limit));
     lattn_emu::clear_launch_log();
     expect_pass(g);
-    // Forward: states, output; backward: dV, dQ, dK in that order among the chunk-parallel launches.
+    // Forward: states, output; backward: dV and dK (one launch), then dQ among the chunk-parallel
+    // launches.
     std::vector<std::string> kernels;
     for (const auto& launch : lattn_emu::launch_log()) {
       const std::string name = launch.kernel == "gated_output_kernel" ? "output"
-                               : launch.kernel == "gated_dv_kernel"   ? "dv"
-                               : launch.kernel == "gated_dqk_kernel"  ? (std::count(kernels.begin(), kernels.end(), "dq") ? "dk" : "dq")
+                               : launch.kernel == "gated_dkv_kernel"  ? "dkv"
+                               : launch.kernel == "gated_dq_kernel"   ? "dq"
                                                                       : "";
       if (name.empty()) continue;
       kernels.push_back(name);
@@ -291,7 +312,7 @@ TEST_CASE("emulation: the gated chunked launch code's every tile choice, under t
       CHECK(launch.block.x == 256);
       choices.insert({tiles.rows_per_block, blocks});
     }
-    CHECK(kernels == std::vector<std::string>{"output", "dv", "dq", "dk"});
+    CHECK(kernels == std::vector<std::string>{"output", "dkv", "dq"});
   }
   INFO("device limit " << limit);
   CHECK(choices == std::set<std::pair<int, int>>{{32, 1}, {32, 2}, {64, 2}});

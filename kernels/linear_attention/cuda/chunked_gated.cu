@@ -3,8 +3,8 @@
 //
 // Forward: the state pass (h_c of every chunk, hT), then the output kernel. Backward: the state
 // pass again unless the forward's states were kept, the reverse state pass (dh_c, dh0 and dg's
-// per-chunk state terms), the dV kernel, the dQ and dK kernels, then dg. With grouped heads the dQ
-// and dK kernels write per value head ("key parts", as the scan does: dg needs each value head's
+// per-chunk state terms), the dV/dK kernel (one launch), the dQ kernel, then dg. With grouped heads
+// the dK and dQ kernels write per value head ("key parts", as the scan does: dg needs each value head's
 // own) and sum_group_keys (cuda/scan.cu) adds each group's parts into dq and dk: deterministic,
 // no atomics.
 //
@@ -158,7 +158,7 @@ std::size_t key_part_floats(const Problem& p) {
 // Per multiprocessor a GPU has the opt-in limit per block plus the 1 KiB the runtime keeps per block.
 constexpr std::size_t kReservedPerBlock = 1024;
 
-const char* const kKernels[] = {"output", "dv", "dq", "dk"};
+const char* const kKernels[] = {"output", "dkv", "dq"};
 
 }  // namespace
 
@@ -189,8 +189,8 @@ std::size_t chunked_gated_backward_workspace_bytes(const Problem& p, Dtype dtype
 
 std::size_t gated_shared_bytes(const std::string& kernel, const Problem& p, Dtype dtype, int rows_per_block) {
   if (kernel == "output") return gated_output_shared_bytes(p, dtype, rows_per_block);
-  if (kernel == "dv") return gated_dv_shared_bytes(p, dtype, rows_per_block);
-  return gated_dqk_shared_bytes(p, dtype, rows_per_block, kernel == "dk");
+  if (kernel == "dkv") return gated_dkv_shared_bytes(p, dtype, rows_per_block);
+  return gated_dq_shared_bytes(p, dtype, rows_per_block);
 }
 
 // RB 64 (bf16, chunks over 32 rows) with two blocks per multiprocessor, else RB 32 with two, else
@@ -232,8 +232,8 @@ std::vector<ChunkedKernel> chunked_gated_kernels(const Problem& p, Dtype dtype) 
     if (tiles.rows_per_block == 0) continue;
     const std::string name = kernel;
     const int resident = name == "output" ? gated_output_occupancy(p, dtype, tiles)
-                         : name == "dv"   ? gated_dv_occupancy(p, dtype, tiles)
-                                          : gated_dqk_occupancy(p, dtype, tiles, name == "dk");
+                         : name == "dkv"  ? gated_dkv_occupancy(p, dtype, tiles)
+                                          : gated_dq_occupancy(p, dtype, tiles);
     kernels.push_back({"gated_" + name + "_kernel", kGatedThreads, tiles.rows_per_block,
                        gated_shared_bytes(kernel, p, dtype, tiles.rows_per_block), tiles.blocks_per_sm, resident});
   }
@@ -266,12 +266,11 @@ void chunked_gated_backward(const Problem& p, Dtype dtype, const DeviceBackward&
   const bool dg = shape.gates != kFixedGates;  // fixed gates have no dg, nor its row sums
   gated_state_pass(p, dtype, shape, {a.q, a.dO, a.g, a.dhT, a.dh0, dh.data(), h, dg ? rowsums.data() : nullptr, true},
                    stream);
-  gated_dv(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, dh.data(), a.dv}, stream);
   const bool grouped = p.group() > 1;
   float* dq = grouped ? parts.data() : a.dq;
   float* dk = grouped ? parts.data() + key_part_floats(p) : a.dk;
-  gated_dqk(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, h, dq}, false, stream);
-  gated_dqk(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, dh.data(), dk}, true, stream);
+  gated_dkv(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, dh.data(), a.dv, dk}, stream);
+  gated_dq(p, dtype, shape, {a.q, a.k, a.v, a.dO, a.g, h, dq}, stream);
   if (dg) launch_dg(dtype, {shape, a.q, a.k, dq, dk, rowsums.data(), a.dg}, stream);
   if (grouped) {
     sum_group_keys(p, dq, a.dq, stream);

@@ -7,8 +7,8 @@
 //   cuda/chunked_gated_states.cu  the state pass, forward (h_c, hT) and reverse (dh_c, dh0, dg's
 //                                 per-chunk state term)
 //   cuda/chunked_gated_output.cu  O, chunk-parallel
-//   cuda/chunked_gated_dv.cu      dV, chunk-parallel
-//   cuda/chunked_gated_dqk.cu     dQ and dK, chunk-parallel
+//   cuda/chunked_gated_dkv.cu     dV and dK, chunk-parallel, one launch
+//   cuda/chunked_gated_dq.cu      dQ, chunk-parallel
 //   cuda/chunked_gated.cu         dg, and the host API below
 //   cuda/chunked_gated.cuh, cuda/chunked_gated_gates.cuh   the device code they share
 // Every shape of docs/spec.md section 1c is taken as it is (grouped q/k heads, dim_v != dim,
@@ -59,7 +59,7 @@ struct GatedTiles {
   int rows_per_block = 0;  // 64 or 32; 0 when none fits
   int blocks_per_sm = 0;   // what its launch bounds promise: 2 or 1
 };
-// kernel: "output", "dv", "dq" or "dk".
+// kernel: "output", "dkv" (dV and dK) or "dq".
 GatedTiles gated_tiles(const std::string& kernel, const Problem& problem, Dtype dtype, std::size_t max_shared_bytes);
 std::size_t gated_shared_bytes(const std::string& kernel, const Problem& problem, Dtype dtype, int rows_per_block);
 // The gated form's kernels as a case launches them on the current device (chunked_kernels' fields).
@@ -92,7 +92,7 @@ struct GatedShape {
 };
 
 // The pointers a chunk-parallel kernel reads and writes (the roles each kernel gives them are in
-// its file). states: h_c (or dh_c), the token dtype; out: float32.
+// its file). states: h_c (or dh_c), the token dtype; out (and dk): float32.
 struct GatedArgs {
   const void* q;
   const void* k;
@@ -101,6 +101,7 @@ struct GatedArgs {
   const float* g;
   const void* states;
   float* out;
+  float* dk = nullptr;  // the dV/dK kernel: dK (out: dV)
 };
 
 // The state pass (cuda/chunked_gated_states.cu): per sequence and value head, chunk by chunk
@@ -127,15 +128,16 @@ void gated_state_pass(const Problem& problem, Dtype dtype, const GatedShape& sha
 // The chunk-parallel launches, each with the tiles gated_tiles chooses for it.
 void gated_output(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args,
                   cudaStream_t stream);
-void gated_dv(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args,
-              cudaStream_t stream);
-// dq (dk_pass false) or dk; out in the per-value-head key layout [B][H][T][Dk] (dq or dk itself
-// with one value head per q/k head).
-void gated_dqk(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args, bool dk_pass,
+// dV into out and dK into dk (states: dh_c); dK, as dQ, in the per-value-head key layout
+// [B][H][T][Dk] (dk itself with one value head per q/k head).
+void gated_dkv(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args,
                cudaStream_t stream);
+// dQ into out (states: h_c).
+void gated_dq(const Problem& problem, Dtype dtype, const GatedShape& shape, const GatedArgs& args,
+              cudaStream_t stream);
 std::size_t gated_output_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
-std::size_t gated_dv_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
-std::size_t gated_dqk_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block, bool dk_pass);
+std::size_t gated_dkv_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
+std::size_t gated_dq_shared_bytes(const Problem& problem, Dtype dtype, int rows_per_block);
 // The state pass (both directions): shared memory per block, the blocks per multiprocessor its
 // launch bounds promise on the current device, threads per block and blocks per launch (one per
 // sequence, value head, 64 state rows and 32 state columns).
@@ -146,7 +148,7 @@ std::size_t gated_state_pass_grid(const Problem& problem);
 // Resident blocks per multiprocessor of each kernel as launched (cudaOccupancy...).
 int gated_state_pass_occupancy(Dtype dtype, int gates);
 int gated_output_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
-int gated_dv_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
-int gated_dqk_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles, bool dk_pass);
+int gated_dkv_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
+int gated_dq_occupancy(const Problem& problem, Dtype dtype, GatedTiles tiles);
 
 }  // namespace lattn::cuda

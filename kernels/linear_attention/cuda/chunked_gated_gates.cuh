@@ -15,35 +15,57 @@ namespace {
 // (Multiply-adds written out: nvcc contracts them into FMAs; the emulation's host compiler, built
 // without FMA instructions, would call libm's fmaf for each.)
 
+// 4 values at a time (8-byte aligned shared memory).
+__device__ __forceinline__ void load4(const float* p, float (&x)[4]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+}
+__device__ __forceinline__ void load4(const bf16* p, float (&x)[4]) {
+  struct alignas(8) Bits {
+    unsigned int lo, hi;
+  };
+  const Bits v = *reinterpret_cast<const Bits*>(p);
+  const bf16* h = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) x[c] = __bfloat162float(h[c]);
+}
+template <class T>
+__device__ __forceinline__ void load_group(const T* p, float (&x)[8]) { load8(p, x); }
+template <class T>
+__device__ __forceinline__ void load_group(const T* p, float (&x)[4]) { load4(p, x); }
+
 // Scores within diagonal tile `tile` of a row block: acc[j] = sum over this lane's channels of
 // q_i . k_j . exp(b_i - b_j) for j <= i (i = lane % 16; 0 for j > i), with Q, K the block's raw
-// rows (ld ldk) and a = exp(g) per row and channel (ld lda). The channels go in groups of 8,
-// group `part`, part + parts, ... (the caller adds the parts' sums).
-template <class T>
+// rows (ld ldk) and a = exp(g) per row and channel (ld lda). The channels go in groups of C (8, or
+// 4 where the caller has fewer registers to spare: half the operands live per key row), group
+// `part`, part + parts, ... (the caller adds the parts' sums). zero false: added to acc (a sum
+// over several pieces of the channels, each with its own a).
+template <int C = 8, class T>
 __device__ void diagonal_scores(float (&acc)[16], const T* Q, const T* K, int ldk, const float* a, int lda, int tile,
-                                int Dp, int part, int parts) {
+                                int Dp, int part, int parts, bool zero = true) {
+  static_assert(C == 8 || C == 4, "channel groups of 8 or 4");
   const int i = int(threadIdx.x) & 15;
   const T* q = Q + (tile * 16 + i) * ldk;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
+  for (int j = 0; j < 16; ++j) acc[j] = zero ? 0.0f : acc[j];
 #pragma unroll 1
-  for (int d0 = part * 8; d0 < Dp; d0 += parts * 8) {
-    float qi[8], w[8];
-    load8(q + d0, qi);
+  for (int d0 = part * C; d0 < Dp; d0 += parts * C) {
+    float qi[C], w[C];
+    load_group(q + d0, qi);
 #pragma unroll
-    for (int c = 0; c < 8; ++c) w[c] = 1.0f;
+    for (int c = 0; c < C; ++c) w[c] = 1.0f;
 #pragma unroll
     for (int j = 15; j >= 0; --j) {  // w = exp(b_i - b_j) = prod of a over rows j+1 .. i
       const bool on = j <= i;
-      float kj[8], aj[8];
-      load8(K + (tile * 16 + j) * ldk + d0, kj);
-      load8(a + (tile * 16 + j) * lda + d0, aj);
+      float kj[C], aj[C];
+      load_group(K + (tile * 16 + j) * ldk + d0, kj);
+      load_group(a + (tile * 16 + j) * lda + d0, aj);
       float s = 0.0f;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) s += qi[c] * w[c] * kj[c];
+      for (int c = 0; c < C; ++c) s += qi[c] * w[c] * kj[c];
       acc[j] += on ? s : 0.0f;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) w[c] = on ? w[c] * aj[c] : w[c];
+      for (int c = 0; c < C; ++c) w[c] = on ? w[c] * aj[c] : w[c];
     }
   }
 }
@@ -115,22 +137,26 @@ __device__ void diagonal_dk(float (&out)[8 * TN], const T* dAT, int lds, const T
 // which the chunk-parallel kernels, at 128 a thread, do not have to spare.)
 
 // For the staged log-gates g of a block's rows (rows x cols floats, ld ldg; rows past the chunk's
-// end zero): tiles[t * cols + d] = the sum of tile t's rows (double), then g <- exp(g) in place.
-// Every thread of the block; a barrier after.
-__device__ inline void tile_sums_and_exp(float* g, int ldg, int rows, int cols, double* tiles) {
+// end zero): tiles[t * ldt + d] = the sum of tile t's rows (double; ldt: cols unless given), then
+// g <- exp(g) in place. Every thread of the block; a barrier after.
+__device__ inline void tile_sums_and_exp(float* g, int ldg, int rows, int cols, double* tiles, int ldt) {
   const int tiles_n = rows / 16;
   for (int e = int(threadIdx.x); e < tiles_n * cols; e += kGatedThreads) {
     const int t = e / cols, d = e - t * cols;
     double s = 0;
 #pragma unroll 1
     for (int r = 0; r < 16; ++r) s += g[(t * 16 + r) * ldg + d];
-    tiles[e] = s;
+    tiles[t * ldt + d] = s;
   }
   __syncthreads();
   for (int e = int(threadIdx.x); e < rows * cols; e += kGatedThreads) {
     const int r = e / cols, d = e - r * cols;
     g[r * ldg + d] = expf(g[r * ldg + d]);
   }
+}
+
+__device__ inline void tile_sums_and_exp(float* g, int ldg, int rows, int cols, double* tiles) {
+  tile_sums_and_exp(g, ldg, rows, cols, tiles, cols);
 }
 
 // Within each 16-row tile of `rows` rows, per column d < cols: X[r][d] *= the tile's EQ
@@ -183,9 +209,11 @@ __device__ void tile_products(float* a, int lda, int rows, int cols) {
 // of X (ld ldx, columns d < cols), Prefix: X[r][d] *= exp(sum of g over rows 0 .. r) (queries:
 // b_r - b before the block); else X[r][d] *= exp(sum over rows r+1 .. valid-1) (keys: b at the
 // block's last row - b_r). g read from global memory (its rows, stride W, from column 0 of the
-// block's columns). total[d] = the block's sum (double). Every thread; a barrier after.
+// block's columns). total[d] = the block's sum (double; add: total[d] += it). Every thread; a
+// barrier after.
 template <bool Prefix, class T>
-__device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, int cols, double* total) {
+__device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, int cols, double* total,
+                               bool add = false) {
   for (int d = int(threadIdx.x); d < cols; d += kGatedThreads) {
     float s = 0.0f;
     double sum = 0;
@@ -206,7 +234,7 @@ __device__ void walked_factors(T* X, int ldx, const float* g, int W, int valid, 
         sum += gr;
       }
     }
-    total[d] = sum;
+    total[d] = add ? total[d] + sum : sum;
   }
 }
 
