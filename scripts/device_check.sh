@@ -341,7 +341,7 @@ fi
 if command -v python3 >/dev/null; then
   python3 - "$logs" <<'PY' 2>&1 | tee -a "$summary"
 import json, os, sys
-estimate = {("chunked", "fwd", 64): "0.7-1.2", ("chunked", "fwd_bwd", 64): "2.3-3.3"}
+estimate = {("chunked", "fwd", 64): "0.7-1.2", ("chunked", "fwd_bwd", 64): "2.0-3.0"}
 for name in ("headline-bf16", "headline-float32"):
     path = os.path.join(sys.argv[1], name + ".json")
     if not os.path.exists(path):
