@@ -38,6 +38,8 @@
 // The earlier snapshots are written from the registers after their token (float32). The state is
 // found at its sequence's slot (a pooled step's state_index) and read and written in its dtype: a
 // bf16 state is widened into the registers and rounded once, when the new state is written back.
+// Over 500 lines: the kernel, its launch shape (decode_launch, which the tests check) and the seed
+// and gather kernels of a pooled step share the layout above, and read best in one file.
 #include <cuda_bf16.h>
 
 #include <algorithm>
