@@ -1,7 +1,8 @@
 // The modern layer block on the CPU (block/cpu.hpp): what block.hpp's template needs from the CPU.
 // The projections are sgemms through cpu/products.hpp; the linear branch is the kernel suite's
 // scan or chunked kernel for the case's rule and decay, so the block times exactly the kernels the
-// kernel suite times.
+// kernel suite times. A bf16 case (block_*_bf16) runs the same template with every product on AMX
+// tiles and the chunked branch on its AMX row (cpu/products.hpp).
 #include "kernels/layer/block/cpu.hpp"
 
 #include <algorithm>

@@ -16,6 +16,8 @@
 // shared by the threads, which take blocks of rows in turn), or OpenBLAS's sgemm single-threaded on
 // blocks of rows (product_path() says which). The input projections' outputs are scattered to the
 // per-head layout from an L2-sized tile, so the layout change costs one write.
+// A bf16 case (layer_*_bf16) runs the same steps with every product on AMX tiles and the chunked
+// branch on its AMX row (cpu/products.hpp: amx_product, amx_linear_forward/backward).
 // Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
 // (Q, K, V, Lin, Swa, Y, per-row lse and r, and the chunked branch's chunk states) instead of
 // recomputing the forward.
