@@ -222,49 +222,88 @@ ImplRow window_row() {
 
 // ---- the layer (kernels/layer): one row per form of its linear branch ----
 
+// A bf16 case runs on AMX tiles only (kernels/layer/cpu/products.hpp), declined with the reason
+// where the CPU has no AMX-BF16 or no AMX row takes its chunked branch; its x and dOut are bf16.
+std::optional<std::string> layer_unsupported(const Case& c, const Settings& s) {
+  if (!is_bf16(c)) return cpu_dtype_unsupported(c);
+  if (auto why = layer_amx_refusal(layer_problem(c, s.keep_chunk_states)))
+    return "the CPU layer runs bf16 on AMX tiles only: " + *why;
+  return std::nullopt;
+}
+
 ImplRow layer_row(const std::string& form, const Settings& s) {
-  ImplRow row{"layer", form, cpu_dtype_unsupported, nullptr, nullptr};
+  ImplRow row{"layer", form, nullptr, nullptr, nullptr};
+  row.unsupported = [s](const Case& c) { return layer_unsupported(c, s); };
   row.prepare = [s](const Case& c, const TensorSet& inputs) {
     auto h = std::make_unique<HostCase>(c, inputs);
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
+    const bool bf16 = is_bf16(c);
+    // bf16: x and dOut as the op stores them; the float32 args' x and dOut stay null.
+    const LayerBf16Tokens tokens{bf16 ? h->bf16_data("x") : nullptr,
+                                 bf16 && c.backward() ? h->bf16_data("dOut") : nullptr};
+    const auto tensor = [&](const std::string& name) -> float* {
+      return bf16 && (name == "x" || name == "dOut") ? nullptr : h->data(name);
+    };
     if (p.modern()) {  // the block of docs/spec.md section 2b (kernels/layer/block/block.hpp)
       const BlockArgs<float> args = block::bind_args<float>([&](const char* name) -> float* {
         for (const TensorSpec& spec : c.op->tensors)
-          if (spec.name == name && spec.in(c)) return h->data(name);
+          if (spec.name == name && spec.in(c)) return tensor(name);
         return nullptr;
       });
       std::string states;
-      if (p.chunked && c.backward()) states = block_kept_chunk_states_bytes(p) > 0 ? "kept" : "recomputed";
-      if (c.backward())
+      if (p.chunked && c.backward()) states = !bf16 && block_kept_chunk_states_bytes(p) > 0 ? "kept" : "recomputed";
+      if (c.backward() && bf16)
+        h->bind([p, args, tokens](Allocator& a) { block_forward_backward_bf16(p, args, tokens, a); }, states);
+      else if (c.backward())
         h->bind([p, args](Allocator& a) { block_forward_backward(p, args, a); }, states);
+      else if (bf16)
+        h->bind([p, args, tokens](Allocator& a) { block_forward_bf16(p, args, tokens, a); });
       else
         h->bind([p, args](Allocator& a) { block_forward(p, args, a); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
     if (!c.backward()) {
-      const LayerForwardArgs<float> fwd{h->data("x"),  h->data("wq"), h->data("wk"),   h->data("wv"),
+      const LayerForwardArgs<float> fwd{tensor("x"), h->data("wq"), h->data("wk"),   h->data("wv"),
                                         h->data("wo"), h->data("g"),  h->data("beta"), h->data("out")};
-      h->bind([p, fwd](Allocator& a) { layer_forward(p, fwd, a); });
+      if (bf16)
+        h->bind([p, fwd, tokens](Allocator& a) { layer_forward_bf16(p, fwd, tokens, a); });
+      else
+        h->bind([p, fwd](Allocator& a) { layer_forward(p, fwd, a); });
       return std::unique_ptr<PreparedCase>(std::move(h));
     }
-    const LayerBackwardArgs<float> bwd{h->data("x"),   h->data("wq"),  h->data("wk"),  h->data("wv"),
-                                       h->data("wo"),  h->data("g"),   h->data("beta"), h->data("dOut"),
+    const LayerBackwardArgs<float> bwd{tensor("x"),    h->data("wq"),  h->data("wk"),  h->data("wv"),
+                                       h->data("wo"),  h->data("g"),   h->data("beta"), tensor("dOut"),
                                        h->data("out"), h->data("dx"),  h->data("dwq"), h->data("dwk"),
                                        h->data("dwv"), h->data("dwo"), h->data("dg"),  h->data("dbeta")};
     std::string states;
-    if (p.chunked) states = layer_kept_chunk_states_bytes(p) > 0 ? "kept" : "recomputed";
-    h->bind([p, bwd](Allocator& a) { layer_forward_backward(p, bwd, a); }, states);
+    if (p.chunked) states = !bf16 && layer_kept_chunk_states_bytes(p) > 0 ? "kept" : "recomputed";
+    if (bf16)
+      h->bind([p, bwd, tokens](Allocator& a) { layer_forward_backward_bf16(p, bwd, tokens, a); }, states);
+    else
+      h->bind([p, bwd](Allocator& a) { layer_forward_backward(p, bwd, a); }, states);
     return std::unique_ptr<PreparedCase>(std::move(h));
   };
-  // Which products ran: the hybrid block's follow product_path(), the modern block's are OpenBLAS's.
+  // Which products ran: the hybrid block's follow product_path(), the modern block's are OpenBLAS's;
+  // a bf16 case's are AMX's ("products amx", and the chunked branch's AMX row), so that its peak is
+  // the AMX rate (DeviceInfo::peak_gflops_for).
   row.variant = [s](const Case& c) {
-    return "products " + (layer_problem(c, s.keep_chunk_states).modern() ? std::string("openblas") : product_path_name());
+    const LayerProblem p = layer_problem(c, s.keep_chunk_states);
+    if (is_bf16(c)) return layer_amx_variant_name(p);
+    return "products " + (p.modern() ? std::string("openblas") : product_path_name());
   };
   row.memory_estimate = [s](const Case& c) {
     const LayerProblem p = layer_problem(c, s.keep_chunk_states);
-    if (p.modern())
+    const bool bf16 = is_bf16(c);
+    if (p.modern()) {
+      if (bf16)
+        return host_tensor_bytes(c) + (c.backward() ? block_forward_backward_bf16_workspace_bytes(p)
+                                                    : block_forward_bf16_workspace_bytes(p));
       return host_tensor_bytes(c) +
              (c.backward() ? block_forward_backward_workspace_bytes(p) : block_forward_workspace_bytes(p));
+    }
+    if (bf16)
+      return host_tensor_bytes(c) + (c.backward() ? layer_forward_backward_bf16_workspace_bytes(p)
+                                                  : layer_forward_bf16_workspace_bytes(p));
     return host_tensor_bytes(c) +
            (c.backward() ? layer_forward_backward_workspace_bytes(p) : layer_forward_workspace_bytes(p));
   };

@@ -133,9 +133,12 @@ struct DeviceInfo {
   ComputeCeiling ceiling() const { return cpu ? compute_ceiling(cpu->fma_gflops, cpu->sgemm_gflops) : ComputeCeiling{}; }
   double peak_gflops() const { return ceiling().gflops; }
   // A record's ceiling: the AMX rate for a bf16 case whose variant runs on AMX tiles (its name
-  // begins with an AMX row's, "chunked_amx"), where it was measured; peak_gflops() otherwise.
+  // begins with an AMX row's, "chunked_amx", or is a bf16 layer's, "products amx"), where it was
+  // measured; peak_gflops() otherwise.
   double peak_gflops_for(const std::string& dtype, const std::string& variant) const {
-    if (cpu && cpu->amx_gflops && dtype == "bf16" && variant.rfind("chunked_amx", 0) == 0) return *cpu->amx_gflops;
+    if (cpu && cpu->amx_gflops && dtype == "bf16" &&
+        (variant.rfind("chunked_amx", 0) == 0 || variant.rfind("products amx", 0) == 0))
+      return *cpu->amx_gflops;
     return peak_gflops();
   }
   double blas_gflops() const { return cpu ? cpu->sgemm_gflops : 0.0; }

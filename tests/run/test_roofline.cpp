@@ -107,6 +107,9 @@ TEST_CASE("the compute ceiling is the larger of the FMA rate and sgemm", "[roofl
   device.cpu->amx_gflops = 5000.0;
   CHECK(device.peak_gflops_for("bf16", "chunked_amx") == 5000.0);
   CHECK(device.peak_gflops_for("bf16", "chunked_amx/chunked_tiled+bf16cvt") == 5000.0);
+  CHECK(device.peak_gflops_for("bf16", "products amx") == 5000.0);  // a bf16 layer on AMX tiles
+  CHECK(device.peak_gflops_for("bf16", "products amx, linear chunked_amx_delta") == 5000.0);
+  CHECK(device.peak_gflops_for("float32", "products openblas") == 542.0);
   CHECK(device.peak_gflops_for("bf16", "chunked_bf16") == 542.0);
   CHECK(device.peak_gflops_for("float32", "chunked_tiled") == 542.0);
   CHECK(device.peak_gflops() == 542.0);

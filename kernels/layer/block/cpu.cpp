@@ -1,7 +1,8 @@
 // The modern layer block on the CPU (block/cpu.hpp): what block.hpp's template needs from the CPU.
 // The projections are sgemms through cpu/products.hpp; the linear branch is the kernel suite's
 // scan or chunked kernel for the case's rule and decay, so the block times exactly the kernels the
-// kernel suite times.
+// kernel suite times. A bf16 case (block_*_bf16) runs the same template with every product on AMX
+// tiles and the chunked branch on its AMX row (cpu/products.hpp).
 #include "kernels/layer/block/cpu.hpp"
 
 #include <algorithm>
@@ -13,27 +14,36 @@
 namespace lattn::cpu {
 namespace {
 
+// amx: a bf16 case (products.hpp): every product on AMX tiles, the chunked branch on `amx_linear`.
 struct CpuOps {
   Allocator& allocator;
   bool chunked;
   float* chunk_states;  // kept by the chunked forward for its backward, or null
+  bool amx = false;
+  const CpuBf16Variant* amx_linear = nullptr;
 
   Workspace<float> buffer(std::size_t n) { return Workspace<float>(allocator, n); }
   void product(bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
+    if (amx) return amx_product(false, trans_b, m, n, k, A, lda, B, ldb, 0.0f, C, ldc, allocator);
     parallel_sgemm(trans_b, m, n, k, A, lda, B, ldb, 0.0f, C, ldc);
   }
   void weight_product(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C) {
+    if (amx) return amx_product(true, false, m, n, k, A, lda, B, ldb, 0.0f, C, n, allocator);
     float* const outs[1] = {C};
     k_split_product(m, n, k, A, lda, B, ldb, outs, n, allocator);
   }
   void linear_forward(const Problem& p, const ForwardArgs<float>& args) {
-    if (chunked)
+    if (amx_linear)
+      amx_linear_forward(*amx_linear, p, args, allocator);
+    else if (chunked)
       cpu::chunked_forward(p, args, allocator, chunk_states);
     else
       scan_forward(p, args, allocator);
   }
   void linear_backward(const Problem& p, const BackwardArgs<float>& args) {
-    if (chunked)
+    if (amx_linear)
+      amx_linear_backward(*amx_linear, p, args, allocator);
+    else if (chunked)
       chunked_backward(p, args, allocator, chunk_states);
     else
       scan_backward(p, args, allocator);
@@ -48,36 +58,70 @@ struct CpuOps {
   }
 };
 
-std::size_t linear_forward_bytes(const LayerProblem& p, bool keep) {
+// A bf16 case's chunked row, or nothing (float32, or a scan branch).
+std::optional<CpuBf16Variant> amx_row(const LayerProblem& p, bool amx) {
+  return amx && p.chunked ? std::optional(layer_amx_linear(p)) : std::nullopt;
+}
+
+std::size_t linear_forward_bytes(const LayerProblem& p, bool keep, const CpuBf16Variant* row) {
+  if (row) return amx_linear_forward_bytes(*row, p.linear);
   return p.chunked ? chunked_forward_workspace_bytes(p.linear, keep) : scan_forward_workspace_bytes(p.linear);
 }
 
-}  // namespace
-
-std::size_t block_kept_chunk_states_bytes(const LayerProblem& p) {
-  return p.chunked && p.keep_chunk_states ? chunked_kept_states_bytes(p.linear) : 0;
+std::size_t linear_backward_bytes(const LayerProblem& p, bool kept, const CpuBf16Variant* row) {
+  if (row) return amx_linear_backward_bytes(*row, p.linear);
+  return p.chunked ? chunked_backward_workspace_bytes(p.linear, kept) : scan_backward_workspace_bytes(p.linear);
 }
 
-std::size_t block_forward_workspace_bytes(const LayerProblem& p) {
+std::size_t kept_states_bytes(const LayerProblem& p, bool amx) {
+  return p.chunked && p.keep_chunk_states && !amx ? chunked_kept_states_bytes(p.linear) : 0;
+}
+
+// The products' scratch: k_split_product's (float32) or amx_product's, for C = A^T B (m x n, k deep).
+std::size_t weight_product_bytes(int m, int n, int k, bool amx) {
+  return amx ? amx_product_bytes(m, n, k) : k_split_bytes(m, n, k);
+}
+
+std::size_t forward_bytes(const LayerProblem& p, bool amx) {
+  const std::optional<CpuBf16Variant> row = amx_row(p, amx);
   const std::size_t window = p.block.window ? sliding_window_forward_workspace_bytes(p.linear, p.window) : 0;
-  return block::sizes(p, false).forward() * sizeof(float) + std::max(linear_forward_bytes(p, false), window);
+  std::size_t transient = std::max(linear_forward_bytes(p, false, row ? &*row : nullptr), window);
+  if (amx) {  // P = x W_in, [KDA] (x Wd) Wu, out = y Wo
+    const block::Layout l = block::layout(p);
+    transient = std::max({transient, amx_product_bytes(int(l.R), l.cols, l.M), amx_product_bytes(int(l.R), l.M, l.M)});
+    if (l.r > 0) transient = std::max(transient, amx_product_bytes(int(l.R), l.M, l.r));
+  }
+  return block::sizes(p, false).forward() * sizeof(float) + transient;
 }
 
-std::size_t block_forward_backward_workspace_bytes(const LayerProblem& p) {
+std::size_t forward_backward_bytes(const LayerProblem& p, bool amx) {
+  const std::optional<CpuBf16Variant> row = amx_row(p, amx);
+  const CpuBf16Variant* r = row ? &*row : nullptr;
   const block::Layout l = block::layout(p);
   const block::Sizes s = block::sizes(p, true);
-  const std::size_t kept_states = block_kept_chunk_states_bytes(p);
+  const std::size_t kept_states = kept_states_bytes(p, amx);
   const bool kept = kept_states > 0;
-  std::size_t transient = std::max(
-      {linear_forward_bytes(p, kept),
-       p.chunked ? chunked_backward_workspace_bytes(p.linear, kept) : scan_backward_workspace_bytes(p.linear),
-       k_split_bytes(l.M, l.M, int(l.R)), k_split_bytes(l.M, l.cols, int(l.R))});
-  if (l.r > 0) transient = std::max(transient, k_split_bytes(l.r, l.M, int(l.R)));
+  std::size_t transient =
+      std::max({linear_forward_bytes(p, kept, r), linear_backward_bytes(p, kept, r),
+                weight_product_bytes(l.M, l.M, int(l.R), amx), weight_product_bytes(l.M, l.cols, int(l.R), amx)});
+  if (l.r > 0) transient = std::max(transient, weight_product_bytes(l.r, l.M, int(l.R), amx));
+  if (amx) {  // the row products: P, out, dy, dx and [KDA] (x Wd) Wu, d(x Wd)
+    transient = std::max({transient, amx_product_bytes(int(l.R), l.cols, l.M), amx_product_bytes(int(l.R), l.M, l.M),
+                          amx_product_bytes(int(l.R), l.M, l.cols)});
+    if (l.r > 0)
+      transient = std::max({transient, amx_product_bytes(int(l.R), l.M, l.r), amx_product_bytes(int(l.R), l.r, l.M)});
+  }
   if (l.window)
     transient = std::max({transient, sliding_window_forward_workspace_bytes(p.linear, p.window),
                           sliding_window_backward_workspace_bytes(p.linear, p.window)});
   return (s.forward() + s.backward()) * sizeof(float) + kept_states + transient;
 }
+
+}  // namespace
+
+std::size_t block_kept_chunk_states_bytes(const LayerProblem& p) { return kept_states_bytes(p, false); }
+std::size_t block_forward_workspace_bytes(const LayerProblem& p) { return forward_bytes(p, false); }
+std::size_t block_forward_backward_workspace_bytes(const LayerProblem& p) { return forward_backward_bytes(p, false); }
 
 void block_forward(const LayerProblem& p, const BlockArgs<float>& args, Allocator& allocator) {
   CpuOps ops{allocator, p.chunked, nullptr};
@@ -88,6 +132,39 @@ void block_forward_backward(const LayerProblem& p, const BlockArgs<float>& args,
   Workspace<float> states(allocator, block_kept_chunk_states_bytes(p) / sizeof(float));
   CpuOps ops{allocator, p.chunked, states.size() ? states.data() : nullptr};
   block::run(p, args, ops, true);
+}
+
+// x (and dOut) widened once, exactly, for the float32 code around the products.
+std::size_t block_forward_bf16_workspace_bytes(const LayerProblem& p) {
+  return p.token_elems() * sizeof(float) + forward_bytes(p, true);
+}
+
+std::size_t block_forward_backward_bf16_workspace_bytes(const LayerProblem& p) {
+  return 2 * p.token_elems() * sizeof(float) + forward_backward_bytes(p, true);
+}
+
+void block_forward_bf16(const LayerProblem& p, const BlockArgs<float>& args, const LayerBf16Tokens& tokens,
+                        Allocator& allocator) {
+  const std::optional<CpuBf16Variant> row = amx_row(p, true);
+  Workspace<float> x(allocator, p.token_elems());
+  widen_bf16(tokens.x, x.data(), x.size());
+  BlockArgs<float> a = args;
+  a.x = x.data();
+  CpuOps ops{allocator, p.chunked, nullptr, true, row ? &*row : nullptr};
+  block::run(p, a, ops, false);
+}
+
+void block_forward_backward_bf16(const LayerProblem& p, const BlockArgs<float>& args, const LayerBf16Tokens& tokens,
+                                 Allocator& allocator) {
+  const std::optional<CpuBf16Variant> row = amx_row(p, true);
+  Workspace<float> x(allocator, p.token_elems()), dOut(allocator, p.token_elems());
+  widen_bf16(tokens.x, x.data(), x.size());
+  widen_bf16(tokens.dOut, dOut.data(), dOut.size());
+  BlockArgs<float> a = args;
+  a.x = x.data();
+  a.dOut = dOut.data();
+  CpuOps ops{allocator, p.chunked, nullptr, true, row ? &*row : nullptr};
+  block::run(p, a, ops, true);
 }
 
 }  // namespace lattn::cpu

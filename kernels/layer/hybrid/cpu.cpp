@@ -16,6 +16,8 @@
 // shared by the threads, which take blocks of rows in turn), or OpenBLAS's sgemm single-threaded on
 // blocks of rows (product_path() says which). The input projections' outputs are scattered to the
 // per-head layout from an L2-sized tile, so the layout change costs one write.
+// A bf16 case (layer_*_bf16) runs the same steps with every product on AMX tiles and the chunked
+// branch on its AMX row (cpu/products.hpp: amx_product, amx_linear_forward/backward).
 // Scratch is O(B * T * M) and grows linearly in T; fwd_bwd keeps what the backward reads
 // (Q, K, V, Lin, Swa, Y, per-row lse and r, and the chunked branch's chunk states) instead of
 // recomputing the forward.
@@ -32,6 +34,13 @@
 
 namespace lattn::cpu {
 namespace {
+
+// How a call runs: float32 (the products through product_path()), or a bf16 case on AMX tiles
+// (products.hpp: every product amx_product, a chunked branch on `linear`, an AMX row).
+struct Path {
+  bool amx = false;
+  const CpuBf16Variant* linear = nullptr;  // amx and chunked only
+};
 
 constexpr int kRowTile = 256;  // 256 x 3M floats of projection output per thread: 1.5 MiB at M = 512
 
@@ -59,7 +68,8 @@ bool projects_directly(const LayerProblem& p) {
 // The input projections' scratch: [Wq Wk Wv] side by side (M x 3M: copied for OpenBLAS, packed
 // for the packed products), and per thread a row tile of all three outputs (and the packed path's
 // packing of the tile's rows); written directly, a thread's panel destinations instead of the tile.
-std::size_t projection_bytes(const LayerProblem& p) {
+std::size_t projection_bytes(const LayerProblem& p, const Path& path) {
+  if (path.amx) return amx_product_bytes(int(p.rows()), int(p.model_dim()), int(p.model_dim()));
   const std::size_t M = p.model_dim(), rows = tile_rows(p);
   const std::size_t threads = std::size_t(threads_for(row_tiles(p)));
   if (projects_directly(p))
@@ -137,8 +147,26 @@ void project_to_heads_packed(const LayerProblem& p, const float* x, const float*
 // dst[b][h][t][:] = (x W)[b*T + t][h*Dh : (h+1)*Dh] for W = wq, wk, wv into q, k, v.
 // One product per row tile against [Wq Wk Wv]: OpenBLAS packs the tile of x once instead of three
 // times (2 threads, 4096 x 512 rows: ~11% faster than three products of 512 columns).
-void project_to_heads(const LayerProblem& p, const float* x, const float* const w[3], float* const out[3],
-                      Allocator& allocator) {
+// On AMX tiles: one product per weight, each block of rows scattered to its heads.
+void project_to_heads_amx(const LayerProblem& p, const float* x, const float* const w[3], float* const out[3],
+                          Allocator& allocator) {
+  const int M = int(p.model_dim()), T = p.linear.seq, H = p.linear.heads, Dh = p.linear.dim;
+  for (int which = 0; which < 3; ++which)
+    amx_product_rows(false, false, int(p.rows()), M, M, x, M, w[which], M,
+                     [&](int r0, int rows, const float* block, std::size_t ld) {
+                       for (int i = 0; i < rows; ++i) {
+                         const std::size_t b = std::size_t(r0 + i) / T, t = std::size_t(r0 + i) % T;
+                         for (int h = 0; h < H; ++h)
+                           std::copy_n(block + i * ld + std::size_t(h) * Dh, Dh,
+                                       out[which] + ((b * H + h) * T + t) * Dh);
+                       }
+                     },
+                     allocator);
+}
+
+void project_to_heads(const LayerProblem& p, const Path& path, const float* x, const float* const w[3],
+                      float* const out[3], Allocator& allocator) {
+  if (path.amx) return project_to_heads_amx(p, x, w, out, allocator);
   if (product_path() == ProductPath::packed) return project_to_heads_packed(p, x, w, out, allocator);
   const int M = int(p.model_dim());
   const long tiles = long(row_tiles(p));
@@ -168,6 +196,31 @@ void heads_to_rows(const LayerProblem& p, const float* src, float* dst, std::siz
     for (int h = 0; h < H; ++h)
       std::copy_n(src + ((b * H + h) * T + t) * Dh, Dh, dst + std::size_t(r) * ldd + std::size_t(h) * Dh);
   }
+}
+
+// C = A op(B) + beta C, and C = A^T B to `outs` in groups of `out_cols`, on the call's path; their scratch.
+std::size_t product_bytes(const Path& path, int m, int n, int k) {
+  return path.amx ? amx_product_bytes(m, n, k) : layer_product_bytes(m, n, k);
+}
+void product(const Path& path, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
+             float beta, float* C, int ldc, Allocator& allocator) {
+  if (path.amx) return amx_product(false, trans_b, m, n, k, A, lda, B, ldb, beta, C, ldc, allocator);
+  layer_product(trans_b, m, n, k, A, lda, B, ldb, beta, C, ldc, allocator);
+}
+std::size_t weight_product_bytes(const Path& path, int m, int n, int k, int out_cols) {
+  return path.amx ? amx_product_bytes(m, n, k) : layer_weight_product_bytes(m, n, k, out_cols);
+}
+void weight_product(const Path& path, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
+                    float* const* outs, int out_cols, Allocator& allocator) {
+  if (!path.amx) return layer_weight_product(m, n, k, A, lda, B, ldb, outs, out_cols, allocator);
+  amx_product_rows(true, false, m, n, k, A, lda, B, ldb,
+                   [&](int r0, int rows, const float* block, std::size_t ld) {
+                     for (int r = 0; r < rows; ++r)
+                       for (int j0 = 0; j0 < n; j0 += out_cols)
+                         std::copy_n(block + r * ld + j0, std::min(out_cols, n - j0),
+                                     outs[j0 / out_cols] + std::size_t(r0 + r) * out_cols);
+                   },
+                   allocator);
 }
 
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
@@ -208,15 +261,17 @@ struct ForwardBuffers {
   float* chunk_states;  // the chunked branch's states for its backward, or null
 };
 
-void forward_pass(const LayerProblem& p, const LayerForwardArgs<float>& a, const ForwardBuffers& f,
-                  Allocator& allocator) {
+void forward_pass(const LayerProblem& p, const Path& path, const LayerForwardArgs<float>& a,
+                  const ForwardBuffers& f, Allocator& allocator) {
   const float* const w[3] = {a.wq, a.wk, a.wv};
   float* const qkv[3] = {f.q, f.k, f.v};
-  project_to_heads(p, a.x, w, qkv, allocator);
+  project_to_heads(p, path, a.x, w, qkv, allocator);
 
   std::fill_n(f.h0, p.linear.state_elems(), 0.0f);
   const ForwardArgs<float> linear{f.q, f.k, f.v, f.h0, f.lin, f.hT};
-  if (p.chunked)
+  if (path.linear)
+    amx_linear_forward(*path.linear, p.linear, linear, allocator);
+  else if (p.chunked)
     chunked_forward(p.linear, linear, allocator, f.chunk_states);
   else
     scan_forward(p.linear, linear, allocator);
@@ -224,54 +279,56 @@ void forward_pass(const LayerProblem& p, const LayerForwardArgs<float>& a, const
 
   norm_and_gate(p, a.g, a.beta, f.lin, f.swa, f.y, f.rinv);
   const int M = int(p.model_dim());
-  layer_product(false, int(p.rows()), M, M, f.y, M, a.wo, M, 0.0f, a.out, M, allocator);
+  product(path, false, int(p.rows()), M, M, f.y, M, a.wo, M, 0.0f, a.out, M, allocator);
 }
 
 std::size_t max_of(std::initializer_list<std::size_t> values) { return std::max(values); }
 
-}  // namespace
+std::size_t kept_chunk_states_bytes(const LayerProblem& p, const Path& path) {
+  return p.chunked && p.keep_chunk_states && !path.amx ? chunked_kept_states_bytes(p.linear) : 0;
+}
 
-std::size_t layer_forward_workspace_bytes(const LayerProblem& p) {
+std::size_t forward_bytes(const LayerProblem& p, const Path& path) {
   const Problem& lp = p.linear;
   const std::size_t kept = (5 * p.token_elems() + 2 * lp.state_elems()) * sizeof(float);
-  const std::size_t linear = p.chunked ? chunked_forward_workspace_bytes(lp) : scan_forward_workspace_bytes(lp);
+  const std::size_t linear = path.linear ? amx_linear_forward_bytes(*path.linear, lp)
+                             : p.chunked ? chunked_forward_workspace_bytes(lp)
+                                         : scan_forward_workspace_bytes(lp);
   const int M = int(p.model_dim());
-  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
-                        layer_product_bytes(int(p.rows()), M, M)});
+  return kept + max_of({projection_bytes(p, path), linear, sliding_window_forward_workspace_bytes(lp, p.window),
+                        product_bytes(path, int(p.rows()), M, M)});
 }
 
-std::size_t layer_kept_chunk_states_bytes(const LayerProblem& p) {
-  return p.chunked && p.keep_chunk_states ? chunked_kept_states_bytes(p.linear) : 0;
-}
-
-std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) {
+std::size_t forward_backward_bytes(const LayerProblem& p, const Path& path) {
   const Problem& lp = p.linear;
   const std::size_t rows_per_head = lp.heads_total() * lp.seq;
-  const std::size_t kept_states = layer_kept_chunk_states_bytes(p);
+  const std::size_t kept_states = kept_chunk_states_bytes(p, path);
   const std::size_t kept = (12 * p.token_elems() + 3 * lp.state_elems() + 2 * rows_per_head) * sizeof(float) +
                            lp.heads_total() * (1 + lp.dim) * sizeof(double) + kept_states;
   const std::size_t linear =
-      p.chunked ? max_of({chunked_forward_workspace_bytes(lp, kept_states > 0), chunked_backward_workspace_bytes(lp, kept_states > 0)})
-                : max_of({scan_forward_workspace_bytes(lp), scan_backward_workspace_bytes(lp)});
+      path.linear ? max_of({amx_linear_forward_bytes(*path.linear, lp), amx_linear_backward_bytes(*path.linear, lp)})
+      : p.chunked ? max_of({chunked_forward_workspace_bytes(lp, kept_states > 0), chunked_backward_workspace_bytes(lp, kept_states > 0)})
+                  : max_of({scan_forward_workspace_bytes(lp), scan_backward_workspace_bytes(lp)});
   const int M = int(p.model_dim()), rows = int(p.rows());
-  return kept + max_of({projection_bytes(p), linear, sliding_window_forward_workspace_bytes(lp, p.window),
-                        layer_weight_product_bytes(M, 3 * M, rows, M), layer_weight_product_bytes(M, M, rows, M),
-                        layer_product_bytes(rows, M, M),
+  return kept + max_of({projection_bytes(p, path), linear, sliding_window_forward_workspace_bytes(lp, p.window),
+                        weight_product_bytes(path, M, 3 * M, rows, M), weight_product_bytes(path, M, M, rows, M),
+                        product_bytes(path, rows, M, M),
                         sliding_window_backward_workspace_bytes(lp, p.window)});
 }
 
-void layer_forward(const LayerProblem& p, const LayerForwardArgs<float>& a, Allocator& allocator) {
+void forward(const LayerProblem& p, const Path& path, const LayerForwardArgs<float>& a, Allocator& allocator) {
   const std::size_t N = p.token_elems(), S = p.linear.state_elems();
   Workspace<float> q(allocator, N), k(allocator, N), v(allocator, N), lin(allocator, N), swa(allocator, N);
   Workspace<float> h0(allocator, S), hT(allocator, S);
   // Q is dead once both branches have run, so Y takes its place.
-  forward_pass(p, a,
+  forward_pass(p, path, a,
                {q.data(), k.data(), v.data(), lin.data(), swa.data(), q.data(), h0.data(), hT.data(), nullptr, nullptr,
                 nullptr},
                allocator);
 }
 
-void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float>& a, Allocator& allocator) {
+void forward_backward(const LayerProblem& p, const Path& path, const LayerBackwardArgs<float>& a,
+                      Allocator& allocator) {
   const Problem& lp = p.linear;
   const std::size_t N = p.token_elems(), S = lp.state_elems(), R = lp.heads_total() * lp.seq;
   const int M = int(p.model_dim()), T = lp.seq, H = lp.heads, Dh = lp.dim, rows = int(p.rows());
@@ -283,17 +340,17 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
   Workspace<float> dlin(allocator, N), dswa(allocator, N), dq(allocator, N), dk(allocator, N), dv(allocator, N);
   Workspace<float> h0(allocator, S), hT(allocator, S), dh0(allocator, S), lse(allocator, R), rinv(allocator, R);
   Workspace<double> dbeta_part(allocator, lp.heads_total()), dg_part(allocator, lp.heads_total() * Dh);
-  Workspace<float> chunk_states(allocator, layer_kept_chunk_states_bytes(p) / sizeof(float));
+  Workspace<float> chunk_states(allocator, kept_chunk_states_bytes(p, path) / sizeof(float));
 
-  forward_pass(p, {a.x, a.wq, a.wk, a.wv, a.wo, a.g, a.beta, a.out},
+  forward_pass(p, path, {a.x, a.wq, a.wk, a.wv, a.wo, a.g, a.beta, a.out},
                {q.data(), k.data(), v.data(), lin, swa.data(), y, h0.data(), hT.data(), lse.data(), rinv.data(),
                 chunk_states.data()},
                allocator);
 
   // Output projection.
   float* const dwo[1] = {a.dwo};
-  layer_weight_product(M, M, rows, y, M, a.dOut, M, dwo, M, allocator);
-  layer_product(true, rows, M, M, a.dOut, M, a.wo, M, 0.0f, dy, M, allocator);
+  weight_product(path, M, M, rows, y, M, a.dOut, M, dwo, M, allocator);
+  product(path, true, rows, M, M, a.dOut, M, a.wo, M, 0.0f, dy, M, allocator);
 
   // Gate and norm, per head; beta's and g's sums are kept per (batch, head) in double and added up
   // after, so that no thread waits on another and long sums do not lose the small terms.
@@ -350,7 +407,9 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
   // h0 = 0 serves as dhT = 0 too: nothing reads the final state.
   const BackwardArgs<float> linear{q.data(),  k.data(),  v.data(),  h0.data(), dlin.data(),
                                    h0.data(), dq.data(), dk.data(), dv.data(), dh0.data()};
-  if (p.chunked)
+  if (path.linear)
+    amx_linear_backward(*path.linear, lp, linear, allocator);
+  else if (p.chunked)
     chunked_backward(lp, linear, allocator, chunk_states.data());
   else
     scan_backward(lp, linear, allocator);
@@ -366,10 +425,65 @@ void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float
   heads_to_rows(p, dv.data(), g3 + 2 * std::ptrdiff_t(M), 3 * std::size_t(M));
   const float* const w[3] = {a.wq, a.wk, a.wv};
   for (int i = 0; i < 3; ++i)
-    layer_product(true, rows, M, M, g3 + std::ptrdiff_t(i) * M, 3 * M, w[i], M, i == 0 ? 0.0f : 1.0f, a.dx, M,
-                  allocator);
+    product(path, true, rows, M, M, g3 + std::ptrdiff_t(i) * M, 3 * M, w[i], M, i == 0 ? 0.0f : 1.0f, a.dx, M,
+            allocator);
   float* const dw[3] = {a.dwq, a.dwk, a.dwv};
-  layer_weight_product(M, 3 * M, rows, a.x, M, g3, 3 * M, dw, M, allocator);
+  weight_product(path, M, 3 * M, rows, a.x, M, g3, 3 * M, dw, M, allocator);
+}
+
+// A bf16 case's path: its chunked branch's AMX row (held for the call).
+struct AmxCall {
+  std::optional<CpuBf16Variant> row;
+  Path path;
+  explicit AmxCall(const LayerProblem& p) : row(p.chunked ? std::optional(layer_amx_linear(p)) : std::nullopt) {
+    path.amx = true;
+    path.linear = row ? &*row : nullptr;
+  }
+};
+
+}  // namespace
+
+std::size_t layer_forward_workspace_bytes(const LayerProblem& p) { return forward_bytes(p, {}); }
+std::size_t layer_forward_backward_workspace_bytes(const LayerProblem& p) { return forward_backward_bytes(p, {}); }
+std::size_t layer_kept_chunk_states_bytes(const LayerProblem& p) { return kept_chunk_states_bytes(p, {}); }
+
+void layer_forward(const LayerProblem& p, const LayerForwardArgs<float>& a, Allocator& allocator) {
+  forward(p, {}, a, allocator);
+}
+
+void layer_forward_backward(const LayerProblem& p, const LayerBackwardArgs<float>& a, Allocator& allocator) {
+  forward_backward(p, {}, a, allocator);
+}
+
+// x (and dOut) widened once, exactly, for the float32 code around the products.
+std::size_t layer_forward_bf16_workspace_bytes(const LayerProblem& p) {
+  return p.token_elems() * sizeof(float) + forward_bytes(p, AmxCall(p).path);
+}
+
+std::size_t layer_forward_backward_bf16_workspace_bytes(const LayerProblem& p) {
+  return 2 * p.token_elems() * sizeof(float) + forward_backward_bytes(p, AmxCall(p).path);
+}
+
+void layer_forward_bf16(const LayerProblem& p, const LayerForwardArgs<float>& a, const LayerBf16Tokens& tokens,
+                        Allocator& allocator) {
+  const AmxCall call(p);
+  Workspace<float> x(allocator, p.token_elems());
+  widen_bf16(tokens.x, x.data(), x.size());
+  LayerForwardArgs<float> args = a;
+  args.x = x.data();
+  forward(p, call.path, args, allocator);
+}
+
+void layer_forward_backward_bf16(const LayerProblem& p, const LayerBackwardArgs<float>& a,
+                                 const LayerBf16Tokens& tokens, Allocator& allocator) {
+  const AmxCall call(p);
+  Workspace<float> x(allocator, p.token_elems()), dOut(allocator, p.token_elems());
+  widen_bf16(tokens.x, x.data(), x.size());
+  widen_bf16(tokens.dOut, dOut.data(), dOut.size());
+  LayerBackwardArgs<float> args = a;
+  args.x = x.data();
+  args.dOut = dOut.data();
+  forward_backward(p, call.path, args, allocator);
 }
 
 }  // namespace lattn::cpu

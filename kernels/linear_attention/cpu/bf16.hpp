@@ -149,4 +149,10 @@ std::optional<std::string> amx_refusal();
 AmxPath amx_path();
 void set_amx_override(std::optional<AmxPath> path);
 
+// The AMX row of the chunked bf16 table that runs `problem` forward and backward on tiles
+// (chunked_amx, chunked_amx_gated or chunked_amx_delta), or nothing, with the rows' reasons in
+// `why`: the layer's bf16 chunked branch (kernels/layer/) runs only on these. Unlike
+// cpu_bf16_variant_for it does not ask for AVX512-BF16: the AMX rows do not use it.
+std::optional<CpuBf16Variant> cpu_amx_chunked_variant(const Problem& problem, std::string* why = nullptr);
+
 }  // namespace lattn::cpu

@@ -138,6 +138,22 @@ std::optional<std::string> cpu_bf16_refusal(const std::string& form, const Probl
   return std::nullopt;
 }
 
+std::optional<CpuBf16Variant> cpu_amx_chunked_variant(const Problem& problem, std::string* why) {
+  static const std::vector<CpuBf16Variant> amx_rows = [] {
+    std::vector<CpuBf16Variant> rows;
+    for (const CpuBf16Variant& v : native_table("chunked"))
+      if (v.name.rfind("chunked_amx", 0) == 0) rows.push_back(v);
+    return rows;
+  }();
+  const CpuBf16Variant* v = choose_variant(amx_rows, problem, "CPU bf16 chunked on AMX tiles", why);
+  if (!v) return std::nullopt;
+  if (!(v->own_backward && v->own_backward(problem))) {
+    if (why) *why = v->name + " has no backward of its own for this problem";
+    return std::nullopt;
+  }
+  return *v;
+}
+
 CpuBf16Variant cpu_bf16_variant_for(const std::string& form, const Problem& problem) {
   if (auto why = cpu_bf16_refusal(form, problem)) throw std::logic_error(*why);
   if (const CpuBf16Variant* native = choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) {
