@@ -60,17 +60,23 @@ struct Avx512 {
 #endif
   }
   static void storeu(std::uint16_t* p, V v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded(v)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(__mmask16(0xFFFF), rounded(v)));
   }
   static void store(std::uint16_t* p, M m, V v) { _mm512_mask_cvtepi32_storeu_epi16(p, m, rounded(v)); }
 
  private:
-  static V widen(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }
+  // The zero-masked forms with every lane set here and in rounded(): the plain ones start from an
+  // undefined register, which GCC 12 reports as maybe-uninitialized once inlined into a walk.
+  static V widen(__m256i b) {
+    const __mmask16 all = 0xFFFF;
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, b), 16));
+  }
   // The bf16 bits in each 32-bit lane's low half (round_bf16).
   static __m512i rounded(V v) {
+    const __mmask16 all = 0xFFFF;
     const __m512i bits = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(all, bits, 16), _mm512_set1_epi32(1));
+    return _mm512_maskz_srli_epi32(all, _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
   }
 };
 #endif

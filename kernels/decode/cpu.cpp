@@ -40,6 +40,12 @@ namespace {
 // each row by its own (vector gates).
 enum class RowDecay { none, uniform, rows };
 
+// How far ahead a wide strip's first walk asks for its rows (prefetchw of each row's lines): 8 rows
+// of 512 bytes, one 4 KiB page, which the hardware's streamers do not cross on their own. At B 64,
+// H 16, D 128, T 1, cold, on Zen 5 (scripts/ab.py, 3 rounds, docs/measurements/decode.md): 3-6%
+// faster than none in each of the 8 rule x decay x state-dtype cases, 16 rows between the two.
+constexpr std::size_t kPrefetchRows = 8;
+
 // Row-weight arrays per token, each Dk long: additive k, s q, a; delta a k, s a q, a, beta k.
 constexpr int kRowArrays = 4;
 
@@ -82,6 +88,14 @@ void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
     vv[n] = load(h.v + std::size_t(t) * Dv + c0, n);
     y0[n] = y1[n] = I::zero();
   }
+  // A wide strip (a whole row) streamed from memory: its lines kPrefetchRows rows ahead asked for
+  // with write intent (the walk writes them back).
+  auto prefetch_row = [&](const auto* p) __attribute__((always_inline)) {
+    if constexpr (kPrefetchRows > 0 && !kPairRows) {
+      const char* c = reinterpret_cast<const char*>(p);
+      for (int b = 0; b < NV * L * int(sizeof(*p)); b += 64) _mm_prefetch(c + b, _MM_HINT_ET0);
+    }
+  };
   auto decayed = [&](V r, std::size_t i) __attribute__((always_inline)) {
     if constexpr (DEC == RowDecay::uniform) return I::mul(r, au);
     if constexpr (DEC == RowDecay::rows) return I::mul(r, I::set1(ar[i]));
@@ -104,7 +118,10 @@ void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
         read(i, u0, y0);
         read(i + 1, u1, y1);
       }
-    for (; i < Dk; ++i) read(i, u0, y0);
+    for (; i < Dk; ++i) {
+      if (t == 0) prefetch_row(from + (i + kPrefetchRows) * Dv);
+      read(i, u0, y0);
+    }
     V wv[NV];
     const V c = I::set1(h.coef[t]);
     for (int n = 0; n < NV; ++n) {
@@ -130,7 +147,10 @@ void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
         write(i, y0);
         write(i + 1, y1);
       }
-    for (; i < Dk; ++i) write(i, y0);
+    for (; i < Dk; ++i) {
+      if (t == 0) prefetch_row(from + (i + kPrefetchRows) * Dv);
+      write(i, y0);
+    }
     for (int n = 0; n < NV; ++n) store(h.o + std::size_t(t) * Dv + c0, n, I::add(y0[n], y1[n]));
   }
   // Slot i of the snapshots (1..extra) is the state i tokens before the step's end. Never the last
