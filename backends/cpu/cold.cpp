@@ -13,11 +13,6 @@
 
 namespace lattn::cpu {
 
-std::size_t cold_span_bytes(std::size_t llc_bytes) {
-  constexpr std::size_t kCap = std::size_t(1) << 30;
-  return std::max(2 * llc_bytes, std::min(16 * llc_bytes, kCap));
-}
-
 std::size_t cold_copies(std::size_t bytes_per_copy, std::size_t llc_bytes) {
   const std::size_t span = cold_span_bytes(llc_bytes);
   if (bytes_per_copy == 0) return 1;

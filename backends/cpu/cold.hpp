@@ -4,24 +4,18 @@
 // turn), or the caches are evicted before each call by writing over a buffer of the cold span,
 // outside its timing (every other row, and a decode step whose copies would not fit in memory).
 //
-// Why sixteen times the last-level cache and not twice: current last levels keep part of a working
-// set that loops through them (thrash- and scan-resistant replacement, as RRIP policies are), so a
-// 64 MiB state stepped again and again on a 32 MiB L3 (Zen 5) still found part of itself there:
-// 1.5 ms a step at B 64 against 2.1 ms per 64 sequences at B 512, and a bandwidth fraction of 1.1-1.5.
-// At sixteen times the cache a copy's lines come back after the whole cache has turned over many
-// times. The span is capped at 1 GiB (or twice the cache, where that is more).
+// The cold span (src/run/bandwidth_roof.hpp, cold_span_bytes) is sixteen times the last-level cache,
+// not twice: a 64 MiB state stepped again and again on a 32 MiB L3 (Zen 5) still found part of
+// itself there, 1.5 ms a step at B 64 against 2.1 ms per 64 sequences at B 512.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
 #include "src/run/backend.hpp"
+#include "src/run/bandwidth_roof.hpp"
 
 namespace lattn::cpu {
-
-// The bytes that pass through between two touches of the same line for a call to find nothing of it
-// in a last-level cache of `llc_bytes`: sixteen times it, at most 1 GiB, at least twice it.
-std::size_t cold_span_bytes(std::size_t llc_bytes);
 
 // Copies of a call's working set (`bytes_per_copy`) to rotate over so that together they pass the
 // cold span of the machine's last-level cache (machine_last_level_cache_bytes): a call then finds

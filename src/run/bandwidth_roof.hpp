@@ -19,7 +19,18 @@ struct BandwidthRoof {
   std::optional<double> gbytes_per_s;  // its measured rate; none where it was not measured
 };
 
+// The bytes that pass through between two touches of the same line for a call to find nothing of it
+// in a last-level cache of `last_level_bytes`: sixteen times it, at most 1 GiB, at least twice it.
+// Current last levels keep part of a working set that loops through them (thrash- and
+// scan-resistant replacement, as RRIP policies are), so a 64 MiB state stepped again and again on
+// a 32 MiB L3 (Zen 5) still found part of itself there; at sixteen times the cache a line comes
+// back after the whole cache has turned over many times. A cold case passes this span between two
+// calls (backends/cpu/cold.hpp); a warm working set within it is partly served by the last level.
+std::size_t cold_span_bytes(std::size_t last_level_bytes);
+
 // `levels` smallest first (DeviceInfo::cache_roofs); `working_set_bytes`: what a call keeps touching.
+// A warm working set past every level but within the last level's cold span is held against the
+// last level (named "llc"): part of it is served from there, and DRAM's rate would be passed.
 BandwidthRoof bandwidth_roof(bool cold, double working_set_bytes, const std::vector<CacheRoof>& levels,
                              double dram_gbytes_per_s);
 

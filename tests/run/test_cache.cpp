@@ -15,7 +15,6 @@
 
 using namespace lattn;
 using lattn::cpu::cold_copies;
-using lattn::cpu::cold_span_bytes;
 using lattn::cpu::eviction_bytes;
 using lattn::cpu::rotation_fits;
 
@@ -56,8 +55,12 @@ TEST_CASE("cache: a cold case's roof is DRAM, a warm one's the smallest level it
   CHECK(warm(1 * MiB).gbytes_per_s == 200.0);
   CHECK(warm(20 * MiB).name == "llc");  // the last level is named llc, whatever its number
   CHECK(warm(20 * MiB).gbytes_per_s == 100.0);
-  CHECK(warm(64 * MiB).name == "dram");
-  CHECK(warm(64 * MiB).gbytes_per_s == 50.0);
+  // Past the last level but within its cold span (16 x 32 MiB): partly served there, held against it.
+  CHECK(warm(64 * MiB).name == "llc");
+  CHECK(warm(64 * MiB).gbytes_per_s == 100.0);
+  CHECK(warm(512 * MiB).name == "llc");
+  CHECK(warm(512 * MiB + 1).name == "dram");
+  CHECK(warm(512 * MiB + 1).gbytes_per_s == 50.0);
   // Without the levels (sysfs said nothing): DRAM; a level not measured: named, no rate to divide by.
   CHECK(bandwidth_roof(false, 1.0, {}, 50.0).name == "dram");
   const BandwidthRoof unmeasured = bandwidth_roof(false, 1.0, {{"L1d", 96 * KiB, 0.0}}, 50.0);
@@ -93,7 +96,7 @@ TEST_CASE("cache: a cold decode step on the CPU rotates over copies, a warm one 
   const std::size_t copies = cpu::decode_case_copies(c);
   // Each copy: q, k, v, o (16 floats a head), g and beta (one a head), the 16 x 16 states.
   const std::size_t copy = 4 * (4 * 4 * 16 + 2 * 4 + 4 * 256);
-  const std::size_t span = cpu::cold_span_bytes(machine_last_level_cache_bytes());
+  const std::size_t span = cold_span_bytes(machine_last_level_cache_bytes());
   CHECK(copies * copy > span);
   CHECK((copies - 1) * copy <= span);
   // Checked after the timed calls stepped every copy: one step from h0 on copy 0.
