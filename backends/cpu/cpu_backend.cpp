@@ -396,6 +396,7 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   backend->memory_available = [] { return available_host_memory(); };
   // Best of ten products: ~25 ms with the warm-up, twice per case.
   backend->peak_check = [threads = s.threads]() -> std::optional<double> { return cpu_sgemm_check(threads, 10); };
+  backend->stream_check = [threads = s.threads]() -> std::optional<double> { return cpu_stream_check(threads); };
   return backend;
 }
 

@@ -332,6 +332,8 @@ const Roofline& cpu_roofline(int threads) {
   return roofline;
 }
 
+double cpu_stream_check(int threads) { return measure_triad(threads, triad_elems_for_cache(last_level_cache_bytes()), 4); }
+
 double cpu_sgemm_check(int threads, int products) {
   openblas_set_num_threads(1);
   return measure_sgemm(threads, kSgemmN, products);

@@ -75,5 +75,7 @@ bool sgemm_peak_settled(const std::vector<double>& product_seconds, double elaps
 // against the peak of the same seconds: on a shared host the attainable rate moves by tens of
 // percent from one minute to the next, and the start-up best-of-100 is its quietest moment.
 double cpu_sgemm_check(int threads, int products);
+// The start-up triad again (the same arrays' size, best of 4 passes): the DRAM rate now.
+double cpu_stream_check(int threads);
 
 }  // namespace lattn

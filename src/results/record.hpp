@@ -59,6 +59,9 @@ struct Measurement {
   // (src/run/bandwidth_roof.hpp): "dram" for a cold case, the cache level a warm case's working set
   // fits in ("l1d", "l2", "llc"), or "dram" when it fits in none.
   std::optional<double> bandwidth_fraction, tokens_per_s, us_per_token;
+  // A cold case's DRAM rate re-measured just before and after it (the larger; Backend::stream_check):
+  // its `dram` roof is the larger of this and the start-up triad.
+  std::optional<double> stream_gbytes_per_s_now;
   std::string bandwidth_roof;
   // bandwidth_fraction above kAboveCeiling: faster than the roof, so the roof was mismeasured.
   bool above_roof = false;

@@ -91,6 +91,7 @@ constexpr OptionalKey kOptionals[] = {
     {"blas_gflops_now", &Measurement::blas_gflops_now}, {"blas_fraction_now", &Measurement::blas_fraction_now},
     {"bandwidth_fraction", &Measurement::bandwidth_fraction}, {"tokens_per_s", &Measurement::tokens_per_s},
     {"us_per_token", &Measurement::us_per_token}, {"layout_copy_mb", &Measurement::layout_copy_mb},
+    {"stream_gbytes_per_s_now", &Measurement::stream_gbytes_per_s_now},
 };
 constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"check_failure", &Measurement::check_failure},

@@ -88,6 +88,10 @@ struct Backend {
   // A quick re-measurement of the peak (GFLOP/s), taken just before and after each case, where
   // the backend has one (docs/results.md, blas_gflops_now).
   std::function<std::optional<double>()> peak_check;
+  // A quick re-measurement of the DRAM bandwidth (GB/s, the start-up triad's kind), taken just
+  // before and after each cold case of an op with a byte model, where the backend has one: on a
+  // shared host the memory's rate moves by 2x over seconds (docs/results.md, stream_gbytes_per_s_now).
+  std::function<std::optional<double>()> stream_check;
 
   const ImplRow* find(const std::string& op, const std::string& impl) const;
   // Why the case cannot run here: no row for it, or its row's reason; nothing when it can.

@@ -64,6 +64,12 @@ TensorSet first_elements(const Case& part, const TensorSet& whole) {
   return out;
 }
 
+// The DRAM rate now, for a cold case of an op with a byte model where the backend re-measures it.
+std::optional<double> stream_now(RunContext& ctx, const Case& c) {
+  if (!c.op->bytes || !cache_cold(c) || !ctx.backend.stream_check) return std::nullopt;
+  return ctx.backend.stream_check();
+}
+
 // A case between its preparation and its check.
 struct InFlight {
   const Case* c = nullptr;
@@ -72,6 +78,7 @@ struct InFlight {
   std::unique_ptr<PreparedCase> prepared;
   std::unique_ptr<Sampler> sampler;
   std::optional<double> peak_before;
+  std::optional<double> stream_before;  // a cold bandwidth-bound case's DRAM rate just before it
   std::string variant;  // the kernel variant the row runs the case with, or ""
 };
 
@@ -83,6 +90,7 @@ std::unique_ptr<InFlight> begin_case(RunContext& ctx, const ImplRow& row, const 
   f->c = &c;
   f->shared = ctx.cache.get(c, run.seed);
   throw_if_stop_requested();
+  f->stream_before = stream_now(ctx, c);
   f->inputs = f->shared->inputs.inputs_for(c.mode);
   f->prepared = with_slowdown(row.prepare(c, f->inputs), run.slowdown);
   if (row.variant) f->variant = row.variant(c);
@@ -94,7 +102,9 @@ std::unique_ptr<InFlight> begin_case(RunContext& ctx, const ImplRow& row, const 
 // A memory-bound op's figures (core/op.hpp, Op::bytes): against the roof the case meets
 // (src/run/bandwidth_roof.hpp): DRAM for a cold case, the cache level a warm one's working set fits
 // in, each at the rate measured at start-up.
-void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, const DeviceInfo& device, double seconds) {
+// `dram_now`: the DRAM rate re-measured around the case (0: none), the roof where it is larger.
+void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, const DeviceInfo& device, double seconds,
+                   double dram_now) {
   if (!(seconds > 0)) return;
   const double tokens = double(c.batch) * c.seq;
   m.tokens_per_s = tokens / seconds;
@@ -102,7 +112,8 @@ void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, con
   // What a call keeps touching: its outputs and scratch (for the decode step, the states it steps in
   // place; the pristine copy they are re-seeded from is not touched while it is timed).
   const double resident = double(memory.out_bytes + memory.temp_bytes);
-  const BandwidthRoof roof = bandwidth_roof(cache_cold(c), resident, device.cache_roofs(), device.stream_gbytes_per_s());
+  const BandwidthRoof roof =
+      bandwidth_roof(cache_cold(c), resident, device.cache_roofs(), std::max(device.stream_gbytes_per_s(), dram_now));
   m.bandwidth_roof = roof.name;
   if (roof.gbytes_per_s) {
     m.bandwidth_fraction = m.gbytes_per_s / *roof.gbytes_per_s;
@@ -158,7 +169,11 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.bytes = c.op->bytes ? c.op->bytes(c) : case_min_bytes(memory);
   m.gflops = seconds > 0 ? m.flops / seconds * 1e-9 : 0.0;
   m.gbytes_per_s = seconds > 0 ? m.bytes / seconds * 1e-9 : 0.0;
-  if (c.op->bytes) put_bandwidth(m, c, memory, ctx.device, seconds);
+  if (c.op->bytes) {
+    const std::optional<double> after = stream_now(ctx, c);
+    if (f.stream_before || after) m.stream_gbytes_per_s_now = std::max(f.stream_before.value_or(0), after.value_or(0));
+    put_bandwidth(m, c, memory, ctx.device, seconds, m.stream_gbytes_per_s_now.value_or(0));
+  }
   m.bwd_states = f.prepared->bwd_states();
   m.variant = f.variant;
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
