@@ -53,6 +53,8 @@
 // K, V, Q, dO 17 KiB each, the score tile with dV's diagonal tiles (or a 32-channel piece of the
 // gates), the gates' sums, the chunk's offsets and the warps' areas: 104576 bytes with vector
 // gates, 92416 without; two blocks per multiprocessor, as the dV and dK kernels it replaces.
+// Over 500 lines: dV's and dK's walks share the chunk's staged tiles, gates and offsets, which is
+// the point of the one launch; split across files they would share them only through a header.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
