@@ -214,65 +214,8 @@ struct Walker {
   }
 };
 
-int forward_threads(const Problem& p) { return amx_chunked::items_threads(p); }
-
-int backward_threads(const Problem& p) {
-  const GradParts parts(p, omp_get_max_threads());
-  return int(std::max<std::size_t>(1, std::min<std::size_t>(std::size_t(omp_get_max_threads()), parts.items)));
-}
-
-template <class Tiles>
-void forward(const Problem& p, const Bf16ForwardArgs& a, Allocator& allocator) {
-  const std::size_t per = carve(p, nullptr, false).used;
-  const int threads = forward_threads(p);
-  Workspace<float> scratch(allocator, std::size_t(threads) * per);
-#pragma omp parallel num_threads(threads)
-  {
-    const Buffers B = carve(p, scratch.data() + std::size_t(omp_get_thread_num()) * per, false);
-    const Walker<Tiles> walk(p, B);
-    amx::configure<Tiles>();
-#pragma omp for schedule(dynamic, 1)
-    for (long i = 0; i < long(p.slices()); ++i) walk.forward_item(a, p.slice(std::size_t(i)));
-    Tiles::release();
-  }
-}
-
-template <class Tiles>
-void backward(const Problem& p, const Bf16BackwardArgs& a, Allocator& allocator) {
-  const std::size_t per = carve(p, nullptr, true).used;
-  const GradParts parts(p, omp_get_max_threads());
-  const int threads = backward_threads(p);
-  Workspace<float> scratch(allocator, parts.partial_floats(p) + std::size_t(threads) * per);
-  float* partials = scratch.data();
-#pragma omp parallel num_threads(threads)
-  {
-    const Buffers B =
-        carve(p, scratch.data() + parts.partial_floats(p) + std::size_t(omp_get_thread_num()) * per, true);
-    const Walker<Tiles> walk(p, B);
-    amx::configure<Tiles>();
-#pragma omp for schedule(dynamic, 1)
-    for (long i = 0; i < long(parts.items); ++i) {
-      const GradParts::Item it = parts.item(p, std::size_t(i), a.dq, a.dk, partials);
-      for (int h = it.h0; h < it.h1; ++h) {
-        const HeadSlice item = p.slice(std::size_t(it.sequence) * p.heads + h);
-        walk.backward_item(a, item, it.dq + item.key, it.dk + item.key, h > it.h0);
-      }
-    }
-    Tiles::release();
-    parts.reduce(p, a.dq, a.dk, partials);
-  }
-}
-
-template <class Run>
-void on_path(AmxPath path, Run run) {
-  if (path == AmxPath::emulated) return run(amx::Emulated{});
-#if defined(LATTN_AMX_INTRINSICS)
-  if (const auto& why = amx::hardware_refusal()) throw std::logic_error("chunked_amx_gated: " + *why);
-  run(amx::Hardware{});
-#else
-  throw std::logic_error("chunked_amx_gated: this build has no AMX intrinsics");
-#endif
-}
+// The thread's buffers, as the drivers (chunked_amx_tiles.hpp) carve them.
+Buffers carve_buffers(const Problem& p, float* base, bool backward) { return carve(p, base, backward); }
 
 }  // namespace
 
@@ -290,13 +233,15 @@ std::size_t chunked_amx_gated_backward_floats(const Problem& p) {
 void chunked_amx_gated_forward(const Problem& p, const Bf16ForwardArgs& a, Allocator& allocator, AmxPath path) {
   if (p.rule != Rule::additive || p.decay != Decay::vector)
     throw std::logic_error("chunked_amx_gated: the additive rule with vector gates only");
-  on_path(path, [&](auto tiles) { forward<decltype(tiles)>(p, a, allocator); });
+  on_path("chunked_amx_gated", path,
+          [&](auto tiles) { run_forward<Walker, decltype(tiles)>(p, a, allocator, carve_buffers); });
 }
 
 void chunked_amx_gated_backward(const Problem& p, const Bf16BackwardArgs& a, Allocator& allocator, AmxPath path) {
   if (p.rule != Rule::additive || p.decay != Decay::vector)
     throw std::logic_error("chunked_amx_gated: the additive rule with vector gates only");
-  on_path(path, [&](auto tiles) { backward<decltype(tiles)>(p, a, allocator); });
+  on_path("chunked_amx_gated", path,
+          [&](auto tiles) { run_backward<Walker, decltype(tiles)>(p, a, allocator, carve_buffers); });
 }
 
 }  // namespace lattn::cpu

@@ -25,14 +25,24 @@
 // k_j and dK_j += sum_i dP_ij exp(b_i - b_j) x_i, with the factors on dP (scalar: the mask) or on
 // the operands and the outputs (vector: Kb . f_IJ and Xh . f_IJ as B, then EQ = exp(b - r_I) or
 // EK = exp(e_J - b) on the result rows).
+//
+// Drivers (run_forward, run_backward, on_path): both kernels walk (sequence, value head) items,
+// forward one per slice, backward GradParts' groups (a part of a q/k head's value heads on one
+// thread, adding into its dq and dk), each thread on its own carved scratch and tile configuration.
 #pragma once
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
+#include "core/workspace.hpp"
 #include "kernels/cpu/amx_gemm.hpp"
+#include "kernels/linear_attention/cpu/bf16.hpp"
 #include "kernels/linear_attention/cpu/chunked/chunk_products.hpp"
 #include "kernels/linear_attention/cpu/chunked/chunked_amx_parts.hpp"
 
@@ -285,6 +295,70 @@ inline void widen_rows(const Bf16* x, int n, int to, int cols, float* out) {
   for (int r = 0; r < to; ++r)
     for (int c = 0; c < cols; ++c)
       out[std::size_t(r) * cols + c] = r < n ? from_bf16(x[std::size_t(r) * cols + c]) : 0.0f;
+}
+
+inline int forward_threads(const Problem& p) { return amx_chunked::items_threads(p); }
+
+inline int backward_threads(const Problem& p) {
+  const GradParts parts(p, omp_get_max_threads());
+  return int(std::max<std::size_t>(1, std::min<std::size_t>(std::size_t(omp_get_max_threads()), parts.items)));
+}
+
+// Walker<Tiles>(p, buffers): forward_item(a, slice) and backward_item(a, slice, dq, dk, accumulate);
+// carve(p, base, backward): a thread's buffers at `base` (null: only its `used` floats).
+template <template <class> class Walker, class Tiles, class Carve>
+void run_forward(const Problem& p, const Bf16ForwardArgs& a, Allocator& allocator, Carve carve) {
+  const std::size_t per = carve(p, nullptr, false).used;
+  const int threads = forward_threads(p);
+  Workspace<float> scratch(allocator, std::size_t(threads) * per);
+#pragma omp parallel num_threads(threads)
+  {
+    const auto buffers = carve(p, scratch.data() + std::size_t(omp_get_thread_num()) * per, false);
+    const Walker<Tiles> walk(p, buffers);
+    amx::configure<Tiles>();
+#pragma omp for schedule(dynamic, 1)
+    for (long i = 0; i < long(p.slices()); ++i) walk.forward_item(a, p.slice(std::size_t(i)));
+    Tiles::release();
+  }
+}
+
+template <template <class> class Walker, class Tiles, class Carve>
+void run_backward(const Problem& p, const Bf16BackwardArgs& a, Allocator& allocator, Carve carve) {
+  const std::size_t per = carve(p, nullptr, true).used;
+  const GradParts parts(p, omp_get_max_threads());
+  const int threads = backward_threads(p);
+  Workspace<float> scratch(allocator, parts.partial_floats(p) + std::size_t(threads) * per);
+  float* partials = scratch.data();
+#pragma omp parallel num_threads(threads)
+  {
+    const auto buffers =
+        carve(p, scratch.data() + parts.partial_floats(p) + std::size_t(omp_get_thread_num()) * per, true);
+    const Walker<Tiles> walk(p, buffers);
+    amx::configure<Tiles>();
+#pragma omp for schedule(dynamic, 1)
+    for (long i = 0; i < long(parts.items); ++i) {
+      const GradParts::Item it = parts.item(p, std::size_t(i), a.dq, a.dk, partials);
+      for (int h = it.h0; h < it.h1; ++h) {
+        const HeadSlice item = p.slice(std::size_t(it.sequence) * p.heads + h);
+        walk.backward_item(a, item, it.dq + item.key, it.dk + item.key, h > it.h0);
+      }
+    }
+    Tiles::release();
+    parts.reduce(p, a.dq, a.dk, partials);
+  }
+}
+
+// run(tiles) on the path's tiles: the emulation, or the hardware where it may run (`kernel` names
+// the caller in the error otherwise).
+template <class Run>
+void on_path(const char* kernel, AmxPath path, Run run) {
+  if (path == AmxPath::emulated) return run(amx::Emulated{});
+#if defined(LATTN_AMX_INTRINSICS)
+  if (const auto& why = amx::hardware_refusal()) throw std::logic_error(std::string(kernel) + ": " + *why);
+  run(amx::Hardware{});
+#else
+  throw std::logic_error(std::string(kernel) + ": this build has no AMX intrinsics");
+#endif
 }
 
 }  // namespace lattn::cpu::amx_tiles
