@@ -40,6 +40,7 @@ class EvictingCase final : public PreparedCase {
   explicit EvictingCase(std::unique_ptr<PreparedCase> inner) : inner_(std::move(inner)) {}
   void run() override { inner_->run(); }
   double time_ms(int calls) override;
+  void watch_scratch() override { inner_->watch_scratch(); }
   MemoryUsage memory() const override { return inner_->memory(); }
   void read_outputs(TensorSet& outputs) override { inner_->read_outputs(outputs); }
   std::string bwd_states() const override { return inner_->bwd_states(); }

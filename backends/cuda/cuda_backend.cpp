@@ -291,6 +291,7 @@ class GatheringCase final : public PreparedCase {
       : inner_(std::move(inner)), gather_(std::move(gather)), pool_bytes_(pool_bytes) {}
   void run() override { inner_->run(); }
   double time_ms(int calls) override { return inner_->time_ms(calls); }
+  void watch_scratch() override { inner_->watch_scratch(); }
   // hT is where the check's states are gathered to; the pool is what the steps write.
   MemoryUsage memory() const override {
     MemoryUsage m = inner_->memory();

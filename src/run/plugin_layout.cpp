@@ -57,6 +57,8 @@ class LayoutCase final : public PreparedCase {
 
   void run() override { inner_->run(); }
   double time_ms(int calls) override { return inner_->time_ms(calls); }
+  // A Python impl's scratch is watched in a call of its own (tracemalloc, torch.cuda), inside.
+  void watch_scratch() override { inner_->watch_scratch(); }
   MemoryUsage memory() const override {
     MemoryUsage m = inner_->memory();
     m.layout = to_string(layout_);
