@@ -1,5 +1,6 @@
 // The modern layer block on the CPU (block/cpu.hpp): what block.hpp's template needs from the CPU.
-// The projections are sgemms through cpu/products.hpp; the linear branch is the kernel suite's
+// The projections run through cpu/products.hpp's layer_product / layer_weight_product (the packed
+// products at AVX-512, OpenBLAS's sgemm otherwise: product_path()); the linear branch is the kernel suite's
 // scan or chunked kernel for the case's rule and decay, so the block times exactly the kernels the
 // kernel suite times. A bf16 case (block_*_bf16) runs the same template with every product on AMX
 // tiles and the chunked branch on its AMX row (cpu/products.hpp).
@@ -25,12 +26,12 @@ struct CpuOps {
   Workspace<float> buffer(std::size_t n) { return Workspace<float>(allocator, n); }
   void product(bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
     if (amx) return amx_product(false, trans_b, m, n, k, A, lda, B, ldb, 0.0f, C, ldc, allocator);
-    parallel_sgemm(trans_b, m, n, k, A, lda, B, ldb, 0.0f, C, ldc);
+    layer_product(trans_b, m, n, k, A, lda, B, ldb, 0.0f, C, ldc, allocator);
   }
   void weight_product(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C) {
     if (amx) return amx_product(true, false, m, n, k, A, lda, B, ldb, 0.0f, C, n, allocator);
     float* const outs[1] = {C};
-    k_split_product(m, n, k, A, lda, B, ldb, outs, n, allocator);
+    layer_weight_product(m, n, k, A, lda, B, ldb, outs, n, allocator);
   }
   void linear_forward(const Problem& p, const ForwardArgs<float>& args) {
     if (amx_linear)
@@ -77,20 +78,23 @@ std::size_t kept_states_bytes(const LayerProblem& p, bool amx) {
   return p.chunked && p.keep_chunk_states && !amx ? chunked_kept_states_bytes(p.linear) : 0;
 }
 
-// The products' scratch: k_split_product's (float32) or amx_product's, for C = A^T B (m x n, k deep).
+// The products' scratch (float32: through product_path(), cpu/products.hpp; bf16: amx_product's):
+// C = op(A) op(B) (m x n, k deep), and C = A^T B (m x n, k deep: the batch's tokens).
+std::size_t product_bytes(int m, int n, int k, bool amx) {
+  return amx ? amx_product_bytes(m, n, k) : layer_product_bytes(m, n, k);
+}
 std::size_t weight_product_bytes(int m, int n, int k, bool amx) {
-  return amx ? amx_product_bytes(m, n, k) : k_split_bytes(m, n, k);
+  return amx ? amx_product_bytes(m, n, k) : layer_weight_product_bytes(m, n, k, n);
 }
 
 std::size_t forward_bytes(const LayerProblem& p, bool amx) {
   const std::optional<CpuBf16Variant> row = amx_row(p, amx);
   const std::size_t window = p.block.window ? sliding_window_forward_workspace_bytes(p.linear, p.window) : 0;
   std::size_t transient = std::max(linear_forward_bytes(p, false, row ? &*row : nullptr), window);
-  if (amx) {  // P = x W_in, [KDA] (x Wd) Wu, out = y Wo
-    const block::Layout l = block::layout(p);
-    transient = std::max({transient, amx_product_bytes(int(l.R), l.cols, l.M), amx_product_bytes(int(l.R), l.M, l.M)});
-    if (l.r > 0) transient = std::max(transient, amx_product_bytes(int(l.R), l.M, l.r));
-  }
+  // P = x W_in, [KDA] (x Wd) Wu, out = y Wo
+  const block::Layout l = block::layout(p);
+  transient = std::max({transient, product_bytes(int(l.R), l.cols, l.M, amx), product_bytes(int(l.R), l.M, l.M, amx)});
+  if (l.r > 0) transient = std::max(transient, product_bytes(int(l.R), l.M, l.r, amx));
   return block::sizes(p, false).forward() * sizeof(float) + transient;
 }
 
@@ -105,12 +109,11 @@ std::size_t forward_backward_bytes(const LayerProblem& p, bool amx) {
       std::max({linear_forward_bytes(p, kept, r), linear_backward_bytes(p, kept, r),
                 weight_product_bytes(l.M, l.M, int(l.R), amx), weight_product_bytes(l.M, l.cols, int(l.R), amx)});
   if (l.r > 0) transient = std::max(transient, weight_product_bytes(l.r, l.M, int(l.R), amx));
-  if (amx) {  // the row products: P, out, dy, dx and [KDA] (x Wd) Wu, d(x Wd)
-    transient = std::max({transient, amx_product_bytes(int(l.R), l.cols, l.M), amx_product_bytes(int(l.R), l.M, l.M),
-                          amx_product_bytes(int(l.R), l.M, l.cols)});
-    if (l.r > 0)
-      transient = std::max({transient, amx_product_bytes(int(l.R), l.M, l.r), amx_product_bytes(int(l.R), l.r, l.M)});
-  }
+  // the row products: P, out, dy, dx and [KDA] (x Wd) Wu, d(x Wd)
+  transient = std::max({transient, product_bytes(int(l.R), l.cols, l.M, amx), product_bytes(int(l.R), l.M, l.M, amx),
+                        product_bytes(int(l.R), l.M, l.cols, amx)});
+  if (l.r > 0)
+    transient = std::max({transient, product_bytes(int(l.R), l.M, l.r, amx), product_bytes(int(l.R), l.r, l.M, amx)});
   if (l.window)
     transient = std::max({transient, sliding_window_forward_workspace_bytes(p.linear, p.window),
                           sliding_window_backward_workspace_bytes(p.linear, p.window)});

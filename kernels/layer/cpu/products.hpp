@@ -2,9 +2,9 @@
 // the one place that names the BLAS routine; parallel_sgemm and k_split_product take OpenMP threads
 // over blocks that whichever thread is free takes, with the product single-threaded inside
 // (project_to_heads in hybrid/cpu.cpp calls sgemm on its own row tiles).
-// The hybrid layer (hybrid/cpu.cpp) takes its products through layer_product / layer_weight_product,
-// which run either those or the packed products of kernels/cpu/packed_gemm.hpp: product_path()
-// says which. The modern block (block/cpu.cpp) calls parallel_sgemm and k_split_product directly.
+// The hybrid layer (hybrid/cpu.cpp) and the modern block (block/cpu.cpp) take their products through
+// layer_product / layer_weight_product, which run either those or the packed products of
+// kernels/cpu/packed_gemm.hpp: product_path() says which.
 // A bf16 case (where the CPU has AMX-BF16) runs every product of either block through amx_product
 // below instead (cpu/amx_products.cpp).
 #pragma once
