@@ -4,6 +4,8 @@
 
 #include <omp.h>
 
+#include <utility>
+
 #include "src/run/counting_allocator.hpp"
 #include "kernels/linear_attention/cpu/kernels.hpp"
 #include "kernels/layer/block/cpu.hpp"
@@ -229,16 +231,22 @@ TEST_CASE("the modern block's scratch equals its closed form and grows linearly 
                                                  : cpu::block_forward_backward_workspace_bytes(p)));
       }
       // Per token the scratch settles to a constant: nothing grows as T^2 (the conv keeps no history).
+      // The packed products' scratch holds op(B) whole only up to 4 MiB and in slabs past it
+      // (kernels/cpu/packed_gemm.hpp), so where the weight gradients' op(B) (T x the columns) passes
+      // that size their share per token falls: per token the scratch may shrink a little with T, but
+      // never grows, and what the block keeps (O(B T M)) holds it above 0.8 of the shorter figure.
       auto per_token = [&](int seq, bool backward) {
         LayerProblem q = p;
         q.linear.seq = seq;
         return double(backward ? cpu::block_forward_backward_workspace_bytes(q) : cpu::block_forward_workspace_bytes(q)) /
                seq;
       };
-      for (bool backward : {false, true}) {
-        CHECK(per_token(8192, backward) == Approx(per_token(4096, backward)).epsilon(0.05));
-        CHECK(per_token(65536, backward) == Approx(per_token(8192, backward)).epsilon(0.05));
-      }
+      for (bool backward : {false, true})
+        for (auto [shorter, longer] : {std::pair{4096, 8192}, std::pair{8192, 65536}}) {
+          INFO((backward ? "fwd_bwd" : "fwd") << " per token at T " << shorter << " and " << longer);
+          CHECK(per_token(longer, backward) <= 1.05 * per_token(shorter, backward));
+          CHECK(per_token(longer, backward) >= 0.8 * per_token(shorter, backward));
+        }
     }
   omp_set_num_threads(omp_get_num_procs());
 }

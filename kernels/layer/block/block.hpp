@@ -29,7 +29,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
+#include "kernels/cpu/exp.hpp"
 #include "kernels/layer/block/args.hpp"
 #include "kernels/layer/problem.hpp"
 
@@ -75,13 +77,38 @@ inline Layout layout(const LayerProblem& p) {
   return l;
 }
 
+// The elementwise functions. In float32 (the CPU block) branch-free on exp_nonpositive, so that their
+// loops over channels vectorise: with std::exp (a call per element) the short convolution's silu
+// and the output gate cost as much as the input projection. In float64 (the reference) std::exp.
+//
+// log1p(x) for x in [0, 1]: 2 atanh(s) with s = x / (2 + x) in [0, 1/3], its odd series to s^15
+// (relative error below 2e-8; s carries no cancellation, so small x keep their relative accuracy).
+inline float log1p_unit(float x) {
+  const float s = x / (2.0f + x), s2 = s * s;
+  float p = 1.0f / 15.0f;
+  p = p * s2 + 1.0f / 13.0f;
+  p = p * s2 + 1.0f / 11.0f;
+  p = p * s2 + 1.0f / 9.0f;
+  p = p * s2 + 1.0f / 7.0f;
+  p = p * s2 + 1.0f / 5.0f;
+  p = p * s2 + 1.0f / 3.0f;
+  return 2.0f * s * (p * s2 + 1.0f);
+}
 template <class T>
 T sigmoid(T z) {
-  return T(1) / (T(1) + std::exp(-z));
+  if constexpr (std::is_same_v<T, float>) {  // exp(-|z|) <= 1: no overflow for either sign
+    const float e = cpu::exp_nonpositive(-std::fabs(z)), s = 1.0f / (1.0f + e);
+    return z >= 0.0f ? s : e * s;
+  } else {
+    return T(1) / (T(1) + std::exp(-z));
+  }
 }
 template <class T>
 T softplus(T z) {
-  return z > T(20) ? z : std::log1p(std::exp(z));
+  if constexpr (std::is_same_v<T, float>)  // max(z, 0) + log1p(exp(-|z|))
+    return std::max(z, 0.0f) + log1p_unit(cpu::exp_nonpositive(-std::fabs(z)));
+  else
+    return z > T(20) ? z : std::log1p(std::exp(z));
 }
 template <class T>
 T silu(T z) {
@@ -95,10 +122,11 @@ T silu_grad(T z) {
 
 // The buffers one call keeps from start to end, in elements (every one O(B T M) or a weight).
 struct Sizes {
-  std::size_t win, P, C, q, k, v, ks, qinv, kinv, gpre, glin, blin, state, o, swa, lse, rinv, y;
+  std::size_t win, convT, P, C, q, k, v, ks, qinv, kinv, gpre, glin, blin, state, o, swa, lse, rinv, y;
   std::size_t dy, dO, dswa, dq, dk, dv, dglin, dblin, dstate, dP, dC, dgpre, dW;
   std::size_t forward() const {
-    return win + P + C + q + k + v + ks + qinv + kinv + gpre + glin + blin + 2 * state + o + swa + lse + rinv + y;
+    return win + convT + P + C + q + k + v + ks + qinv + kinv + gpre + glin + blin + 2 * state + o + swa + lse + rinv +
+           y;
   }
   std::size_t backward() const { return dy + dO + dswa + dq + dk + dv + dglin + dblin + dstate + dP + dC + dgpre + dW; }
 };
@@ -108,6 +136,7 @@ inline Sizes sizes(const LayerProblem& p, bool backward) {
   const std::size_t RH = l.R * std::size_t(l.H), M = std::size_t(l.M), gates = p.linear.gate_elems();
   Sizes s{};
   s.win = M * l.cols;
+  s.convT = l.conv ? std::size_t(l.w) * 3 * M : 0;
   s.P = l.R * l.cols;
   s.C = l.conv ? l.R * 3 * M : 0;
   s.q = s.k = s.v = s.o = s.y = l.N;
@@ -142,7 +171,7 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
   const int M = l.M, H = l.H, Dh = l.Dh, Tn = l.T, cols = l.cols, w = l.w;
   const long R = long(l.R);
   const Problem& lp = p.linear;
-  auto win = ops.buffer(s.win), P = ops.buffer(s.P), C = ops.buffer(s.C), q = ops.buffer(s.q), k = ops.buffer(s.k),
+  auto win = ops.buffer(s.win), convT = ops.buffer(s.convT), P = ops.buffer(s.P), C = ops.buffer(s.C), q = ops.buffer(s.q), k = ops.buffer(s.k),
        v = ops.buffer(s.v), ks = ops.buffer(s.ks), qinv = ops.buffer(s.qinv), kinv = ops.buffer(s.kinv),
        gpre = ops.buffer(s.gpre), glin_own = ops.buffer(s.glin), blin_own = ops.buffer(s.blin),
        h0 = ops.buffer(s.state), hT = ops.buffer(s.state), o = ops.buffer(s.o), swa = ops.buffer(s.swa),
@@ -166,6 +195,9 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
   ops.product(false, int(R), cols, M, a.x, M, win.data(), cols, P.data(), cols);
 
   // The short convolution, silu, and the per-head layout; the conv reads its w - 1 earlier rows of P.
+  // The filters transposed to [tap][channel], so that the loops over channels read them contiguously.
+  for (int c = 0; c < 3 * M; ++c)
+    for (int i = 0; i < w; ++i) convT[std::size_t(i) * 3 * M + c] = a.conv[std::size_t(c) * w + i];
 #pragma omp parallel for schedule(static)
   for (long row = 0; row < R; ++row) {
     const int t = int(row % Tn);
@@ -174,19 +206,19 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
       for (int h = 0; h < H; ++h) {  // channels c0 .. c0 + Dh - 1 are head h's of q, k or v
         const int c0 = which * M + h * Dh;
         const T* p = P.data() + std::size_t(row) * cols + c0;
-        T* u = qkv[which] + at(b * H + h, t) * Dh;
+        T* __restrict u = qkv[which] + at(b * H + h, t) * Dh;
         if (!l.conv) {
           std::copy_n(p, Dh, u);
           continue;
         }
-        T* conv_out = C.data() + std::size_t(row) * 3 * M + c0;
-        for (int j = 0; j < Dh; ++j) {
-          T sum = 0;
-          for (int i = std::max(0, w - 1 - t); i < w; ++i)
-            sum += a.conv[std::size_t(c0 + j) * w + i] * p[std::ptrdiff_t(i - (w - 1)) * cols + j];
-          conv_out[j] = sum;
-          u[j] = silu(sum);
+        T* __restrict conv_out = C.data() + std::size_t(row) * 3 * M + c0;
+        std::fill_n(conv_out, Dh, T(0));
+        for (int i = std::max(0, w - 1 - t); i < w; ++i) {  // taps in order: each sum as one loop over i would
+          const T* __restrict tap = convT.data() + std::size_t(i) * 3 * M + c0;
+          const T* __restrict pi = p + std::ptrdiff_t(i - (w - 1)) * cols;
+          for (int j = 0; j < Dh; ++j) conv_out[j] += tap[j] * pi[j];
         }
+        for (int j = 0; j < Dh; ++j) u[j] = silu(conv_out[j]);
       }
   }
 
@@ -198,6 +230,7 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
       for (int which = 0; which < 2; ++which) {
         T* x = qkv[which] + std::size_t(hr) * Dh;
         T squares = 0;
+#pragma omp simd reduction(+ : squares)
         for (int j = 0; j < Dh; ++j) squares += x[j] * x[j];
         const T inv = T(1) / std::sqrt(squares + T(kL2Eps));
         (which ? kinv : qinv)[std::size_t(hr)] = inv;
@@ -248,11 +281,12 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
     const int t = int(hr % Tn), h = int(bh % H);
     const T* ov = o.data() + std::size_t(hr) * Dh;
     T squares = 0;
+#pragma omp simd reduction(+ : squares)
     for (int j = 0; j < Dh; ++j) squares += ov[j] * ov[j];
     const T r = T(1) / std::sqrt(squares / T(Dh) + T(kRmsNormEps));
     rinv[std::size_t(hr)] = r;
     const std::size_t row = row_of(bh, t);
-    T* yr = y.data() + row * M + std::size_t(h) * Dh;
+    T* __restrict yr = y.data() + row * M + std::size_t(h) * Dh;
     const T* gh = a.g + std::size_t(h) * Dh;
     if (l.norm) {
       const T* z = P.data() + row * cols + l.z + std::size_t(h) * Dh;
@@ -288,15 +322,17 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
         if (l.norm) {
           const T* z = P.data() + row * cols + l.z + std::size_t(h) * Dh;
           T* dz = dP.data() + row * cols + l.z + std::size_t(h) * Dh;
+#pragma omp simd reduction(+ : ul)
           for (int j = 0; j < Dh; ++j) {
-            const T sz = silu(z[j]);
+            const T s = sigmoid(z[j]), sz = z[j] * s;  // silu(z) and its derivative from one sigmoid
             dg[j] += double(d[j] * sz * ov[j] * r);
-            dz[j] = d[j] * gh[j] * ov[j] * r * silu_grad(z[j]);
+            dz[j] = d[j] * gh[j] * ov[j] * r * (s * (T(1) + z[j] * (T(1) - s)));
             dov[j] = gh[j] * sz * d[j];  // u, finished below
             ul += dov[j] * ov[j];
           }
         } else {
           const T* sw = swa.data() + hr * Dh;
+#pragma omp simd reduction(+ : dbeta, ul)
           for (int j = 0; j < Dh; ++j) {
             dbeta += double(d[j] * (r * gh[j] * ov[j] - (l.window ? sw[j] : T(0))));
             dg[j] += double(sig * d[j] * ov[j] * r);
@@ -306,8 +342,10 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
           }
         }
         const T c = r * r * r / T(Dh) * ul;
+#pragma omp simd
         for (int j = 0; j < Dh; ++j) dov[j] = r * dov[j] - c * ov[j];
         if (l.mamba)
+#pragma omp simd reduction(+ : dd)
           for (int j = 0; j < Dh; ++j) dd += double(dov[j] * v[hr * Dh + j]);
       }
     for (int j = 0; j < Dh; ++j) a.dg[std::size_t(h) * Dh + j] = T(dg[j]);
@@ -333,6 +371,7 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
           const long bh = b * H + h;
           const std::size_t hr = at(bh, t), row = row_of(bh, t);
           if (l.vector) {
+#pragma omp simd reduction(+ : dalog)
             for (int j = 0; j < Dh; ++j) {
               const std::size_t gi = hr * Dh + j, ci = row * M + std::size_t(h) * Dh + j;
               dalog += double(dglin[gi] * glin[gi]);
@@ -412,8 +451,8 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
           std::copy_n(du, Dh, dP.data() + std::size_t(row) * cols + c0);
           continue;
         }
-        const T* conv_out = C.data() + std::size_t(row) * 3 * M + c0;
-        T* dconv_out = dC.data() + std::size_t(row) * 3 * M + c0;
+        const T* __restrict conv_out = C.data() + std::size_t(row) * 3 * M + c0;
+        T* __restrict dconv_out = dC.data() + std::size_t(row) * 3 * M + c0;
         for (int j = 0; j < Dh; ++j) dconv_out[j] = du[j] * silu_grad(conv_out[j]);
       }
   }
@@ -421,11 +460,13 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
 #pragma omp parallel for schedule(static)
     for (long row = 0; row < R; ++row) {
       const int t = int(row % Tn);
-      for (int c = 0; c < 3 * M; ++c) {
-        T sum = 0;  // row feeds output rows row + (w - 1) - i of its own sequence
-        for (int i = 0; i < w; ++i)
-          if (t + (w - 1) - i < Tn) sum += a.conv[std::size_t(c) * w + i] * dC[std::size_t(row + (w - 1) - i) * 3 * M + c];
-        dP[std::size_t(row) * cols + c] = sum;
+      T* __restrict sum = dP.data() + std::size_t(row) * cols;
+      std::fill_n(sum, 3 * M, T(0));
+      // row feeds output rows row + (w - 1) - i of its own sequence (those before its end), taps in order
+      for (int i = std::max(0, t + w - Tn); i < w; ++i) {
+        const T* __restrict tap = convT.data() + std::size_t(i) * 3 * M;
+        const T* __restrict d = dC.data() + std::size_t(row + (w - 1) - i) * 3 * M;
+        for (int c = 0; c < 3 * M; ++c) sum[c] += tap[c] * d[c];
       }
     }
     // The filters' gradients: blocks of channels, each summing over the rows in order (in double,
