@@ -1,15 +1,18 @@
 // The modern layer block (docs/spec.md section 2b, kernels/layer/block/block.hpp): the float64 reference's
 // gradients of every input and weight against central finite differences of its own forward, for
 // Gated DeltaNet, KDA and Mamba2 blocks and the kernel suite's gates inside the hybrid block. (The
-// CPU float32 block is held to this reference by the test table, tests/op_table.hpp.)
+// CPU float32 block is held to this reference by the test table, tests/op_table.hpp.) And the
+// float32 elementwise functions (block/elementwise.hpp) against their float64 forms, point by point.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/layer/block/elementwise.hpp"
 #include "kernels/layer/block/reference.hpp"
 #include "test_util.hpp"
 
@@ -89,4 +92,29 @@ TEST_CASE("the block reference's gradients match central finite differences", "[
     }
     CHECK(compared >= 6 * 7);  // x and at least six weights per shape
   }
+}
+
+// The float32 forms run on exp_nonpositive and a log1p series: each within a few float32 ulps of
+// the float64 form across the range the block's pre-activations take (and far past it, where exp
+// underflows and softplus(z) must become z or 0 without a NaN).
+TEST_CASE("the block's float32 elementwise functions match their float64 forms", "[layer][block]") {
+  double worst[4] = {};
+  for (int i = -80000; i <= 80000; ++i) {
+    const float z = float(i) * 1e-3f;
+    const double zd = z;
+    const double got[4] = {block::sigmoid(z), block::softplus(z), block::silu(z), block::silu_grad(z)};
+    const double want[4] = {block::sigmoid(zd), block::softplus(zd), block::silu(zd), block::silu_grad(zd)};
+    for (int f = 0; f < 4; ++f) {
+      REQUIRE(std::isfinite(got[f]));
+      // Relative to the value, with an absolute floor where the value itself vanishes (sigmoid and
+      // softplus of large negative z); silu_grad = s (1 + z (1 - s)) crosses zero near z = -1.28 by
+      // cancellation, so its error is relative to the size of its terms.
+      const double s = want[0], size = f == 3 ? s * (1.0 + std::fabs(zd) * (1.0 - s)) : std::fabs(want[f]);
+      const double err = std::fabs(got[f] - want[f]) / std::max(size, 1e-6);
+      worst[f] = std::max(worst[f], err);
+    }
+  }
+  INFO("worst relative error: sigmoid " << worst[0] << ", softplus " << worst[1] << ", silu " << worst[2]
+                                        << ", silu_grad " << worst[3]);
+  for (double w : worst) CHECK(w < 1e-6);
 }
