@@ -262,9 +262,10 @@ Plan plan(const Blocking& s, int m, int n, int k) {
   return p;
 }
 
-// multiply_packed's loops: C's block of rows at C (row-major) or in the panels at panel_c.
+// multiply_packed's loops: C's block of rows at C (row-major) or in the panels at panel_c, where
+// the block's first row is row panel_row0 of each panel.
 void multiply_blocks(bool trans_a, int m, int n, int k, const float* A, int lda, const float* packed_b, float beta,
-                     float* C, int ldc, float* const* panel_c, float* a_scratch) {
+                     float* C, int ldc, float* const* panel_c, int panel_row0, float* a_scratch) {
   const Blocking s = blocking();
   const std::size_t panel_stride = std::size_t(k) * s.nr;  // whole-depth panels
   for (int k0 = 0; k0 < k; k0 += s.kc) {
@@ -273,7 +274,7 @@ void multiply_blocks(bool trans_a, int m, int n, int k, const float* A, int lda,
       const int rows = std::min(s.mc, m - i0);
       pack_a(s, trans_a, A, lda, i0, rows, k0, kc, a_scratch);
       macro(s, kc, rows, n, a_scratch, packed_b + std::size_t(k0) * s.nr, panel_stride, k0 == 0 ? beta : 1.0f,
-            C ? C + std::ptrdiff_t(i0) * ldc : nullptr, ldc, panel_c, i0);
+            C ? C + std::ptrdiff_t(i0) * ldc : nullptr, ldc, panel_c, panel_row0 + i0);
     }
   }
 }
@@ -301,10 +302,11 @@ std::size_t parallel_scratch_bytes(int m, int n, int k) {
          sizeof(float);
 }
 
-void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
-                       int ldb, float beta, float* C, int ldc, Allocator& allocator) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) return scale(m, n, beta, C, ldc);
+namespace {
+
+// parallel_multiply into C (row-major) or, where panel_c is given, into its panels.
+void parallel_blocks(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
+                     float beta, float* C, int ldc, float* const* panel_c, Allocator& allocator) {
   const Blocking s = blocking();
   const Plan p = plan(s, m, n, k);
   Workspace<float> packed(allocator, std::size_t(p.slab) * round_up(n, s.nr));
@@ -320,11 +322,33 @@ void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const fl
       for (int index = 0; index < p.blocks.count; ++index) {
         const int i0 = p.blocks.begin(index), rows = p.blocks.begin(index + 1) - i0;
         const float* a_rows = trans_a ? A + std::ptrdiff_t(k0) * lda + i0 : A + std::ptrdiff_t(i0) * lda + k0;
-        multiply_packed(trans_a, rows, n, depth, a_rows, lda, packed.data(), k0 == 0 ? beta : 1.0f,
-                        C + std::ptrdiff_t(i0) * ldc, ldc, a_block.data());
+        multiply_blocks(trans_a, rows, n, depth, a_rows, lda, packed.data(), k0 == 0 ? beta : 1.0f,
+                        panel_c ? nullptr : C + std::ptrdiff_t(i0) * ldc, ldc, panel_c, i0, a_block.data());
       }
     }
   }
+}
+
+void scale_panels(int m, int n, float beta, float* const* panel_c, int ldc) {
+  const int nr = blocking().nr;
+  for (int p = 0; p * nr < n; ++p) scale(m, std::min(nr, n - p * nr), beta, panel_c[p], ldc);
+}
+
+}  // namespace
+
+void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
+                       int ldb, float beta, float* C, int ldc, Allocator& allocator) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return scale(m, n, beta, C, ldc);
+  parallel_blocks(trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, ldc, nullptr, allocator);
+}
+
+void parallel_multiply_to_panels(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
+                                 const float* B, int ldb, float beta, float* const* panel_c, int ldc,
+                                 Allocator& allocator) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return scale_panels(m, n, beta, panel_c, ldc);
+  parallel_blocks(trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, nullptr, ldc, panel_c, allocator);
 }
 
 std::size_t packed_b_floats(int k, int n) {
@@ -376,18 +400,14 @@ void multiply_packed(bool trans_a, int m, int n, int k, const float* A, int lda,
                      float* C, int ldc, float* a_scratch) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) return scale(m, n, beta, C, ldc);
-  multiply_blocks(trans_a, m, n, k, A, lda, packed_b, beta, C, ldc, nullptr, a_scratch);
+  multiply_blocks(trans_a, m, n, k, A, lda, packed_b, beta, C, ldc, nullptr, 0, a_scratch);
 }
 
 void multiply_packed_to_panels(bool trans_a, int m, int n, int k, const float* A, int lda, const float* packed_b,
                                float beta, float* const* panel_c, int ldc, float* a_scratch) {
   if (m <= 0 || n <= 0) return;
-  const int nr = blocking().nr;
-  if (k <= 0) {
-    for (int p = 0; p * nr < n; ++p) scale(m, std::min(nr, n - p * nr), beta, panel_c[p], ldc);
-    return;
-  }
-  multiply_blocks(trans_a, m, n, k, A, lda, packed_b, beta, nullptr, ldc, panel_c, a_scratch);
+  if (k <= 0) return scale_panels(m, n, beta, panel_c, ldc);
+  multiply_blocks(trans_a, m, n, k, A, lda, packed_b, beta, nullptr, ldc, panel_c, 0, a_scratch);
 }
 
 }  // namespace lattn::cpu::gemm

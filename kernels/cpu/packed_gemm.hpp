@@ -37,6 +37,12 @@ std::size_t parallel_scratch_bytes(int m, int n, int k);
 void parallel_multiply(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
                        int ldb, float beta, float* C, int ldc, Allocator& allocator);
 
+// The same with C's columns in panels of panel_width() placed apart, as multiply_packed_to_panels
+// below writes them: C(i, p * panel_width() + j) at panel_c[p][i * ldc + j].
+void parallel_multiply_to_panels(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda,
+                                 const float* B, int ldb, float beta, float* const* panel_c, int ldc,
+                                 Allocator& allocator);
+
 // The same in two steps, for callers that run their own threads over row blocks of C (and use
 // each block before the next): op(B) packed whole once, then products of any rows against it on
 // the calling thread, each with its own A scratch.

@@ -2,11 +2,13 @@
 // width this build and CPU have, on 1 and 2 threads: sizes that are not multiples of the micro-tile,
 // the depth block or the column block, every pair of transposes, beta 0 (C's old contents, NaN
 // here, never read) and beta 1, leading dimensions wider than the matrices; and their scratch
-// against the closed form. Then the hybrid layer on both product paths (kernels/layer/cpu/products.hpp).
+// against the closed form; the same products in the two-step form and into panels. Then the hybrid
+// layer on both product paths (kernels/layer/cpu/products.hpp).
 #include <catch2/catch.hpp>
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -129,6 +131,27 @@ TEST_CASE("the packed products match a float64 product at every width, shape and
                                            C2.data() + std::size_t(r0) * o.ldc, o.ldc, scratch.data());
               }
               CHECK(max_error(o, expected, C2) < 1e-5);
+
+              // The panel form: C's columns in panels of panel_width(), each in a buffer of its own,
+              // gathered back into C's layout to compare.
+              const int nr = cpu::gemm::panel_width(), panel_ld = nr + 1;
+              std::vector<std::vector<float>> panel_store;
+              std::vector<float*> panels;
+              for (int j0 = 0; j0 < n; j0 += nr) {
+                std::vector<float>& panel = panel_store.emplace_back(std::size_t(m) * panel_ld, -7.0f);
+                for (int i = 0; i < m; ++i)
+                  for (int j = 0; j < std::min(nr, n - j0); ++j)
+                    panel[std::size_t(i) * panel_ld + j] = o.C0[std::size_t(i) * o.ldc + j0 + j];
+              }
+              for (auto& panel : panel_store) panels.push_back(panel.data());
+              CountingAllocator panel_allocator;
+              cpu::gemm::parallel_multiply_to_panels(trans_a, trans_b, m, n, k, o.A.data(), o.lda, o.B.data(), o.ldb,
+                                                     beta, panels.data(), panel_ld, panel_allocator);
+              CHECK(panel_allocator.peak_bytes() == cpu::gemm::parallel_scratch_bytes(m, n, k));
+              std::vector<float> C3 = o.C0;
+              for (int i = 0; i < m; ++i)
+                for (int j = 0; j < n; ++j) C3[std::size_t(i) * o.ldc + j] = panels[j / nr][std::size_t(i) * panel_ld + j % nr];
+              CHECK(max_error(o, expected, C3) < 1e-5);
             }
           }
         }
