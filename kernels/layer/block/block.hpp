@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <type_traits>
 
 #include "kernels/layer/block/args.hpp"
 #include "kernels/layer/block/elementwise.hpp"
