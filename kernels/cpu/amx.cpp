@@ -106,7 +106,8 @@ float dpbf16_element(float c, const std::uint16_t* a, const std::uint16_t* b, in
     low = flushed(std::fma(bf16_float(a[2 * std::size_t(p)]), bf16_float(b[2 * std::size_t(p)]), low));
     high = flushed(std::fma(bf16_float(a[2 * std::size_t(p) + 1]), bf16_float(b[2 * std::size_t(p) + 1]), high));
   }
-  return flushed(flushed(flushed(c) + low) + high);
+  // The silicon adds the two halves to each other first, then to C (measured: docs/kernels.md).
+  return flushed(flushed(c) + flushed(low + high));
 }
 
 namespace emulated {

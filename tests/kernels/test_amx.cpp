@@ -112,14 +112,22 @@ TEST_CASE("amx emulation: tdpbf16ps on known values", "[amx]") {
   CHECK(c[0] == 10 + 1 * 5 + 2 * 6 + 3 * 7 + 4 * 8);
   CHECK(c[1] == 100 + 1 * -1 + 2 * 0.5f + 3 * 2 + 4 * 0.25f);
 
-  // The order of the SDM's pseudo-code: C + (the pairs' low halves) + (their high halves). With C 1
-  // and each half 2^-24, (1 + 2^-24) rounds to 1 (a tie, to even) twice; summing the halves first
-  // would give 1 + 2^-23.
+  // The silicon's order: C + (low + high), the pairs' low halves and high halves summed to each other
+  // before C. Two probes that tell it from (C + low) + high, as measured on an AMX-BF16 Xeon:
+  // C 1 with halves 2^-24 and 2^-24 gives 1 + 2^-23 (the other order rounds 1 + 2^-24 to 1, a tie
+  // to even, twice); C -2^24 with halves 2^24 and 1 gives 0 (2^24 + 1 rounds to 2^24 first; the
+  // other order gives 1).
   const float tiny = std::ldexp(1.0f, -12);
   const std::vector<float> ordered = emulated_dp(1, 1, 1, {1.0f}, {bf(tiny), bf(tiny)}, {bf(tiny), bf(tiny)});
-  CHECK(ordered[0] == 1.0f);
+  CHECK(ordered[0] == 1.0f + std::ldexp(1.0f, -23));
   CHECK(amx::dpbf16_element(1.0f, std::vector<std::uint16_t>{bf(tiny), bf(tiny)}.data(),
-                            std::vector<std::uint16_t>{bf(tiny), bf(tiny)}.data(), 1) == 1.0f);
+                            std::vector<std::uint16_t>{bf(tiny), bf(tiny)}.data(), 1) == 1.0f + std::ldexp(1.0f, -23));
+  const float two24 = std::ldexp(1.0f, 24);
+  const std::vector<float> halves_first =
+      emulated_dp(1, 1, 1, {-two24}, {bf(two24), bf(1.0f)}, {bf(1.0f), bf(1.0f)});
+  CHECK(halves_first[0] == 0.0f);
+  CHECK(amx::dpbf16_element(-two24, std::vector<std::uint16_t>{bf(two24), bf(1.0f)}.data(),
+                            std::vector<std::uint16_t>{bf(1.0f), bf(1.0f)}.data(), 1) == 0.0f);
 
   // DAZ: a denormal bf16 input is zero (2^-133 x 2^100 would be 2^-33 otherwise).
   const std::uint16_t denormal = 0x0001, big = bf(std::ldexp(1.0f, 100));

@@ -134,7 +134,7 @@ struct Walker {
       Ti[i] = 1.0f;
     }
     // E = V - KG S, R = diag(beta) E, W = T R.
-    product<Tiles>(pk, n, Dv, Dk, rows(B.KG, Dk), rows(S, Dv), B.E, Dv, -1.0f, false);
+    product_split<Tiles>(pk, n, Dv, Dk, rows(B.KG, Dk), rows(S, Dv), B.E, Dv, -1.0f, false, 'B');
     for (int i = 0; i < n; ++i)
       for (int e = 0; e < Dv; ++e) {
         const std::size_t o = std::size_t(i) * Dv + e;
@@ -143,8 +143,8 @@ struct Walker {
       }
     for (int m0 = 0; m0 < n; m0 += kSub) {
       const int m1 = std::min(n, m0 + kSub);
-      product<Tiles>(pk, m1 - m0, Dv, m1, rows(B.T + std::size_t(m0) * C, C), rows(B.R, Dv),
-                     B.Wm + std::size_t(m0) * Dv, Dv, 1.0f, false);
+      product_split<Tiles>(pk, m1 - m0, Dv, m1, rows(B.T + std::size_t(m0) * C, C), rows(B.R, Dv),
+                           B.Wm + std::size_t(m0) * Dv, Dv, 1.0f, false, 'B');
     }
     return gates;
   }
@@ -153,7 +153,7 @@ struct Walker {
   void advance(float* S, int n) const {
     for (int d = 0; d < Dk; ++d)
       for (int e = 0; e < Dv; ++e) S[std::size_t(d) * Dv + e] *= B.decay[d];
-    product<Tiles>(pk, Dk, Dv, n, cols(B.KL, Dk), rows(B.Wm, Dv), S, Dv, 1.0f, true);
+    product_split<Tiles>(pk, Dk, Dv, n, cols(B.KL, Dk), rows(B.Wm, Dv), S, Dv, 1.0f, true, 'B');
   }
 
   void forward_item(const Bf16ForwardArgs& a, const HeadSlice& item) const {
@@ -162,11 +162,11 @@ struct Walker {
       const int n = std::min(C, item.seq - c0);
       chunk(item, c0, n, a.q, a.k, a.v, a.g, a.beta, B.S);
       float* o = a.o + item.value + std::size_t(c0) * Dv;
-      product<Tiles>(pk, n, Dv, Dk, rows(B.QG, Dk), rows(B.S, Dv), o, Dv, scale, false);
+      product_split<Tiles>(pk, n, Dv, Dk, rows(B.QG, Dk), rows(B.S, Dv), o, Dv, scale, false, 'B');
       for (int m0 = 0; m0 < n; m0 += kSub) {
         const int m1 = std::min(n, m0 + kSub);
-        product<Tiles>(pk, m1 - m0, Dv, m1, rows(B.Aqk + std::size_t(m0) * C, C), rows(B.Wm, Dv),
-                       o + std::size_t(m0) * Dv, Dv, scale, true);
+        product_split<Tiles>(pk, m1 - m0, Dv, m1, rows(B.Aqk + std::size_t(m0) * C, C), rows(B.Wm, Dv),
+                             o + std::size_t(m0) * Dv, Dv, scale, true, 'B');
       }
       advance(B.S, n);
     }
@@ -202,8 +202,8 @@ struct Walker {
         for (int e = 0; e < Dv; ++e) dv[std::size_t(i) * Dv + e] = bt[i] * B.dR[std::size_t(i) * Dv + e];
 
       // dM = -dR W^T, dbeta, dP_kk = diag(beta) dM (strictly lower); dP_qk = s dO W^T (lower).
-      product<Tiles>(pk, n, n, Dv, rows(B.dR, Dv), cols(B.Wm, Dv), B.dM, C, -1.0f, false);
-      product<Tiles>(pk, n, n, Dv, rows(B.dO, Dv), cols(B.Wm, Dv), B.dP, C, scale, false);
+      product_split<Tiles>(pk, n, n, Dv, rows(B.dR, Dv), cols(B.Wm, Dv), B.dM, C, -1.0f, false, 'B');
+      product_split<Tiles>(pk, n, n, Dv, rows(B.dO, Dv), cols(B.Wm, Dv), B.dP, C, scale, false, 'B');
       float* dbeta = a.dbeta + item.beta + c0;
       for (int i = 0; i < n; ++i) {
         float* dMi = B.dM + std::size_t(i) * C;
@@ -219,9 +219,9 @@ struct Walker {
       }
 
       // dQ = EB . s (dO S^T); dK_read = EB . (-dV S^T); dK_write = EL . (W dS^T); then the scores'.
-      product<Tiles>(pk, n, Dk, Dv, rows(B.dO, Dv), cols(S, Dv), B.dq, Dk, scale, false);
-      product<Tiles>(pk, n, Dk, Dv, rows(dv, Dv), cols(S, Dv), B.dkr, Dk, -1.0f, false);
-      product<Tiles>(pk, n, Dk, Dv, rows(B.Wm, Dv), cols(B.dS, Dv), B.dkw, Dk, 1.0f, false);
+      product_split<Tiles>(pk, n, Dk, Dv, rows(B.dO, Dv), cols(S, Dv), B.dq, Dk, scale, false, 'B');
+      product_split<Tiles>(pk, n, Dk, Dv, rows(dv, Dv), cols(S, Dv), B.dkr, Dk, -1.0f, false, 'B');
+      product_split<Tiles>(pk, n, Dk, Dv, rows(B.Wm, Dv), cols(B.dS, Dv), B.dkw, Dk, 1.0f, false, 'A');
       for (int e = 0; e < n * Dk; ++e) {
         B.dq[e] *= B.EB[e];
         B.dkr[e] *= B.EB[e];

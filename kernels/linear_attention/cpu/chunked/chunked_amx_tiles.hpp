@@ -62,13 +62,16 @@ inline std::optional<std::string> limits(const Problem& p) {
   return std::nullopt;
 }
 
-// A float32 operand: element (r, c) at x[r ld + c], or at x[c ld + r] where transposed.
+// A float32 operand: element (r, c) at x[r ld + c], or at x[c ld + r] where transposed; with
+// `residual`, what rounding that element to bf16 leaves, x - bf16(x) (see product_split).
 struct Operand {
   const float* x;
   std::size_t ld;
   bool transposed = false;
+  bool residual = false;
   float at(int r, int c) const {
-    return transposed ? x[std::size_t(c) * ld + r] : x[std::size_t(r) * ld + c];
+    const float v = transposed ? x[std::size_t(c) * ld + r] : x[std::size_t(r) * ld + c];
+    return residual ? v - from_bf16(to_bf16(v)) : v;
   }
 };
 inline Operand rows(const float* x, std::size_t ld) { return {x, ld, false}; }
@@ -128,6 +131,21 @@ void product(const Packing& s, int M, int N, int K, Operand A, Operand B, float*
     else
       for (int c = 0; c < N; ++c) out[c] = alpha * in[c];
   }
+}
+
+// product() with one operand (`split`: 'A' or 'B') carried as the bf16 pair hi + lo, hi = bf16(x) and
+// lo = bf16(x - hi): two tile products, the second on the residual, which keep that operand to about
+// 2^-17 of itself instead of 2^-9. For the float32 intermediates the delta rule reads through a
+// difference (the state S and the chunk's W, R: its output is S^T q plus a correction that cancels
+// it where beta is near 1 and S already predicts v): rounded once, their 2^-9 error is amplified by
+// that cancellation past the bf16 tolerance where few channels average it (rel_err 0.016-0.058 at
+// Dk = Dv = 1 on the silicon and on the emulated tiles alike).
+template <class Tiles>
+void product_split(const Packing& s, int M, int N, int K, Operand A, Operand B, float* C, std::size_t ldc, float alpha,
+                   bool accumulate, char split) {
+  product<Tiles>(s, M, N, K, A, B, C, ldc, alpha, accumulate);
+  (split == 'A' ? A : B).residual = true;
+  product<Tiles>(s, M, N, K, A, B, C, ldc, alpha, true);
 }
 
 // A chunk's cumulative gates (above): b[i W + w].
