@@ -141,6 +141,9 @@ def add(history_path, paths, commit=None, out=sys.stdout):
     for path in paths:
         run = run_from_result_file(path, commit)
         name = f"{run.short_commit} {run.date} {run.device}"
+        recorded = run.doc.get("device", {}).get("git_revision")
+        if isinstance(recorded, str) and recorded != run.commit:
+            name += f" (built from {recorded[:10]}, stored under --commit)"
         if run.key not in by_key:
             by_key[run.key] = len(runs)
             runs.append(run)

@@ -137,10 +137,14 @@ def _change(row):
 def _overview(runs, commits, series, options, history_path):
     dates = sorted(r.date for r in runs)
     legend = "".join(f'<span><i class="swatch" style="background:{s.colour}"></i>{_e(s.label)} '
-                     f'<small>[{_e(s.device)}]</small>: {len(s.runs)} commits</span>' for s in series)
+                     f'<small>[{_e(s.device)}]</small>: {len(s.runs)} commit{"s" if len(s.runs) != 1 else ""}</span>'
+                     for s in series)
     markers = "".join(f'<span>{_marker_svg(v)} {v}</span>' for v in ("SLOWER", "FASTER", "UNSURE", "FAILED"))
     confidence = compare.format_pct(1 - options.alpha)
-    return (f"<p>{len(runs)} runs of {len(commits)} commits on {len(series)} devices, "
+    def count(n, word):
+        return f"{n} {word}" + ("" if n == 1 else "s")
+
+    return (f"<p>{count(len(runs), 'run')} of {count(len(commits), 'commit')} on {count(len(series), 'device')}, "
             f"{_e(dates[0])} to {_e(dates[-1])}, from <code>{_e(history_path)}</code>.</p>"
             f'<p class="legend">{legend}</p>'
             f"<p>Each point is a run's median ({options.metric}), the band its quartiles (q1 to q3); "
@@ -357,10 +361,20 @@ def _runs_table(series):
             config = json.dumps(run.doc.get("config"), indent=1, sort_keys=True)
             warnings = run.doc.get("warnings") if isinstance(run.doc.get("warnings"), list) else []
             rows.append(f'<tr><td><i class="swatch" style="background:{s.colour}"></i>{_e(s.label)}</td>'
-                        f"<td>{_e(run.short_commit)}</td><td>{_e(run.date)}</td><td>{_e(result.format_name)}</td>"
+                        f"<td>{_e(run.short_commit)}</td><td>{_e(run.date)}</td><td>{_e(_built_from(run))}</td>"
+                        f"<td>{_e(result.format_name)}</td>"
                         f"<td>{len(result.records)}</td><td>{_e(run.source)}</td>"
                         f"<td>{_e('; '.join(map(str, warnings)))}</td>"
                         f"<td><details><summary>config</summary><pre>{_e(config)}</pre></details></td></tr>")
-    return ("<h2>Runs</h2><table class=\"runs\"><thead><tr><th>device</th><th>commit</th><th>date</th>"
+    return ("<h2>Runs</h2><table class=\"runs\"><thead><tr><th>device</th><th>commit</th><th>date</th><th>built from</th>"
             "<th>format</th><th>cases</th><th>file</th><th>warnings</th><th>config</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
+
+
+def _built_from(run):
+    """The binary's own git_revision: the commit itself, unless the run was stored under --commit."""
+    device = run.doc.get("device") if isinstance(run.doc.get("device"), dict) else {}
+    revision = device.get("git_revision")
+    if not isinstance(revision, str) or revision == run.commit:
+        return "the commit" if revision == run.commit else "not recorded"
+    return revision[:10] + (" (dirty)" if device.get("git_dirty") is True else "")
