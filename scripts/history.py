@@ -241,7 +241,7 @@ def main(argv):
         options = compare.Options("median_ms", args.threshold, args.alpha, args.bootstrap)
         page = history_page.render(runs, options, args.title, args.history)
         lr.write_text_atomic(args.out, page)
-        print(f"wrote {args.out}: {len(runs)} runs")
+        print(f"wrote {args.out}: {len(runs)} run{'' if len(runs) == 1 else 's'} in the history")
         return 0
     text = json.dumps(export_custom_smaller_is_better(pick_run(runs, args.commit, args.device)), indent=1,
                       ensure_ascii=False) + "\n"

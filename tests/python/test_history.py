@@ -75,6 +75,10 @@ class Page(html.parser.HTMLParser):
             self.charts.append({"case": a["data-case"], "series": {}, "latest": {}})
         elif tag == "g" and a.get("class") == "series":
             self._series = self.charts[-1]["series"].setdefault(a["data-device"], [])
+            self.charts[-1].setdefault("bands", {})[a["data-device"]] = 0
+            self._device = a["data-device"]
+        elif tag == "polygon" and a.get("class") == "band":
+            self.charts[-1]["bands"][self._device] += len(a["points"].split())
         elif a.get("class") == "point":
             self._series.append({"commit": a["data-commit"], "verdict": a["data-verdict"],
                                  "latest": a.get("data-latest") == "1", "title": ""})
@@ -141,6 +145,8 @@ class HistoryTest(unittest.TestCase):
                 self.assertEqual([p["verdict"] for p in a], ["none", "SAME", "SAME", "SLOWER" if slowed else "SAME"])
                 self.assertEqual([p["verdict"] for p in b], ["none", "SAME"])
                 self.assertEqual([p["latest"] for p in a], [False] * (RUNS_A - 1) + [True])
+                # The quartile band: q3 along the points and q1 back, two corners a point.
+                self.assertEqual(chart["bands"], {self.device_a: 2 * RUNS_A, self.device_b: 2 * len(COMMITS_B)})
                 self.assertEqual(chart["latest"], {self.device_a: "SLOWER" if slowed else "SAME",
                                                    self.device_b: "SAME"})
                 for point in a + b:
