@@ -50,7 +50,7 @@ END { flush() }')
   printf '.TP\n130, 143\ninterrupted by SIGINT or SIGTERM; the finished cases are written\n'
   printf '.SH FILES\n'
   printf '.TP\n.I PREFIX/share/lattnbench/configs/\nthe suite configs that \\fB\\-\\-config\\fR \\fINAME\\fR finds (%s)\n' "$*"
-  printf '.TP\n.I PREFIX/share/lattnbench/scripts/\ncompare.py (the regression gate), ab.py, merge.py, plot.py, perf_table.py\n'
+  printf '.TP\n.I PREFIX/share/lattnbench/scripts/\ncompare.py (the regression gate), ab.py, merge.py, plot.py, perf_table.py, history.py\n'
   printf '.SH SEE ALSO\nThe project'"'"'s docs/cli.md, docs/config.md, docs/harness.md, docs/results.md and docs/compare.md.\n'
 } >"$man_out"
 

@@ -135,6 +135,12 @@ def load(path):
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ResultFileError(f"{path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    return from_document(path, doc)
+
+
+def from_document(path, doc):
+    """A ResultFile from a document already parsed (a line of scripts/history.py's history); path
+    names it in messages."""
     if not isinstance(doc, dict):
         raise ResultFileError(f"{path}: not a result file: the top level is not a JSON object")
     if not isinstance(doc.get("results"), list):

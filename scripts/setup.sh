@@ -42,6 +42,8 @@ packages=(
   python3 python3-numpy python3-scipy python3-matplotlib libbenchmark-tools
   python3-pandas python3-venv python3-setuptools python3-dev
   clang clang-tidy libclang-rt-14-dev libomp-dev
+  # history.py's page is opened in headless Chromium and its screenshot read with PIL by a test.
+  chromium python3-pil
 )
 
 missing=()

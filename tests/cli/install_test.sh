@@ -15,7 +15,7 @@ cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 bin=$work/prefix/bin/lattnbench
 share=$work/prefix/share/lattnbench
 for name in default smoke gated; do test -f "$share/configs/$name.yaml" || fail "no configs/$name.yaml"; done
-for tool in compare ab merge plot perf_table gate_experiment; do test -x "$share/scripts/$tool.py" || fail "no scripts/$tool.py"; done
+for tool in compare ab merge plot perf_table gate_experiment history; do test -x "$share/scripts/$tool.py" || fail "no scripts/$tool.py"; done
 
 # A config that only the installed folder holds, by its name from an unrelated folder.
 printf 'suites: [kernel]\nwarmup: 1\nreps: 5\nmin_sample_ms: 1\nkernel:\n  batch: 1\n  heads: 1\n  chunk: 8\n  seq: [16]\n  dim: [4]\n  mode: [fwd]\n' \
@@ -32,6 +32,9 @@ grep -q '^000-kernel-scan-fwd-b1h1t16d4c8-none ' list.txt || fail "installtest's
 grep -q 'no significant regression' compare.txt || fail "compare.py said: $(cat compare.txt)"
 "$share/scripts/perf_table.py" a.json >/dev/null || fail "perf_table.py failed"
 "$share/scripts/merge.py" --help >/dev/null || fail "merge.py --help failed"
+"$share/scripts/history.py" add --history h.jsonl --commit install-test a.json >/dev/null || fail "history.py add failed"
+"$share/scripts/history.py" html --history h.jsonl -o h.html >/dev/null || fail "history.py html failed"
+grep -q 'class="chart"' h.html || fail "history.py wrote no chart"
 "$share/scripts/gate_experiment.py" --pairs 1 --tries 0 "$bin" -- --config installtest >gate.txt 2>&1 ||
   fail "gate_experiment.py: $(cat gate.txt)"
 grep -q '^| A/A pairs ' gate.txt || fail "gate_experiment.py printed no table: $(cat gate.txt)"
