@@ -71,6 +71,7 @@ _cluster_logs() {
 cluster_start() {
   CLUSTER_DIR=$1
   CLUSTER_PIDS=()
+  unset SLURM_CONF
   local d=$CLUSTER_DIR up
   mkdir -p "$d/state" "$d/spool" "$d/log"
   d=$(cd "$d" && pwd)
@@ -176,10 +177,10 @@ EOF
 }
 
 cluster_stop() {
-  [[ -n ${CLUSTER_DIR:-} && -n ${SLURM_CONF:-} ]] || return 0
+  [[ -n ${CLUSTER_DIR:-} ]] || return 0
   local status=0 pid
   # Jobs first, while slurmd can still end their steps.
-  if scontrol ping >/dev/null 2>&1; then
+  if [[ -n ${SLURM_CONF:-} ]] && scontrol ping >/dev/null 2>&1; then
     scancel --user=root 2>/dev/null || true
     _cluster_wait_for 30 _cluster_no_jobs ||
       { echo "cluster: jobs still there after 30 s: $(squeue -h -o '%i %T' | tr '\n' ' ')" >&2; status=1; }
@@ -196,8 +197,8 @@ cluster_stop() {
     fi
     wait "$pid" 2>/dev/null || true
   done
-  local left
-  left=$(_cluster_processes)
+  local left=""
+  [[ -z ${SLURM_CONF:-} ]] || left=$(_cluster_processes)
   if [[ -n $left ]]; then
     echo "cluster: left behind, now killed:" >&2
     for pid in $left; do
