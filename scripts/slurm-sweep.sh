@@ -112,16 +112,37 @@ submit() {
   local -a gpu_args=()
   [[ -n $gpus ]] && gpu_args=(--ntasks=1 "--gpus-per-task=$gpus")
   local self=$root/scripts/slurm-sweep.sh build array merge
+  local -a submitted=()
+  # sbatch's own error line says what it refused; the jobs already queued are cancelled with it.
+  submit_job() {
+    local name=$1 id
+    shift
+    if ! id=$(sbatch --parsable "$@"); then
+      if ((${#submitted[@]} == 0)); then
+        rm -f "$out_dir/sweep.settings"
+        rmdir "$out_dir" 2>/dev/null || true
+      else
+        scancel "${submitted[@]}" || true
+      fi
+      echo "$me: sbatch refused the $name job${submitted[0]+ (cancelled the jobs before it: ${submitted[*]})}" >&2
+      exit 1
+    fi
+    id=${id%%;*}  # --parsable: "id" or "id;cluster"
+    submitted+=("$id")
+    echo "$id"
+  }
   # 1. The binary, on a compute node (the shards' CPU: -march=native), checked against the config.
-  build=$(sbatch --parsable "${common[@]}" "${gpu_args[@]}" --job-name=lattnbench-build --nodes=1 \
+  build=$(submit_job build "${common[@]}" "${gpu_args[@]}" --job-name=lattnbench-build --nodes=1 \
     --time="$build_time" --output="$out_dir/build-%j.log" "$self" --stage build "$out_dir")
+  submitted+=("$build")
   # 2. The shards, each alone on a node, all on that binary. A task requeued starts over from its journal.
-  array=$(sbatch --parsable "${common[@]}" --dependency="afterok:$build" --kill-on-invalid-dep=yes \
+  array=$(submit_job shard "${common[@]}" --dependency="afterok:$build" --kill-on-invalid-dep=yes \
     --array="1-$count" --job-name=lattnbench --nodes=1 --ntasks=1 ${gpus:+"--gpus-per-task=$gpus"} \
     --exclusive --requeue --open-mode=append --time="$time" --output="$out_dir/shard-%a-of-$count.log" \
     "$self" --stage shard "$out_dir")
+  submitted+=("$array")
   # 3. The merge, once every task has ended, whichever way.
-  merge=$(sbatch --parsable "${common[@]}" --dependency="afterany:$array" --job-name=lattnbench-merge \
+  merge=$(submit_job merge "${common[@]}" --dependency="afterany:$array" --job-name=lattnbench-merge \
     --nodes=1 --ntasks=1 --time=00:10:00 --output="$out_dir/merge-%j.log" "$self" --stage merge "$out_dir")
   echo "build $build, shards $array (1-$count), merge $merge: $out_dir"
   ((wait)) || return 0

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # scripts/slurm-sweep.sh on a real Slurm: a private one-node cluster (cluster.sh), started as root
 # without systemd and stopped at the end whatever happens. Against it:
+#   0. an unknown partition and a bad --time: sbatch refuses, the script says so in one line and
+#      leaves no job queued;
 #   1. a sweep of 3 shards (build job with --binary, array, merge) whose shard 1 is requeued
 #      (`scontrol requeue`, as a preemption does) after its first case: merged.json must hold
 #      exactly the cases and config of an unsharded run of the same binary, each once, with no
@@ -19,7 +21,7 @@ python=${2:-/usr/bin/python3}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 sweep=$root/scripts/slurm-sweep.sh
-# shellcheck source=tests/slurm/cluster.sh
+# shellcheck source=cluster.sh source-path=SCRIPTDIR
 source "$here/cluster.sh"
 
 if reason=$(cluster_skip_reason); then
@@ -118,6 +120,20 @@ kernel:
   impl: [scan, chunked]
   mode: fwd
 EOF
+
+## 0. What sbatch refuses: one line, and nothing left queued.
+no_jobs() { [[ -z $(squeue -h -o %i) ]]; }
+status=0
+"$sweep" --binary "$bin" --out "$tmp/refused" --partition nosuch "$config" 3 >"$tmp/refused.out" 2>&1 || status=$?
+[[ $status == 1 && $(tail -n 1 "$tmp/refused.out") == "slurm-sweep: sbatch refused the build job" ]] ||
+  fail "an unknown partition: exit $status, $(tail -n 1 "$tmp/refused.out")"
+grep -q "^sbatch: error: invalid partition specified: nosuch" "$tmp/refused.out" || fail "no sbatch error line for the partition"
+[[ ! -e $tmp/refused ]] || fail "a sweep refused at its first job left its folder"
+status=0
+"$sweep" --binary "$bin" --out "$tmp/refused" --time bogus "$config" 3 >"$tmp/refused.out" 2>&1 || status=$?
+[[ $status == 1 && $(tail -n 1 "$tmp/refused.out") =~ ^"slurm-sweep: sbatch refused the shard job (cancelled the jobs before it: "[0-9]+")"$ ]] ||
+  fail "a bad --time: exit $status, $(tail -n 1 "$tmp/refused.out")"
+wait_until 30 "the build job of the refused sweep to be cancelled" no_jobs
 
 # The unsharded run of the same plan and binary, beside the sweep.
 "$bin" --config "$config" --out "$tmp/unsharded.json" --quiet >"$tmp/unsharded.out" 2>&1 &
