@@ -168,14 +168,22 @@ build_stage() {
   eval "$setup"
   if [[ -n $binary ]]; then
     echo "$me: using $binary, not building"
-    "$binary" --version
+    local status=0
+    "$binary" --version || status=$?
+    ((status == 0)) || { echo "$me: build: $binary does not run on $(hostname) (exit $status)"; return 1; }
     cp "$binary" "$out_dir/lattnbench.tmp"
   else
-    LATTN_BUILD_DIR=$out_dir/build LATTN_BUILD_TARGET=lattnbench "$root/scripts/build.sh"
+    LATTN_BUILD_DIR=$out_dir/build LATTN_BUILD_TARGET=lattnbench "$root/scripts/build.sh" ||
+      { echo "$me: build: scripts/build.sh failed on $(hostname) (log: $out_dir/build/build.log)"; return 1; }
     cp "$out_dir/build/lattnbench" "$out_dir/lattnbench.tmp"
   fi
   # The config and arguments are read now, so that a mistake there fails one job, not every shard.
-  "$out_dir/lattnbench.tmp" --config "$config" --list-cases --shard "1/$count" "${lattnbench_args[@]}" >/dev/null
+  local refusal
+  if ! refusal=$("$out_dir/lattnbench.tmp" --config "$config" --list-cases --shard "1/$count" "${lattnbench_args[@]}" 2>&1 >/dev/null); then
+    echo "$refusal"
+    echo "$me: build: the binary refuses the sweep: $(tail -n 1 <<<"$refusal")"
+    return 1
+  fi
   mv "$out_dir/lattnbench.tmp" "$out_dir/lattnbench"
 }
 
@@ -233,10 +241,15 @@ merge_stage() {
     python3 "$root/scripts/merge.py" --force -o "$out_dir/merged.json" "${done[@]}"
     return
   fi
-  local where="" why
   if [[ ! -x $out_dir/lattnbench ]]; then
-    where="; the build job failed: $(tail -n 1 "$out_dir"/build-*.log 2>/dev/null || echo 'no build log')"
-  elif ((${#done[@]})); then
+    local log why="no build log"
+    log=$(find "$out_dir" -maxdepth 1 -name 'build-*.log' | sort | tail -n 1)
+    [[ -z $log ]] || why="$(basename "$log"): $(tail -n 1 "$log")"
+    echo "$me: no shard ran: the build job failed ($why)"
+    return 1
+  fi
+  local where="" why
+  if ((${#done[@]})); then
     python3 "$root/scripts/merge.py" --force -o "$out_dir/merged-partial.json" "${done[@]}" >/dev/null
     where="; shard${merged[1]+s} $(join_list "${merged[@]}") merged into merged-partial.json"
   fi

@@ -2,7 +2,8 @@
 # scripts/slurm-sweep.sh on a real Slurm: a private one-node cluster (cluster.sh), started as root
 # without systemd and stopped at the end whatever happens. Against it:
 #   0. an unknown partition and a bad --time: sbatch refuses, the script says so in one line and
-#      leaves no job queued;
+#      leaves no job queued; a --binary that does not run: the build job fails, no shard runs, and
+#      the merge job's one line says so;
 #   1. a sweep of 3 shards (build job with --binary, array, merge) whose shard 1 is requeued
 #      (`scontrol requeue`, as a preemption does) after its first case: merged.json must hold
 #      exactly the cases and config of an unsharded run of the same binary, each once, with no
@@ -134,6 +135,15 @@ status=0
 [[ $status == 1 && $(tail -n 1 "$tmp/refused.out") =~ ^"slurm-sweep: sbatch refused the shard job (cancelled the jobs before it: "[0-9]+")"$ ]] ||
   fail "a bad --time: exit $status, $(tail -n 1 "$tmp/refused.out")"
 wait_until 30 "the build job of the refused sweep to be cancelled" no_jobs
+# A binary that does not run on the node: the build job fails, the array is cancelled
+# (--kill-on-invalid-dep), and the merge job, which runs all the same, says so; --wait returns.
+status=0
+"$sweep" --wait --binary /bin/false --out "$tmp/nobuild" "$config" 2 >"$tmp/nobuild.out" 2>&1 || status=$?
+line=$(grep '^slurm-sweep: no shard ran' "$tmp/nobuild.out" || true)
+expected='^slurm-sweep: no shard ran: the build job failed \(build-[0-9]+\.log: slurm-sweep: build: /bin/false does not run on [^ ]+ \(exit 1\)\)$'
+[[ $status == 1 && $line =~ $expected ]] ||
+  fail "a binary that does not run: exit $status, '$line'"
+wait_until 30 "the failed build's sweep to leave the queue" no_jobs
 
 # The unsharded run of the same plan and binary, beside the sweep.
 "$bin" --config "$config" --out "$tmp/unsharded.json" --quiet >"$tmp/unsharded.out" 2>&1 &
