@@ -13,7 +13,8 @@
 #   --partition NAME, --constraint FEATURES, --account NAME
 #                        passed to every job: keep the sweep on identical nodes, since merge.py joins
 #                        only shards run on one CPU (its cpu_signature), or on one GPU model
-#   --time LIMIT         each shard's time limit (default 01:00:00); --build-time the build's (01:00:00)
+#   --time LIMIT         each shard's time limit (default 01:00:00)
+#   --build-time LIMIT   the build job's (default 01:00:00)
 #   --gpus-per-task N    a CUDA sweep (config `backend: cuda`): each shard, and the build job that
 #                        checks the binary against the config, gets N GPUs
 #   --setup COMMAND      run first in every job, e.g. 'module load gcc cmake openblas'
@@ -23,10 +24,11 @@
 #   LATTNBENCH_ARGS      given to every shard after --config (overrides, --filter, --backend ...)
 #
 # A shard task that is requeued (preemption, node failure, `scontrol requeue`) starts again from
-# its journal (`--resume`), so what it had finished is kept and nothing runs twice. The merge job
+# its journal (`--resume`): the cases it had finished are kept and not run again. The merge job
 # merges the shards into merged.json when all of them finished; when one is missing (its task
 # failed, or was cancelled or timed out with its journal left), it merges the others into
-# merged-partial.json, prints one line naming the missing shards and why, and fails.
+# merged-partial.json, prints one line naming the missing shards and why, and fails. A job sbatch
+# refuses ends the script with one line, the jobs queued before it cancelled.
 #
 # Nothing here installs packages or uses sudo: the compiler, CMake and libraries scripts/setup.sh
 # lists must already be on the nodes (the cluster's image, or modules loaded by --setup).
