@@ -138,6 +138,10 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 PartitionName=spare Nodes=localhost MaxTime=01:00:00 State=UP
 EOF
   echo "Name=gpu File=/dev/null Count=1" >"$d/gres.conf"
+  # slurmd loads a cgroup plugin whatever ProctrackType and TaskPlugin say. cgroup/v1's loading
+  # touches no cgroup while no plugin uses one; cgroup/v2's, on a cgroup v2 host, asks systemd over
+  # D-Bus for a scope and stops slurmd in a container that has neither.
+  echo "CgroupPlugin=cgroup/v1" >"$d/cgroup.conf"
   export SLURM_CONF=$d/slurm.conf
   slurmctld -D -f "$SLURM_CONF" >"$d/log/slurmctld.stderr" 2>&1 &
   CLUSTER_PIDS+=($!)
