@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is missing, then: builds everything with the tests (build/), builds and runs the
-# whole suite again under ASan + UBSan (build-asan/; the CUDA emulation's tests among them), the
-# CUDA emulation's tests alone under ThreadSanitizer (build-emu-tsan/), fuzzes the config loader, the
+# Installs what is missing (Debian's Slurm and munge among it, for tests/slurm), then: builds
+# everything with the tests (build/), builds and runs the whole suite again under ASan + UBSan
+# (build-asan/; the CUDA emulation's tests among them), the CUDA emulation's tests alone under
+# ThreadSanitizer (build-emu-tsan/), fuzzes the config loader, the
 # command-line parser and the journal reader for 30 s each (build-fuzz/), runs clang-tidy (without
 # the static analyzer: scripts/lint.sh runs it all), and
 # finally runs the main suite through CTest, its Python-kernel tests in a virtual environment with
