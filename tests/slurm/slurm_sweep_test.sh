@@ -160,13 +160,13 @@ journal=$tmp/a/shard-1-of-3.json.journal.jsonl
 journal_cases() { [[ -f $journal ]] && (($(wc -l <"$journal") >= 2)); }
 wait_until 90 "shard 1's first journaled case" journal_cases
 [[ $(job_field "${array_a}_1" JobState) == RUNNING ]] || fail "shard 1 was not running when its first case was journaled"
-scontrol requeue "${array_a}_1"
-echo "requeued shard 1 (job ${array_a}_1) after ${SECONDS} s, its journal holding $(($(wc -l <"$journal") - 1)) cases"
+scontrol requeue "${array_a}_1" || fail "scontrol requeue ${array_a}_1 refused"
+echo "requeued shard 1 (job ${array_a}_1) after ${SECONDS} s, with $(($(wc -l <"$journal") - 1)) case(s) in its journal"
 # Slurm holds a requeued job until a begin time some two minutes on (it lets the node settle);
 # the test moves it to now rather than wait.
 requeued_pending() { [[ $(job_field "${array_a}_1" JobState) == PENDING ]]; }
 wait_until 60 "shard 1 pending again after its requeue" requeued_pending
-scontrol update JobId="${array_a}_1" StartTime=now
+scontrol update JobId="${array_a}_1" StartTime=now || fail "scontrol update JobId=${array_a}_1 StartTime=now refused"
 
 status=0
 wait "$sweep_a" || status=$?
