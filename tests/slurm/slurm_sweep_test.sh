@@ -24,6 +24,8 @@ root=$(cd "$here/../.." && pwd)
 sweep=$root/scripts/slurm-sweep.sh
 # shellcheck source=cluster.sh source-path=SCRIPTDIR
 source "$here/cluster.sh"
+# The daemons are in sbin, which the PATH of a test runner need not hold.
+PATH=$PATH:/usr/sbin:/sbin
 
 if reason=$(cluster_skip_reason); then
   echo "SKIPPED: $reason"
