@@ -8,8 +8,9 @@ input the output. The merge refuses (exit 2) an output that is one of the inputs
 file unless --force.
 
 Each input carries a top-level `shard: {"index": K, "count": N}` and the same `config` (apart
-from any `shard` key), schema major version and device. The merge refuses (exit 2) a case that
-appears twice and inputs that disagree on any of those. Records are ordered by `plan_index` when
+from any `shard` key), schema major version and device: for a CPU run the CPU (model and
+cpu_signature), for a CUDA run the GPU model. The merge refuses (exit 2) a case that appears twice
+and inputs that disagree on any of those. Records are ordered by `plan_index` when
 every record carries one, else kept in input order, and `totals` and `summary` are recomputed over
 them (`summary` as src/results/summary.cpp's build_summary writes it). Details: docs/compare.md.
 """
@@ -28,6 +29,13 @@ def config_without_shard(result_file):
     return {k: v for k, v in config.items() if k != "shard"}
 
 
+def gpu_of(result_file):
+    """The GPU model a CUDA run's device block names ('none' where it found none); None for a CPU run."""
+    if result_file.device.get("backend") != "cuda":
+        return None
+    return repr(result_file.device.get("gpu") or "none")
+
+
 def check_compatible(files):
     first = files[0]
     for f in files[1:]:
@@ -36,6 +44,11 @@ def check_compatible(files):
                                      f"{first.format_name}")
         if config_without_shard(f) != config_without_shard(first):
             raise lr.ResultFileError(f"{f.path}: config differs from {first.path}'s: not shards of one run")
+        if gpu_of(f) != gpu_of(first):
+            # A CUDA run's times are its GPU's: shards on two GPU models are two devices, whatever
+            # their host CPUs (and a shard that found no GPU ran nothing).
+            raise lr.ResultFileError(f"{f.path}: GPU {gpu_of(f)} differs from {first.path}'s {gpu_of(first)}: "
+                                     f"not shards of one device")
         if not f.same_device(first):
             raise lr.ResultFileError(f"{f.path}: device {f.fingerprint} differs from {first.path}'s "
                                      f"{first.fingerprint}")

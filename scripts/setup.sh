@@ -9,17 +9,26 @@
 #   scripts/setup.sh --python-tests [DIR]      the same with JAX alone (NumPy comes with it; torch's
 #       wheels are gigabytes): the venv scripts/test.sh runs the Python-kernel tests in (default
 #       ~/.cache/lattnbench/python-tests). Reused when JAX already imports there.
+#   scripts/setup.sh --slurm                   also Debian's Slurm and munge (slurmctld, slurmd,
+#       slurm-client, munge), for the test that runs scripts/slurm-sweep.sh on a private one-node
+#       cluster (tests/slurm); scripts/test.sh asks for them. No daemon is configured or started.
 set -euo pipefail
 
 examples_venv=""
 wanted=(torch jax)
-if [[ ${1:-} == --python-examples ]]; then
+slurm=0
+if [[ ${1:-} == --slurm && $# -eq 1 ]]; then
+  slurm=1
+elif [[ ${1:-} == --python-examples ]]; then
   examples_venv=${2:-$HOME/.cache/lattnbench/python-examples}
 elif [[ ${1:-} == --python-tests ]]; then
   examples_venv=${2:-$HOME/.cache/lattnbench/python-tests}
   wanted=(jax)
+elif [[ ${1:-} == --slurm ]]; then
+  echo "setup.sh: --slurm takes no other argument, got '${2}'" >&2
+  exit 2
 elif [[ $# -gt 0 ]]; then
-  echo "setup.sh: unknown argument '$1' (expected --python-examples [DIR] or --python-tests [DIR])" >&2
+  echo "setup.sh: unknown argument '$1' (expected --slurm, --python-examples [DIR] or --python-tests [DIR])" >&2
   exit 2
 fi
 
@@ -45,6 +54,7 @@ packages=(
   # history.py's page is opened in headless Chromium and its screenshot read with PIL by a test.
   chromium python3-pil
 )
+((slurm)) && packages+=(slurmctld slurmd slurm-client munge)
 
 missing=()
 for p in "${packages[@]}"; do

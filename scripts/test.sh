@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is missing, then: builds everything with the tests (build/), builds and runs the
-# whole suite again under ASan + UBSan (build-asan/; the CUDA emulation's tests among them), the
-# CUDA emulation's tests alone under ThreadSanitizer (build-emu-tsan/), fuzzes the config loader, the
+# Installs what is missing (Debian's Slurm and munge among it, for tests/slurm), then: builds
+# everything with the tests (build/), builds and runs the whole suite again under ASan + UBSan
+# (build-asan/; the CUDA emulation's tests among them), the CUDA emulation's tests alone under
+# ThreadSanitizer (build-emu-tsan/), fuzzes the config loader, the
 # command-line parser and the journal reader for 30 s each (build-fuzz/), runs clang-tidy (without
 # the static analyzer: scripts/lint.sh runs it all), and
 # finally runs the main suite through CTest, its Python-kernel tests in a virtual environment with
@@ -13,7 +14,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LATTN_BUILD_DIR:-$root/build}
 quick=${LATTN_QUICK:-0}
-"$root/scripts/setup.sh"
+# --slurm: the sweep test (tests/slurm) starts a private Slurm cluster.
+"$root/scripts/setup.sh" --slurm
 
 step() { printf '\n== %s\n' "$*"; }
 
@@ -26,8 +28,10 @@ if [[ $quick != 1 ]]; then
   # sanitizers to see through; CI's time goes to finding errors, not to optimising them.
   LATTN_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DBUILD_TESTING=ON -DLATTN_CUDA=OFF \
     -DLATTN_SANITIZE=address,undefined "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
+  # The Slurm sweep (slurm_sweep) runs once, in the main suite: it tests the script and the
+  # scheduler, not lattnbench's memory.
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest --output-on-failure --parallel "$(nproc)" --exclude-regex "^python_" | tail -4)
+     ctest --output-on-failure --parallel "$(nproc)" --exclude-regex "^(python_|slurm_)" | tail -4)
 
   step "CUDA emulation under ThreadSanitizer (build-emu-tsan)"
   # Only the emulation's targets: every CUDA thread of an emulated block is a host thread, so a data

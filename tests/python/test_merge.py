@@ -114,6 +114,30 @@ class MergeTest(unittest.TestCase):
         self.shards[1]["device"]["cpu_model"] = "Another CPU"
         self.assert_refused(self.merge(*self.shards), "device")
 
+    def cuda_shards(self, *gpus):
+        """The two shards as a CUDA sweep's, on these GPUs (None: the device block found no GPU)."""
+        for shard, gpu in zip(self.shards, gpus):
+            shard["device"].update(backend="cuda", gpu=gpu, compute_capability="9.0")
+            for record in shard["results"]:
+                record["backend"] = "cuda"
+        return self.shards
+
+    def test_mixed_gpus_are_refused(self):
+        shards = self.cuda_shards("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+        self.assert_refused(self.merge(*shards), "GPU 'NVIDIA A100-SXM4-80GB' differs from")
+        shards = self.cuda_shards("NVIDIA H100 80GB HBM3", None)
+        self.assert_refused(self.merge(*shards), "GPU 'none' differs from")
+
+    def test_one_gpu_model_merges_whatever_the_host_cpus(self):
+        # A CUDA run's times are the GPU's: two hosts with one GPU model are one device.
+        shards = self.cuda_shards("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3")
+        shards[1]["device"].update(cpu_model="Another CPU", cpu_signature="GenuineIntel family 6 model 143 stepping 8")
+        proc = self.merge(*shards)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        merged = self.merged()
+        self.assertEqual(merged["device"]["gpu"], "NVIDIA H100 80GB HBM3")
+        self.assertEqual(len(merged["results"]), len(self.base_doc["results"]))
+
     def test_mismatched_schema_major_is_refused(self):
         self.shards[1]["schema_version"] = "2.0.0"
         self.assert_refused(self.merge(*self.shards), "schema_version")
