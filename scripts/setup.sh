@@ -9,26 +9,28 @@
 #   scripts/setup.sh --python-tests [DIR]      the same with JAX alone (NumPy comes with it; torch's
 #       wheels are gigabytes): the venv scripts/test.sh runs the Python-kernel tests in (default
 #       ~/.cache/lattnbench/python-tests). Reused when JAX already imports there.
-#   scripts/setup.sh --slurm                   also Debian's Slurm and munge (slurmctld, slurmd,
-#       slurm-client, munge), for the test that runs scripts/slurm-sweep.sh on a private one-node
-#       cluster (tests/slurm); scripts/test.sh asks for them. No daemon is configured or started.
+#   scripts/setup.sh --test-tools              also what only tests use: Debian's Slurm and munge
+#       (slurmctld, slurmd, slurm-client, munge), for the test that runs scripts/slurm-sweep.sh on a
+#       private one-node cluster (tests/slurm), and Chromium with PIL, for the test that opens
+#       history.py's page and reads its screenshot; scripts/test.sh asks for them. No daemon is
+#       configured or started.
 set -euo pipefail
 
 examples_venv=""
 wanted=(torch jax)
-slurm=0
-if [[ ${1:-} == --slurm && $# -eq 1 ]]; then
-  slurm=1
+test_tools=0
+if [[ ${1:-} == --test-tools && $# -eq 1 ]]; then
+  test_tools=1
 elif [[ ${1:-} == --python-examples ]]; then
   examples_venv=${2:-$HOME/.cache/lattnbench/python-examples}
 elif [[ ${1:-} == --python-tests ]]; then
   examples_venv=${2:-$HOME/.cache/lattnbench/python-tests}
   wanted=(jax)
-elif [[ ${1:-} == --slurm ]]; then
-  echo "setup.sh: --slurm takes no other argument, got '${2}'" >&2
+elif [[ ${1:-} == --test-tools ]]; then
+  echo "setup.sh: --test-tools takes no other argument, got '${2}'" >&2
   exit 2
 elif [[ $# -gt 0 ]]; then
-  echo "setup.sh: unknown argument '$1' (expected --slurm, --python-examples [DIR] or --python-tests [DIR])" >&2
+  echo "setup.sh: unknown argument '$1' (expected --test-tools, --python-examples [DIR] or --python-tests [DIR])" >&2
   exit 2
 fi
 
@@ -51,10 +53,8 @@ packages=(
   python3 python3-numpy python3-scipy python3-matplotlib libbenchmark-tools
   python3-pandas python3-venv python3-setuptools python3-dev
   clang clang-tidy libclang-rt-14-dev libomp-dev
-  # history.py's page is opened in headless Chromium and its screenshot read with PIL by a test.
-  chromium python3-pil
 )
-((slurm)) && packages+=(slurmctld slurmd slurm-client munge)
+((test_tools)) && packages+=(slurmctld slurmd slurm-client munge chromium python3-pil)
 
 missing=()
 for p in "${packages[@]}"; do

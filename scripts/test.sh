@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing (Debian's Slurm and munge among it, for tests/slurm), then: builds
+# Installs what is missing (Debian's Slurm, munge and Chromium among it, for tests/slurm and the
+# history page's screenshot), then: builds
 # everything with the tests (build/), builds and runs the whole suite again under ASan + UBSan
 # (build-asan/; the CUDA emulation's tests among them), the CUDA emulation's tests alone under
 # ThreadSanitizer (build-emu-tsan/), fuzzes the config loader, the
@@ -14,8 +15,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LATTN_BUILD_DIR:-$root/build}
 quick=${LATTN_QUICK:-0}
-# --slurm: the sweep test (tests/slurm) starts a private Slurm cluster.
-"$root/scripts/setup.sh" --slurm
+# --test-tools: the sweep test (tests/slurm) starts a private Slurm cluster; the history page's
+# test opens it in Chromium.
+"$root/scripts/setup.sh" --test-tools
 
 step() { printf '\n== %s\n' "$*"; }
 

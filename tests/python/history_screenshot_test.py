@@ -3,7 +3,7 @@
 screenshot checked to hold the charts: one frame per case key (found by the frame colour only the
 plot areas use), ink in every plot, both devices' series colours in each, and the verdict red in
 the chart of the planted slowdown alone. Exit 0 passed, 1 failed, 77 skipped where Chromium (Debian's
-`chromium`, scripts/setup.sh installs it) cannot start, with the reason on one line.
+`chromium`, scripts/setup.sh --test-tools installs it) cannot start, with the reason on one line.
 
     history_screenshot_test.py [--keep DIR]   (DIR keeps the page and the screenshot)
 """
@@ -44,7 +44,7 @@ def chromium():
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if path := shutil.which(name):
             return path
-    skip("no chromium on PATH (scripts/setup.sh installs Debian's chromium)")
+    skip("no chromium on PATH (scripts/setup.sh --test-tools installs Debian's chromium)")
 
 
 def screenshot(browser, page, png, profile):

@@ -21,7 +21,7 @@ cluster_skip_reason() {
   local tool
   for tool in munged slurmctld slurmd sbatch scontrol squeue scancel srun setpriv; do
     if ! command -v "$tool" >/dev/null; then
-      echo "no $tool: Debian's slurmctld, slurmd, slurm-client and munge are not installed (scripts/setup.sh --slurm)"
+      echo "no $tool: Debian's slurmctld, slurmd, slurm-client and munge are not installed (scripts/setup.sh --test-tools)"
       return 0
     fi
   done

@@ -13,7 +13,7 @@
 #      given a bad --out (a folder where its result file goes) and released: the merge job must
 #      fail, and the script's last line say that shard 2 is missing and why.
 # Exits 77 (CTest: skipped) with the reason where no cluster can start: not root, or Slurm or munge
-# not installed (scripts/setup.sh --slurm).
+# not installed (scripts/setup.sh --test-tools).
 #
 #   slurm_sweep_test.sh LATTNBENCH [PYTHON]
 set -euo pipefail
