@@ -4,9 +4,9 @@
 // (backends/cpu/roofline.hpp) measured at the case's own working set, interpolated between the
 // sweep's sizes. Where a cache ends is where the sweep's rate falls, whatever sysfs says: a VM may
 // report its host's whole L3 (480 MiB on one), where a triad over arrays of that size runs from
-// DRAM and a warm 128 MiB state steps at twice the DRAM rate. The record's `bandwidth_roof` names the roof, and its
-// `bandwidth_fraction` is taken against it: a fraction above kAboveCeiling then means a roof was
-// mismeasured, and the record says so (`above_roof`).
+// DRAM and a warm 128 MiB state steps at twice the DRAM rate. The record's `bandwidth_roof` names
+// the roof, and its `bandwidth_fraction` is taken against it: a fraction above kAboveCeiling then
+// means a roof was mismeasured, and the record says so (`above_roof`).
 #pragma once
 
 #include <optional>
@@ -56,8 +56,9 @@ std::optional<double> sweep_rate_at(const std::vector<BandwidthPoint>& sweep, do
 // scan-resistant replacement, as RRIP policies are), so a 64 MiB state stepped again and again on
 // a 32 MiB L3 (Zen 5) still found part of itself there; at sixteen times the cache a line comes
 // back after the whole cache has turned over many times. A cold case passes this span between two
-// calls (backends/cpu/cold.hpp). Taken from sysfs, which errs large on a VM: a cold case then only
-// rotates over more copies than it needs.
+// calls (backends/cpu/cold.hpp). The last level's size comes from sysfs
+// (machine_last_level_cache_bytes): a VM that reports its host's whole L3 makes the span larger
+// than it needs to be, and a cold case only rotates over more copies.
 std::size_t cold_span_bytes(std::size_t last_level_bytes);
 
 // `working_set_bytes`: what a call keeps touching. Cold: DRAM at `dram_gbytes_per_s`. Warm: the

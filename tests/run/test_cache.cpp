@@ -4,9 +4,9 @@
 // cold (backends/cpu/cold.hpp: rotating copies past the cold span, or evicting), the sweep in the
 // device block, and the key's flags.
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
-#include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -32,7 +32,8 @@ constexpr std::size_t KiB = 1024, MiB = 1024 * 1024, GiB = MiB * 1024;
 // size to the next level's over 1.6 times the capacity; the DRAM triad last, at 512 MiB.
 // `noise(i)` scales each point (a busy moment reads low).
 template <class Noise>
-std::vector<BandwidthPoint> model_sweep(const std::vector<std::pair<double, double>>& caches, double dram, Noise noise) {
+std::vector<BandwidthPoint> model_sweep(const std::vector<std::pair<double, double>>& caches, double dram,
+                                        Noise noise) {
   std::vector<BandwidthPoint> sweep;
   const std::size_t end = 512 * MiB;
   for (std::size_t size : bandwidth_sweep_sizes(2, end)) {
