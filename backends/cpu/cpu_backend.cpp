@@ -350,8 +350,10 @@ CpuDeviceInfo describe_cpu(int threads, TuningMode tuning_mode) {
   info.sgemm_seconds = roof.sgemm_seconds;
   info.stream_gbytes_per_s = roof.stream_gbytes_per_s;
   info.stream_bytes = roof.stream_bytes;
-  for (const CacheLevelRate& level : roof.cache_levels)
-    info.cache_roofs.push_back({level.name, level.capacity, level.gbytes_per_s});
+  info.bandwidth_sweep = roof.bandwidth_sweep;
+  info.bandwidth_sweep_seconds = roof.sweep_seconds;
+  info.cache_roofs = roof.cache_levels;
+  info.sysfs_caches = roof.sysfs_caches;
   if (roof.fma_gflops > 0) info.fma_gflops = roof.fma_gflops;
   if (roof.amx_gflops > 0) info.amx_gflops = roof.amx_gflops;
   info.layer_products = product_path_name();

@@ -13,9 +13,12 @@
 // the 3 words per element it moves: a and b read, a written back. STREAM's a = b + s c moves a
 // fourth (the write-allocate read of a) that it does not count, which made its rate 3/4 of what
 // the memory moves and an in-place kernel's fraction of it read up to 4/3.
-// Within a cache level, the same triad runs on each thread's own arrays, together half of what the
-// level holds for the run's threads, many passes per timing: the roof of a warm case whose working
-// set fits there (docs/harness.md, "Cold and warm").
+// Below DRAM, the same in-place triad runs on each thread's own two arrays over working sets from
+// 16 KiB to past the last cache (the bandwidth sweep): a warm case is held against the sweep's rate
+// at its own working set, and the sweep's falls say where each cache ends (docs/harness.md, "Cold
+// and warm"). Sysfs's sizes are not trusted for this: a VM may report its host's whole L3 (480 MiB
+// on one), and a triad over arrays of that size runs from DRAM while a warm 128 MiB state steps at
+// twice the DRAM rate.
 // The FMA rate (registers only) is the compute ceiling beside them: sgemm at ~0.9 of it is
 // OpenBLAS at its best, and two runs whose FMA rates differ ran on different CPUs, whatever
 // their model names say.
@@ -27,9 +30,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -37,6 +42,7 @@
 #include <vector>
 
 #include "kernels/cpu/amx.hpp"
+#include "src/run/bandwidth_roof.hpp"
 
 namespace lattn {
 namespace {
@@ -118,30 +124,74 @@ double measure_triad(int threads, std::size_t elems, int reps) {
   return 3.0 * sizeof(float) * elems / best * 1e-9;
 }
 
-// The triad on each thread's own three arrays of `elems` floats, `passes` passes per timing, best
-// of `reps` timings: all threads' bytes over the slowest thread's time (barriers at both ends).
-double measure_cache_triad(int threads, std::size_t elems, int passes, int reps) {
-  double best = 1e30;
+// The sweep (bandwidth_sweep_sizes up to `end_bytes`): at each working set, each thread streams its
+// own two arrays in place (a = a + 0.5 b, three words counted per element, as the DRAM triad), one
+// untimed pass to bring them in, one timed pass that sets how many passes make a timing of about
+// 1 ms, then the best of the timings: all threads' bytes over the time from the barrier
+// before to the barrier after. It stops once sweep_reached_dram says the rate is the memory's
+// past an eighth of `end_bytes`.
+// The arrays are made once at the largest size and first touched as the sizes grow.
+std::vector<BandwidthPoint> measure_bandwidth_sweep(int threads, std::size_t end_bytes, double dram_gbytes_per_s) {
+  const std::vector<std::size_t> sizes = bandwidth_sweep_sizes(threads, end_bytes);
+  std::vector<BandwidthPoint> points;
+  if (sizes.empty()) return points;
+  const std::size_t per_thread = 2 * sizeof(float) * std::size_t(threads);  // bytes per element index, all threads
+  constexpr double kTimingSeconds = 1e-3;
+  int passes = 1;
+  bool stop = false;
+  double best = 0;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> a(elems, 0.0f), b(elems, 1.0f), c(elems, 2.0f);
-    float* pa = a.data();
-    const float *pb = b.data(), *pc = c.data();
-    for (int r = -1; r < reps; ++r) {  // r = -1: warm-up, the arrays into the level
-      std::chrono::steady_clock::time_point start;
+    const std::size_t capacity = sizes.back() / per_thread;
+    std::unique_ptr<float[]> a(new float[capacity]), b(new float[capacity]);
+    float* pa = a.get();
+    const float* pb = b.get();
+    std::size_t touched = 0;
+    for (std::size_t size : sizes) {
+      const std::size_t elems = size / per_thread;
+      if (touched < elems) {  // zeros and ones: no denormals, no overflow over any number of passes
+        std::fill(a.get() + touched, a.get() + elems, 0.0f);
+        std::fill(b.get() + touched, b.get() + elems, 1.0f);
+        touched = elems;
+      }
+      // Round -1: untimed; 0: one pass, timed, which sets `passes`; then the timings: three of
+      // about 1 ms, or one more of one pass where a pass takes that long already (the largest
+      // sizes are the memory's, whose best the DRAM triad beyond them takes over 8 passes).
+      int last = 3;
+      for (int r = -1; r <= last; ++r) {
+        std::chrono::steady_clock::time_point start;
+        const int n = r <= 0 ? 1 : passes;
 #pragma omp barrier
 #pragma omp master
-      start = std::chrono::steady_clock::now();
-      for (int pass = 0; pass < passes; ++pass) {
-        for (std::size_t i = 0; i < elems; ++i) pa[i] = pb[i] + 0.5f * pc[i];
-        asm volatile("" : : "r"(pa) : "memory");  // each pass is done, not folded into the last
+        start = std::chrono::steady_clock::now();
+        for (int pass = 0; pass < n; ++pass) {
+          for (std::size_t i = 0; i < elems; ++i) pa[i] = pa[i] + 0.5f * pb[i];
+          asm volatile("" : : "r"(pa) : "memory");  // each pass is done, not folded into the last
+        }
+#pragma omp barrier
+#pragma omp master
+        {
+          const double seconds = seconds_since(start);
+          if (r == 0) {
+            passes = int(std::clamp(std::ceil(kTimingSeconds / std::max(seconds, 1e-9)), 1.0, 65536.0));
+            best = seconds;
+          } else if (r > 0) {
+            best = std::min(best, seconds / n);
+          }
+        }
+#pragma omp barrier
+        if (r == 0 && passes == 1) last = 1;
+      }
+#pragma omp master
+      {
+        points.push_back({elems * per_thread, 3.0 * sizeof(float) * double(elems) * threads / best * 1e-9});
+        stop = sweep_reached_dram(points, dram_gbytes_per_s, end_bytes / 8);
       }
 #pragma omp barrier
-#pragma omp master
-      if (r >= 0) best = std::min(best, seconds_since(start));
+      if (stop) break;
     }
   }
-  return 3.0 * sizeof(float) * double(elems) * passes * threads / best * 1e-9;
+  return points;
 }
 
 // The FMA units' rate with nothing but registers in play: 12 independent accumulators (more than
@@ -265,20 +315,40 @@ std::size_t machine_last_level_cache_bytes() {
   return top_bytes * std::max<std::size_t>(1, copies.size());
 }
 
-std::vector<CacheLevelRate> cache_levels(int threads) {
+std::vector<CacheRoof> sysfs_cache_levels(int threads) {
   std::vector<SysCache> data;
   for (int index = 0; index < 8; ++index)
     if (const auto c = sys_cache(0, index); c && c->type != "Instruction") data.push_back(*c);
   std::sort(data.begin(), data.end(), [](const SysCache& a, const SysCache& b) { return a.level < b.level; });
-  std::vector<CacheLevelRate> levels;
+  std::vector<CacheRoof> levels;
   for (std::size_t i = 0; i < data.size(); ++i) {
     const bool last = i + 1 == data.size();
-    CacheLevelRate level;
-    level.name = "L" + std::to_string(data[i].level) + (data[i].type == "Data" ? "d" : "");
-    level.capacity = last ? data[i].bytes : data[i].bytes * std::size_t(std::max(threads, 1));
+    CacheRoof level;
+    level.level = "L" + std::to_string(data[i].level) + (data[i].type == "Data" ? "d" : "");
+    level.capacity_bytes = last ? data[i].bytes : data[i].bytes * std::size_t(std::max(threads, 1));
     levels.push_back(level);
   }
   return levels;
+}
+
+std::vector<std::size_t> bandwidth_sweep_sizes(int threads, std::size_t end_bytes) {
+  const std::size_t line_set = 2 * 64 * std::size_t(std::max(threads, 1));  // a line per array and thread
+  const double first = double(std::max<std::size_t>(16 << 10, (8 << 10) * std::size_t(std::max(threads, 1))));
+  std::vector<std::size_t> sizes;
+  for (int step = 0;; ++step) {
+    const double target = first * std::exp2(step / 3.0);
+    const std::size_t size = std::max<std::size_t>(1, std::size_t(std::llround(target / double(line_set)))) * line_set;
+    if (size >= end_bytes) break;
+    if (sizes.empty() || size > sizes.back()) sizes.push_back(size);
+  }
+  return sizes;
+}
+
+bool sweep_reached_dram(const std::vector<BandwidthPoint>& points, double dram_gbytes_per_s, std::size_t min_bytes) {
+  constexpr std::size_t kPoints = 2;
+  if (dram_gbytes_per_s <= 0 || points.size() < kPoints || points.back().bytes < min_bytes) return false;
+  return std::all_of(points.end() - long(kPoints), points.end(),
+                     [&](const BandwidthPoint& p) { return p.gbytes_per_s <= 1.25 * dram_gbytes_per_s; });
 }
 
 std::size_t triad_elems_for_cache(std::size_t llc_bytes) {
@@ -320,14 +390,15 @@ const Roofline& cpu_roofline(int threads) {
     roofline.stream_gbytes_per_s = measure_triad(threads, triad_elems, 8);
     roofline.fma_gflops = measure_fma(threads, 50);
     roofline.amx_gflops = cpu::amx::measure_amx_gflops(threads, 50).value_or(0.0);
-    // Each level's triad over half of what it holds for the run's threads, about 1 ms per timing.
-    roofline.cache_levels = cache_levels(threads);
-    for (CacheLevelRate& level : roofline.cache_levels) {
-      const std::size_t elems = std::max<std::size_t>(1024, level.capacity / 2 / std::size_t(threads) / (3 * sizeof(float)));
-      level.triad_bytes = 3 * sizeof(float) * elems * std::size_t(threads);
-      const int passes = int(std::clamp<std::size_t>((std::size_t(64) << 20) / level.triad_bytes, 1, 4096));
-      level.gbytes_per_s = measure_cache_triad(threads, elems, passes, 20);
-    }
+    // The sweep up to the DRAM triad's working set, that triad its last point: a warm case past
+    // every size the sweep took is held against the memory's rate.
+    const std::size_t dram_working_set = 2 * sizeof(float) * triad_elems;
+    const auto sweep_start = std::chrono::steady_clock::now();
+    roofline.bandwidth_sweep = measure_bandwidth_sweep(threads, dram_working_set, roofline.stream_gbytes_per_s);
+    roofline.sweep_seconds = seconds_since(sweep_start);
+    roofline.bandwidth_sweep.push_back({dram_working_set, roofline.stream_gbytes_per_s});
+    roofline.cache_levels = cache_levels_from_sweep(roofline.bandwidth_sweep);
+    roofline.sysfs_caches = sysfs_cache_levels(threads);
   });
   return roofline;
 }

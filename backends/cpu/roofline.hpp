@@ -1,22 +1,16 @@
 // The attainable rates of this machine that every CPU result is held against (docs/performance.md):
-// OpenBLAS sgemm GFLOP/s and a streaming (triad) memory bandwidth, measured once per process
-// with the run's threads, then cached.
+// OpenBLAS sgemm GFLOP/s, the FMA (and AMX) rates, a streaming (triad) memory bandwidth and the
+// same triad's rate over working sets from 16 KiB to past the last cache (the bandwidth sweep),
+// measured once per process with the run's threads, then cached.
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
-namespace lattn {
+#include "src/results/device_info.hpp"
 
-// One cache level as a roof: what the run's threads hold in it together and the triad's rate there.
-struct CacheLevelRate {
-  std::string name;             // "L1d", "L2", "L3", as sysfs numbers them
-  std::size_t capacity = 0;     // bytes the run's threads hold together: per core times the threads
-                                // for a private level, the level's size for the last, shared one
-  std::size_t triad_bytes = 0;  // bytes of the three arrays, all threads: half the capacity
-  double gbytes_per_s = 0;      // best of the repetitions
-};
+namespace lattn {
 
 struct Roofline {
   int threads = 0;
@@ -29,8 +23,12 @@ struct Roofline {
   double stream_gbytes_per_s = 0;   // best of the repetitions
   double fma_gflops = 0;            // vector FMAs on registers only, all threads, best of 50; 0 without AVX2
   double amx_gflops = 0;            // tdpbf16ps on registers only, likewise; 0 without AMX-BF16 (kernels/cpu/amx.hpp)
-  // The triad within each cache level (cache_level_triads): the roofs of warm cases.
-  std::vector<CacheLevelRate> cache_levels;
+  // The in-place triad over working sets from a few KiB to past the last cache (measure_bandwidth_sweep),
+  // the DRAM triad above its last point: the roofs of warm cases, and how long it took.
+  std::vector<BandwidthPoint> bandwidth_sweep;
+  double sweep_seconds = 0;
+  std::vector<CacheRoof> cache_levels;  // the levels the sweep shows (cache_levels_from_sweep)
+  std::vector<CacheRoof> sysfs_caches;  // what sysfs says (sysfs_cache_levels), for comparison
 };
 
 // The largest cache of cpu0 in bytes (sysfs), 0 where the system does not say.
@@ -42,10 +40,22 @@ std::size_t last_level_cache_bytes();
 constexpr std::size_t kAssumedLastLevelCacheBytes = std::size_t(512) << 20;
 std::size_t machine_last_level_cache_bytes();
 
-// The data cache levels of cpu0 with the bytes `threads` threads hold in each together (a private
-// level's per-core size times the threads; the last level's size as it is), smallest first, the
-// rates left 0; empty where sysfs says nothing.
-std::vector<CacheLevelRate> cache_levels(int threads);
+// The data cache levels of cpu0 as sysfs reports them, with the bytes `threads` threads hold in each
+// together (a private level's per-core size times the threads; the last level's size as it is),
+// smallest first, no rates; empty where sysfs says nothing. Recorded beside the sweep's levels, and
+// not used for any roof: a VM may report its host's whole L3, or none.
+std::vector<CacheRoof> sysfs_cache_levels(int threads);
+
+// The start-up bandwidth sweep's working sets (all threads' arrays together): from 16 KiB (at least
+// 8 KiB a thread) up to, not including, `end_bytes`, in steps of 2^(1/3), each a whole number of
+// 64-byte lines per array and thread.
+std::vector<std::size_t> bandwidth_sweep_sizes(int threads, std::size_t end_bytes);
+
+// Whether the sweep has reached the memory's rate, so that its larger sizes would only repeat the
+// DRAM triad: its last two rates each within 1.25 times `dram_gbytes_per_s`, at `min_bytes` or
+// more (the start-up sweep: an eighth of the DRAM triad's working set, twice the last-level cache
+// sysfs names, so that a busy moment inside a cache does not end it there).
+bool sweep_reached_dram(const std::vector<BandwidthPoint>& points, double dram_gbytes_per_s, std::size_t min_bytes);
 
 // Elements of each of the in-place triad's two float arrays: together eight times the last-level
 // cache, so that a pass streams from memory with (almost) nothing left in the cache from the pass

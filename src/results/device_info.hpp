@@ -43,10 +43,18 @@ struct TuningInfo {
   std::optional<std::string> note;      // why a cache was not used or not written
 };
 
-// A cache level as a bandwidth roof (backends/cpu/roofline.hpp): what the run's threads hold in it
-// together and the triad's rate within it, measured at start-up beside the DRAM triad.
+// One point of the start-up bandwidth sweep (backends/cpu/roofline.hpp): the in-place triad over a
+// working set of `bytes` (all threads' arrays together) and the rate it reached there.
+struct BandwidthPoint {
+  std::size_t bytes = 0;
+  double gbytes_per_s = 0;
+};
+
+// A cache level as a bandwidth roof. From the sweep (src/run/bandwidth_roof.hpp, cache_levels_from_sweep):
+// the working set up to which the rate keeps most of its plateau, and that plateau. As sysfs names
+// it (for comparison only): what the run's threads hold in it together, with no rate.
 struct CacheRoof {
-  std::string level;            // "L1d", "L2", "L3"
+  std::string level;            // sweep: "L1", "L2", ... in the order found; sysfs: "L1d", "L2", "L3"
   std::size_t capacity_bytes = 0;
   double gbytes_per_s = 0;
 };
@@ -65,7 +73,12 @@ struct CpuDeviceInfo {
   double sgemm_median_gflops = 0, sgemm_seconds = 0;
   double stream_gbytes_per_s = 0;
   std::size_t stream_bytes = 0;
-  std::vector<CacheRoof> cache_roofs;  // smallest level first: the roofs of warm cases
+  // The triad over working sets from a few KiB to past the last cache, smallest first, the start-up
+  // DRAM triad its last point: a warm case is held against its rate at the case's working set.
+  std::vector<BandwidthPoint> bandwidth_sweep;
+  double bandwidth_sweep_seconds = 0;
+  std::vector<CacheRoof> cache_roofs;   // the levels the sweep shows, smallest first
+  std::vector<CacheRoof> sysfs_caches;  // the data cache levels sysfs reports, smallest first
   std::optional<double> fma_gflops;
   // tdpbf16ps on registers only (kernels/cpu/amx.hpp), where the CPU has AMX-BF16: the ceiling of
   // the bf16 cases an AMX variant runs.
@@ -145,6 +158,9 @@ struct DeviceInfo {
   double sgemm_median_gflops() const { return cpu ? cpu->sgemm_median_gflops : 0.0; }
   double stream_gbytes_per_s() const { return cpu ? cpu->stream_gbytes_per_s : 0.0; }
   std::vector<CacheRoof> cache_roofs() const { return cpu ? cpu->cache_roofs : std::vector<CacheRoof>{}; }
+  std::vector<BandwidthPoint> bandwidth_sweep() const {
+    return cpu ? cpu->bandwidth_sweep : std::vector<BandwidthPoint>{};
+  }
 };
 
 }  // namespace lattn

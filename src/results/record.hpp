@@ -56,13 +56,17 @@ struct Measurement {
   // An op with a byte model (the decode step): the rate against the run's measured bandwidth, the
   // tokens stepped per second (batch x tokens per call) and the time per token of one sequence
   // (the call's time over its tokens); bandwidth_roof names the roof the fraction is taken against
-  // (src/run/bandwidth_roof.hpp): "dram" for a cold case, the cache level a warm case's working set
-  // fits in ("l1d", "l2", "llc"), or "dram" when it fits in none.
+  // (src/run/bandwidth_roof.hpp): "dram" for a cold case; for a warm one the start-up sweep's level
+  // that holds its working set ("l1", "l2", ...), or "dram" past them all, at the sweep's rate at
+  // that working set.
   std::optional<double> bandwidth_fraction, tokens_per_s, us_per_token;
   // A cold case's DRAM rate re-measured just before and after it (the larger; Backend::stream_check):
   // its `dram` roof is the larger of this and the start-up triad.
   std::optional<double> stream_gbytes_per_s_now;
   std::string bandwidth_roof;
+  // The roof's rate (bandwidth_fraction's denominator) and the working set it was read at: what a
+  // call keeps touching, its outputs (the states stepped in place among them) and its scratch.
+  std::optional<double> bandwidth_roof_gbytes_per_s, working_set_bytes;
   // bandwidth_fraction above kAboveCeiling: faster than the roof, so the roof was mismeasured.
   bool above_roof = false;
   // Against the compute ceiling (the device block's peak_gflops), the roofline, the BLAS's start-up

@@ -92,6 +92,8 @@ constexpr OptionalKey kOptionals[] = {
     {"bandwidth_fraction", &Measurement::bandwidth_fraction}, {"tokens_per_s", &Measurement::tokens_per_s},
     {"us_per_token", &Measurement::us_per_token}, {"layout_copy_mb", &Measurement::layout_copy_mb},
     {"stream_gbytes_per_s_now", &Measurement::stream_gbytes_per_s_now},
+    {"bandwidth_roof_gbytes_per_s", &Measurement::bandwidth_roof_gbytes_per_s},
+    {"working_set_bytes", &Measurement::working_set_bytes},
 };
 constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"check_failure", &Measurement::check_failure},
@@ -164,10 +166,20 @@ nlohmann::json to_json(const DeviceInfo& d) {
     j["sgemm_seconds"] = c->sgemm_seconds;
     j["stream_gbytes_per_s"] = c->stream_gbytes_per_s;
     j["stream_bytes"] = c->stream_bytes;
+    if (!c->bandwidth_sweep.empty()) {
+      nlohmann::json sweep = {{"bytes", nlohmann::json::array()}, {"gbytes_per_s", nlohmann::json::array()}};
+      for (const BandwidthPoint& point : c->bandwidth_sweep) {
+        sweep["bytes"].push_back(point.bytes);
+        sweep["gbytes_per_s"].push_back(point.gbytes_per_s);
+      }
+      sweep["seconds"] = c->bandwidth_sweep_seconds;
+      j["bandwidth_sweep"] = sweep;
+    }
     for (const CacheRoof& roof : c->cache_roofs) {
       j["cache_gbytes_per_s"][roof.level] = roof.gbytes_per_s;
       j["cache_roof_bytes"][roof.level] = roof.capacity_bytes;
     }
+    for (const CacheRoof& cache : c->sysfs_caches) j["sysfs_cache_bytes"][cache.level] = cache.capacity_bytes;
     put(j, "fma_gflops", c->fma_gflops);
     put(j, "amx_gflops", c->amx_gflops);
     if (!c->layer_products.empty()) j["layer_products"] = c->layer_products;

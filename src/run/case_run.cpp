@@ -100,8 +100,8 @@ std::unique_ptr<InFlight> begin_case(RunContext& ctx, const ImplRow& row, const 
 }
 
 // A memory-bound op's figures (core/op.hpp, Op::bytes): against the roof the case meets
-// (src/run/bandwidth_roof.hpp): DRAM for a cold case, the cache level a warm one's working set fits
-// in, each at the rate measured at start-up.
+// (src/run/bandwidth_roof.hpp): DRAM for a cold case, the start-up sweep's rate at a warm one's
+// working set.
 // `dram_now`: the DRAM rate re-measured around the case (0: none), the roof where it is larger.
 void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, const DeviceInfo& device, double seconds,
                    double dram_now) {
@@ -112,10 +112,12 @@ void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, con
   // What a call keeps touching: its outputs and scratch (for the decode step, the states it steps in
   // place; the pristine copy they are re-seeded from is not touched while it is timed).
   const double resident = double(memory.out_bytes + memory.temp_bytes);
-  const BandwidthRoof roof =
-      bandwidth_roof(cache_cold(c), resident, device.cache_roofs(), std::max(device.stream_gbytes_per_s(), dram_now));
+  m.working_set_bytes = resident;
+  const BandwidthRoof roof = bandwidth_roof(cache_cold(c), resident, device.bandwidth_sweep(), device.cache_roofs(),
+                                            std::max(device.stream_gbytes_per_s(), dram_now));
   m.bandwidth_roof = roof.name;
   if (roof.gbytes_per_s) {
+    m.bandwidth_roof_gbytes_per_s = *roof.gbytes_per_s;
     m.bandwidth_fraction = m.gbytes_per_s / *roof.gbytes_per_s;
     m.above_roof = *m.bandwidth_fraction > kAboveCeiling;
   }

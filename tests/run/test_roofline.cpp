@@ -15,6 +15,7 @@
 #include "backends/cpu/roofline.hpp"
 #include "kernels/cpu/amx.hpp"
 #include "src/results/summary.hpp"
+#include "src/run/bandwidth_roof.hpp"
 #include "test_util.hpp"
 
 using namespace lattn;
@@ -36,6 +37,24 @@ TEST_CASE("the CPU roofline is measured once and cached", "[roofline]") {
   else
     CHECK(first.fma_gflops == 0.0);
   CHECK((first.amx_gflops > 0) == !cpu::amx::hardware_refusal());
+  // The bandwidth sweep: from 16 KiB at growing sizes, each rate measured, up to the DRAM triad's
+  // working set and rate; the cache levels are read off it, sysfs's kept beside them.
+  const std::vector<BandwidthPoint>& sweep = first.bandwidth_sweep;
+  REQUIRE(sweep.size() >= 2);
+  CHECK(sweep.front().bytes == 16 * 1024);
+  for (std::size_t i = 1; i < sweep.size(); ++i) CHECK(sweep[i].bytes > sweep[i - 1].bytes);
+  for (const BandwidthPoint& point : sweep) CHECK(point.gbytes_per_s > 0);
+  CHECK(sweep.back().bytes * 3 == first.stream_bytes * 2);
+  CHECK(sweep.back().gbytes_per_s == first.stream_gbytes_per_s);
+  CHECK(first.sweep_seconds > 0);
+  const std::vector<CacheRoof> levels = cache_levels_from_sweep(sweep);
+  REQUIRE(first.cache_levels.size() == levels.size());
+  for (std::size_t i = 0; i < levels.size(); ++i) {
+    CHECK(first.cache_levels[i].level == levels[i].level);
+    CHECK(first.cache_levels[i].capacity_bytes == levels[i].capacity_bytes);
+    CHECK(first.cache_levels[i].gbytes_per_s == levels[i].gbytes_per_s);
+  }
+  CHECK(first.sysfs_caches.size() == sysfs_cache_levels(2).size());
   const Roofline& again = cpu_roofline(1);  // cached: the first call's figures, not a new measurement
   CHECK(&again == &first);
   CHECK(again.threads == 2);
