@@ -36,6 +36,7 @@
 #include <stdexcept>
 
 #include "kernels/linear_attention/cpu/chunked/chunked_amx_tiles.hpp"
+#include "kernels/linear_attention/cpu/chunked/unit_lower_inverse.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -109,38 +110,28 @@ struct Walker {
     const bool gated = p.decay == Decay::scalar || p.decay == Decay::vector;
     const Gates gates = cumulate(n, W, gated ? g + item.gate + std::size_t(c0) * W : nullptr, log_gamma, B.b);
     gate_factors(gates, Dk, sw);
-    for (int i = 0; i < n; ++i)
-      for (int d = 0; d < Dk; ++d) {
-        const std::size_t o = std::size_t(i) * Dk + d;
-        B.EB[o] = exp_diff(gates.at(i, d));
-        B.EL[o] = exp_diff(gates.at(n - 1, d) - gates.at(i, d));
-        B.QG[o] = B.q[o] * B.EB[o];
-        B.KG[o] = B.k[o] * B.EB[o];
-        B.KL[o] = B.k[o] * B.EL[o];
-      }
-    for (int d = 0; d < Dk; ++d) B.decay[d] = exp_diff(gates.at(n - 1, d));
+    chunk_factors(gates, Dk, B.EB, B.EL, B.decay);
+    multiply_into(B.QG, B.q, B.EB, n * Dk);
+    multiply_into(B.KG, B.k, B.EB, n * Dk);
+    multiply_into(B.KL, B.k, B.EL, n * Dk);
     gated_scores<Tiles>(pk, sw, gates, Dk, B.q, B.k, false, 1.0f, B.Aqk, C);
     gated_scores<Tiles>(pk, sw, gates, Dk, B.k, B.k, true, 1.0f, B.Akk, C);
-    // T = (I + diag(beta) A_kk)^-1: row i = e_i - beta_i sum_{l < i} A_kk[i][l] T_l.
+    // T = (I + diag(beta) A_kk)^-1, the float32 kernel's forward substitution.
     const float* bt = beta + item.beta + c0;
-    for (int i = 0; i < n; ++i) {
-      float* Ti = B.T + std::size_t(i) * C;
-      std::fill_n(Ti, n, 0.0f);
-      for (int l = 0; l < i; ++l) {
-        const float x = -bt[i] * B.Akk[std::size_t(i) * C + l];
-        const float* Tl = B.T + std::size_t(l) * C;
-        for (int m = 0; m <= l; ++m) Ti[m] += x * Tl[m];
-      }
-      Ti[i] = 1.0f;
-    }
+    invert_unit_lower(B.Akk, std::size_t(C), bt, n, n, B.T, std::size_t(C));
     // E = V - KG S, R = diag(beta) E, W = T R.
     product<Tiles>(pk, n, Dv, Dk, rows(B.KG, Dk), rows(S, Dv), B.E, Dv, -1.0f, false);
-    for (int i = 0; i < n; ++i)
-      for (int e = 0; e < Dv; ++e) {
-        const std::size_t o = std::size_t(i) * Dv + e;
-        B.E[o] += B.v[o];
-        B.R[o] = bt[i] * B.E[o];
+    for (int i = 0; i < n; ++i) {
+      float* __restrict e = B.E + std::size_t(i) * Dv;
+      float* __restrict r = B.R + std::size_t(i) * Dv;
+      const float* __restrict v = B.v + std::size_t(i) * Dv;
+      const float b = bt[i];
+#pragma omp simd
+      for (int x = 0; x < Dv; ++x) {
+        e[x] += v[x];
+        r[x] = b * e[x];
       }
+    }
     for (int m0 = 0; m0 < n; m0 += kSub) {
       const int m1 = std::min(n, m0 + kSub);
       product<Tiles>(pk, m1 - m0, Dv, m1, rows(B.T + std::size_t(m0) * C, C), rows(B.R, Dv),
