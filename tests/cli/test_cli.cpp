@@ -149,7 +149,8 @@ TEST_CASE("LATTN_AMX runs the bf16 AMX rows on emulated or counted tiles", "[cli
   const auto emulated = test::run_process("LATTN_AMX=emulated " + test::binary() + " " + args + emulated_out.string());
   INFO(emulated.output);
   REQUIRE(emulated.exit_status == 0);
-  const nlohmann::json& e = read(emulated_out)["results"][0];
+  const nlohmann::json emulated_doc = read(emulated_out);
+  const nlohmann::json& e = emulated_doc["results"][0];
   CHECK(e["status"] == "ok");
   CHECK(e["amx_tiles"] == "emulated");
   CHECK(e["rel_err"].get<double>() < 3e-2);
