@@ -1,6 +1,7 @@
 // The counted tiles (kernels/cpu/amx_counted.hpp): what they count against the analytic numbers of
-// tile instructions for known shapes, products and whole AMX rows. Part of lattn_amx_tests
-// (test_amx.cpp's main). The counted path's outputs are not results (its tiles
+// tile instructions for known shapes, products and whole AMX rows; and the AMX rows at D 1 to 3
+// (the test table's smallest shapes) against the float64 reference, on the tiles the run tests.
+// Part of lattn_amx_tests (test_amx.cpp's main). The counted path's outputs are not results (its tiles
 // compute nothing): these tests check its counts and that what it stores is zeros, never its
 // outputs' accuracy.
 #include <omp.h>
@@ -138,3 +139,40 @@ TEST_CASE("amx counted: the AMX rows' tdpbf16ps equal their analytic number", "[
   omp_set_num_threads(omp_get_num_procs());
 }
 
+// The shapes of tests/cases.hpp's kernel table with D 1 (a single token, and nine tokens over
+// chunks of 4), and D 2 and 3, which the AMX rows for vector gates and the delta rule take: few
+// channels, so no reduction averages the bf16 roundings, and the delta rule's write cancels the
+// state along its key (chunked_amx_delta splits its operands there); a few seeds each, gates of
+// the default strength and strong ones.
+TEST_CASE("amx chunked, vector gates and the delta rule: D 1 to 3 within the bf16 tolerance", "[amx]") {
+  auto backend = make_backend("cpu", BackendOptions{2});
+  const std::vector<std::pair<Rule, Decay>> families = {{Rule::additive, Decay::vector},
+                                                        {Rule::delta, Decay::none},
+                                                        {Rule::delta, Decay::retnet},
+                                                        {Rule::delta, Decay::scalar},
+                                                        {Rule::delta, Decay::vector}};
+  double worst_delta = 0;
+  for (const auto& [rule, decay] : families)
+    for (const Problem& p : {Problem{1, 1, 1, 1, 4, decay, rule}, Problem{1, 2, 9, 1, 4, decay, rule},
+                             Problem{1, 2, 9, 2, 4, decay, rule}, Problem{1, 1, 37, 3, 16, decay, rule}})
+      for (const Mode mode : {Mode::fwd, Mode::fwd_bwd})
+        for (const std::string gate_norm : {"", "1"})
+          for (const std::uint64_t seed : {3, 4, 5}) {
+            if (!gate_norm.empty() && decay != Decay::scalar && decay != Decay::vector) continue;
+            Case c = test::kernel_case(p, "chunked", mode, "cpu", "bf16");
+            if (!gate_norm.empty()) c.options["gate_norm"] = gate_norm;
+            INFO(test::describe(c) << " seed " << seed << " on the "
+                                   << (amx_tests::hardware_run ? "hardware's" : "emulated") << " tiles");
+            REQUIRE(backend->find("linear_attention", "chunked")->variant(c) ==
+                    (rule == Rule::delta ? "chunked_amx_delta" : "chunked_amx_gated"));
+            const test::Outcome r = test::run_on(*backend, c, seed);
+            INFO(test::errors(r.check));
+            CHECK(r.check.non_finite.empty());
+            CHECK(r.check.passed);
+            if (rule == Rule::delta) worst_delta = std::max(worst_delta, r.check.rel_err);
+          }
+  // The split operands carry ~16 bits: the delta rule's errors there are float32-like, far under
+  // the bf16 tolerance (one bf16 product per operand pair left them at 5-15% on single outputs).
+  WARN("chunked_amx_delta at D 1 to 3: worst rel_err " << worst_delta);
+  CHECK(worst_delta < 1e-3);
+}

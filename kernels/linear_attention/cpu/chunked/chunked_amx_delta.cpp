@@ -17,7 +17,9 @@
 // the factors on the operands), (K . G) S, T (diag(beta) E), (Q . G) S, A_qk W and the state's
 // (K . exp(b_{n-1} - b))^T W. T, E, W, O and the state stay float32 between the products; the gate
 // factors are exp of differences <= 0 formed in double and applied to the operands before they are
-// rounded, so strong gates stay finite (as in cpu/chunked/chunked_amx_gated.cpp).
+// rounded, so strong gates stay finite (as in cpu/chunked/chunked_amx_gated.cpp). At Dk below 4
+// every product splits its operands into two bf16 parts (chunked_amx_tiles.hpp's Split), which the
+// write's cancellation along each key needs there (Walker's constructor).
 //
 // Backward (cpu/chunked/chunked_delta_backward.cpp's), walking the chunks in reverse with dS the
 // gradient of the state leaving the chunk, the entering states recomputed first by a forward sweep:
@@ -78,6 +80,9 @@ Buffers carve(const Problem& p, float* base, bool backward) {
   return b;
 }
 
+// Key dims below this run every product on split operands (Walker's constructor).
+constexpr int kSplitBelowDim = 4;
+
 template <class Tiles>
 struct Walker {
   const Problem& p;
@@ -96,7 +101,14 @@ struct Walker {
         Dk(p_.dim),
         Dv(p_.value_dim()),
         W(p_.decay == Decay::vector ? p_.dim : 1),
-        scale(float(attention_scale(p_.dim))) {}
+        scale(float(attention_scale(p_.dim))) {
+    // At Dk 1 to 3 the write cancels most of the state along each key (S' = (1 - beta) S + beta v k
+    // at Dk 1) and no reduction averages the roundings: bf16 operands of the states, W, dW and the
+    // scores leave single outputs off by 5-15% (dk, dh0 where the exact sum cancels). There every
+    // product splits both operands into two bf16 parts (~16 significant bits), three tile products
+    // each instead of one.
+    if (p_.dim < kSplitBelowDim) pk.split = Split::both;
+  }
 
   // Chunk c0 of an item: q, k, v widened, the gates and their factors (EB = exp(b), EL =
   // exp(b_{n-1} - b), QG = Q . EB, KG = K . EB, KL = K . EL, decay = exp(b_{n-1})), the scores A_qk

@@ -82,11 +82,18 @@ struct Operand {
 inline Operand rows(const float* x, std::size_t ld) { return {x, ld, false}; }
 inline Operand cols(const float* x, std::size_t ld) { return {x, ld, true}; }
 
-// A thread's packing buffers for products whose dims are at most P (a multiple of 32).
+// Which operands a product splits into two bf16 parts (high + low, above): each split operand adds
+// one tile product against the other's high part (the low x low term, ~2^-18, is left out).
+enum class Split { none = 0, a = 1, b = 2, both = 3 };
+inline bool splits(Split s, Split x) { return (int(s) & int(x)) != 0; }
+
+// A thread's packing buffers for products whose dims are at most P (a multiple of 32), and the
+// operands every product on them splits (Split::none but where a row asks for more precision).
 struct Packing {
   Bf16* a = nullptr;           // [P][P] bf16
   std::uint32_t* b = nullptr;  // [P / 2][P] pairs
   float* c = nullptr;          // [P][P] float32
+  Split split = Split::none;
   static std::size_t words(int P) { return std::size_t(P) * P / 2 + std::size_t(P) / 2 * P + std::size_t(P) * P; }
   Packing() = default;
   Packing(float* w, int P)
@@ -114,17 +121,27 @@ inline int product_dim(const Problem& p) {
   return round_up(std::max({effective_chunk(p), p.dim, p.value_dim(), 1}), amx::kTileDepth);
 }
 
+// x rounded to bf16 (Part::high), or what that rounding left, rounded in turn (Part::low): high +
+// low carries 16 significant bits, an operand split so is good to ~2^-17 of itself.
+enum class Part { high, low };
+template <Part P>
+inline Bf16 part_of(float x) {
+  if constexpr (P == Part::high) return to_bf16(x);
+  return to_bf16(x - from_bf16(to_bf16(x)));
+}
+
 // op(A) (M x K) rounded to bf16 rows of K32 (ld), zero-padded to M16 rows and K32 columns. The
 // layout's branch is taken once, outside the loops, so that the rows' loops vectorise.
-inline void pack_a(Operand A, int M, int K, int M16, int K32, Bf16* out) {
+template <Part P = Part::high>
+void pack_a(Operand A, int M, int K, int M16, int K32, Bf16* out) {
   for (int r = 0; r < M; ++r) {
     Bf16* __restrict row = out + std::size_t(r) * K32;
     if (!A.transposed) {
       const float* __restrict x = A.x + std::size_t(r) * A.ld;
 #pragma omp simd
-      for (int c = 0; c < K; ++c) row[c] = to_bf16(x[c]);
+      for (int c = 0; c < K; ++c) row[c] = part_of<P>(x[c]);
     } else {
-      for (int c = 0; c < K; ++c) row[c] = to_bf16(A.x[std::size_t(c) * A.ld + r]);
+      for (int c = 0; c < K; ++c) row[c] = part_of<P>(A.x[std::size_t(c) * A.ld + r]);
     }
     std::fill(row + K, row + K32, Bf16(0));
   }
@@ -133,7 +150,8 @@ inline void pack_a(Operand A, int M, int K, int M16, int K32, Bf16* out) {
 
 // op(B) (K x N) as VNNI pairs of rows rounded to bf16: row p of N16 words holds (B[2p][c],
 // B[2p + 1][c]), zero past row K and column N.
-inline void pack_b(Operand B, int K, int N, int K32, int N16, std::uint32_t* out) {
+template <Part P = Part::high>
+void pack_b(Operand B, int K, int N, int K32, int N16, std::uint32_t* out) {
   const int full = K / 2;  // pairs with both rows inside K
   if (!B.transposed) {
     for (int pr = 0; pr < full; ++pr) {
@@ -141,20 +159,20 @@ inline void pack_b(Operand B, int K, int N, int K32, int N16, std::uint32_t* out
       const float* __restrict lo = B.x + std::size_t(2 * pr) * B.ld;
       const float* __restrict hi = lo + B.ld;
 #pragma omp simd
-      for (int c = 0; c < N; ++c) row[c] = pair_of(to_bf16(lo[c]), to_bf16(hi[c]));
+      for (int c = 0; c < N; ++c) row[c] = pair_of(part_of<P>(lo[c]), part_of<P>(hi[c]));
     }
     if (K % 2) {
       std::uint32_t* __restrict row = out + std::size_t(full) * N16;
       const float* __restrict lo = B.x + std::size_t(K - 1) * B.ld;
 #pragma omp simd
-      for (int c = 0; c < N; ++c) row[c] = to_bf16(lo[c]);
+      for (int c = 0; c < N; ++c) row[c] = part_of<P>(lo[c]);
     }
   } else {  // column c of op(B) is row c of x: its pairs are adjacent
     for (int c = 0; c < N; ++c) {
       const float* __restrict x = B.x + std::size_t(c) * B.ld;
       for (int pr = 0; pr < full; ++pr)
-        out[std::size_t(pr) * N16 + c] = pair_of(to_bf16(x[2 * pr]), to_bf16(x[2 * pr + 1]));
-      if (K % 2) out[std::size_t(full) * N16 + c] = to_bf16(x[K - 1]);
+        out[std::size_t(pr) * N16 + c] = pair_of(part_of<P>(x[2 * pr]), part_of<P>(x[2 * pr + 1]));
+      if (K % 2) out[std::size_t(full) * N16 + c] = part_of<P>(x[K - 1]);
     }
   }
   const int used = (K + 1) / 2;
@@ -165,7 +183,7 @@ inline void pack_b(Operand B, int K, int N, int K32, int N16, std::uint32_t* out
 // C (M x N, ldc) = alpha op(A) op(B) (+ C where `accumulate`), op(A) M x K, op(B) K x N.
 template <class Tiles>
 void product(const Packing& s, int M, int N, int K, Operand A, Operand B, float* C, std::size_t ldc, float alpha,
-             bool accumulate) {
+             bool accumulate, Split split = Split::none) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     if (!accumulate)
@@ -173,9 +191,22 @@ void product(const Packing& s, int M, int N, int K, Operand A, Operand B, float*
     return;
   }
   const int M16 = round_up(M, amx::kTileRows), N16 = round_up(N, amx::kTileRows), K32 = round_up(K, amx::kTileDepth);
+  const auto gemm = [&](bool add) {
+    amx::gemm<Tiles>(M16, N16, K32, s.a, std::size_t(K32), s.b, std::size_t(N16), s.c, std::size_t(N16), add);
+  };
+  split = Split(int(split) | int(s.split));
   pack_a(A, M, K, M16, K32, s.a);
   pack_b(B, K, N, K32, N16, s.b);
-  amx::gemm<Tiles>(M16, N16, K32, s.a, std::size_t(K32), s.b, std::size_t(N16), s.c, std::size_t(N16), false);
+  gemm(false);
+  if (splits(split, Split::a)) {  // A's low part against B's high part
+    pack_a<Part::low>(A, M, K, M16, K32, s.a);
+    gemm(true);
+  }
+  if (splits(split, Split::b)) {  // A's high part against B's low part
+    if (splits(split, Split::a)) pack_a(A, M, K, M16, K32, s.a);
+    pack_b<Part::low>(B, K, N, K32, N16, s.b);
+    gemm(true);
+  }
   for (int r = 0; r < M; ++r) {
     float* out = C + std::size_t(r) * ldc;
     const float* in = s.c + std::size_t(r) * N16;
