@@ -248,7 +248,8 @@ def why_not_passed(record):
     rel_err is within its tolerance (src/results/summary.cpp's passed())."""
     status = record.get("status", "ok")
     if status != "ok":
-        return record.get("skip_reason") or record.get("check_failure") or record.get("error") or f"status {status}"
+        return (record.get("skip_reason") or record.get("unchecked_reason") or record.get("check_failure")
+                or record.get("error") or f"status {status}")
     rel_err, tolerance = number(record.get("rel_err")), number(record.get("tolerance"))
     if rel_err is not None and tolerance is not None and rel_err > tolerance:
         return f"rel_err {rel_err:.2e} > tolerance {tolerance:.2e}"
@@ -264,7 +265,7 @@ def passed(record):
 
 
 def totals(records):
-    counts = {"cases": len(records), "ok": 0, "failed": 0, "skipped": 0}
+    counts = {"cases": len(records), "ok": 0, "failed": 0, "skipped": 0, "unchecked": 0}
     for r in records:
         if r.get("status") in counts:
             counts[r["status"]] += 1

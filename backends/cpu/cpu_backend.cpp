@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <stdexcept>
 
 #include "backends/cpu/cold.hpp"
@@ -19,6 +20,7 @@
 #include "backends/cpu/roofline.hpp"
 #include "backends/cpu/tuning.hpp"
 #include "core/op.hpp"
+#include "kernels/cpu/amx_counted.hpp"
 #include "kernels/cpu/vec.hpp"
 #include "kernels/decode/op.hpp"
 #include "kernels/layer/block/cpu.hpp"
@@ -372,6 +374,11 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   backend->availability = [] { return Availability{true, ""}; };
   const std::optional<TuningMode> tuning_mode = tuning_mode_from(options.tuning);
   if (!tuning_mode) throw std::invalid_argument("unknown tuning mode " + options.tuning);
+  if (!options.amx_tiles.empty()) {
+    const std::optional<AmxPath> path = amx_path_from_name(options.amx_tiles);
+    if (!path) throw std::invalid_argument("unknown AMX tiles " + options.amx_tiles);
+    set_amx_override(*path);
+  }
   backend->describe = [threads = s.threads, mode = *tuning_mode] {
     DeviceInfo info;
     info.backend = "cpu";
@@ -399,6 +406,19 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   // Best of ten products: ~25 ms with the warm-up, twice per case.
   backend->peak_check = [threads = s.threads]() -> std::optional<double> { return cpu_sgemm_check(threads, 10); };
   backend->stream_check = [threads = s.threads]() -> std::optional<double> { return cpu_stream_check(threads); };
+  // The bf16 variants on AMX tiles: the AMX rows of the chunked table and the layer's products.
+  backend->amx_tiles = [](const Case& c, const std::string& variant) -> std::string {
+    if (!is_bf16(c) || (variant.rfind("chunked_amx", 0) != 0 && variant.rfind("products amx", 0) != 0)) return "";
+    return amx_path_name(amx_path());
+  };
+  backend->count_tiles = [](PreparedCase& prepared) {
+    amx::counted::reset();
+    prepared.run();
+    const amx::TileCounts t = amx::counted::totals();
+    return std::map<std::string, std::uint64_t>{{"tdpbf16ps", t.dpbf16ps},       {"tileloadd", t.loads},
+                                                {"tileloadd_bytes", t.load_bytes}, {"tilestored", t.stores},
+                                                {"tilestored_bytes", t.store_bytes}, {"tilezero", t.zeros}};
+  };
   return backend;
 }
 

@@ -47,6 +47,17 @@ std::string tuning_mode(const std::string& flag, bool flag_given, bool retune) {
   return "auto";
 }
 
+// LATTN_AMX: the tiles the CPU's AMX rows run on (kernels/linear_attention/cpu/bf16.hpp's AmxPath
+// names: src/ names no backend), or "" where it is not set.
+std::string amx_tiles_from_environment() {
+  static const std::vector<std::string> names = {"hardware", "emulated", "counted", "none"};
+  const char* env = std::getenv("LATTN_AMX");
+  if (!env || !*env) return "";
+  if (std::find(names.begin(), names.end(), std::string(env)) == names.end())
+    throw UsageError("LATTN_AMX", "expected one of " + comma_list(names) + ", got '" + env + "'");
+  return env;
+}
+
 const std::vector<std::string>& stdout_formats() {
   static const std::vector<std::string> v = {"table", "json", "csv", "md"};
   return v;
@@ -185,6 +196,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& argv) {
   request.list_cases = list_cases;
   request.quiet = quiet;
   request.tuning = tuning_mode(tuning, app.get_option("--tuning")->count() > 0, retune);
+  request.amx_tiles = amx_tiles_from_environment();
   return {request, "", false};
 }
 

@@ -78,7 +78,11 @@ const std::vector<Column>& columns() {
       measured("temp_mb_source", [](const Measurement& m) { return m.temp_unknown.empty() ? m.temp_source : ""; }),
       measured("arg_mb", [](const Measurement& m) { return number(m.arg_mb); }),
       measured("out_mb", [](const Measurement& m) { return number(m.out_mb); }),
-      measured("rel_err", [](const Measurement& m) { return std::isfinite(m.rel_err) ? number(m.rel_err) : "null"; }),
+      measured("rel_err",
+               [](const Measurement& m) {
+                 if (!m.unchecked.empty()) return std::string();  // not checked: no error to give
+                 return std::isfinite(m.rel_err) ? number(m.rel_err) : std::string("null");
+               }),
       measured("compile_s", [](const Measurement& m) { return number(m.compile_s); }),
   };
   return all;
@@ -378,8 +382,9 @@ nlohmann::json to_gbench(const RunDocument& doc) {
       continue;
     }
     const Measurement& m = *r.measured;
-    nlohmann::json counters = {{"gflops", m.gflops}, {"gbytes_per_s", m.gbytes_per_s}, {"temp_mb", m.temp_mb},
-                               {"rel_err", std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr)}};
+    nlohmann::json counters = {{"gflops", m.gflops}, {"gbytes_per_s", m.gbytes_per_s}, {"temp_mb", m.temp_mb}};
+    if (m.unchecked.empty())  // an unchecked case has no error to give
+      counters["rel_err"] = std::isfinite(m.rel_err) ? nlohmann::json(m.rel_err) : nlohmann::json(nullptr);
     if (m.peak_fraction) counters["peak_fraction"] = *m.peak_fraction;
     if (m.blas_fraction) counters["blas_fraction"] = *m.blas_fraction;
     const std::string error = !m.check_failure.empty() ? m.check_failure : r.error;

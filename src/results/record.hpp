@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -17,7 +18,9 @@
 
 namespace lattn {
 
-enum class Status { ok, failed, skipped };
+// unchecked: ran and was timed, its outputs not checked because they are not results (a case on
+// counted AMX tiles, kernels/cpu/amx_counted.hpp); never a pass.
+enum class Status { ok, failed, skipped, unchecked };
 
 // A case this far above its compute ceiling is flagged (Measurement::above_ceiling): timing noise
 // can lift a kernel at the ceiling a few percent over it, but not more.
@@ -38,6 +41,7 @@ struct Measurement {
   std::map<std::string, double> rel_errs;
   double tolerance = 0;
   std::string check_failure;  // empty when the check passed
+  std::string unchecked;      // why the outputs were not checked (Status::unchecked), or empty
   // The (sequence, head) pairs whose outputs were checked when the run checked a part (check_heads,
   // docs/harness.md); 0: every output element was checked.
   int checked_pairs = 0;
@@ -52,6 +56,16 @@ struct Measurement {
   double flops = 0, gflops = 0, bytes = 0, gbytes_per_s = 0;
   std::string bwd_states;     // chunked fwd_bwd: "kept" or "recomputed"
   std::string variant;        // the kernel variant that ran the case (ImplRow::variant), or ""
+  // A variant on AMX tiles (Backend::amx_tiles): which ran, "hardware", "emulated" or "counted".
+  std::string amx_tiles;
+  // On counted tiles: the tile instructions one call executes ("tdpbf16ps", "tileloadd",
+  // "tileloadd_bytes", "tilestored", "tilestored_bytes", "tilezero"), and the time the tdpbf16ps
+  // would take at tile_rate_gflops, which tile_rate_source names: "amx_gflops" (the device block's,
+  // measured), or the documented 1024 flops a cycle a core at the host's cpu_mhz and the run's
+  // threads, where no AMX rate was measured.
+  std::map<std::string, std::uint64_t> tile_counts;
+  std::optional<double> tile_model_ms, tile_rate_gflops;
+  std::string tile_rate_source;
   std::string timer_warning;  // the per-call time is near the clock's resolution
   // An op with a byte model (the decode step): the rate against the run's measured bandwidth, the
   // tokens stepped per second (batch x tokens per call) and the time per token of one sequence
@@ -126,7 +140,7 @@ std::string why_not_passed(const CaseRecord& record);
 Summary build_summary(const std::vector<CaseRecord>& records);
 
 struct Totals {
-  std::size_t cases = 0, ok = 0, failed = 0, skipped = 0;
+  std::size_t cases = 0, ok = 0, failed = 0, skipped = 0, unchecked = 0;
   std::size_t not_planned = 0;  // cases of the config that --filter left out
 };
 

@@ -17,6 +17,7 @@ std::string to_string(Status status) {
     case Status::ok: return "ok";
     case Status::failed: return "failed";
     case Status::skipped: return "skipped";
+    case Status::unchecked: return "unchecked";
   }
   return "?";
 }
@@ -94,6 +95,7 @@ constexpr OptionalKey kOptionals[] = {
     {"stream_gbytes_per_s_now", &Measurement::stream_gbytes_per_s_now},
     {"bandwidth_roof_gbytes_per_s", &Measurement::bandwidth_roof_gbytes_per_s},
     {"working_set_bytes", &Measurement::working_set_bytes},
+    {"tile_model_ms", &Measurement::tile_model_ms}, {"tile_rate_gflops", &Measurement::tile_rate_gflops},
 };
 constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"check_failure", &Measurement::check_failure},
@@ -103,7 +105,10 @@ constexpr TextKey kTexts[] = {{"stopped_on", &Measurement::stopped_on},
                               {"bandwidth_roof", &Measurement::bandwidth_roof},
                               {"temp_mb_unknown", &Measurement::temp_unknown},
                               {"temp_mb_source", &Measurement::temp_source},
-                              {"layout", &Measurement::layout}};
+                              {"layout", &Measurement::layout},
+                              {"unchecked_reason", &Measurement::unchecked},
+                              {"amx_tiles", &Measurement::amx_tiles},
+                              {"tile_rate_source", &Measurement::tile_rate_source}};
 
 void put_measurement(nlohmann::json& r, const Measurement& m) {
   for (const DoubleKey& k : kDoubles) r[k.key] = m.*k.member;
@@ -114,10 +119,13 @@ void put_measurement(nlohmann::json& r, const Measurement& m) {
   if (!m.temp_unknown.empty()) r["temp_mb"] = nullptr;  // not 0: the scratch was not counted
   r["samples_ms"] = m.samples_ms;
   if (!m.samples_cpu_ms.empty()) r["samples_cpu_ms"] = m.samples_cpu_ms;
-  r["rel_err"] = error_value(m.rel_err);
-  nlohmann::json errors = nlohmann::json::object();
-  for (const auto& [name, e] : m.rel_errs) errors[name] = error_value(e);
-  r["rel_errs"] = errors;
+  if (!m.tile_counts.empty()) r["tile_counts"] = m.tile_counts;
+  if (m.unchecked.empty()) {  // an unchecked record has no errors: its outputs are not results
+    r["rel_err"] = error_value(m.rel_err);
+    nlohmann::json errors = nlohmann::json::object();
+    for (const auto& [name, e] : m.rel_errs) errors[name] = error_value(e);
+    r["rel_errs"] = errors;
+  }
   if (m.peak_fraction) r["above_ceiling"] = m.above_ceiling;
   if (m.bandwidth_fraction) r["above_roof"] = m.above_roof;
   if (m.checked_pairs > 0) r["checked_pairs"] = m.checked_pairs;
@@ -319,7 +327,7 @@ nlohmann::json to_json(const RunDocument& doc) {
       {"identity_keys", identity_keys_json(doc.results)},
       {"results", results},
       {"totals", {{"cases", doc.totals.cases}, {"ok", doc.totals.ok}, {"failed", doc.totals.failed},
-                  {"skipped", doc.totals.skipped}}},
+                  {"skipped", doc.totals.skipped}, {"unchecked", doc.totals.unchecked}}},
       {"summary", to_json(build_summary(doc.results))},
       {"warnings", doc.warnings},
   };
@@ -370,13 +378,15 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
   if (status == "ok") r.status = Status::ok;
   else if (status == "failed") r.status = Status::failed;
   else if (status == "skipped") r.status = Status::skipped;
-  else throw UsageError(where, "the journal record's status '" + status + "' is not ok, failed or skipped");
+  else if (status == "unchecked") r.status = Status::unchecked;
+  else throw UsageError(where, "the journal record's status '" + status + "' is not ok, failed, skipped or unchecked");
   r.skip_reason = optional_field<std::string>(line, "skip_reason", where).value_or("");
   r.error = optional_field<std::string>(line, "error", where).value_or("");
   if (r.status == Status::skipped && r.skip_reason.empty())
     throw UsageError(where, "the journal record is skipped without a skip_reason");
   if (!line.contains("median_ms")) {
-    if (r.status == Status::ok) throw UsageError(where, "the journal record is ok but has no measurement");
+    if (r.status == Status::ok || r.status == Status::unchecked)
+      throw UsageError(where, "the journal record is " + status + " but has no measurement");
     if (r.status == Status::failed && r.error.empty())
       throw UsageError(where, "the journal record failed without an error or a measurement");
     return r;
@@ -393,15 +403,21 @@ CaseRecord record_from_json(const nlohmann::json& line, const Case& planned, con
   if (!m.samples_cpu_ms.empty() && m.samples_cpu_ms.size() != m.samples_ms.size())
     throw UsageError(where, "the journal record has " + std::to_string(m.samples_cpu_ms.size()) +
                                 " samples_cpu_ms for " + std::to_string(m.samples_ms.size()) + " samples_ms");
-  if (!line.contains("rel_err") || !line.contains("rel_errs") || !line["rel_errs"].is_object())
-    throw UsageError(where, "the journal record has no rel_err and rel_errs");
-  m.rel_err = error_from(line["rel_err"], where);
-  for (const auto& [name, e] : line["rel_errs"].items()) m.rel_errs[name] = error_from(e, where);
-  std::set<std::string> outputs, recorded;
-  for (const TensorSpec& spec : planned.op->tensors)
-    if (!is_input(spec.role) && spec.in(planned)) outputs.insert(spec.name);
-  for (const auto& [name, e] : m.rel_errs) recorded.insert(name);
-  if (recorded != outputs) throw UsageError(where, "the journal record's rel_errs do not name this case's outputs");
+  m.tile_counts = optional_field<std::map<std::string, std::uint64_t>>(line, "tile_counts", where)
+                      .value_or(std::map<std::string, std::uint64_t>{});
+  if ((r.status == Status::unchecked) != !m.unchecked.empty())
+    throw UsageError(where, "the journal record's status and unchecked_reason disagree");
+  if (r.status != Status::unchecked) {
+    if (!line.contains("rel_err") || !line.contains("rel_errs") || !line["rel_errs"].is_object())
+      throw UsageError(where, "the journal record has no rel_err and rel_errs");
+    m.rel_err = error_from(line["rel_err"], where);
+    for (const auto& [name, e] : line["rel_errs"].items()) m.rel_errs[name] = error_from(e, where);
+    std::set<std::string> outputs, recorded;
+    for (const TensorSpec& spec : planned.op->tensors)
+      if (!is_input(spec.role) && spec.in(planned)) outputs.insert(spec.name);
+    for (const auto& [name, e] : m.rel_errs) recorded.insert(name);
+    if (recorded != outputs) throw UsageError(where, "the journal record's rel_errs do not name this case's outputs");
+  }
   if (m.stopped_on != "samples" && m.stopped_on != "noise" && m.stopped_on != "timeout" && m.stopped_on != "interrupted")
     throw UsageError(where, "the journal record's stopped_on '" + m.stopped_on +
                                 "' is not samples, noise, timeout or interrupted");

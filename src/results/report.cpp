@@ -81,6 +81,11 @@ std::string percent_of_peak(const CaseRecord& r) {
   return f ? fmt::format("{:.1f}", *f * 100) : std::string("-");
 }
 
+// rel_err, or "-" for a case whose outputs were not checked (status unchecked).
+std::string rel_err_cell(const Measurement& m) {
+  return m.unchecked.empty() ? fmt::format("{:.2e}", m.rel_err) : std::string("-");
+}
+
 std::string temp_cell(const Measurement& m) {
   return m.temp_unknown.empty() ? fmt::format("{:.3f}", m.temp_mb) : std::string("-");
 }
@@ -121,9 +126,9 @@ std::string format_bandwidth_table(const std::vector<const CaseRecord*>& records
       continue;
     }
     const Measurement& m = *r->measured;
-    out += fmt::format("{:>10.4f} {:>8.2f} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9.2e}  {}\n", m.median_ms, m.gbytes_per_s,
+    out += fmt::format("{:>10.4f} {:>8.2f} {:>6} {:<4} {:>11} {:>9} {:>9} {:>9}  {}\n", m.median_ms, m.gbytes_per_s,
                        percent_of_peak(*r), m.bandwidth_roof.empty() ? "-" : m.bandwidth_roof,
-                       known(m.tokens_per_s, 4, 'g'), known(m.us_per_token, 3, 'f'), temp_cell(m), m.rel_err,
+                       known(m.tokens_per_s, 4, 'g'), known(m.us_per_token, 3, 'f'), temp_cell(m), rel_err_cell(m),
                        to_string(r->status));
   }
   return out;
@@ -185,9 +190,9 @@ std::string format_table(const std::vector<CaseRecord>& records) {
       continue;
     }
     const Measurement& m = *r.measured;
-    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>6.1f} {:>7} {:>8.2f} {:>6} {:>9} {:>9.2e}  {}\n", m.median_ms,
+    out += fmt::format("{:>10.4f} {:>10.4f} {:>10.4f} {:>6.1f} {:>7} {:>8.2f} {:>6} {:>9} {:>9}  {}\n", m.median_ms,
                        m.q1_ms, m.q3_ms, m.noise_pct, m.samples_ms.size(), m.gflops, percent_of_peak(r), temp_cell(m),
-                       m.rel_err, to_string(r.status));
+                       rel_err_cell(m), to_string(r.status));
   }
   // What every row shares (the backend, the dtype, options that did not vary), once above the rows.
   const std::string constant = constant_line(records, shown);

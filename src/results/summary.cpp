@@ -26,6 +26,7 @@ bool passed(const CaseRecord& r) { return r.status == Status::ok && r.measured &
 std::string why_not_passed(const CaseRecord& r) {
   if (passed(r)) return {};
   if (!r.skip_reason.empty()) return r.skip_reason;
+  if (r.measured && !r.measured->unchecked.empty()) return r.measured->unchecked;
   if (r.measured && !r.measured->check_failure.empty()) return r.measured->check_failure;
   if (!r.error.empty()) return r.error;
   if (r.measured && r.measured->samples_ms.empty()) return "no samples";

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -92,6 +94,12 @@ struct Backend {
   // before and after each cold case of an op with a byte model, where the backend has one: on a
   // shared host the memory's rate moves by 2x over seconds (docs/results.md, stream_gbytes_per_s_now).
   std::function<std::optional<double>()> stream_check;
+  // Which AMX tiles ran a case whose `variant` runs on them ("hardware", "emulated" or "counted"),
+  // "" for any other case; null where the backend has no AMX rows.
+  std::function<std::string(const Case&, const std::string& variant)> amx_tiles;
+  // A case on counted tiles: one more call outside any timed region, and the tile instructions it
+  // executed by name (Measurement::tile_counts).
+  std::function<std::map<std::string, std::uint64_t>(PreparedCase&)> count_tiles;
 
   const ImplRow* find(const std::string& op, const std::string& impl) const;
   // Why the case cannot run here: no row for it, or its row's reason; nothing when it can.
@@ -113,6 +121,9 @@ struct BackendOptions {
   // that a backend made in a test is deterministic), "shipped", "auto" (the command line's default)
   // or "calibrate".
   std::string tuning = "default";
+  // The tiles the CPU's AMX rows run on (LATTN_AMX): "hardware", "emulated", "counted" or "none";
+  // empty: the CPU's own (the hardware where it has AMX, else the rows decline).
+  std::string amx_tiles = {};
 };
 
 // What the backends need the process environment to say before any library reads it (the CPU

@@ -123,6 +123,27 @@ void put_bandwidth(Measurement& m, const Case& c, const MemoryUsage& memory, con
   }
 }
 
+// A case on counted tiles: the counts of one call, and the tdpbf16ps' time at the AMX rate the
+// device block measured, else at the documented 1024 flops a cycle a core (one 16 x 16 x 32
+// tdpbf16ps every 16 cycles) at the host's clock and the run's threads.
+void put_tile_model(Measurement& m, const DeviceInfo& device, const std::map<std::string, std::uint64_t>& counts) {
+  m.tile_counts = counts;
+  const auto dp = counts.find("tdpbf16ps");
+  if (dp == counts.end()) return;
+  const double flops = double(dp->second) * 2.0 * 16 * 16 * 32;
+  if (device.cpu && device.cpu->amx_gflops && *device.cpu->amx_gflops > 0) {
+    m.tile_rate_gflops = *device.cpu->amx_gflops;
+    m.tile_rate_source = "amx_gflops";
+  } else if (device.host.cpu_mhz && device.host.threads > 0) {
+    m.tile_rate_gflops = 1024.0 * *device.host.cpu_mhz * 1e-3 * device.host.threads;
+    m.tile_rate_source = fmt::format("1024 flops a cycle a core at cpu_mhz {:.0f} x {} threads (no amx_gflops measured)",
+                                     *device.host.cpu_mhz, device.host.threads);
+  } else {
+    return;
+  }
+  m.tile_model_ms = flops / (*m.tile_rate_gflops * 1e9) * 1e3;
+}
+
 // Its outputs checked against the float64 reference and its figures: the record's measurement.
 Measurement finish_case(RunContext& ctx, InFlight& f) {
   const auto& run = ctx.request.config.run;
@@ -131,14 +152,25 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   f.prepared->watch_scratch();  // after the samples: a Python impl's own allocator watched in a call of its own
   TensorSet outputs = make_case_outputs(c);
   f.prepared->read_outputs(outputs);
-  const CheckResult check = f.shared->part ? check_outputs(*f.shared->part, first_elements(*f.shared->part, outputs),
-                                                         f.shared->reference)
-                                           : check_outputs(c, outputs, f.shared->reference);
   const MemoryUsage memory = f.prepared->memory();
 
   Measurement m;
-  m.check_failure = check.failure();
-  if (f.shared->part) m.checked_pairs = f.shared->part->batch * f.shared->part->heads;
+  m.variant = f.variant;
+  if (ctx.backend.amx_tiles) m.amx_tiles = ctx.backend.amx_tiles(c, f.variant);
+  // Counted tiles compute nothing: the outputs are not results, so the case is timed, not checked.
+  const bool counted = m.amx_tiles == "counted";
+  if (counted) {
+    m.unchecked = "ran on counted AMX tiles (LATTN_AMX=counted), which compute nothing: timed, not checked";
+  } else {
+    const CheckResult check = f.shared->part ? check_outputs(*f.shared->part, first_elements(*f.shared->part, outputs),
+                                                           f.shared->reference)
+                                             : check_outputs(c, outputs, f.shared->reference);
+    m.check_failure = check.failure();
+    if (f.shared->part) m.checked_pairs = f.shared->part->batch * f.shared->part->heads;
+    m.rel_err = check.rel_err;
+    m.rel_errs = check.per_output;
+    m.tolerance = check.tolerance;
+  }
   m.compile_s = timing.compile_s;
   m.warmup = run.warmup;
   m.inner = timing.inner;
@@ -154,9 +186,6 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   m.max_ms = timing.stats.max;
   m.mean_ms = timing.stats.mean;
   m.short_samples = timing.short_samples;
-  m.rel_err = check.rel_err;
-  m.rel_errs = check.per_output;
-  m.tolerance = check.tolerance;
   m.temp_mb = double(memory.temp_bytes) / kMiB;
   m.temp_unknown = memory.temp_uncounted;
   if (m.temp_unknown.empty()) m.temp_source = memory.temp_source;
@@ -177,7 +206,7 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
     put_bandwidth(m, c, memory, ctx.device, seconds, m.stream_gbytes_per_s_now.value_or(0));
   }
   m.bwd_states = f.prepared->bwd_states();
-  m.variant = f.variant;
+  if (counted && ctx.backend.count_tiles) put_tile_model(m, ctx.device, ctx.backend.count_tiles(*f.prepared));
   if (timing.stats.median * 1e6 < 10 * ctx.timer.resolution_ns)
     m.timer_warning = fmt::format("per-call time {:.1f} ns is within 10x of the timer's resolution ({:.1f} ns)",
                                   timing.stats.median * 1e6, ctx.timer.resolution_ns);
@@ -186,8 +215,9 @@ Measurement finish_case(RunContext& ctx, InFlight& f) {
   // for a bf16 case on AMX tiles), the roofline
   // (the rate a case of this arithmetic intensity can reach at the measured bandwidth, if below the
   // ceiling: memory-bound, small D, long sequences), and the BLAS's start-up sgemm.
-  const double peak = ctx.device.peak_gflops_for(c.dtype, f.variant), blas = ctx.device.blas_gflops(),
-               stream = ctx.device.stream_gbytes_per_s();
+  // Not for a case on counted tiles: its flops were not all executed.
+  const double peak = counted ? 0.0 : ctx.device.peak_gflops_for(c.dtype, f.variant),
+               blas = counted ? 0.0 : ctx.device.blas_gflops(), stream = ctx.device.stream_gbytes_per_s();
   if (peak > 0) {
     m.peak_gflops = peak;
     m.peak_fraction = m.gflops / peak;
@@ -312,9 +342,10 @@ CaseRecord measured_record(const Case& c, Measurement m, std::optional<double> p
   }
   CaseRecord r;
   r.kase = c;
-  r.status = m.check_failure.empty() ? Status::ok : Status::failed;
-  note = fmt::format("median {:.4f} ms, noise {:.1f}% ({} samples, stopped on {}), rel_err {:.2e}", m.median_ms,
-                     m.noise_pct, m.samples_ms.size(), m.stopped_on, m.rel_err);
+  r.status = !m.unchecked.empty() ? Status::unchecked : m.check_failure.empty() ? Status::ok : Status::failed;
+  note = fmt::format("median {:.4f} ms, noise {:.1f}% ({} samples, stopped on {}), ", m.median_ms, m.noise_pct,
+                     m.samples_ms.size(), m.stopped_on);
+  note += r.status == Status::unchecked ? "unchecked: " + m.unchecked : fmt::format("rel_err {:.2e}", m.rel_err);
   if (r.status == Status::failed) note += " FAILED: " + m.check_failure;
   r.measured = std::move(m);
   return r;

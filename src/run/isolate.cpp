@@ -62,7 +62,9 @@ Measurement run_isolated(const Case& kase, const std::function<Measurement()>& b
     record.kase = kase;
     try {
       record.measured = body();
-      record.status = record.measured->check_failure.empty() ? Status::ok : Status::failed;
+      record.status = !record.measured->unchecked.empty()       ? Status::unchecked
+                      : record.measured->check_failure.empty() ? Status::ok
+                                                               : Status::failed;
     } catch (const std::exception& e) {
       record.status = Status::failed;
       record.error = e.what();

@@ -55,6 +55,7 @@ BackendOptions backend_options(const RunRequest& request) {
   BackendOptions options{run.threads, run.device, run.bwd_states == "kept"};
   options.plugins = request.plugins;
   options.tuning = request.tuning;
+  options.amx_tiles = request.amx_tiles;
   return options;
 }
 
@@ -264,6 +265,7 @@ int run_benchmarks(const RunRequest& request) {
       case Status::ok: ++document.totals.ok; break;
       case Status::failed: ++document.totals.failed; break;
       case Status::skipped: ++document.totals.skipped; break;
+      case Status::unchecked: ++document.totals.unchecked; break;
     }
     const bool record_failed = record.status == Status::failed;
     any_failed = any_failed || record_failed;
@@ -420,7 +422,8 @@ int run_benchmarks(const RunRequest& request) {
     const Totals& t = document.totals;
     std::string written;
     for (const std::string& path : out_files) written += (written.empty() ? "" : ", ") + path;
-    fmt::print("cases: {} ok, {} failed, {} skipped of {}{}\nresults: {}\n", t.ok, t.failed, t.skipped, t.cases,
+    fmt::print("cases: {} ok, {} failed, {} skipped{} of {}{}\nresults: {}\n", t.ok, t.failed, t.skipped,
+               t.unchecked ? fmt::format(", {} unchecked", t.unchecked) : "", t.cases,
                request.filter.empty() ? "" : fmt::format("; {} not planned (--filter {})", t.not_planned, request.filter),
                written);
   }

@@ -32,6 +32,7 @@ struct RunRequest {
   std::string filter;        // --filter: only the cases whose name this regular expression matches
   bool list_cases = false;   // --list-cases: print the plan with estimated times, run nothing
   std::string tuning = "default";  // --tuning / --retune / LATTN_TUNING (BackendOptions::tuning)
+  std::string amx_tiles;           // LATTN_AMX (BackendOptions::amx_tiles); empty: the CPU's own
 };
 
 // Exit status of the run: 0 every case ran and passed its check (or was skipped), 1 some case

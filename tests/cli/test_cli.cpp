@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <fstream>
 
 #include "test_util.hpp"
@@ -106,6 +107,60 @@ TEST_CASE("a run with flags only writes its file and exits 0", "[cli]") {
   CHECK(result.exit_status == 0);
   CHECK(fs::exists(out));
   CHECK_THAT(result.output, Contains("[4/4]") && Contains("ETA"));
+}
+
+// LATTN_AMX: the AMX rows on the emulated tiles (checked) or on the counted ones (timed, not
+// checked, with the counts of one call), on any CPU; a bad value is exit 2 before anything runs.
+TEST_CASE("LATTN_AMX runs the bf16 AMX rows on emulated or counted tiles", "[cli][amx]") {
+  const fs::path dir = write_temp("placeholder", "").parent_path();
+  // The delta rule, decay none, T 64 over chunks of 32, D 32: seven products of 2 x 2 x 1 tiles a
+  // chunk (chunked_amx_delta.cpp: the two scores, E, W, Q S, A_qk W and the state), two chunks.
+  const std::string args = "--suite kernel --impl chunked --mode fwd --dtype bf16 --rule delta --decay none --seq 64 "
+                           "--dim 32 --chunk 32 --batch 1 --heads 1 --reps 2 --warmup 1 --min-sample-ms 1 --threads 1 "
+                           "--quiet --out ";
+  const auto read = [](const fs::path& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const fs::path counted_out = dir / "amx-counted.json";
+  const auto counted = test::run_process("LATTN_AMX=counted " + test::binary() + " " + args + counted_out.string());
+  INFO(counted.output);
+  REQUIRE(counted.exit_status == 0);
+  const nlohmann::json doc = read(counted_out);
+  REQUIRE(doc["results"].size() == 1);
+  const nlohmann::json& r = doc["results"][0];
+  CHECK(r["status"] == "unchecked");
+  CHECK_THAT(r["unchecked_reason"].get<std::string>(), Contains("counted"));
+  CHECK_FALSE(r.contains("rel_err"));
+  CHECK(r["variant"] == "chunked_amx_delta");
+  CHECK(r["amx_tiles"] == "counted");
+  CHECK(r["tile_counts"]["tdpbf16ps"] == 2 * 7 * 4);
+  CHECK(r["tile_counts"]["tilestored_bytes"] == r["tile_counts"]["tilestored"].get<long>() * 1024);
+  CHECK(r["tile_model_ms"].get<double>() > 0);
+  CHECK(r["tile_rate_gflops"].get<double>() > 0);
+  CHECK_FALSE(r["tile_rate_source"].get<std::string>().empty());
+  CHECK_FALSE(r.contains("peak_fraction"));
+  CHECK(doc["totals"]["unchecked"] == 1);
+  CHECK(doc["totals"]["ok"] == 0);
+  REQUIRE(doc["summary"]["not_compared"].size() == 1);
+  CHECK(doc["summary"]["not_compared"][0]["status"] == "unchecked");
+
+  const fs::path emulated_out = dir / "amx-emulated.json";
+  const auto emulated = test::run_process("LATTN_AMX=emulated " + test::binary() + " " + args + emulated_out.string());
+  INFO(emulated.output);
+  REQUIRE(emulated.exit_status == 0);
+  const nlohmann::json emulated_doc = read(emulated_out);
+  const nlohmann::json& e = emulated_doc["results"][0];
+  CHECK(e["status"] == "ok");
+  CHECK(e["amx_tiles"] == "emulated");
+  CHECK(e["rel_err"].get<double>() < 3e-2);
+  CHECK_FALSE(e.contains("tile_counts"));
+
+  const auto bad = test::run_process("LATTN_AMX=fast " + test::binary() + " " + args + (dir / "never.json").string());
+  CHECK(bad.exit_status == 2);
+  CHECK_THAT(bad.output, Contains("lattnbench: error: LATTN_AMX: expected one of") && Contains("'fast'"));
+  CHECK(lines(bad.output) == 1);
+  CHECK_FALSE(fs::exists(dir / "never.json"));
 }
 
 TEST_CASE("the layer suite runs from flags and writes its records", "[cli][layer]") {

@@ -43,7 +43,7 @@ class MergeTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         merged = self.merged()
         self.assertEqual(merged["results"], self.base_doc["results"])
-        self.assertEqual(merged["totals"], {"cases": 19, "ok": 18, "failed": 0, "skipped": 1})
+        self.assertEqual(merged["totals"], {"cases": 19, "ok": 18, "failed": 0, "skipped": 1, "unchecked": 0})
         self.assertEqual(merged["merged_from"], ["shard-0.json", "shard-1.json"])
         self.assertNotIn("shard", merged)
         self.assertEqual(merged["config"], self.base_doc["config"])
@@ -64,7 +64,7 @@ class MergeTest(unittest.TestCase):
         self.shards[0]["results"][0]["status"] = "failed"
         proc = self.merge(*self.shards)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertEqual(self.merged()["totals"], {"cases": 19, "ok": 17, "failed": 1, "skipped": 1})
+        self.assertEqual(self.merged()["totals"], {"cases": 19, "ok": 17, "failed": 1, "skipped": 1, "unchecked": 0})
 
     def test_shard_key_in_config_is_ignored_and_dropped(self):
         for shard in self.shards:

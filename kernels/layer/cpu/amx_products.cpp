@@ -136,14 +136,9 @@ std::size_t amx_product_bytes(int m, int n, int k) {
 void amx_product_rows(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
                       const AmxRowSink& sink, Allocator& allocator) {
   if (m <= 0 || n <= 0) return;
-  if (amx_path() == AmxPath::emulated)
-    return product_rows<amx::Emulated>(trans_a, trans_b, m, n, k, A, lda, B, ldb, sink, allocator);
-#if defined(LATTN_AMX_INTRINSICS)
-  if (const auto& why = amx::hardware_refusal()) throw std::logic_error("the layer's AMX products: " + *why);
-  product_rows<amx::Hardware>(trans_a, trans_b, m, n, k, A, lda, B, ldb, sink, allocator);
-#else
-  throw std::logic_error("the layer's AMX products: this build has no AMX intrinsics");
-#endif
+  amx_chunked::on_path("the layer's AMX products", amx_path(), [&](auto tiles) {
+    product_rows<decltype(tiles)>(trans_a, trans_b, m, n, k, A, lda, B, ldb, sink, allocator);
+  });
 }
 
 void amx_product(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,

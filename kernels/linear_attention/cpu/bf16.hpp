@@ -111,7 +111,10 @@ std::size_t chunked_bf16_forward_floats(const Problem& problem);
 // what chunked_bf16 takes, on the hardware's tiles or on the emulation's (kernels/cpu/amx.hpp). It
 // keeps no chunk states; its backward (cpu/chunked/chunked_amx_backward.cpp, on AMX tiles too)
 // recomputes them, for every decay the forward takes. Scratch in floats, all threads'.
-enum class AmxPath { hardware, emulated, none };
+// The tiles a kernel runs on: the hardware's, the emulation's, or amx::Counted's (kernels/cpu/
+// amx_counted.hpp: no arithmetic, only counts, so the outputs are not results); none: the AMX rows
+// decline.
+enum class AmxPath { hardware, emulated, counted, none };
 std::optional<std::string> chunked_amx_limits(const Problem& problem);
 void chunked_amx_forward(const Problem& problem, const Bf16ForwardArgs& args, Allocator& allocator, AmxPath path);
 std::size_t chunked_amx_forward_floats(const Problem& problem);
@@ -141,13 +144,17 @@ void chunked_amx_delta_backward(const Problem& problem, const Bf16BackwardArgs& 
 std::size_t chunked_amx_delta_backward_floats(const Problem& problem);
 
 // The path the chunked_amx row runs: the hardware where amx::hardware_refusal() finds nothing
-// against it, none elsewhere (the row declines with that reason); a test may force one with
-// set_amx_override (std::nullopt restores the CPU's own): the emulation, none (the row declines, so
-// that chunked_bf16's tests test it on an AMX host too), or the hardware, which still declines
-// where it is refused.
+// against it, none elsewhere (the row declines with that reason); a test or the command line
+// (LATTN_AMX, amx_path_from_name) may force one with set_amx_override (std::nullopt restores the
+// CPU's own): the emulation or the counted tiles (the AMX rows then run on any CPU, AVX512-BF16 or
+// not), none (the row declines, so that chunked_bf16's tests test it on an AMX host too), or the
+// hardware, which still declines where it is refused.
 std::optional<std::string> amx_refusal();
 AmxPath amx_path();
 void set_amx_override(std::optional<AmxPath> path);
+// "hardware", "emulated", "counted", "none" (amx_path_name's names), or nothing for any other name.
+std::optional<AmxPath> amx_path_from_name(const std::string& name);
+std::string amx_path_name(AmxPath path);
 
 // The AMX row of the chunked bf16 table that runs `problem` forward and backward on tiles
 // (chunked_amx, chunked_amx_gated or chunked_amx_delta), or nothing, with the rows' reasons in

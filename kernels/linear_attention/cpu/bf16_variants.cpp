@@ -121,16 +121,40 @@ bool bf16_supported() {
 void set_bf16_override(std::optional<bool> supported) { forced_support = supported; }
 
 std::optional<std::string> amx_refusal() {
-  if (forced_amx == AmxPath::emulated) return std::nullopt;
+  if (forced_amx == AmxPath::emulated || forced_amx == AmxPath::counted) return std::nullopt;
   if (forced_amx == AmxPath::none) return std::string("AMX turned off (set_amx_override)");
   return amx::hardware_refusal();
 }
 
-AmxPath amx_path() { return forced_amx == AmxPath::emulated ? AmxPath::emulated : AmxPath::hardware; }
+AmxPath amx_path() {
+  return forced_amx == AmxPath::emulated || forced_amx == AmxPath::counted ? *forced_amx : AmxPath::hardware;
+}
 
 void set_amx_override(std::optional<AmxPath> path) { forced_amx = path; }
 
+std::optional<AmxPath> amx_path_from_name(const std::string& name) {
+  for (const AmxPath path : {AmxPath::hardware, AmxPath::emulated, AmxPath::counted, AmxPath::none})
+    if (name == amx_path_name(path)) return path;
+  return std::nullopt;
+}
+
+std::string amx_path_name(AmxPath path) {
+  switch (path) {
+    case AmxPath::hardware: return "hardware";
+    case AmxPath::emulated: return "emulated";
+    case AmxPath::counted: return "counted";
+    case AmxPath::none: return "none";
+  }
+  return "none";
+}
+
 std::optional<std::string> cpu_bf16_refusal(const std::string& form, const Problem& problem) {
+  // The AMX rows forced onto the emulated or counted tiles are plain C++: they run on any CPU.
+  const bool software_tiles = forced_amx == AmxPath::emulated || forced_amx == AmxPath::counted;
+  if (software_tiles) {
+    const CpuBf16Variant* row = choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr);
+    if (row && row->name.rfind("chunked_amx", 0) == 0) return std::nullopt;
+  }
   if (!bf16_supported()) return std::string("bf16 on the CPU needs AVX512-BF16, which this CPU lacks");
   if (choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) return std::nullopt;
   std::string why;

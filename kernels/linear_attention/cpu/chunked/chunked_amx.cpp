@@ -196,13 +196,7 @@ std::optional<std::string> chunked_amx_limits(const Problem& p) {
 std::size_t chunked_amx_forward_floats(const Problem& p) { return std::size_t(items_threads(p)) * Scratch(p).total; }
 
 void chunked_amx_forward(const Problem& p, const Bf16ForwardArgs& a, Allocator& allocator, AmxPath path) {
-  if (path == AmxPath::emulated) return forward<amx::Emulated>(p, a, allocator);
-#if defined(LATTN_AMX_INTRINSICS)
-  if (const auto& why = amx::hardware_refusal()) throw std::logic_error("chunked_amx: " + *why);
-  forward<amx::Hardware>(p, a, allocator);
-#else
-  throw std::logic_error("chunked_amx: this build has no AMX intrinsics");
-#endif
+  on_path("chunked_amx", path, [&](auto tiles) { forward<decltype(tiles)>(p, a, allocator); });
 }
 
 }  // namespace lattn::cpu

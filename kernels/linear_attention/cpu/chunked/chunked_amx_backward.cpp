@@ -346,13 +346,7 @@ std::size_t chunked_amx_backward_floats(const Problem& p) {
 void chunked_amx_backward(const Problem& p, const Bf16BackwardArgs& a, Allocator& allocator, AmxPath path) {
   if (!chunked_amx_backward_takes(p))
     throw std::logic_error("chunked_amx_backward: decays none, retnet and scalar only");
-  if (path == AmxPath::emulated) return backward<amx::Emulated>(p, a, allocator);
-#if defined(LATTN_AMX_INTRINSICS)
-  if (const auto& why = amx::hardware_refusal()) throw std::logic_error("chunked_amx: " + *why);
-  backward<amx::Hardware>(p, a, allocator);
-#else
-  throw std::logic_error("chunked_amx: this build has no AMX intrinsics");
-#endif
+  on_path("chunked_amx", path, [&](auto tiles) { backward<decltype(tiles)>(p, a, allocator); });
 }
 
 }  // namespace lattn::cpu

@@ -17,7 +17,9 @@
 // the factors on the operands), (K . G) S, T (diag(beta) E), (Q . G) S, A_qk W and the state's
 // (K . exp(b_{n-1} - b))^T W. T, E, W, O and the state stay float32 between the products; the gate
 // factors are exp of differences <= 0 formed in double and applied to the operands before they are
-// rounded, so strong gates stay finite (as in cpu/chunked/chunked_amx_gated.cpp).
+// rounded, so strong gates stay finite (as in cpu/chunked/chunked_amx_gated.cpp). At Dk below 4
+// every product splits its operands into two bf16 parts (chunked_amx_tiles.hpp's Split), which the
+// write's cancellation along each key needs there (Walker's constructor).
 //
 // Backward (cpu/chunked/chunked_delta_backward.cpp's), walking the chunks in reverse with dS the
 // gradient of the state leaving the chunk, the entering states recomputed first by a forward sweep:
@@ -36,6 +38,7 @@
 #include <stdexcept>
 
 #include "kernels/linear_attention/cpu/chunked/chunked_amx_tiles.hpp"
+#include "kernels/linear_attention/cpu/chunked/unit_lower_inverse.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -77,6 +80,9 @@ Buffers carve(const Problem& p, float* base, bool backward) {
   return b;
 }
 
+// Key dims below this run every product on split operands (Walker's constructor).
+constexpr int kSplitBelowDim = 4;
+
 template <class Tiles>
 struct Walker {
   const Problem& p;
@@ -95,7 +101,14 @@ struct Walker {
         Dk(p_.dim),
         Dv(p_.value_dim()),
         W(p_.decay == Decay::vector ? p_.dim : 1),
-        scale(float(attention_scale(p_.dim))) {}
+        scale(float(attention_scale(p_.dim))) {
+    // At Dk 1 to 3 the write cancels most of the state along each key (S' = (1 - beta) S + beta v k
+    // at Dk 1) and no reduction averages the roundings: bf16 operands of the states, W, dW and the
+    // scores leave single outputs off by 5-15% (dk, dh0 where the exact sum cancels). There every
+    // product splits both operands into two bf16 parts (~16 significant bits), three tile products
+    // each instead of one.
+    if (p_.dim < kSplitBelowDim) pk.split = Split::both;
+  }
 
   // Chunk c0 of an item: q, k, v widened, the gates and their factors (EB = exp(b), EL =
   // exp(b_{n-1} - b), QG = Q . EB, KG = K . EB, KL = K . EL, decay = exp(b_{n-1})), the scores A_qk
@@ -109,42 +122,32 @@ struct Walker {
     const bool gated = p.decay == Decay::scalar || p.decay == Decay::vector;
     const Gates gates = cumulate(n, W, gated ? g + item.gate + std::size_t(c0) * W : nullptr, log_gamma, B.b);
     gate_factors(gates, Dk, sw);
-    for (int i = 0; i < n; ++i)
-      for (int d = 0; d < Dk; ++d) {
-        const std::size_t o = std::size_t(i) * Dk + d;
-        B.EB[o] = exp_diff(gates.at(i, d));
-        B.EL[o] = exp_diff(gates.at(n - 1, d) - gates.at(i, d));
-        B.QG[o] = B.q[o] * B.EB[o];
-        B.KG[o] = B.k[o] * B.EB[o];
-        B.KL[o] = B.k[o] * B.EL[o];
-      }
-    for (int d = 0; d < Dk; ++d) B.decay[d] = exp_diff(gates.at(n - 1, d));
+    chunk_factors(gates, Dk, B.EB, B.EL, B.decay);
+    multiply_into(B.QG, B.q, B.EB, n * Dk);
+    multiply_into(B.KG, B.k, B.EB, n * Dk);
+    multiply_into(B.KL, B.k, B.EL, n * Dk);
     gated_scores<Tiles>(pk, sw, gates, Dk, B.q, B.k, false, 1.0f, B.Aqk, C);
     gated_scores<Tiles>(pk, sw, gates, Dk, B.k, B.k, true, 1.0f, B.Akk, C);
-    // T = (I + diag(beta) A_kk)^-1: row i = e_i - beta_i sum_{l < i} A_kk[i][l] T_l.
+    // T = (I + diag(beta) A_kk)^-1, the float32 kernel's forward substitution.
     const float* bt = beta + item.beta + c0;
-    for (int i = 0; i < n; ++i) {
-      float* Ti = B.T + std::size_t(i) * C;
-      std::fill_n(Ti, n, 0.0f);
-      for (int l = 0; l < i; ++l) {
-        const float x = -bt[i] * B.Akk[std::size_t(i) * C + l];
-        const float* Tl = B.T + std::size_t(l) * C;
-        for (int m = 0; m <= l; ++m) Ti[m] += x * Tl[m];
-      }
-      Ti[i] = 1.0f;
-    }
+    invert_unit_lower(B.Akk, std::size_t(C), bt, n, n, B.T, std::size_t(C));
     // E = V - KG S, R = diag(beta) E, W = T R.
-    product_split<Tiles>(pk, n, Dv, Dk, rows(B.KG, Dk), rows(S, Dv), B.E, Dv, -1.0f, false, 'B');
-    for (int i = 0; i < n; ++i)
-      for (int e = 0; e < Dv; ++e) {
-        const std::size_t o = std::size_t(i) * Dv + e;
-        B.E[o] += B.v[o];
-        B.R[o] = bt[i] * B.E[o];
+    product<Tiles>(pk, n, Dv, Dk, rows(B.KG, Dk), rows(S, Dv), B.E, Dv, -1.0f, false);
+    for (int i = 0; i < n; ++i) {
+      float* __restrict e = B.E + std::size_t(i) * Dv;
+      float* __restrict r = B.R + std::size_t(i) * Dv;
+      const float* __restrict v = B.v + std::size_t(i) * Dv;
+      const float b = bt[i];
+#pragma omp simd
+      for (int x = 0; x < Dv; ++x) {
+        e[x] += v[x];
+        r[x] = b * e[x];
       }
+    }
     for (int m0 = 0; m0 < n; m0 += kSub) {
       const int m1 = std::min(n, m0 + kSub);
-      product_split<Tiles>(pk, m1 - m0, Dv, m1, rows(B.T + std::size_t(m0) * C, C), rows(B.R, Dv),
-                           B.Wm + std::size_t(m0) * Dv, Dv, 1.0f, false, 'B');
+      product<Tiles>(pk, m1 - m0, Dv, m1, rows(B.T + std::size_t(m0) * C, C), rows(B.R, Dv),
+                     B.Wm + std::size_t(m0) * Dv, Dv, 1.0f, false);
     }
     return gates;
   }
@@ -153,7 +156,7 @@ struct Walker {
   void advance(float* S, int n) const {
     for (int d = 0; d < Dk; ++d)
       for (int e = 0; e < Dv; ++e) S[std::size_t(d) * Dv + e] *= B.decay[d];
-    product_split<Tiles>(pk, Dk, Dv, n, cols(B.KL, Dk), rows(B.Wm, Dv), S, Dv, 1.0f, true, 'B');
+    product<Tiles>(pk, Dk, Dv, n, cols(B.KL, Dk), rows(B.Wm, Dv), S, Dv, 1.0f, true);
   }
 
   void forward_item(const Bf16ForwardArgs& a, const HeadSlice& item) const {
@@ -162,11 +165,11 @@ struct Walker {
       const int n = std::min(C, item.seq - c0);
       chunk(item, c0, n, a.q, a.k, a.v, a.g, a.beta, B.S);
       float* o = a.o + item.value + std::size_t(c0) * Dv;
-      product_split<Tiles>(pk, n, Dv, Dk, rows(B.QG, Dk), rows(B.S, Dv), o, Dv, scale, false, 'B');
+      product<Tiles>(pk, n, Dv, Dk, rows(B.QG, Dk), rows(B.S, Dv), o, Dv, scale, false);
       for (int m0 = 0; m0 < n; m0 += kSub) {
         const int m1 = std::min(n, m0 + kSub);
-        product_split<Tiles>(pk, m1 - m0, Dv, m1, rows(B.Aqk + std::size_t(m0) * C, C), rows(B.Wm, Dv),
-                             o + std::size_t(m0) * Dv, Dv, scale, true, 'B');
+        product<Tiles>(pk, m1 - m0, Dv, m1, rows(B.Aqk + std::size_t(m0) * C, C), rows(B.Wm, Dv),
+                       o + std::size_t(m0) * Dv, Dv, scale, true);
       }
       advance(B.S, n);
     }
@@ -202,8 +205,8 @@ struct Walker {
         for (int e = 0; e < Dv; ++e) dv[std::size_t(i) * Dv + e] = bt[i] * B.dR[std::size_t(i) * Dv + e];
 
       // dM = -dR W^T, dbeta, dP_kk = diag(beta) dM (strictly lower); dP_qk = s dO W^T (lower).
-      product_split<Tiles>(pk, n, n, Dv, rows(B.dR, Dv), cols(B.Wm, Dv), B.dM, C, -1.0f, false, 'B');
-      product_split<Tiles>(pk, n, n, Dv, rows(B.dO, Dv), cols(B.Wm, Dv), B.dP, C, scale, false, 'B');
+      product<Tiles>(pk, n, n, Dv, rows(B.dR, Dv), cols(B.Wm, Dv), B.dM, C, -1.0f, false);
+      product<Tiles>(pk, n, n, Dv, rows(B.dO, Dv), cols(B.Wm, Dv), B.dP, C, scale, false);
       float* dbeta = a.dbeta + item.beta + c0;
       for (int i = 0; i < n; ++i) {
         float* dMi = B.dM + std::size_t(i) * C;
@@ -219,9 +222,9 @@ struct Walker {
       }
 
       // dQ = EB . s (dO S^T); dK_read = EB . (-dV S^T); dK_write = EL . (W dS^T); then the scores'.
-      product_split<Tiles>(pk, n, Dk, Dv, rows(B.dO, Dv), cols(S, Dv), B.dq, Dk, scale, false, 'B');
-      product_split<Tiles>(pk, n, Dk, Dv, rows(dv, Dv), cols(S, Dv), B.dkr, Dk, -1.0f, false, 'B');
-      product_split<Tiles>(pk, n, Dk, Dv, rows(B.Wm, Dv), cols(B.dS, Dv), B.dkw, Dk, 1.0f, false, 'A');
+      product<Tiles>(pk, n, Dk, Dv, rows(B.dO, Dv), cols(S, Dv), B.dq, Dk, scale, false);
+      product<Tiles>(pk, n, Dk, Dv, rows(dv, Dv), cols(S, Dv), B.dkr, Dk, -1.0f, false);
+      product<Tiles>(pk, n, Dk, Dv, rows(B.Wm, Dv), cols(B.dS, Dv), B.dkw, Dk, 1.0f, false);
       for (int e = 0; e < n * Dk; ++e) {
         B.dq[e] *= B.EB[e];
         B.dkr[e] *= B.EB[e];

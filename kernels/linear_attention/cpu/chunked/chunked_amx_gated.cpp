@@ -106,15 +106,9 @@ struct Walker {
     widen_rows(v, n, n, Dv, B.v);
     const Gates gates = cumulate(n, Dk, g, 0.0, B.b);
     gate_factors(gates, Dk, sw);
-    for (int i = 0; i < n; ++i)
-      for (int d = 0; d < Dk; ++d) {
-        const std::size_t o = std::size_t(i) * Dk + d;
-        B.EB[o] = exp_diff(gates.at(i, d));
-        B.EL[o] = exp_diff(gates.at(n - 1, d) - gates.at(i, d));
-        B.QG[o] = B.q[o] * B.EB[o];
-        B.KG[o] = B.k[o] * B.EL[o];
-      }
-    for (int d = 0; d < Dk; ++d) B.decay[d] = exp_diff(gates.at(n - 1, d));
+    chunk_factors(gates, Dk, B.EB, B.EL, B.decay);
+    multiply_into(B.QG, B.q, B.EB, n * Dk);
+    multiply_into(B.KG, B.k, B.EL, n * Dk);
     return gates;
   }
 

@@ -1,6 +1,7 @@
 // What the AMX chunked forward (cpu/chunked/chunked_amx.cpp) and backward
-// (cpu/chunked/chunked_amx_backward.cpp) share: bf16 rounding and pairing, and a chunk's decay
-// factors. Plain C++: both files run it on the emulated tiles on any CPU.
+// (cpu/chunked/chunked_amx_backward.cpp) share, with the other AMX rows and the layer's AMX
+// products: bf16 rounding and pairing, a chunk's decay factors, and the choice of tile policy
+// (on_path). Plain C++: every file runs it on the emulated tiles on any CPU.
 #pragma once
 
 #include <omp.h>
@@ -9,7 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
+#include "kernels/cpu/amx.hpp"
+#include "kernels/cpu/amx_counted.hpp"
 #include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu/bf16.hpp"
 
@@ -23,12 +28,13 @@ inline int items_threads(const Problem& p) {
   return int(std::max<std::size_t>(1, std::min<std::size_t>(std::size_t(omp_get_max_threads()), p.slices())));
 }
 
-// Round to nearest even; a NaN stays a (quiet) NaN.
+// Round to nearest even; a NaN stays a (quiet) NaN. A select, not a branch, so that loops of it
+// vectorise.
 inline Bf16 to_bf16(float x) {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return Bf16((bits >> 16) | 0x40u);
-  return Bf16((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  const std::uint32_t nan = (bits >> 16) | 0x40u, rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return Bf16((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 inline float from_bf16(Bf16 x) {
   const std::uint32_t bits = std::uint32_t(x) << 16;
@@ -57,6 +63,21 @@ inline float chunk_decays(int n, float scale, float log_gamma, const float* g, f
 // The item's log-decay per token for retnet, 0 otherwise.
 inline float log_gamma_of(const Problem& p, int head) {
   return p.decay == Decay::retnet ? float(std::log(decay_gamma(p.decay, head))) : 0.0f;
+}
+
+// run(tiles) on the path's tiles: the emulation, the counted tiles, or the hardware where it may run
+// (`kernel` names the caller in the error otherwise).
+template <class Run>
+void on_path(const char* kernel, AmxPath path, Run run) {
+  if (path == AmxPath::emulated) return run(amx::Emulated{});
+  if (path == AmxPath::counted) return run(amx::Counted{});
+  if (path == AmxPath::none) throw std::logic_error(std::string(kernel) + ": AMX turned off");
+#if defined(LATTN_AMX_INTRINSICS)
+  if (const auto& why = amx::hardware_refusal()) throw std::logic_error(std::string(kernel) + ": " + *why);
+  run(amx::Hardware{});
+#else
+  throw std::logic_error(std::string(kernel) + ": this build has no AMX intrinsics");
+#endif
 }
 
 }  // namespace lattn::cpu::amx_chunked

@@ -20,7 +20,14 @@
 //     exp(e_J - b_j), three factors <= 1 applied to the operands before they are rounded to bf16:
 //     Xh = X . exp(b - r_I) (A), Kb . f_IJ = K . exp(e_J - b) . exp(r_I - e_J) (B), one product per
 //     row block I over all J < I. Within a sub-chunk the pairs are summed in float32 from the bf16
-//     rows, with w = exp(b_i - b_j) a running product of exp(g) (as lane_scores does).
+//     rows by the float32 kernels' lane_scores (cpu/chunked/chunk_products.hpp: w = exp(b_i - b_j)
+//     a running product of exp(g), the rows in the vector lanes).
+// The work beside the tiles is the float32 kernels' vectorised forms, shared: the gate factors'
+// exp_nonpositive (kernels/cpu/exp.hpp) over rows of differences taken in double, lane_scores, and
+// the delta rule's forward substitution (cpu/chunked/unit_lower_inverse.hpp); the packing of a
+// product's operands takes its layout's branch outside its loops. amx::Counted (kernels/cpu/
+// amx_counted.hpp) runs all of it with the tile instructions taken out, so that it can be timed on
+// any CPU.
 // The gradients (score_grads) are the same products transposed: dX_i += sum_j dP_ij exp(b_i - b_j)
 // k_j and dK_j += sum_i dP_ij exp(b_i - b_j) x_i, with the factors on dP (scalar: the mask) or on
 // the operands and the outputs (vector: Kb . f_IJ and Xh . f_IJ as B, then EQ = exp(b - r_I) or
@@ -49,6 +56,7 @@
 namespace lattn::cpu::amx_tiles {
 
 using amx_chunked::from_bf16;
+using amx_chunked::on_path;
 using amx_chunked::pair_of;
 using amx_chunked::round_up;
 using amx_chunked::to_bf16;
@@ -62,26 +70,30 @@ inline std::optional<std::string> limits(const Problem& p) {
   return std::nullopt;
 }
 
-// A float32 operand: element (r, c) at x[r ld + c], or at x[c ld + r] where transposed; with
-// `residual`, what rounding that element to bf16 leaves, x - bf16(x) (see product_split).
+// A float32 operand: element (r, c) at x[r ld + c], or at x[c ld + r] where transposed.
 struct Operand {
   const float* x;
   std::size_t ld;
   bool transposed = false;
-  bool residual = false;
   float at(int r, int c) const {
-    const float v = transposed ? x[std::size_t(c) * ld + r] : x[std::size_t(r) * ld + c];
-    return residual ? v - from_bf16(to_bf16(v)) : v;
+    return transposed ? x[std::size_t(c) * ld + r] : x[std::size_t(r) * ld + c];
   }
 };
 inline Operand rows(const float* x, std::size_t ld) { return {x, ld, false}; }
 inline Operand cols(const float* x, std::size_t ld) { return {x, ld, true}; }
 
-// A thread's packing buffers for products whose dims are at most P (a multiple of 32).
+// Which operands a product splits into two bf16 parts (high + low, above): each split operand adds
+// one tile product against the other's high part (the low x low term, ~2^-18, is left out).
+enum class Split { none = 0, a = 1, b = 2, both = 3 };
+inline bool splits(Split s, Split x) { return (int(s) & int(x)) != 0; }
+
+// A thread's packing buffers for products whose dims are at most P (a multiple of 32), and the
+// operands every product on them splits (Split::none but where a row asks for more precision).
 struct Packing {
   Bf16* a = nullptr;           // [P][P] bf16
   std::uint32_t* b = nullptr;  // [P / 2][P] pairs
   float* c = nullptr;          // [P][P] float32
+  Split split = Split::none;
   static std::size_t words(int P) { return std::size_t(P) * P / 2 + std::size_t(P) / 2 * P + std::size_t(P) * P; }
   Packing() = default;
   Packing(float* w, int P)
@@ -90,15 +102,88 @@ struct Packing {
         c(w + std::size_t(P) * P) {}
 };
 
+// Widens n rows of bf16 (ld cols) to float32, zero to row `to`.
+inline void widen_rows(const Bf16* __restrict x, int n, int to, int cols, float* __restrict out) {
+  const std::size_t count = std::size_t(n) * cols;
+#pragma omp simd
+  for (std::size_t e = 0; e < count; ++e) out[e] = from_bf16(x[e]);
+  std::fill(out + count, out + std::size_t(to) * cols, 0.0f);
+}
+
+// out[e] += x[e] y[e].
+inline void add_product(float* __restrict out, const float* __restrict x, const float* __restrict y, int count) {
+#pragma omp simd
+  for (int e = 0; e < count; ++e) out[e] += x[e] * y[e];
+}
+
 // The largest dim of a problem's products, rounded up to 32.
 inline int product_dim(const Problem& p) {
   return round_up(std::max({effective_chunk(p), p.dim, p.value_dim(), 1}), amx::kTileDepth);
 }
 
+// x rounded to bf16 (Part::high), or what that rounding left, rounded in turn (Part::low): high +
+// low carries 16 significant bits, an operand split so is good to ~2^-17 of itself.
+enum class Part { high, low };
+template <Part P>
+inline Bf16 part_of(float x) {
+  if constexpr (P == Part::high) return to_bf16(x);
+  return to_bf16(x - from_bf16(to_bf16(x)));
+}
+
+// op(A) (M x K) rounded to bf16 rows of K32 (ld), zero-padded to M16 rows and K32 columns. The
+// layout's branch is taken once, outside the loops, so that the rows' loops vectorise.
+template <Part P = Part::high>
+void pack_a(Operand A, int M, int K, int M16, int K32, Bf16* out) {
+  for (int r = 0; r < M; ++r) {
+    Bf16* __restrict row = out + std::size_t(r) * K32;
+    if (!A.transposed) {
+      const float* __restrict x = A.x + std::size_t(r) * A.ld;
+#pragma omp simd
+      for (int c = 0; c < K; ++c) row[c] = part_of<P>(x[c]);
+    } else {
+      for (int c = 0; c < K; ++c) row[c] = part_of<P>(A.x[std::size_t(c) * A.ld + r]);
+    }
+    std::fill(row + K, row + K32, Bf16(0));
+  }
+  std::fill(out + std::size_t(M) * K32, out + std::size_t(M16) * K32, Bf16(0));
+}
+
+// op(B) (K x N) as VNNI pairs of rows rounded to bf16: row p of N16 words holds (B[2p][c],
+// B[2p + 1][c]), zero past row K and column N.
+template <Part P = Part::high>
+void pack_b(Operand B, int K, int N, int K32, int N16, std::uint32_t* out) {
+  const int full = K / 2;  // pairs with both rows inside K
+  if (!B.transposed) {
+    for (int pr = 0; pr < full; ++pr) {
+      std::uint32_t* __restrict row = out + std::size_t(pr) * N16;
+      const float* __restrict lo = B.x + std::size_t(2 * pr) * B.ld;
+      const float* __restrict hi = lo + B.ld;
+#pragma omp simd
+      for (int c = 0; c < N; ++c) row[c] = pair_of(part_of<P>(lo[c]), part_of<P>(hi[c]));
+    }
+    if (K % 2) {
+      std::uint32_t* __restrict row = out + std::size_t(full) * N16;
+      const float* __restrict lo = B.x + std::size_t(K - 1) * B.ld;
+#pragma omp simd
+      for (int c = 0; c < N; ++c) row[c] = part_of<P>(lo[c]);
+    }
+  } else {  // column c of op(B) is row c of x: its pairs are adjacent
+    for (int c = 0; c < N; ++c) {
+      const float* __restrict x = B.x + std::size_t(c) * B.ld;
+      for (int pr = 0; pr < full; ++pr)
+        out[std::size_t(pr) * N16 + c] = pair_of(part_of<P>(x[2 * pr]), part_of<P>(x[2 * pr + 1]));
+      if (K % 2) out[std::size_t(full) * N16 + c] = part_of<P>(x[K - 1]);
+    }
+  }
+  const int used = (K + 1) / 2;
+  for (int pr = 0; pr < used; ++pr) std::fill(out + std::size_t(pr) * N16 + N, out + std::size_t(pr + 1) * N16, 0u);
+  std::fill(out + std::size_t(used) * N16, out + std::size_t(K32 / 2) * N16, 0u);
+}
+
 // C (M x N, ldc) = alpha op(A) op(B) (+ C where `accumulate`), op(A) M x K, op(B) K x N.
 template <class Tiles>
 void product(const Packing& s, int M, int N, int K, Operand A, Operand B, float* C, std::size_t ldc, float alpha,
-             bool accumulate) {
+             bool accumulate, Split split = Split::none) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     if (!accumulate)
@@ -106,23 +191,22 @@ void product(const Packing& s, int M, int N, int K, Operand A, Operand B, float*
     return;
   }
   const int M16 = round_up(M, amx::kTileRows), N16 = round_up(N, amx::kTileRows), K32 = round_up(K, amx::kTileDepth);
-  for (int r = 0; r < M16; ++r) {
-    Bf16* row = s.a + std::size_t(r) * K32;
-    if (r < M) {
-      for (int c = 0; c < K; ++c) row[c] = to_bf16(A.at(r, c));
-      std::fill(row + K, row + K32, Bf16(0));
-    } else {
-      std::fill_n(row, K32, Bf16(0));
-    }
+  const auto gemm = [&](bool add) {
+    amx::gemm<Tiles>(M16, N16, K32, s.a, std::size_t(K32), s.b, std::size_t(N16), s.c, std::size_t(N16), add);
+  };
+  split = Split(int(split) | int(s.split));
+  pack_a(A, M, K, M16, K32, s.a);
+  pack_b(B, K, N, K32, N16, s.b);
+  gemm(false);
+  if (splits(split, Split::a)) {  // A's low part against B's high part
+    pack_a<Part::low>(A, M, K, M16, K32, s.a);
+    gemm(true);
   }
-  for (int pr = 0; pr < K32 / 2; ++pr) {
-    std::uint32_t* row = s.b + std::size_t(pr) * N16;
-    const int lo = 2 * pr, hi = lo + 1;
-    for (int c = 0; c < N; ++c)
-      row[c] = pair_of(lo < K ? to_bf16(B.at(lo, c)) : Bf16(0), hi < K ? to_bf16(B.at(hi, c)) : Bf16(0));
-    std::fill(row + N, row + N16, 0u);
+  if (splits(split, Split::b)) {  // A's high part against B's low part
+    if (splits(split, Split::a)) pack_a(A, M, K, M16, K32, s.a);
+    pack_b<Part::low>(B, K, N, K32, N16, s.b);
+    gemm(true);
   }
-  amx::gemm<Tiles>(M16, N16, K32, s.a, std::size_t(K32), s.b, std::size_t(N16), s.c, std::size_t(N16), false);
   for (int r = 0; r < M; ++r) {
     float* out = C + std::size_t(r) * ldc;
     const float* in = s.c + std::size_t(r) * N16;
@@ -131,21 +215,6 @@ void product(const Packing& s, int M, int N, int K, Operand A, Operand B, float*
     else
       for (int c = 0; c < N; ++c) out[c] = alpha * in[c];
   }
-}
-
-// product() with one operand (`split`: 'A' or 'B') carried as the bf16 pair hi + lo, hi = bf16(x) and
-// lo = bf16(x - hi): two tile products, the second on the residual, which keep that operand to about
-// 2^-17 of itself instead of 2^-9. For the float32 intermediates the delta rule reads through a
-// difference (the state S and the chunk's W, R: its output is S^T q plus a correction that cancels
-// it where beta is near 1 and S already predicts v): rounded once, their 2^-9 error is amplified by
-// that cancellation past the bf16 tolerance where few channels average it (rel_err 0.016-0.058 at
-// Dk = Dv = 1 on the silicon and on the emulated tiles alike).
-template <class Tiles>
-void product_split(const Packing& s, int M, int N, int K, Operand A, Operand B, float* C, std::size_t ldc, float alpha,
-                   bool accumulate, char split) {
-  product<Tiles>(s, M, N, K, A, B, C, ldc, alpha, accumulate);
-  (split == 'A' ? A : B).residual = true;
-  product<Tiles>(s, M, N, K, A, B, C, ldc, alpha, true);
 }
 
 // A chunk's cumulative gates (above): b[i W + w].
@@ -158,25 +227,42 @@ struct Gates {
 
 // b for n rows: g the chunk's gates (null for none and retnet), W per row.
 inline Gates cumulate(int n, int W, const float* g, double log_gamma, double* b) {
-  for (int i = 0; i < n; ++i)
-    for (int w = 0; w < W; ++w) {
-      const double step = g ? double(g[std::size_t(i) * W + w]) : log_gamma;
-      b[std::size_t(i) * W + w] = (i > 0 ? b[std::size_t(i - 1) * W + w] : 0.0) + step;
+  for (int i = 0; i < n; ++i) {
+    double* __restrict bi = b + std::size_t(i) * W;
+    const double* __restrict prev = bi - W;
+    const float* __restrict gi = g ? g + std::size_t(i) * W : nullptr;
+    if (gi && i > 0) {
+#pragma omp simd
+      for (int w = 0; w < W; ++w) bi[w] = prev[w] + double(gi[w]);
+    } else if (gi) {
+      for (int w = 0; w < W; ++w) bi[w] = double(gi[w]);
+    } else {
+      for (int w = 0; w < W; ++w) bi[w] = (i > 0 ? prev[w] : 0.0) + log_gamma;
     }
+  }
   return {b, n, W};
 }
 
-inline float exp_diff(double x) { return float(std::exp(x)); }
+// The gate factors below are exp of differences <= 0, the differences taken in double, each
+// exponential the float32 kernels' vectorised exp_nonpositive (kernels/cpu/exp.hpp, through
+// exp_of_difference and exp_in_place of cpu/chunked/chunk_products.hpp).
 
-// A thread's buffers for the gated scores, each C x Dk floats (vector gates only).
+// A thread's buffers for the gated scores (vector gates only): five C x Dk (EQ = exp(b - r_I),
+// EK = exp(e_J - b), a = exp(g), Xh = X . EQ, B a product's operand), then `rows` (C x Dk, and at
+// least lane_scores' Dk x kLaneRows), and f (Dk: one factor row).
 struct ScoreWork {
-  float *EQ, *EK, *a, *Xh, *B, *rows;  // exp(b - r_I), exp(e_J - b), exp(g); X . EQ; a B operand; a product's rows
+  float *EQ, *EK, *a, *Xh, *B, *rows, *f;
+  static std::size_t rows_floats(const Problem& p) {
+    return std::size_t(std::max(effective_chunk(p), kLaneRows)) * p.dim;
+  }
   static std::size_t floats(const Problem& p) {
-    return p.decay == Decay::vector ? 6 * std::size_t(effective_chunk(p)) * p.dim : 0;
+    return p.decay == Decay::vector ? 5 * std::size_t(effective_chunk(p)) * p.dim + rows_floats(p) + p.dim : 0;
   }
   ScoreWork(float* w, const Problem& p) {
-    const std::size_t x = p.decay == Decay::vector ? std::size_t(effective_chunk(p)) * p.dim : 0;
+    const bool vector = p.decay == Decay::vector;
+    const std::size_t x = vector ? std::size_t(effective_chunk(p)) * p.dim : 0;
     EQ = w, EK = w + x, a = w + 2 * x, Xh = w + 3 * x, B = w + 4 * x, rows = w + 5 * x;
+    f = rows + (vector ? rows_floats(p) : 0);
   }
 };
 
@@ -185,28 +271,60 @@ inline void gate_factors(const Gates& g, int D, const ScoreWork& s) {
   if (!g.vector()) return;
   for (int i0 = 0; i0 < g.n; i0 += kSub) {
     const int i1 = std::min(g.n, i0 + kSub);
-    for (int i = i0; i < i1; ++i)
-      for (int d = 0; d < D; ++d) {
-        const std::size_t o = std::size_t(i) * D + d;
-        const double bi = g.at(i, d), r = i0 > 0 ? g.at(i0 - 1, d) : 0.0;
-        s.EQ[o] = exp_diff(bi - r);
-        s.EK[o] = exp_diff(g.at(i1 - 1, d) - bi);
-        s.a[o] = exp_diff(bi - (i > 0 ? g.at(i - 1, d) : 0.0));
-      }
+    const double* r = i0 > 0 ? g.b + std::size_t(i0 - 1) * D : nullptr;
+    const double* e = g.b + std::size_t(i1 - 1) * D;
+    for (int i = i0; i < i1; ++i) {
+      const std::size_t o = std::size_t(i) * D;
+      const double* bi = g.b + o;
+      exp_of_difference(s.EQ + o, bi, r, D);
+      exp_of_difference(s.EK + o, e, bi, D);
+      exp_of_difference(s.a + o, bi, i > 0 ? bi - D : nullptr, D);
+    }
   }
 }
 
+// A chunk's row factors, n x D: EB = exp(b), EL = exp(b_{n-1} - b), and decay = exp(b_{n-1}) (D);
+// with W = 1 each row's one factor across its D channels.
+inline void chunk_factors(const Gates& g, int D, float* EB, float* EL, float* decay) {
+  const int n = g.n;
+  const double* last = g.b + std::size_t(n - 1) * g.W;
+  for (int i = 0; i < n; ++i) {
+    const std::size_t o = std::size_t(i) * D;
+    const double* bi = g.b + std::size_t(i) * g.W;
+    if (g.vector()) {
+      exp_of_difference(EB + o, bi, nullptr, D);
+      exp_of_difference(EL + o, last, bi, D);
+    } else {
+      std::fill_n(EB + o, D, exp_nonpositive(float(bi[0])));
+      std::fill_n(EL + o, D, exp_nonpositive(float(last[0] - bi[0])));
+    }
+  }
+  if (g.vector())
+    exp_of_difference(decay, last, nullptr, D);
+  else
+    std::fill_n(decay, D, exp_nonpositive(float(last[0])));
+}
+
 // out[j][d] = X[j][d] f[d] with f = exp(r_I - e_{J(j)}) for rows [x0, x1) of X, J(j) the sub-chunk
-// of row j, I the sub-chunk `other` (rows_later: X's rows lie after I's, and the roles swap).
+// of row j, I the sub-chunk `other` (rows_later: X's rows lie after I's, and the roles swap); one
+// factor row per sub-chunk of X's rows, in f.
 inline void scale_blocks(const Gates& g, int D, const float* X, int x0, int x1, int other, bool rows_later,
-                         float* out) {
-  for (int x = x0; x < x1; ++x) {
-    const int blk = x / kSub;
+                         float* out, float* f) {
+  for (int blk = x0 / kSub; blk * kSub < x1; ++blk) {
     const int I = rows_later ? blk : other, J = rows_later ? other : blk;
     const int ri = I * kSub - 1, ej = std::min(g.n, (J + 1) * kSub) - 1;
-    for (int d = 0; d < D; ++d)
-      out[std::size_t(x - x0) * D + d] = X[std::size_t(x) * D + d] * exp_diff(g.at(ri, d) - g.at(ej, d));
+    exp_of_difference(f, g.b + std::size_t(ri) * D, g.b + std::size_t(ej) * D, D);
+    for (int x = std::max(x0, blk * kSub); x < std::min(x1, (blk + 1) * kSub); ++x)
+      multiply_into(out + std::size_t(x - x0) * D, X + std::size_t(x) * D, f, D);
   }
+}
+
+// row[j] = exp(b_i - b_j) for j <= last (scalar gates: W = 1).
+inline void mask_row(const Gates& g, int i, int last, float* row) {
+  const double bi = g.b[i];
+#pragma omp simd
+  for (int j = 0; j <= last; ++j) row[j] = float(bi - g.b[j]);
+  exp_in_place(row, last + 1);
 }
 
 // S[i][j] = alpha x_i . exp(b_i - b_j) . k_j for j <= i (j < i where `strict`), 0 elsewhere up to
@@ -221,38 +339,32 @@ void gated_scores(const Packing& pk, const ScoreWork& sw, const Gates& g, int D,
       product<Tiles>(pk, m1 - m0, m1, D, rows(X + std::size_t(m0) * D, D), cols(K, D), S + std::size_t(m0) * ldS, ldS,
                      1.0f, false);
     }
+    alignas(64) float mask[kMaxChunk];
     for (int i = 0; i < n; ++i) {
-      float* row = S + std::size_t(i) * ldS;
+      float* __restrict row = S + std::size_t(i) * ldS;
       const int last = strict ? i - 1 : i;
-      for (int j = 0; j <= last; ++j) row[j] *= alpha * exp_diff(g.at(i, 0) - g.at(j, 0));
+      mask_row(g, i, last, mask);
+#pragma omp simd
+      for (int j = 0; j <= last; ++j) row[j] *= alpha * mask[j];
       std::fill(row + last + 1, row + n, 0.0f);
     }
     return;
   }
-  for (int e = 0; e < n * D; ++e) sw.Xh[e] = X[e] * sw.EQ[e];
+  multiply_into(sw.Xh, X, sw.EQ, n * D);
   for (int i0 = 0; i0 < n; i0 += kSub) {
     const int i1 = std::min(n, i0 + kSub), I = i0 / kSub;
     if (i0 > 0) {  // S_{I, <I} = alpha Xh_I (Kb . f_IJ)^T
-      for (int e = 0; e < i0 * D; ++e) sw.rows[e] = K[e] * sw.EK[e];
-      scale_blocks(g, D, sw.rows, 0, i0, I, false, sw.B);
+      multiply_into(sw.rows, K, sw.EK, i0 * D);
+      scale_blocks(g, D, sw.rows, 0, i0, I, false, sw.B, sw.f);
       product<Tiles>(pk, i1 - i0, i0, D, rows(sw.Xh + std::size_t(i0) * D, D), cols(sw.B, D),
                      S + std::size_t(i0) * ldS, ldS, alpha, false);
     }
-    for (int i = i0; i < i1; ++i) {  // within the sub-chunk: w = exp(b_i - b_j), a running product
+    // Within the sub-chunk: the float32 kernels' lane_scores (a running product of exp(g), the rows
+    // in the vector lanes), then zero above the diagonal (and on it where `strict`).
+    lane_scores<1>(D, i0, i1, i0, K, sw.a, {X}, {alpha}, {S}, long(ldS), sw.rows);
+    for (int i = i0; i < i1; ++i) {
       float* row = S + std::size_t(i) * ldS;
-      float* w = sw.rows + std::size_t(i0) * D;  // rows past i0 are free here
-      std::fill_n(w, D, 1.0f);
-      const float* xi = X + std::size_t(i) * D;
-      for (int j = i; j >= i0; --j) {
-        const float* kj = K + std::size_t(j) * D;
-        const float* aj = sw.a + std::size_t(j) * D;
-        float sum = 0;
-        for (int d = 0; d < D; ++d) {
-          sum += xi[d] * kj[d] * w[d];
-          w[d] *= aj[d];
-        }
-        row[j] = j == i && strict ? 0.0f : alpha * sum;
-      }
+      if (strict) row[i] = 0.0f;
       std::fill(row + i + 1, row + n, 0.0f);
     }
   }
@@ -266,53 +378,53 @@ void score_grads(const Packing& pk, const ScoreWork& sw, const Gates& g, int D, 
                  const float* dP, std::size_t ldP, float* dX, float* dK, float* tmp) {
   const int n = g.n;
   if (!g.vector()) {
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j)
-        tmp[std::size_t(i) * n + j] = j <= i ? dP[std::size_t(i) * ldP + j] * exp_diff(g.at(i, 0) - g.at(j, 0)) : 0.0f;
+    for (int i = 0; i < n; ++i) {
+      float* __restrict row = tmp + std::size_t(i) * n;
+      const float* __restrict dp = dP + std::size_t(i) * ldP;
+      mask_row(g, i, i, row);
+#pragma omp simd
+      for (int j = 0; j <= i; ++j) row[j] *= dp[j];
+      std::fill(row + i + 1, row + n, 0.0f);
+    }
     product<Tiles>(pk, n, D, n, rows(tmp, n), rows(K, D), dX, D, 1.0f, true);
     product<Tiles>(pk, n, D, n, cols(tmp, n), rows(X, D), dK, D, 1.0f, true);
     return;
   }
-  for (int e = 0; e < n * D; ++e) sw.Xh[e] = X[e] * sw.EQ[e];
+  multiply_into(sw.Xh, X, sw.EQ, n * D);
   for (int i0 = 0; i0 < n; i0 += kSub) {
     const int i1 = std::min(n, i0 + kSub), I = i0 / kSub, m = i1 - i0;
     if (i0 > 0) {  // dX_I += EQ . (dP_{I, <I} (Kb . f_IJ))
-      for (int e = 0; e < i0 * D; ++e) sw.rows[e] = K[e] * sw.EK[e];
-      scale_blocks(g, D, sw.rows, 0, i0, I, false, sw.B);
+      multiply_into(sw.rows, K, sw.EK, i0 * D);
+      scale_blocks(g, D, sw.rows, 0, i0, I, false, sw.B, sw.f);
       product<Tiles>(pk, m, D, i0, rows(dP + std::size_t(i0) * ldP, ldP), rows(sw.B, D), tmp, D, 1.0f, false);
-      for (int e = 0; e < m * D; ++e) dX[std::size_t(i0) * D + e] += sw.EQ[std::size_t(i0) * D + e] * tmp[e];
+      add_product(dX + std::size_t(i0) * D, sw.EQ + std::size_t(i0) * D, tmp, m * D);
     }
     if (i1 < n) {  // dK_I += EK . (dP_{>I, I}^T (Xh . f_JI))
-      scale_blocks(g, D, sw.Xh, i1, n, I, true, sw.B);
+      scale_blocks(g, D, sw.Xh, i1, n, I, true, sw.B, sw.f);
       product<Tiles>(pk, m, D, n - i1, cols(dP + std::size_t(i1) * ldP + i0, ldP), rows(sw.B, D), tmp, D, 1.0f,
                      false);
-      for (int e = 0; e < m * D; ++e) dK[std::size_t(i0) * D + e] += sw.EK[std::size_t(i0) * D + e] * tmp[e];
+      add_product(dK + std::size_t(i0) * D, sw.EK + std::size_t(i0) * D, tmp, m * D);
     }
-    for (int i = i0; i < i1; ++i) {  // within the sub-chunk
-      float* w = tmp;
+    for (int i = i0; i < i1; ++i) {  // within the sub-chunk: w = exp(b_i - b_j), a running product
+      float* __restrict w = tmp;
       std::fill_n(w, D, 1.0f);
-      const float* xi = X + std::size_t(i) * D;
-      float* dxi = dX + std::size_t(i) * D;
+      const float* __restrict xi = X + std::size_t(i) * D;
+      float* __restrict dxi = dX + std::size_t(i) * D;
       for (int j = i; j >= i0; --j) {
-        const float* kj = K + std::size_t(j) * D;
-        const float* aj = sw.a + std::size_t(j) * D;
-        float* dkj = dK + std::size_t(j) * D;
+        const float* __restrict kj = K + std::size_t(j) * D;
+        const float* __restrict aj = sw.a + std::size_t(j) * D;
+        float* __restrict dkj = dK + std::size_t(j) * D;
         const float x = dP[std::size_t(i) * ldP + j];
+#pragma omp simd
         for (int d = 0; d < D; ++d) {
-          dxi[d] += x * kj[d] * w[d];
-          dkj[d] += x * xi[d] * w[d];
+          const float xw = x * w[d];
+          dxi[d] += xw * kj[d];
+          dkj[d] += xw * xi[d];
           w[d] *= aj[d];
         }
       }
     }
   }
-}
-
-// Widens n rows of bf16 (ld cols) to float32, zero to row `to`.
-inline void widen_rows(const Bf16* x, int n, int to, int cols, float* out) {
-  for (int r = 0; r < to; ++r)
-    for (int c = 0; c < cols; ++c)
-      out[std::size_t(r) * cols + c] = r < n ? from_bf16(x[std::size_t(r) * cols + c]) : 0.0f;
 }
 
 inline int forward_threads(const Problem& p) { return amx_chunked::items_threads(p); }
@@ -364,19 +476,6 @@ void run_backward(const Problem& p, const Bf16BackwardArgs& a, Allocator& alloca
     Tiles::release();
     parts.reduce(p, a.dq, a.dk, partials);
   }
-}
-
-// run(tiles) on the path's tiles: the emulation, or the hardware where it may run (`kernel` names
-// the caller in the error otherwise).
-template <class Run>
-void on_path(const char* kernel, AmxPath path, Run run) {
-  if (path == AmxPath::emulated) return run(amx::Emulated{});
-#if defined(LATTN_AMX_INTRINSICS)
-  if (const auto& why = amx::hardware_refusal()) throw std::logic_error(std::string(kernel) + ": " + *why);
-  run(amx::Hardware{});
-#else
-  throw std::logic_error(std::string(kernel) + ": this build has no AMX intrinsics");
-#endif
 }
 
 }  // namespace lattn::cpu::amx_tiles

@@ -35,6 +35,7 @@
 #include "kernels/linear_attention/cpu/kernels.hpp"
 #include "kernels/linear_attention/cpu/chunked/chunk_products.hpp"
 #include "kernels/linear_attention/cpu/chunked/chunked_delta_parts.hpp"
+#include "kernels/linear_attention/cpu/chunked/unit_lower_inverse.hpp"
 #include "kernels/linear_attention/cpu/delta.hpp"
 
 namespace lattn::cpu {
@@ -167,58 +168,9 @@ void scores(const Buffers& B, const Shape& s, const Problem& p, const Chunk& c, 
   }
 }
 
-namespace {
-
-// Columns [j0, j0 + 4 I::L) of T's row i: the sum over the rows m < i that reach them (T is lower
-// triangular, so rows m < j0 add nothing there) in four register accumulators, then one store.
-// FULL: the four vectors lie inside the C columns (else masked to them).
-template <class I, bool FULL>
-void invert_columns(const Buffers& B, const Shape& s, const Chunk& c, int i, int j0) {
-  using V = typename I::V;
-  constexpr int L = I::L;
-  typename I::M m4[4];
-  for (int k = 0; k < 4; ++k) m4[k] = I::mask(s.C - j0 - k * L);
-  V acc[4] = {I::zero(), I::zero(), I::zero(), I::zero()};
-  const float* ak = B.Akk + std::size_t(i) * s.L;
-  const float beta = c.beta[i];
-  for (int m = j0; m < i; ++m) {
-    const V f = I::set1(-beta * ak[m]);
-    const float* tm = B.T + std::size_t(m) * s.L + j0;
-    for (int k = 0; k < 4; ++k)
-      acc[k] = I::fma(f, simd::load_lanes<I, FULL>(m4[k], tm + std::ptrdiff_t(k) * L), acc[k]);
-  }
-  float* row = B.T + std::size_t(i) * s.L + j0;
-  for (int k = 0; k < 4; ++k) simd::store_lanes<I, FULL>(row + std::ptrdiff_t(k) * L, m4[k], acc[k]);
-}
-
-template <class I>
-void invert_rows(const Buffers& B, const Shape& s, const Chunk& c) {
-  constexpr int G = 4 * I::L;
-  for (int i = 0; i < c.n; ++i) {
-    int j0 = 0;
-    for (; j0 + G <= s.C; j0 += G) invert_columns<I, true>(B, s, c, i, j0);
-    if (j0 < s.C) invert_columns<I, false>(B, s, c, i, j0);
-    B.T[std::size_t(i) * s.L + i] = 1.0f;  // no row m < i reaches column i
-  }
-}
-
-}  // namespace
-
-// T = (I + diag(beta) A_kk)^-1 by forward substitution, row i = e_i - beta_i sum_{m<i} A_kk[i][m] row m;
-// zero above the diagonal. Each row is summed in registers, a few column vectors at a time: as an
-// axpy per m into the row in memory it was bound by the row's loads and stores (~15% of the chunked
-// forward at D 128).
-void invert(const Buffers& B, const Shape& s, const Chunk& c) {
-  switch (active_vec()) {
-#if defined(__AVX512F__)
-    case Vec::avx512: return invert_rows<simd::Avx512>(B, s, c);
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: return invert_rows<simd::Avx2>(B, s, c);
-#endif
-    default: return invert_rows<simd::Portable>(B, s, c);
-  }
-}
+// T = (I + diag(beta) A_kk)^-1 (cpu/chunked/unit_lower_inverse.hpp, shared with the AMX row), zero
+// above the diagonal up to column C.
+void invert(const Buffers& B, const Shape& s, const Chunk& c) { invert_unit_lower(B.Akk, s.L, c.beta, c.n, s.C, B.T, s.L); }
 
 // X = (K . G) S, E = V - X (into X), R = diag(beta) E, W = T R (into Wm and its panels Wp) from
 // the packed state Sp.
