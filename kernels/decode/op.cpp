@@ -64,7 +64,7 @@ std::vector<std::size_t> sequences(const Case& c) { return {std::size_t(c.batch)
 // state (4 DD, the decay folded into their row weights) and the update with its decay (2 DD, DD more
 // for a decay), 6 D for the row weights and w, o (D = (Dk + Dv) / 2, as the kernel suite counts the
 // per-token vector work); and W exps for the gates (Dk for vector gates, 1 for scalar).
-// Trapezoidal (cpu_trapezoidal.cpp), R rows per token: the decay (DD), the 2 R rank-one writes of
+// Trapezoidal (cpu/trapezoidal.cpp), R rows per token: the decay (DD), the 2 R rank-one writes of
 // the previous and the current token (4 R DD) and the R readouts (2 R DD), and per token the row
 // weights (2 R Dk) and 8 for the exps and weights.
 double step_flops(const Case& c) {

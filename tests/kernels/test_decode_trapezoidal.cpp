@@ -1,5 +1,5 @@
 // The trapezoidal rule's decode step (docs/spec.md sections 1d and 1e; kernels/decode/reference.cpp
-// and cpu_trapezoidal.cpp): its float64 reference against the kernel suite's over a whole
+// and cpu/trapezoidal.cpp): its float64 reference against the kernel suite's over a whole
 // sequence, the step carrying the previous token's rows across a cut, and the CPU step against the
 // reference on every vector width and thread count, MIMO ranks 1, 2 and 4.
 #include <catch2/catch.hpp>
