@@ -19,8 +19,8 @@ namespace {
 
 // The tensors a step reads besides the states (h0 is the pristine copy, read only when re-seeding;
 // state_index is shared by the copies: an engine's index array is one small tensor).
-constexpr const char* kCopiedInputs[] = {"q", "k", "v", "g", "beta"};
-constexpr const char* kCopiedOutputs[] = {"o", "snapshots"};
+constexpr const char* kCopiedInputs[] = {"q", "k", "v", "g", "beta", "dt", "trap", "k_prev", "v_prev"};
+constexpr const char* kCopiedOutputs[] = {"o", "snapshots", "k_last", "v_last"};
 
 std::size_t elems_of(const Case& c, const std::string& name) {
   for (const TensorSpec& spec : c.op->tensors)
@@ -144,6 +144,10 @@ class DecodeCase final : public PreparedCase {
         a.g = present("g") ? h.data("g") : nullptr;
         a.beta = present("beta") ? h.data("beta") : nullptr;
         a.snapshots = present("snapshots") ? h.data("snapshots") : nullptr;
+        if (present("dt")) {  // rule trapezoidal
+          a.dt = h.data("dt"), a.trap = h.data("trap"), a.k_prev = h.data("k_prev"), a.v_prev = h.data("v_prev");
+          a.k_last = h.data("k_last"), a.v_last = h.data("v_last");
+        }
       } else {
         // Its inputs copied from copy 0's, its outputs its own, in one block.
         std::size_t floats = 0;
@@ -162,6 +166,8 @@ class DecodeCase final : public PreparedCase {
         a.q = take("q", true), a.k = take("k", true), a.v = take("v", true);
         a.g = take("g", true), a.beta = take("beta", true);
         a.o = take("o", false), a.snapshots = take("snapshots", false);
+        a.dt = take("dt", true), a.trap = take("trap", true), a.k_prev = take("k_prev", true);
+        a.v_prev = take("v_prev", true), a.k_last = take("k_last", false), a.v_last = take("v_last", false);
       }
       if (p.state_bf16) {
         r->bf16_pools.emplace_back(p.pool_elems());

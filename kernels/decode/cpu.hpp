@@ -14,4 +14,8 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& args, Allocato
 // The scratch one step takes from the allocator: each thread's row weights for one value head's tokens.
 std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads);
 
+// The trapezoidal rule's step (cpu/trapezoidal.cpp), which the two above hand rule trapezoidal to.
+void decode_trapezoidal_step(const DecodeProblem& p, const DecodeArgs<float>& args, Allocator& allocator);
+std::size_t decode_trapezoidal_workspace_bytes(const DecodeProblem& p, int threads);
+
 }  // namespace lattn::cpu

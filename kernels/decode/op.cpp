@@ -21,12 +21,22 @@ namespace {
 // tokens; 64 leaves room for long drafts.
 constexpr long kMaxSlots = 1 << 20, kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
 
-// q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp).
-std::vector<std::size_t> keys(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq), std::size_t(c.dim)};
+// q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp); the trapezoidal
+// rule's rank R > 1 puts R rows per token before the last dimension.
+std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width) {
+  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq)};
+  if (mimo_rank(c) > 1) shape.push_back(std::size_t(mimo_rank(c)));
+  shape.push_back(width);
+  return shape;
 }
-std::vector<std::size_t> values(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(value_dim(c))};
+std::vector<std::size_t> keys(const Case& c) { return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim)); }
+std::vector<std::size_t> values(const Case& c) { return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c))); }
+// The trapezoidal rule's previous token's rows per value head: [B][H][R][Dk] and [B][H][R][Dv].
+std::vector<std::size_t> carry_keys(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(mimo_rank(c)), std::size_t(c.dim)};
+}
+std::vector<std::size_t> carry_values(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(mimo_rank(c)), std::size_t(value_dim(c))};
 }
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
@@ -44,6 +54,7 @@ std::vector<std::size_t> gates(const Case& c) {
 std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)}; }
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
+bool is_trapezoidal(const Case& c) { return c.option("rule") == "trapezoidal"; }
 bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
 bool is_pooled(const Case& c) { return decode_problem(c).pooled(); }
 std::vector<std::size_t> sequences(const Case& c) { return {std::size_t(c.batch)}; }
@@ -53,10 +64,17 @@ std::vector<std::size_t> sequences(const Case& c) { return {std::size_t(c.batch)
 // state (4 DD, the decay folded into their row weights) and the update with its decay (2 DD, DD more
 // for a decay), 6 D for the row weights and w, o (D = (Dk + Dv) / 2, as the kernel suite counts the
 // per-token vector work); and W exps for the gates (Dk for vector gates, 1 for scalar).
+// Trapezoidal (cpu/trapezoidal.cpp), R rows per token: the decay (DD), the 2 R rank-one writes of
+// the previous and the current token (4 R DD) and the R readouts (2 R DD), and per token the row
+// weights (2 R Dk) and 8 for the exps and weights.
 double step_flops(const Case& c) {
   const double Dk = c.dim, Dv = value_dim(c), DD = Dk * Dv, tokens = double(c.batch) * c.heads * c.seq;
   const double decay = c.decay == "none" ? 0.0 : 1.0;
   const double W = c.decay == "vector" ? Dk : c.decay == "scalar" ? 1.0 : 0.0;
+  if (is_trapezoidal(c)) {
+    const double R = mimo_rank(c);
+    return tokens * ((6.0 * R + 1.0) * DD + 2.0 * R * Dk + 8.0);
+  }
   if (is_delta(c)) return tokens * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
   return tokens * ((4.0 + decay) * DD + W);
 }
@@ -109,6 +127,16 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
       for (std::size_t d = 0; d < dim; ++d) k[r + d] = float(k[r + d] * inv);
     }
   }
+  if (is_trapezoidal(c)) {
+    // As the kernel suite draws them (docs/spec.md section 1e): dt = softplus(z) (stream 31), trap
+    // ~ N(0, 1) (32); the previous token's rows ~ N(0, 1) (33, 34).
+    auto& dt = set.add("dt", Role::input, per_token(c)).data;
+    fill_normal(dt, seed, 31);
+    for (float& x : dt) x = float(std::log1p(std::exp(double(x))));
+    fill_normal(set.add("trap", Role::input, per_token(c)).data, seed, 32);
+    fill_normal(set.add("k_prev", Role::input, carry_keys(c)).data, seed, 33);
+    fill_normal(set.add("v_prev", Role::input, carry_values(c)).data, seed, 34);
+  }
   return set;
 }
 
@@ -127,15 +155,31 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
     snapshots = &ref.values["snapshots"];
     snapshots->assign(p.snapshot_elems(), 0.0);
   }
-  reference::decode_step(p, {q.data(), k.data(), v.data(), hT.data(), o.data(), g.empty() ? nullptr : g.data(),
-                             beta.empty() ? nullptr : beta.data(), snapshots ? snapshots->data() : nullptr});
+  DecodeArgs<double, double> args{q.data(), k.data(), v.data(), hT.data(), o.data(), g.empty() ? nullptr : g.data(),
+                                  beta.empty() ? nullptr : beta.data(), snapshots ? snapshots->data() : nullptr};
+  std::vector<double> dt, trap, k_prev, v_prev;
+  if (p.trapezoidal()) {
+    dt = widened(in, "dt"), trap = widened(in, "trap"), k_prev = widened(in, "k_prev"), v_prev = widened(in, "v_prev");
+    ref.values["k_last"].assign(p.carry_k_elems(), 0.0);
+    ref.values["v_last"].assign(p.carry_v_elems(), 0.0);
+    args.dt = dt.data(), args.trap = trap.data(), args.k_prev = k_prev.data(), args.v_prev = v_prev.data();
+    args.k_last = ref.values["k_last"].data(), args.v_last = ref.values["v_last"].data();
+  }
+  reference::decode_step(p, args);
   return ref;
 }
 
 Axis rule_axis() {
-  Axis a{"rule", Param::option, {"delta"}, "update rules (additive, delta)"};
+  Axis a{"rule", Param::option, {"delta"}, "update rules (additive, delta, trapezoidal)"};
   a.kind = Kind::name;
   a.choices = rule_names();
+  return a;
+}
+
+// The trapezoidal rule's rows per token (docs/spec.md section 1e), as the kernel suite's key.
+Axis mimo_rank_axis() {
+  Axis a{"mimo_rank", Param::option, {"1"}, "trapezoidal rule only: rows of q, k, v per token (MIMO rank; 1: SISO)", 1, 16};
+  a.applies = is_trapezoidal;
   return a;
 }
 
@@ -171,6 +215,11 @@ Axis snapshots_axis() {
 
 std::optional<std::string> case_limit(const Case& c) {
   const DecodeProblem p = decode_problem(c);
+  if (p.trapezoidal() && p.decay != Decay::scalar)
+    return "rule trapezoidal takes decay scalar only, not " + c.decay;
+  if (p.trapezoidal() && (p.pooled() || p.state_bf16))
+    return std::string("rule trapezoidal steps float32 states in place only (no state_slots pool, no bf16 state: "
+                       "the previous token's rows have neither)");
   if (p.state_slots > 0 && p.state_slots < p.batch)
     return "state_slots " + std::to_string(p.state_slots) + " is below batch " + std::to_string(p.batch) +
            " (the pool holds one slot per sequence stepped)";
@@ -199,6 +248,7 @@ DecodeProblem decode_problem(const Case& c) {
                   value_dim(c)};
   p.state_slots = slots.empty() ? 0 : std::stoi(slots);
   p.state_bf16 = c.option("state_dtype") == "bf16";
+  p.rank = mimo_rank(c);
   return p;
 }
 
@@ -211,7 +261,9 @@ double decode_step_bytes(const Case& c) {
   return state_bytes * 2.0 * double(p.state_elems()) + 4.0 * double(p.snapshot_elems()) +
          (p.pooled() ? 4.0 * p.batch : 0.0) +
          2.0 * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (token_bytes + 4.0) +
-         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0);
+         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0) +
+         // trapezoidal: the previous token's rows read and the last token's written (float32), dt and trap
+         (p.trapezoidal() ? 8.0 * double(p.carry_k_elems() + p.carry_v_elems()) + 8.0 * double(p.beta_elems()) : 0.0);
 }
 
 const Op& decode_op() {
@@ -226,6 +278,7 @@ const Op& decode_op() {
         {"dim", Param::dim, {"128"}, "key head dims (the state is dim x dim_v per value head)", 1, kMaxDim},
         dim_v_axis(kMaxDim),
         rule_axis(),
+        mimo_rank_axis(),
         {"decay", Param::decay, {"scalar"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
         {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
          kMaxTokens},
@@ -243,10 +296,16 @@ const Op& decode_op() {
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
         {"beta", Role::input, per_token, false, is_delta},
+        {"dt", Role::input, per_token, false, is_trapezoidal},
+        {"trap", Role::input, per_token, false, is_trapezoidal},
+        {"k_prev", Role::input, carry_keys, false, is_trapezoidal},
+        {"v_prev", Role::input, carry_values, false, is_trapezoidal},
         {"state_index", Role::input, sequences, false, is_pooled},
         {"o", Role::output, values, false},
         {"hT", Role::output, states, false},
         {"snapshots", Role::output, snapshot_slots, false, has_snapshots},
+        {"k_last", Role::output, carry_keys, false, is_trapezoidal},
+        {"v_last", Role::output, carry_values, false, is_trapezoidal},
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;

@@ -8,6 +8,10 @@
 //   g (decay scalar)  : [batch][H][T]               (log-gates, one per token)
 //   g (decay vector)  : [batch][H][T][Dk]           (log-gates per token and key channel)
 //   beta (rule delta) : [batch][H][T]
+//   rule trapezoidal (docs/spec.md section 1e), R = rank rows per token: q, k [batch][Hk][T][R][Dk],
+//   v, o [batch][H][T][R][Dv]; dt, trap [batch][H][T]; the previous token's rows k_prev
+//   [batch][H][R][Dk] and v_prev [batch][H][R][Dv] (zero before a sequence's first token), and the
+//   step's last token's, k_last and v_last (the same shapes: the next step's k_prev and v_prev)
 //   snapshots         : [batch][H][K - 1][Dk][Dv]   (slot i - 1 holds the state i tokens before the
 //                                                    step's end; only when K > 1; float32)
 //   state pool        : [slots][H][Dk][Dv]          (a pooled step, state_slots > batch: sequence b's
@@ -42,8 +46,11 @@ struct DecodeProblem {
   int dim_v = 0;    // the value head dim Dv: the state's columns; 0: dim
   int state_slots = 0;     // the pool's slots; 0 or batch: no pool, sequence b's states in slot b
   bool state_bf16 = false;  // the states stored as bf16 (updated in float32, rounded once per step)
+  int rank = 1;             // rows of q, k, v, o per token (rule trapezoidal's MIMO rank)
 
   bool delta() const { return rule == Rule::delta; }
+  bool trapezoidal() const { return rule == Rule::trapezoidal; }
+  int rows() const { return rank > 1 ? rank : 1; }
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
   int value_dim() const { return dim_v > 0 ? dim_v : dim; }
   bool pooled() const { return state_slots > batch; }
@@ -68,8 +75,11 @@ struct DecodeProblem {
     const std::size_t b = bh / std::size_t(heads), h = bh % std::size_t(heads);
     return b * std::size_t(qk_heads()) + h / std::size_t(group());
   }
-  std::size_t key_elems() const { return std::size_t(batch) * qk_heads() * std::size_t(tokens) * dim; }  // q, k
-  std::size_t value_elems() const { return heads_total() * std::size_t(tokens) * value_dim(); }          // v, o
+  std::size_t key_elems() const { return std::size_t(batch) * qk_heads() * std::size_t(tokens) * rows() * dim; }  // q, k
+  std::size_t value_elems() const { return heads_total() * std::size_t(tokens) * rows() * value_dim(); }      // v, o
+  // The previous token's rows per value head (rule trapezoidal): k_prev, k_last; v_prev, v_last.
+  std::size_t carry_k_elems() const { return trapezoidal() ? heads_total() * rows() * std::size_t(dim) : 0; }
+  std::size_t carry_v_elems() const { return trapezoidal() ? heads_total() * rows() * std::size_t(value_dim()) : 0; }
   int gate_width() const { return decay == Decay::vector ? dim : decay == Decay::scalar ? 1 : 0; }
   std::size_t gate_elems() const { return heads_total() * std::size_t(tokens) * gate_width(); }
   std::size_t beta_elems() const { return heads_total() * std::size_t(tokens); }
@@ -94,6 +104,14 @@ struct DecodeArgs {
   F* snapshots = nullptr;
   std::uint16_t* state_bf16 = nullptr;
   const int* state_index = nullptr;
+  // rule trapezoidal: the step sizes and lambda's logits, the previous token's rows, and the last
+  // token's rows written out (the layouts above).
+  const F* dt = nullptr;
+  const F* trap = nullptr;
+  const F* k_prev = nullptr;
+  const F* v_prev = nullptr;
+  F* k_last = nullptr;
+  F* v_last = nullptr;
 };
 
 }  // namespace lattn

@@ -4,12 +4,54 @@
 // linear-attention op's own reference.
 #include "kernels/decode/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 namespace lattn::reference {
 
+namespace {
+
+// The trapezoidal rule's step (docs/spec.md section 1e), R rows per token: S = alpha S +
+// beta K_prev^T V_prev + gamma K_t^T V_t, O_t = Q_t S (no scale), the previous rows starting at
+// k_prev, v_prev and ending as k_last, v_last.
+void trapezoidal_step(const DecodeProblem& p, const DecodeArgs<double, double>& a) {
+  const int Dk = p.dim, Dv = p.value_dim(), T = p.tokens, R = p.rows(), extra = p.extra_slots();
+  const std::size_t DD = p.head_state_elems(), RK = std::size_t(R) * Dk, RV = std::size_t(R) * Dv;
+  for (std::size_t bh = 0; bh < p.heads_total(); ++bh) {
+    double* S = a.state + bh * DD;
+    const double *kp = a.k_prev + bh * RK, *vp = a.v_prev + bh * RV;
+    for (int t = 0; t < T; ++t) {
+      const double *q = a.q + (p.key_head(bh) * T + std::size_t(t)) * RK, *k = a.k + (p.key_head(bh) * T + std::size_t(t)) * RK;
+      const double* v = a.v + (bh * T + std::size_t(t)) * RV;
+      const std::size_t at = bh * T + std::size_t(t);
+      const double alpha = std::exp(a.g[at]), lambda = 1.0 / (1.0 + std::exp(-a.trap[at]));
+      const double gamma = lambda * a.dt[at], beta = (1.0 - lambda) * a.dt[at] * alpha;
+      for (std::size_t e = 0; e < DD; ++e) S[e] *= alpha;
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < Dk; ++i)
+          for (int j = 0; j < Dv; ++j)
+            S[std::size_t(i) * Dv + j] += beta * kp[std::size_t(r) * Dk + i] * vp[std::size_t(r) * Dv + j] +
+                                          gamma * k[std::size_t(r) * Dk + i] * v[std::size_t(r) * Dv + j];
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < Dv; ++j) {
+          double sum = 0;
+          for (int i = 0; i < Dk; ++i) sum += S[std::size_t(i) * Dv + j] * q[std::size_t(r) * Dk + i];
+          a.o[(at * R + std::size_t(r)) * Dv + j] = sum;
+        }
+      const int slot = T - 1 - t;
+      if (slot >= 1 && slot <= extra) std::copy_n(S, DD, a.snapshots + (bh * extra + std::size_t(slot - 1)) * DD);
+      kp = k, vp = v;
+    }
+    std::copy_n(kp, RK, a.k_last + bh * RK);
+    std::copy_n(vp, RV, a.v_last + bh * RV);
+  }
+}
+
+}  // namespace
+
 void decode_step(const DecodeProblem& p, const DecodeArgs<double, double>& a) {
+  if (p.trapezoidal()) return trapezoidal_step(p, a);
   const int Dk = p.dim, Dv = p.value_dim(), T = p.tokens, extra = p.extra_slots();
   const double scale = attention_scale(Dk);
   const std::size_t DD = p.head_state_elems();

@@ -19,6 +19,7 @@ namespace lattn {
 namespace {
 
 // Sizes beyond these are refused when the config is read, before anything is allocated.
+constexpr long kMaxMimoRank = 16;
 constexpr long kMaxBatch = 4096, kMaxHeads = 4096, kMaxSeq = 1L << 24, kMaxDim = 1024, kMaxChunk = 8192;
 
 // A varlen text's documents. A case asks for them for each shape, flop model and record, and a
@@ -48,13 +49,16 @@ int sequences(const Case& c) {
   return n ? int(n) : c.batch;
 }
 
-// q, k (and dq, dk): [B][Hk][T][Dk]; v, o, dO, dv: [B][H][T][Dv]; states: [N][H][Dk][Dv].
-std::vector<std::size_t> keys(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq), std::size_t(c.dim)};
+// q, k (and dq, dk): [B][Hk][T][Dk]; v, o, dO, dv: [B][H][T][Dv]; states: [N][H][Dk][Dv]. The
+// trapezoidal rule's MIMO rank R > 1 gives each token R rows: [B][Hk][T][R][Dk] and [B][H][T][R][Dv].
+std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width) {
+  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq)};
+  if (mimo_rank(c) > 1) shape.push_back(std::size_t(mimo_rank(c)));
+  shape.push_back(width);
+  return shape;
 }
-std::vector<std::size_t> values(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(value_dim(c))};
-}
+std::vector<std::size_t> keys(const Case& c) { return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim)); }
+std::vector<std::size_t> values(const Case& c) { return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c))); }
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(sequences(c)), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
 }
@@ -71,6 +75,8 @@ bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 std::vector<std::size_t> betas(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
 }
+// The trapezoidal rule (docs/spec.md section 1e): its dt and trap (and gradients) are betas' shape.
+bool is_trapezoidal(const Case& c) { return c.option("rule") == "trapezoidal"; }
 
 // gate_norm's default (GLA's normaliser) and its largest value: past it the gates are 1 to float32.
 constexpr double kDefaultGateNorm = 16, kMaxGateNorm = 1e6;
@@ -105,8 +111,9 @@ double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const 
   const double dk = c.dim, dv = value_dim(c);
   const double W = c.decay == "vector" ? dk : c.decay == "scalar" ? 1.0 : 0.0;
   const auto of = [&](int length) {
+    // A chunk counts rows, R of them per token for the trapezoidal rule's MIMO rank R.
     return double(length) * c.heads *
-           per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min(c.chunk, length)), dk, dv,
+           per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min<long>(c.chunk, long(length) * mimo_rank(c))), dk, dv,
                          double(c.heads) / qk_heads(c)});
   };
   const std::vector<int> docs = documents(c);
@@ -127,7 +134,24 @@ double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const 
 // tokens multiplies once for both) and reads out S'^T k and S'^T q (4 D^2), with
 // 7 D for w, o and q . k and W exps; the backward is four walks, F1 (4 D^2 + decay), R1, R2 and F2
 // (6 D^2 + decay each), 15 D of per-token vector work, and for gates 6 D (dg) and 3 W exps.
+double scan_token_flops(const Case& c, const TokenSizes& z);
+double chunked_token_flops(const Case& c, const TokenSizes& z);
+
+// The trapezoidal rule (cpu/trapezoidal.cpp): the scalar-gated additive form on R rows per token
+// (`inner`, the gated count of the form), plus per token the write weights and v's scaling
+// (2 R Dv + 8), the token's R x R correction of the readout (2 R^2 (Dk + Dv)); the backward's
+// correction (R^2 (6 Dk + 6 Dv)), and v's and the weights' gradients (3 R Dv + 12).
+double trapezoidal_token_flops(const Case& c, const TokenSizes& z, double (*form)(const Case&, const TokenSizes&)) {
+  Case inner = c;
+  inner.options["rule"] = "additive";
+  const double R = mimo_rank(c);
+  const double extra = 2 * R * z.Dv + 8 + 2 * R * R * (z.Dk + z.Dv);
+  const double extra_backward = R * R * (6 * z.Dk + 6 * z.Dv) + 3 * R * z.Dv + 12;
+  return R * form(inner, z) + extra + (c.mode == Mode::fwd ? 0.0 : extra_backward);
+}
+
 double scan_token_flops(const Case& c, const TokenSizes& z) {
+  if (is_trapezoidal(c)) return trapezoidal_token_flops(c, z, scan_token_flops);
   const double DD = z.DD, D = z.D, W = z.W;
   if (is_delta(c)) {
     const double decay = c.decay == "none" ? 0.0 : 1.0;
@@ -164,6 +188,7 @@ double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops
 // dW, T^T dW, dO W^T, dR W^T, the state-side products (dO S^T, dV S^T, W dS^T: 6 D^2) and the
 // score sides, the state gradient (4 D^2), dbeta and dg.
 double chunked_token_flops(const Case& c, const TokenSizes& z) {
+  if (is_trapezoidal(c)) return trapezoidal_token_flops(c, z, chunked_token_flops);
   const double DD = z.DD, D = z.D, C = z.C;
   if (is_delta(c)) {
     const double solve = C * C / 3.0, half = (C + 1) * D;
@@ -241,6 +266,14 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
     if (normalizes_keys(c)) normalize_rows(set.at("k").data, std::size_t(c.dim));
   }
+  if (is_trapezoidal(c)) {
+    // dt = softplus(z), z ~ N(0, 1), stream 31: step sizes around 0.7, so that the writes weigh
+    // against h0; trap ~ N(0, 1), stream 32: lambda's logits (docs/spec.md section 3).
+    auto& dt = set.add("dt", Role::input, betas(c)).data;
+    fill_normal(dt, seed, 31);
+    for (float& x : dt) x = float(-log_sigmoid(-double(x)));
+    fill_normal(set.add("trap", Role::input, betas(c)).data, seed, 32);
+  }
   return set;
 }
 
@@ -276,7 +309,12 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
   const double* g_or_null = g.empty() ? nullptr : g.data();
   const double* beta_or_null = beta.empty() ? nullptr : beta.data();
-  reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null});
+  const std::vector<double> dt = p.trapezoidal() ? widened(in, "dt") : std::vector<double>();
+  const std::vector<double> trap = p.trapezoidal() ? widened(in, "trap") : std::vector<double>();
+  ForwardArgs<double> args{q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null};
+  args.dt = dt.empty() ? nullptr : dt.data();
+  args.trap = trap.empty() ? nullptr : trap.data();
+  reference::forward(p, args);
   if (backward) {
     const auto dO = widened(in, "dO"), dhT = widened(in, "dhT");
     for (const char* name : {"dq", "dk"}) ref.values[name].assign(p.key_elems(), 0.0);
@@ -291,9 +329,15 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
       ref.values["dbeta"].assign(p.beta_elems(), 0.0);
       dbeta = ref.values["dbeta"].data();
     }
-    reference::backward(p, {q.data(), k.data(), v.data(), h0.data(), dO.data(), dhT.data(), ref.values["dq"].data(),
-                            ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data(), g_or_null, dg,
-                            beta_or_null, dbeta});
+    BackwardArgs<double> grads{q.data(), k.data(), v.data(), h0.data(), dO.data(), dhT.data(), ref.values["dq"].data(),
+                               ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data(), g_or_null, dg,
+                               beta_or_null, dbeta};
+    if (p.trapezoidal()) {
+      for (const char* name : {"ddt", "dtrap"}) ref.values[name].assign(p.beta_elems(), 0.0);
+      grads.dt = args.dt, grads.trap = args.trap;
+      grads.ddt = ref.values["ddt"].data(), grads.dtrap = ref.values["dtrap"].data();
+    }
+    reference::backward(p, grads);
     ref.has_backward = true;
   }
   return ref;
@@ -320,7 +364,7 @@ Axis gate_norm_axis() {
 // rule (docs/spec.md section 1b): additive or delta, for every decay; it always applies, so every record
 // says which rule ran.
 Axis rule_axis() {
-  Axis a{"rule", Param::option, {"additive"}, "update rules (additive, delta)"};
+  Axis a{"rule", Param::option, {"additive"}, "update rules (additive, delta, trapezoidal)"};
   a.kind = Kind::name;
   a.choices = rule_names();
   return a;
@@ -332,6 +376,15 @@ Axis normalize_keys_axis() {
   Axis a{"normalize_keys", Param::option, {"true"}, "delta rule only: L2-normalise the keys (true, false)"};
   a.kind = Kind::boolean;
   a.applies = is_delta;
+  return a;
+}
+
+// mimo_rank (docs/spec.md section 1e): the trapezoidal rule's rows per token (1: SISO); records
+// write it for that rule only.
+Axis mimo_rank_axis() {
+  Axis a{"mimo_rank", Param::option, {"1"}, "trapezoidal rule only: rows of q, k, v per token (MIMO rank; 1: SISO)", 1,
+         kMaxMimoRank};
+  a.applies = is_trapezoidal;
   return a;
 }
 
@@ -362,6 +415,8 @@ std::optional<std::string> case_limit(const Case& c) {
            " (each q/k head serves heads / heads_k value heads)";
   if (!c.option("lengths").empty() && !c.option("varlen").empty())
     return "lengths and varlen both pack the batch: give one of them";
+  if (is_trapezoidal(c) && c.decay != "scalar")
+    return "rule trapezoidal takes decay scalar only (its alpha_t = exp(g_t) is one log-gate per token and head)";
   return std::nullopt;
 }
 
@@ -411,7 +466,7 @@ double fixed_decay_gamma(Decay decay, int head) {
 std::string to_string(Decay decay) { return decay_names()[std::size_t(decay)]; }
 
 const std::vector<std::string>& rule_names() {
-  static const std::vector<std::string> names = {"additive", "delta"};
+  static const std::vector<std::string> names = {"additive", "delta", "trapezoidal"};
   return names;
 }
 
@@ -433,6 +488,12 @@ int qk_heads(const Case& c) {
   const std::string text = c.option("heads_k");
   const int hk = text.empty() ? 0 : std::stoi(text);
   return hk > 0 ? hk : c.heads;
+}
+
+int mimo_rank(const Case& c) {
+  if (!is_trapezoidal(c)) return 1;
+  const std::string text = c.option("mimo_rank");
+  return text.empty() ? 1 : std::max(1, std::stoi(text));
 }
 
 int value_dim(const Case& c) {
@@ -464,6 +525,7 @@ Problem linear_problem(const Case& c) {
   Problem p{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay), rule.empty() ? Rule::additive : rule_from(rule)};
   p.heads_k = qk_heads(c) == c.heads ? 0 : qk_heads(c);
   p.dim_v = value_dim(c) == c.dim ? 0 : value_dim(c);
+  p.rank = mimo_rank(c);
   const std::vector<int> docs = documents(c);
   if (!docs.empty()) {
     p.cu_seqlens = {0};
@@ -484,17 +546,20 @@ LinearTensors bind_linear_tensors(const Case& c, const std::function<void*(const
   t.h0 = floats("h0"), t.o = floats("o"), t.hT = floats("hT"), t.g = floats("g"), t.beta = floats("beta");
   t.dhT = floats("dhT"), t.dq = floats("dq"), t.dk = floats("dk"), t.dv = floats("dv"), t.dh0 = floats("dh0");
   t.dg = floats("dg"), t.dbeta = floats("dbeta");
+  t.dt = floats("dt"), t.trap = floats("trap"), t.ddt = floats("ddt"), t.dtrap = floats("dtrap");
   return t;
 }
 
 ForwardArgs<float> cpu_forward_args(const LinearTensors& t) {
   const auto f = [](void* p) { return static_cast<const float*>(p); };
-  return {f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta};
+  return {f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.dt, t.trap};
 }
 
 BackwardArgs<float> cpu_backward_args(const LinearTensors& t) {
   const auto f = [](void* p) { return static_cast<const float*>(p); };
-  return {f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
+  BackwardArgs<float> a{f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
+  a.dt = t.dt, a.trap = t.trap, a.ddt = t.ddt, a.dtrap = t.dtrap;
+  return a;
 }
 
 const Op& linear_attention_op() {
@@ -512,6 +577,7 @@ const Op& linear_attention_op() {
         rule_axis(),
         gate_norm_axis(),
         normalize_keys_axis(),
+        mimo_rank_axis(),
         heads_k_axis(kMaxHeads),
         dim_v_axis(kMaxDim),
         packing_axis("lengths", "a packed batch's document lengths, one value as \"7000 1000 192\" (sets batch 1, seq their sum)",
@@ -534,6 +600,8 @@ const Op& linear_attention_op() {
         {"dv", Role::gradient, values, false},  {"dh0", Role::gradient, states, false},
         {"g", Role::input, gates, false, is_gated},  {"dg", Role::gradient, gates, false, is_gated},
         {"beta", Role::input, betas, false, is_delta}, {"dbeta", Role::gradient, betas, false, is_delta},
+        {"dt", Role::input, betas, false, is_trapezoidal}, {"trap", Role::input, betas, false, is_trapezoidal},
+        {"ddt", Role::gradient, betas, false, is_trapezoidal}, {"dtrap", Role::gradient, betas, false, is_trapezoidal},
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;

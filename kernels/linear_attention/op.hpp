@@ -33,7 +33,11 @@ struct LinearTensors {
   void *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr;
   float *h0 = nullptr, *o = nullptr, *hT = nullptr, *g = nullptr, *beta = nullptr, *dhT = nullptr;
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh0 = nullptr, *dg = nullptr, *dbeta = nullptr;
+  float *dt = nullptr, *trap = nullptr, *ddt = nullptr, *dtrap = nullptr;  // rule trapezoidal
 };
+
+// The trapezoidal rule's MIMO rank (`mimo_rank`, docs/spec.md section 1e): 1 for every other rule.
+int mimo_rank(const Case& kase);
 
 // `data(name)`: where the backend holds the named tensor (host or device memory).
 LinearTensors bind_linear_tensors(const Case& kase, const std::function<void*(const std::string&)>& data);

@@ -9,6 +9,9 @@
 //   g, dg (decay scalar): [batch][heads][seq]      (log-gates, one per token)
 //   g, dg (decay vector): [batch][heads][seq][Dk]  (log-gates per token and key channel)
 //   beta, dbeta (delta) : [batch][heads][seq]      (write strengths in (0, 1), one per token)
+//   dt, trap, ddt, dtrap: [batch][heads][seq]      (rule trapezoidal: step sizes and lambda's logits)
+// With rule trapezoidal and rank R > 1 (MIMO) each token has R rows of q, k, v and o: q, k
+// [batch][Hk][seq][R][Dk], v, o [batch][heads][seq][R][Dv] (docs/spec.md section 1e).
 // A packed batch (cu_seqlens) is batch 1 whose seq tokens are documents one after another; the state
 // restarts at each document (docs/spec.md section 1c). slice() gives one (sequence, head) pair's
 // offsets into every tensor, whatever the shape.
@@ -35,7 +38,9 @@ inline bool gated(Decay decay) { return decay == Decay::scalar || decay == Decay
 // How token t is written into the state (docs/spec.md section 1b): `additive` (S_t = S'_t + k_t v_t^T) or
 // `delta` (S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T: DeltaNet, with the gates Gated DeltaNet and
 // KDA), S'_t = A_t S_{t-1} being the decayed state. An input beta [B][H][T] exists for `delta` only.
-enum class Rule { additive, delta };
+// `trapezoidal` (Mamba-3, docs/spec.md section 1e): S_t = exp(g_t) S_{t-1} + beta_t k_{t-1} v_{t-1}^T +
+// gamma_t k_t v_t^T from the step sizes dt and lambda = sigmoid(trap); scalar gates only, scale 1.
+enum class Rule { additive, delta, trapezoidal };
 
 // The rules' names, in enum order: what configs and records write.
 const std::vector<std::string>& rule_names();
@@ -74,8 +79,11 @@ struct Problem {
   // A packed batch's document boundaries, as flash-linear-attention's cu_seqlens: 0, the end of
   // each document, the last being seq (batch 1); empty: dense.
   std::vector<int> cu_seqlens = {};
+  int rank = 1;  // rows of q, k, v, o per token (rule trapezoidal's MIMO rank; 1 elsewhere)
 
   bool delta() const { return rule == Rule::delta; }
+  bool trapezoidal() const { return rule == Rule::trapezoidal; }
+  int rows() const { return rank > 1 ? rank : 1; }  // q/k/v/o rows per token
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
   int value_dim() const { return dim_v > 0 ? dim_v : dim; }
   int group() const { return heads / qk_heads(); }  // value heads per q/k head
@@ -89,20 +97,21 @@ struct Problem {
     const int b = packed() ? 0 : n;
     const int start = packed() ? cu_seqlens[n] : 0;
     const std::size_t row = std::size_t(b) * heads + h, at = row * seq + start;
-    return {(std::size_t(b) * qk_heads() + h / group()) * seq * dim + std::size_t(start) * dim,
-            at * value_dim(),
+    const std::size_t R = std::size_t(rows());
+    return {((std::size_t(b) * qk_heads() + h / group()) * seq + std::size_t(start)) * R * dim,
+            at * R * value_dim(),
             at * gate_width(),
             at,
             (std::size_t(n) * heads + h) * dim * value_dim(),
             packed() ? cu_seqlens[n + 1] - start : seq,
             h};
   }
-  std::size_t key_elems() const { return std::size_t(batch) * qk_heads() * seq * dim; }          // q, k
-  std::size_t value_elems() const { return heads_total() * seq * std::size_t(value_dim()); }     // v, o
+  std::size_t key_elems() const { return std::size_t(batch) * qk_heads() * seq * rows() * dim; }      // q, k
+  std::size_t value_elems() const { return heads_total() * seq * std::size_t(rows()) * value_dim(); }  // v, o
   std::size_t heads_total() const { return std::size_t(batch) * heads; }
   // Square dense problems only (the kernels' own sizes): one of q, k, v, o; one head's rows.
-  std::size_t token_elems() const { return heads_total() * seq * dim; }
-  std::size_t head_token_elems() const { return std::size_t(seq) * dim; }
+  std::size_t token_elems() const { return heads_total() * seq * std::size_t(rows()) * dim; }
+  std::size_t head_token_elems() const { return std::size_t(seq) * rows() * dim; }
   std::size_t state_elems() const { return slices() * dim * std::size_t(value_dim()); }  // one of h0, hT
   std::size_t head_state_elems() const { return std::size_t(dim) * value_dim(); }
   int chunks() const { return (seq + chunk - 1) / chunk; }
@@ -135,6 +144,9 @@ inline double decay_gamma(Decay decay, int head) {
 constexpr int kGateSubChunk = 32;
 
 inline double attention_scale(int dim) { return 1.0 / std::sqrt(double(dim)); }
+// The readout's scale s of o_t = s S_t^T q_t: Dk^-1/2, but 1 for the trapezoidal rule, whose step
+// sizes dt scale the writes instead (Mamba-3's kernels have no other scale; docs/spec.md section 1e).
+inline double output_scale(const Problem& p) { return p.trapezoidal() ? 1.0 : attention_scale(p.dim); }
 
 // Pointers of one forward call. Outputs are fully overwritten. g: the log-gates of a gated decay
 // (null otherwise); beta: the delta rule's write strengths (null for the additive rule).
@@ -148,6 +160,8 @@ struct ForwardArgs {
   T* hT;
   const T* g = nullptr;
   const T* beta = nullptr;
+  const T* dt = nullptr;    // rule trapezoidal: step sizes dt_t > 0
+  const T* trap = nullptr;  // rule trapezoidal: lambda_t's logits
 };
 
 // Pointers of one backward call: the forward's inputs, the cotangents, and the gradients
@@ -168,6 +182,10 @@ struct BackwardArgs {
   T* dg = nullptr;
   const T* beta = nullptr;
   T* dbeta = nullptr;
+  const T* dt = nullptr;  // rule trapezoidal: its inputs and their gradients
+  const T* trap = nullptr;
+  T* ddt = nullptr;
+  T* dtrap = nullptr;
 };
 
 }  // namespace lattn

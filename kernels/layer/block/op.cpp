@@ -217,6 +217,8 @@ double block_flops(const Case& c) {
 }
 
 std::optional<std::string> block_limit(const Case& c) {
+  if (c.option("rule") == "trapezoidal")
+    return std::string("rule trapezoidal (Mamba-3) has no layer block: the kernel suite runs it");
   const bool window = layer_window_applies(c);
   if (window == norm_gate(c))
     return std::string(norm_gate(c) ? "output_gate norm is the block without the window: it needs attention none"

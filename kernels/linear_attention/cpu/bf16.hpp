@@ -38,6 +38,8 @@ struct Bf16ForwardArgs {
   float* hT;
   const float* g = nullptr;
   const float* beta = nullptr;
+  const float* dt = nullptr;  // rule trapezoidal's (float32, as g)
+  const float* trap = nullptr;
 };
 
 struct Bf16BackwardArgs {
@@ -55,6 +57,10 @@ struct Bf16BackwardArgs {
   float* dg = nullptr;
   const float* beta = nullptr;
   float* dbeta = nullptr;
+  const float* dt = nullptr;  // rule trapezoidal's inputs and gradients
+  const float* trap = nullptr;
+  float* ddt = nullptr;
+  float* dtrap = nullptr;
 };
 
 // A bf16 variant: as CpuVariant (cpu/variants.hpp), its calls taking bf16 token tensors.

@@ -13,6 +13,7 @@
 #include "kernels/linear_attention/cpu/delta.hpp"
 #include "kernels/linear_attention/cpu/scan/scan.hpp"
 #include "kernels/linear_attention/cpu/shape_gather.hpp"
+#include "kernels/linear_attention/cpu/trapezoidal.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -76,8 +77,20 @@ std::vector<CpuVariant> chunked_table() {
   };
 }
 
+// The trapezoidal rule's row of a table: the rule on the table's row `inner` (cpu/trapezoidal.hpp).
+std::vector<CpuVariant> with_trapezoidal(std::vector<CpuVariant> rows, const std::string& name, const std::string& inner) {
+  for (const CpuVariant& row : rows)
+    if (row.name == inner) {
+      rows.insert(rows.begin(), trapezoidal_variant(name, row));
+      return rows;
+    }
+  throw std::logic_error("no CPU variant " + inner + " for " + name);
+}
+
 std::vector<CpuVariant>& table_of(const std::string& form) {
-  static std::vector<CpuVariant> scan = scan_table(), chunked = chunked_table(), none;
+  static std::vector<CpuVariant> scan = with_trapezoidal(scan_table(), "scan_trapezoidal", "scan_columns"),
+                                 chunked = with_trapezoidal(chunked_table(), "chunked_trapezoidal", "chunked_gated"),
+                                 none;
   if (form == "scan") return scan;
   if (form == "chunked") return chunked;
   none.clear();
