@@ -15,8 +15,7 @@
 
 namespace lattn::cpu {
 
-// Whether chunked_forward/backward take the register-tiled AVX-512 path now (tiles active and the
-// tuning's chunked.products packed), else OpenBLAS.
+// Whether chunked_forward/backward take the register-tiled AVX-512 path now, else OpenBLAS.
 bool chunked_uses_tiles();
 
 // Threads a kernel that splits work over batch x heads will use.
