@@ -43,6 +43,7 @@ inline std::vector<OpTestRow> op_test_table() {
 struct TableRun {
   int checked = 0;
   std::map<std::string, int> checked_by_op;
+  std::map<std::string, int> checked_by_variant;  // the backend's variant name (Backend::variant) -> cases
   std::map<std::string, int> not_supported;  // "op impl: reason" -> cases
 };
 
@@ -89,6 +90,7 @@ inline TableRun run_op_table(const std::string& backend_name, const BackendFacto
               if (dtype == "float32") CHECK(r.check.rel_err < row.float32_bound);
               ++run.checked;
               ++run.checked_by_op[kase.op->name];
+              ++run.checked_by_variant[backend.variant(kase)];
             }
           }
   }

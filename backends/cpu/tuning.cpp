@@ -1,3 +1,7 @@
+// How a run decides the CPU kernels' plan (backends/cpu/tuning.hpp): the shipped table, the cache,
+// the quick calibration and the decision between them; the exhaustive search is
+// backends/cpu/tuning_search.cpp. Over 500 lines because the cache's reading and writing and the
+// calibration it caches are one format, kept in one place so that they cannot drift apart.
 #include "backends/cpu/tuning.hpp"
 
 #include <fmt/format.h>
@@ -6,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +22,7 @@
 #include <sstream>
 
 #include "kernels/cpu/packed_gemm.hpp"
+#include "kernels/layer/cpu/products.hpp"
 #include "kernels/linear_attention/cpu/kernels.hpp"
 #include "src/results/build_info.hpp"
 #include "src/run/counting_allocator.hpp"
@@ -28,7 +34,8 @@ using tuning::Knob;
 using tuning::Setting;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kCacheFormat = 1;
+// 2: the structural choices (chunked.products, layer.products) by name, and the exhaustive block.
+constexpr int kCacheFormat = 2;
 
 // The shipped table: microarchitectures whose setting was measured on a quiet host of that kind
 // (docs/performance.md, "Tuning per CPU"). Models are ranges of the family's model numbers.
@@ -83,10 +90,63 @@ std::string utc_now() {
   return buffer;
 }
 
+// A value as the cache writes it: a structural choice's name, else its number.
+nlohmann::json value_json(Knob k, int value) {
+  const char* label = tuning::value_label(k, value);
+  return label ? nlohmann::json(label) : nlohmann::json(value);
+}
+
 nlohmann::json choices_json(const Setting& setting) {
   nlohmann::json j = nlohmann::json::object();
-  for (Knob k : tuning::kAllKnobs) j[tuning::kernel_of(k)][tuning::name_of(k)] = setting[k];
+  for (Knob k : tuning::kAllKnobs) j[tuning::kernel_of(k)][tuning::name_of(k)] = value_json(k, setting[k]);
   return j;
+}
+
+TuningInfo::Choice choice_of(Knob k, int value) {
+  const char* label = tuning::value_label(k, value);
+  return {tuning::kernel_of(k), tuning::name_of(k), value, label ? label : ""};
+}
+
+nlohmann::json groups_json(const std::vector<TuningInfo::PlanGap>& groups) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const TuningInfo::PlanGap& g : groups) {
+    nlohmann::json best = nlohmann::json::object();
+    for (const TuningInfo::Choice& c : g.best)
+      best[c.kernel][c.name] = c.label.empty() ? nlohmann::json(c.value) : nlohmann::json(c.label);
+    out.push_back({{"kernel", g.kernel},
+                   {"combinations", g.combinations},
+                   {"quick_ms", g.quick_ms},
+                   {"best_ms", g.best_ms},
+                   {"best", best}});
+  }
+  return out;
+}
+
+// The exhaustive block as written; a group that does not read back is left out (the block is a
+// report, the plan is `choices`).
+std::vector<TuningInfo::PlanGap> groups_from(const nlohmann::json& j) {
+  std::vector<TuningInfo::PlanGap> out;
+  if (!j.is_array()) return out;
+  for (const nlohmann::json& g : j) {
+    if (!g.is_object() || !g.value("kernel", nlohmann::json()).is_string() ||
+        !g.value("quick_ms", nlohmann::json()).is_number() || !g.value("best_ms", nlohmann::json()).is_number())
+      continue;
+    TuningInfo::PlanGap gap;
+    gap.kernel = g["kernel"].get<std::string>();
+    gap.combinations = g.value("combinations", 0);
+    gap.quick_ms = g["quick_ms"].get<double>();
+    gap.best_ms = g["best_ms"].get<double>();
+    if (g.contains("best") && g["best"].is_object())
+      for (Knob k : tuning::kAllKnobs) {
+        const nlohmann::json& kernel = g["best"].value(tuning::kernel_of(k), nlohmann::json());
+        if (!kernel.is_object() || !kernel.contains(tuning::name_of(k))) continue;
+        const nlohmann::json& v = kernel[tuning::name_of(k)];
+        const int value = v.is_number_integer() ? v.get<int>() : v.is_string() ? tuning::value_from_label(k, v) : -1;
+        if (value >= 0) gap.best.push_back(choice_of(k, value));
+      }
+    out.push_back(gap);
+  }
+  return out;
 }
 
 // The calibration's work: one kernel call at the setting in force, timed as the best of calls
@@ -119,7 +179,7 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float scale) 
 }  // namespace
 
 const std::vector<std::string>& tuning_mode_names() {
-  static const std::vector<std::string> names = {"auto", "shipped", "default", "calibrate"};
+  static const std::vector<std::string> names = {"auto", "shipped", "default", "calibrate", "exhaustive"};
   return names;
 }
 
@@ -128,6 +188,7 @@ std::optional<TuningMode> tuning_mode_from(const std::string& name) {
   if (name == "shipped") return TuningMode::shipped;
   if (name == "default") return TuningMode::defaults;
   if (name == "calibrate") return TuningMode::calibrate;
+  if (name == "exhaustive") return TuningMode::exhaustive;
   return std::nullopt;
 }
 
@@ -193,6 +254,19 @@ CachedTuning read_tuning_cache(const std::string& path, const std::string& signa
   for (Knob k : tuning::kAllKnobs) {
     const nlohmann::json& kernel = j["choices"].value(tuning::kernel_of(k), nlohmann::json());
     const char* name = tuning::name_of(k);
+    const bool named = tuning::value_label(k, tuning::default_value(k, vec)) != nullptr;
+    if (named) {
+      const int value = kernel.is_object() && kernel.contains(name) && kernel[name].is_string()
+                            ? tuning::value_from_label(k, kernel[name].get<std::string>())
+                            : -1;
+      if (value < 0) {
+        out.problem = fmt::format("has no named choices.{}.{} (packed or {})", tuning::kernel_of(k), name,
+                                  tuning::value_label(k, tuning::kProductsBlas));
+        return out;
+      }
+      setting[k] = value;
+      continue;
+    }
     if (!kernel.is_object() || !kernel.contains(name) || !kernel[name].is_number_integer()) {
       out.problem = fmt::format("has no integer choices.{}.{}", tuning::kernel_of(k), name);
       return out;
@@ -206,30 +280,37 @@ CachedTuning read_tuning_cache(const std::string& path, const std::string& signa
   out.setting = setting;
   if (j.contains("calibration_s") && j["calibration_s"].is_number())
     out.calibration_s = j["calibration_s"].get<double>();
+  if (j.contains("exhaustive")) out.exhaustive = groups_from(j["exhaustive"]);
+  if (j.contains("exhaustive_s") && j["exhaustive_s"].is_number()) out.exhaustive_s = j["exhaustive_s"].get<double>();
   return out;
 }
 
 std::string write_tuning_cache(const std::string& path, const std::string& signature, Vec vec,
-                               const Calibration& calibration) {
+                               const Calibration& calibration, const ExhaustiveSearch* search) {
   nlohmann::json trials = nlohmann::json::array();
   for (const Calibration::Trial& t : calibration.trials)
     trials.push_back({{"kernel", tuning::kernel_of(t.knob)},
                       {"choice", tuning::name_of(t.knob)},
-                      {"incumbent", t.incumbent},
-                      {"candidate", t.candidate},
+                      {"incumbent", value_json(t.knob, t.incumbent)},
+                      {"candidate", value_json(t.knob, t.candidate)},
                       {"incumbent_ms", t.incumbent_s * 1e3},
                       {"candidate_ms", t.candidate_s * 1e3},
                       {"wins", t.wins},
                       {"rounds", t.rounds},
                       {"kept", t.kept}});
-  const nlohmann::json j = {{"lattnbench_tuning", kCacheFormat},
-                            {"cpu_signature", signature},
-                            {"vector_width", to_string(vec)},
-                            {"created_utc", utc_now()},
-                            {"lattnbench_version", kVersion},
-                            {"calibration_s", calibration.seconds},
-                            {"choices", choices_json(calibration.setting)},
-                            {"trials", trials}};
+  nlohmann::json j = {{"lattnbench_tuning", kCacheFormat},
+                      {"cpu_signature", signature},
+                      {"vector_width", to_string(vec)},
+                      {"created_utc", utc_now()},
+                      {"lattnbench_version", kVersion},
+                      {"calibration_s", calibration.seconds},
+                      {"choices", choices_json(search ? search->setting : calibration.setting)},
+                      {"trials", trials}};
+  if (search) {
+    j["quick_choices"] = choices_json(calibration.setting);
+    j["exhaustive"] = groups_json(search->groups);
+    j["exhaustive_s"] = search->seconds;
+  }
   std::error_code ec;
   const std::filesystem::path target(path);
   std::filesystem::create_directories(target.parent_path(), ec);
@@ -302,7 +383,13 @@ Calibration calibrate_tuning(Vec vec, double budget_s) {
        [&] {
          gemm::parallel_multiply(false, false, m, n, depth, a.data(), depth, b.data(), n, 0.0f, c.data(), n, allocator);
        }},
-      {{Knob::tile_prefetch_next}, [&] { chunked_forward(chunked_problem, chunked_args, allocator); }},
+      // Structure: the layer's products on the packed kernels as just tuned, or on OpenBLAS.
+      {{Knob::layer_products},
+       [&] { layer_product(false, m, n, depth, a.data(), depth, b.data(), n, 0.0f, c.data(), n, allocator); }},
+      // Structure, then a constant: the chunked products on the tiles or on OpenBLAS, then where the
+      // tiles prefetch.
+      {{Knob::chunked_products, Knob::tile_prefetch_next},
+       [&] { chunked_forward(chunked_problem, chunked_args, allocator); }},
   };
 
   Setting best = tuning::defaults(vec);
@@ -344,12 +431,12 @@ TuningInfo tuning_info(const std::string& source, Vec vec, const Setting& settin
   TuningInfo info;
   info.source = source;
   info.vector_width = to_string(vec);
-  for (Knob k : tuning::kAllKnobs) info.choices.push_back({tuning::kernel_of(k), tuning::name_of(k), setting[k]});
+  for (Knob k : tuning::kAllKnobs) info.choices.push_back(choice_of(k, setting[k]));
   return info;
 }
 
 TuningInfo decide_tuning(TuningMode mode, const std::string& signature, Vec vec, const std::string& cache_path,
-                         const Calibrator& calibrate) {
+                         const Calibrator& calibrate, const Searcher& search) {
   if (mode == TuningMode::defaults) return tuning_info("default", vec, tuning::defaults(vec));
   const std::optional<ShippedTuning> shipped = shipped_tuning(signature, vec);
   auto from_table = [&] {
@@ -372,6 +459,8 @@ TuningInfo decide_tuning(TuningMode mode, const std::string& signature, Vec vec,
       TuningInfo info = tuning_info("cached", vec, *cached.setting);
       info.cache = cache_path;
       info.calibration_s = cached.calibration_s;
+      info.exhaustive = cached.exhaustive;
+      info.exhaustive_s = cached.exhaustive_s;
       return info;
     }
     if (!cached.problem.empty())
@@ -380,11 +469,21 @@ TuningInfo decide_tuning(TuningMode mode, const std::string& signature, Vec vec,
       return from_table();
   }
   const Calibration calibration = calibrate(vec);
-  TuningInfo info = tuning_info("calibrated", vec, calibration.setting);
+  std::optional<ExhaustiveSearch> searched;
+  if (mode == TuningMode::exhaustive)
+    searched = search ? search(vec, calibration.setting) : search_tuning(vec, calibration.setting);
+  TuningInfo info = searched ? tuning_info("exhaustive", vec, searched->setting)
+                             : tuning_info("calibrated", vec, calibration.setting);
   info.calibration_s = calibration.seconds;
+  if (searched) {
+    info.exhaustive = searched->groups;
+    info.exhaustive_s = searched->seconds;
+  }
   if (cache_path.empty()) {
     note = "no cache folder ($XDG_CACHE_HOME and $HOME unset, or no cpu_signature): the calibration is not kept";
-  } else if (const std::string why = write_tuning_cache(cache_path, signature, vec, calibration); !why.empty()) {
+  } else if (const std::string why =
+                 write_tuning_cache(cache_path, signature, vec, calibration, searched ? &*searched : nullptr);
+             !why.empty()) {
     note = (note ? *note + "; " : std::string()) + "the calibration is not kept: " + why;
   } else {
     info.cache = cache_path;
@@ -399,18 +498,34 @@ const TuningInfo& apply_tuning(TuningMode mode) {
   std::call_once(once, [mode] {
     const Vec vec = active_vec();
     const std::string signature = cpu_signature();
-    decided =
-        decide_tuning(mode, signature, vec, tuning_cache_path(signature), [](Vec v) { return calibrate_tuning(v); });
+    decided = decide_tuning(mode, signature, vec, tuning_cache_path(signature),
+                            [](Vec v) { return calibrate_tuning(v); });
     Setting setting = tuning::current(vec);
     for (Knob k : tuning::kAllKnobs)
       for (const TuningInfo::Choice& c : decided.choices)
         if (c.kernel == tuning::kernel_of(k) && c.name == tuning::name_of(k)) setting[k] = c.value;
     tuning::set(vec, setting);
     if (decided.note) fmt::print(stderr, "lattnbench: warning: {}\n", *decided.note);
-    if (decided.source == "calibrated")
+    if (decided.source == "calibrated" || decided.source == "exhaustive")
       fmt::print(stderr, "lattnbench: tuned the CPU kernels for {} in {:.1f} s{} (--tuning default skips this)\n",
-                 signature.empty() ? "this CPU" : signature, decided.calibration_s.value_or(0.0),
+                 signature.empty() ? "this CPU" : signature,
+                 decided.calibration_s.value_or(0.0) + decided.exhaustive_s.value_or(0.0),
                  decided.cache ? ", cached in " + *decided.cache : std::string());
+    if (decided.source == "exhaustive") {
+      for (const TuningInfo::PlanGap& g : decided.exhaustive) {
+        std::string best;
+        for (const TuningInfo::Choice& c : g.best)
+          best += fmt::format("{}{}.{} {}", best.empty() ? "" : ", ", c.kernel, c.name,
+                              c.label.empty() ? std::to_string(c.value) : c.label);
+        fmt::print(stderr,
+                   "lattnbench: exhaustive {}: the quick plan {:.1f} ms, the best of {} combinations {:.1f} ms "
+                   "(quick / best {:.3f}: {})\n",
+                   g.kernel, g.quick_ms, g.combinations, g.best_ms, g.best_ms > 0 ? g.quick_ms / g.best_ms : 0.0, best);
+      }
+      if (decided.exhaustive.empty())
+        fmt::print(stderr, "lattnbench: exhaustive: no group of choices has more than one combination at {}\n",
+                   to_string(vec));
+    }
   });
   return decided;
 }

@@ -25,6 +25,12 @@ struct KnobTable {
 //   differ between microarchitectures.
 // - prefetch_next: the tile products (AVX-512 only) spread prefetches of the next chunk's rows over
 //   their micro-tiles, into L2 (the default); into L1 or not at all are the others.
+// - chunked.products: the register tiles skip the causal zeros and fuse products, but sgemm may
+//   run a wider or better-scheduled kernel on a CPU with two 512-bit FMA ports; the tiles exist at
+//   AVX-512 only, so the narrower widths have sgemm alone.
+// - layer.products: the packed products (measured 1.03-1.10x OpenBLAS on Zen 4 at AVX-512) or
+//   OpenBLAS's own kernels, which at AVX2 the 6 x 16 micro-tile was not shown to beat (the
+//   default there); the generic width has no packed kernel.
 const std::array<KnobTable, kKnobs>& table() {
   static const std::array<KnobTable, kKnobs> t = {{
       {"scan", "tokens_per_walk", {{{1}, {2, 1}, {6, 5, 4}}}},
@@ -34,6 +40,8 @@ const std::array<KnobTable, kKnobs>& table() {
       {"packed_gemm", "depth_block", {{{256}, {256, 128, 384}, {256, 128, 384}}}},
       {"packed_gemm", "row_tiles", {{{16}, {20, 10, 40}, {10, 5, 20}}}},
       {"tile_products", "prefetch_next", {{{1}, {1}, {1, 2, 0}}}},
+      {"chunked", "products", {{{kProductsBlas}, {kProductsBlas}, {kProductsPacked, kProductsBlas}}}},
+      {"layer", "products", {{{kProductsBlas}, {kProductsBlas, kProductsPacked}, {kProductsPacked, kProductsBlas}}}},
   }};
   return t;
 }
@@ -49,6 +57,28 @@ std::array<Setting, 3>& settings() {
 
 const char* kernel_of(Knob knob) { return table()[std::size_t(knob)].kernel; }
 const char* name_of(Knob knob) { return table()[std::size_t(knob)].name; }
+
+const char* value_label(Knob knob, int value) {
+  if (knob != Knob::chunked_products && knob != Knob::layer_products) return nullptr;
+  if (value == kProductsPacked) return "packed";
+  if (value == kProductsBlas) return knob == Knob::layer_products ? "openblas" : "blas";
+  return nullptr;
+}
+
+int value_from_label(Knob knob, const std::string& label) {
+  for (int v : {kProductsPacked, kProductsBlas})
+    if (const char* l = value_label(knob, v); l && label == l) return v;
+  if (knob == Knob::chunked_products || knob == Knob::layer_products) return -1;
+  for (const std::vector<int>& width : table()[std::size_t(knob)].candidates)
+    for (int v : width)
+      if (std::to_string(v) == label) return v;
+  return -1;
+}
+
+std::string value_text(Knob knob, int value) {
+  const char* label = value_label(knob, value);
+  return label ? std::string(label) : std::to_string(value);
+}
 
 const std::vector<int>& candidates(Knob knob, Vec vec) {
   return table()[std::size_t(knob)].candidates[width_index(vec)];
@@ -69,8 +99,8 @@ std::string invalid(const Setting& setting, Vec vec) {
     for (int v : c) found = found || v == setting[k];
     if (!found) {
       std::string list;
-      for (int v : c) list += (list.empty() ? "" : ", ") + std::to_string(v);
-      return std::string(kernel_of(k)) + "." + name_of(k) + " " + std::to_string(setting[k]) + " is not one of " +
+      for (int v : c) list += (list.empty() ? "" : ", ") + value_text(k, v);
+      return std::string(kernel_of(k)) + "." + name_of(k) + " " + value_text(k, setting[k]) + " is not one of " +
              to_string(vec) + "'s candidates (" + list + ")";
     }
   }

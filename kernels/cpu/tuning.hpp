@@ -14,6 +14,13 @@
 //                row_tiles        micro-tiles of rows per packed A block (MC = row_tiles x micro_rows)
 //   tile_products prefetch_next   where the chunked kernels' tile products prefetch the rows the
 //                                 caller reads next (the next chunk's): 1 L2, 2 L1, 0 not at all
+// and two structural ones, which pick the code a product runs rather than a constant inside it:
+//   chunked      products         the additive rule's chunked form (no decay, retnet): its chunk
+//                                 products on the register-tiled kernels (chunked_tiled, AVX-512
+//                                 only) or on OpenBLAS's sgemm (chunked_blas)
+//   layer        products         the hybrid layer's projections on the packed products
+//                                 (cpu/packed_gemm.hpp) or on OpenBLAS's sgemm
+// A structural knob's values have names (value_label): the cache and the records write those.
 #pragma once
 
 #include <array>
@@ -32,15 +39,28 @@ enum class Knob {
   gemm_depth_block,
   gemm_row_tiles,
   tile_prefetch_next,
+  chunked_products,
+  layer_products,
 };
-inline constexpr int kKnobs = 7;
+inline constexpr int kKnobs = 9;
 inline constexpr std::array<Knob, kKnobs> kAllKnobs = {
-    Knob::scan_tokens_per_walk, Knob::scan_column_block, Knob::scan_prefetch_rows, Knob::gemm_micro_rows,
-    Knob::gemm_depth_block,     Knob::gemm_row_tiles,    Knob::tile_prefetch_next};
+    Knob::scan_tokens_per_walk, Knob::scan_column_block,  Knob::scan_prefetch_rows,
+    Knob::gemm_micro_rows,      Knob::gemm_depth_block,   Knob::gemm_row_tiles,
+    Knob::tile_prefetch_next,   Knob::chunked_products,   Knob::layer_products};
+
+// The structural knobs' values.
+inline constexpr int kProductsPacked = 0;  // this project's kernels: the register tiles, the packed products
+inline constexpr int kProductsBlas = 1;    // OpenBLAS's sgemm
 
 // The kernel a knob belongs to ("scan", "packed_gemm") and its own name ("tokens_per_walk").
 const char* kernel_of(Knob knob);
 const char* name_of(Knob knob);
+// A structural knob's name for a value ("packed", "blas"); null for a knob whose values are numbers.
+const char* value_label(Knob knob, int value);
+// The value a label names, or -1 (a numeric knob's label is its number).
+int value_from_label(Knob knob, const std::string& label);
+// What the cache and records write: the label, else the number.
+std::string value_text(Knob knob, int value);
 
 // The values a knob may take at a width, and the default among them (what the kernels ran before
 // the choices were made at run time, and what a CPU with no shipped or calibrated entry gets).

@@ -26,7 +26,7 @@ std::string comma_list(const std::vector<std::string>& names) {
 
 // What --tuning and LATTN_TUNING take (backends/cpu/tuning.hpp's modes: src/ names no backend).
 const std::vector<std::string>& cpu_tuning_modes() {
-  static const std::vector<std::string> v = {"auto", "shipped", "default", "calibrate"};
+  static const std::vector<std::string> v = {"auto", "shipped", "default", "calibrate", "exhaustive"};
   return v;
 }
 

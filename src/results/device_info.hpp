@@ -30,14 +30,26 @@ struct HostInfo {
 // The runtime choices the CPU kernels ran with (kernels/cpu/tuning.hpp) and where they came from
 // (backends/cpu/tuning.hpp): the device block's `tuning`.
 struct TuningInfo {
-  std::string source;        // "shipped", "calibrated", "cached" or "default"
+  std::string source;        // "shipped", "calibrated", "exhaustive", "cached" or "default"
   std::string vector_width;  // the width the choices are for
   std::optional<std::string> microarchitecture;  // shipped: the table's entry
   struct Choice {
     std::string kernel, name;
     int value = 0;
+    std::string label;  // a structural choice's name for its value ("packed", "blas"); empty: the number
   };
   std::vector<Choice> choices;
+  // --tuning exhaustive (backends/cpu/tuning.hpp): per kernel, every combination of its choices
+  // timed on the suites' shapes, the quick calibration's plan among them and the best.
+  struct PlanGap {
+    std::string kernel;      // the choices' group ("scan", "layer", "chunked")
+    int combinations = 0;    // how many were timed
+    double quick_ms = 0;     // the quick plan's time on the group's shapes
+    double best_ms = 0;      // the best combination's
+    std::vector<Choice> best;  // the best combination's values (the group's choices)
+  };
+  std::vector<PlanGap> exhaustive;
+  std::optional<double> exhaustive_s;  // how long the search took
   std::optional<std::string> cache;     // the cache file read or written
   std::optional<double> calibration_s;  // how long the calibration took (this run's, or the cached one's)
   std::optional<std::string> note;      // why a cache was not used or not written

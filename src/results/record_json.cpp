@@ -194,8 +194,26 @@ nlohmann::json to_json(const DeviceInfo& d) {
     if (const auto& t = c->tuning) {
       nlohmann::json tuning = {{"source", t->source}, {"vector_width", t->vector_width}};
       nlohmann::json choices = nlohmann::json::object();
-      for (const TuningInfo::Choice& choice : t->choices) choices[choice.kernel][choice.name] = choice.value;
+      auto value_of = [](const TuningInfo::Choice& choice) {
+        return choice.label.empty() ? nlohmann::json(choice.value) : nlohmann::json(choice.label);
+      };
+      for (const TuningInfo::Choice& choice : t->choices) choices[choice.kernel][choice.name] = value_of(choice);
       tuning["choices"] = choices;
+      if (!t->exhaustive.empty()) {
+        nlohmann::json groups = nlohmann::json::array();
+        for (const TuningInfo::PlanGap& g : t->exhaustive) {
+          nlohmann::json best = nlohmann::json::object();
+          for (const TuningInfo::Choice& choice : g.best) best[choice.kernel][choice.name] = value_of(choice);
+          groups.push_back({{"kernel", g.kernel},
+                            {"combinations", g.combinations},
+                            {"quick_ms", g.quick_ms},
+                            {"best_ms", g.best_ms},
+                            {"quick_over_best", g.best_ms > 0 ? g.quick_ms / g.best_ms : 0.0},
+                            {"best", best}});
+        }
+        tuning["exhaustive"] = groups;
+      }
+      put(tuning, "exhaustive_s", t->exhaustive_s);
       put(tuning, "microarchitecture", t->microarchitecture);
       put(tuning, "cache", t->cache);
       put(tuning, "calibration_s", t->calibration_s);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/packed_gemm.hpp"
+#include "kernels/cpu/tuning.hpp"
 #include "kernels/cpu/vec.hpp"
 
 namespace lattn::cpu {
@@ -98,13 +99,14 @@ std::optional<ProductPath> path_from_environment() {
   return std::nullopt;
 }
 
-// The default, chosen by measurement (docs/performance.md): at AVX-512 the packed products, which
-// on Zen 4 run the layer's projections at 1.03-1.10x OpenBLAS's AVX-512 sgemm, and on Zen 5, where
-// OpenBLAS 0.3.21 runs its Haswell kernel at about half the FMA rate, have the full-width units to
-// themselves (not yet measured there); at AVX2 OpenBLAS's own kernels, which the 6 x 16 micro-tile
-// was not shown to beat. Not measured at each start: a product's rate takes half a second to
-// settle, which every run would pay.
-ProductPath default_path() { return active_vec() == Vec::avx512 ? ProductPath::packed : ProductPath::openblas; }
+// The default: the tuning's layer.products (kernels/cpu/tuning.hpp), whose default is the packed
+// products at AVX-512, which on Zen 4 run the layer's projections at 1.03-1.10x OpenBLAS's AVX-512
+// sgemm, and OpenBLAS's own kernels at AVX2, which the 6 x 16 micro-tile was not shown to beat;
+// the calibration (backends/cpu/tuning.hpp) times both on the CPU it meets.
+ProductPath default_path() {
+  return tuning::value(tuning::Knob::layer_products) == tuning::kProductsPacked ? ProductPath::packed
+                                                                                 : ProductPath::openblas;
+}
 
 }  // namespace
 

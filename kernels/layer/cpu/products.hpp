@@ -37,9 +37,9 @@ std::size_t k_split_bytes(int m, int n, int k);
 void k_split_product(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* const* outs,
                      int out_cols, Allocator& allocator);
 
-// Which products the hybrid layer runs: OpenBLAS's sgemm, or the packed products. By default the
-// packed ones at AVX-512 and OpenBLAS's otherwise (cpu/vec.hpp's active width); a test may set
-// another, and the environment variable LATTN_LAYER_PRODUCTS=openblas|packed overrides both (for
+// Which products the hybrid layer runs: OpenBLAS's sgemm, or the packed products. By default what
+// the tuning's layer.products says (kernels/cpu/tuning.hpp: packed at AVX-512 and OpenBLAS's
+// otherwise unless a calibration chose the other); a test may set another, and the environment variable LATTN_LAYER_PRODUCTS=openblas|packed overrides both (for
 // A/B runs of one build).
 enum class ProductPath { openblas, packed };
 ProductPath product_path();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "kernels/cpu/tuning.hpp"
 #include "kernels/cpu/vec.hpp"
 #include "kernels/linear_attention/cpu/kernels.hpp"
 #include "kernels/linear_attention/cpu/chunked/chunked_tiled.hpp"
@@ -23,14 +24,17 @@ const std::vector<Decay> all_decays(std::begin(kAllDecays), std::end(kAllDecays)
 
 std::size_t bytes(std::size_t floats) { return floats * sizeof(float); }
 
-// The register-tiled products need AVX-512 compiled in and active; OpenBLAS runs the rest.
+// The register-tiled products need AVX-512 compiled in and active, and the tuning's chunked.products
+// (kernels/cpu/tuning.hpp) to choose them; OpenBLAS runs the rest.
+bool tiled_products() { return tiles_active() && tuning::value(tuning::Knob::chunked_products) == tuning::kProductsPacked; }
 std::optional<std::string> needs_tiles(const Problem&) {
-  if (tiles_active()) return std::nullopt;
+  if (tiled_products()) return std::nullopt;
+  if (tiles_active()) return std::string("the tuning's chunked.products is blas");
   return std::string("the AVX-512 register tiles are not active at vector width ") + to_string(active_vec());
 }
 std::optional<std::string> without_tiles(const Problem&) {
-  if (!tiles_active()) return std::nullopt;
-  return std::string("chunked_tiled runs where the AVX-512 register tiles are active");
+  if (!tiled_products()) return std::nullopt;
+  return std::string("chunked_tiled runs where the AVX-512 register tiles are active and chosen");
 }
 
 std::vector<CpuVariant> scan_table() {
@@ -131,7 +135,7 @@ CpuVariant cpu_variant_for(const std::string& form, const Problem& problem) {
 
 // ---- kernels.hpp's entry points ----
 
-bool chunked_uses_tiles() { return tiles_active(); }
+bool chunked_uses_tiles() { return tiled_products(); }
 
 void scan_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
   cpu_variant_for("scan", p).forward(p, a, allocator, nullptr);
