@@ -14,4 +14,8 @@ void forward(const Problem& problem, const ForwardArgs<double>& args);
 // at a time while G runs in reverse (reference.cpp).
 void backward(const Problem& problem, const BackwardArgs<double>& args);
 
+// rule dplr (docs/spec.md section 1e; reference_dplr.cpp): forward and backward call these for it.
+void dplr_forward(const Problem& problem, const ForwardArgs<double>& args);
+void dplr_backward(const Problem& problem, const BackwardArgs<double>& args);
+
 }  // namespace lattn::reference

@@ -141,6 +141,9 @@ std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Ca
   if (!linear_problem(kase).square_dense())
     return ref.name + ": the plugin interface (version 1) takes square dense cases only, not heads_k, dim_v or "
                       "packed documents";
+  // Nor for dplr's a and b (docs/spec.md section 1e).
+  if (linear_problem(kase).dplr())
+    return ref.name + ": the plugin interface (version 1) has no tensors a and b for rule dplr";
   const PluginCase c(kase, device, threads);
   if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
   return std::nullopt;
