@@ -2,15 +2,19 @@
 // (kernels/linear_attention/reference_dplr.cpp) against central finite differences for every
 // gradient, against flash-linear-attention's and ggml's recurrences written in their own naming
 // (the a/b swap held here), and against the delta rule's rows on the cases the delta rule is:
-// KDA, Gated DeltaNet and DeltaNet.
+// KDA, Gated DeltaNet and DeltaNet. The kernels are held to the reference by tests/test_ops.cpp's
+// table and by the cases below.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 
+#include "kernels/linear_attention/packing.hpp"
 #include "kernels/linear_attention/reference.hpp"
 #include "test_util.hpp"
 
@@ -309,5 +313,124 @@ TEST_CASE("dplr with a = -beta k, b = A k and the key beta k is the delta rule, 
     CHECK(relative_gap(dk_chain, dk) < 1e-13);
     CHECK(relative_gap(dbeta_chain, dbeta) < 1e-13);
     if (gated(decay)) CHECK(relative_gap(dg_chain, dg) < 1e-13);
+  }
+}
+
+namespace {
+
+// A dplr case of `impl` with the section 1c keys, settled as the plan settles it.
+struct ShapeCase {
+  int batch, heads, heads_k, seq, dim, dim_v, chunk;
+  std::string lengths = "";
+};
+
+Case dplr_case(const ShapeCase& s, Decay decay, const std::string& impl, Mode mode, const std::string& gate_norm) {
+  Problem p{s.batch, s.heads, s.seq, s.dim, s.chunk, decay, Rule::dplr};
+  Case c = test::kernel_case(p, impl, mode);
+  c.options["heads_k"] = std::to_string(s.heads_k);
+  c.options["dim_v"] = std::to_string(s.dim_v);
+  if (!s.lengths.empty()) c.options["lengths"] = canonical_lengths(s.lengths);
+  if (gated(decay)) c.options["gate_norm"] = gate_norm;
+  if (c.op->settle) c.op->settle(c);
+  return c;
+}
+
+// Ragged T (not a multiple of the chunk or the scan's tile of 64), D not a multiple of any vector
+// width, grouped heads (one q/k head for all, and half), Dv below and above Dk, packed documents
+// from 1 token to past a tile, and D 128.
+std::vector<ShapeCase> dplr_shapes() {
+  return {{2, 2, 2, 100, 16, 16, 16},          {1, 3, 3, 37, 5, 5, 8},
+          {2, 4, 1, 45, 32, 16, 16},           {1, 4, 2, 70, 24, 40, 16},
+          {1, 4, 2, 1, 32, 32, 16, "37 1 64 90"}, {1, 2, 2, 150, 128, 128, 64}};
+}
+
+std::string describe(const ShapeCase& s) {
+  return "B" + std::to_string(s.batch) + " H" + std::to_string(s.heads) + " Hk" + std::to_string(s.heads_k) + " T" +
+         std::to_string(s.seq) + " Dk" + std::to_string(s.dim) + " Dv" + std::to_string(s.dim_v) + " C" +
+         std::to_string(s.chunk) + (s.lengths.empty() ? "" : " lengths " + s.lengths);
+}
+
+}  // namespace
+
+TEST_CASE("dplr scan and chunked forms match the float64 reference on every decay, shape and vector width",
+          "[dplr][scan][chunked][shapes]") {
+  // The case outermost and the impls, widths and thread counts inside it: its inputs and reference
+  // are made once for all of them.
+  auto one = make_backend("cpu", BackendOptions{1}), three = make_backend("cpu", BackendOptions{3});
+  int checked = 0;
+  for (const ShapeCase& shape : dplr_shapes())
+    for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector})
+      for (const std::string gate_norm : {"16", "1"}) {
+        if (gate_norm == "1" && !gated(decay)) continue;
+        for (Mode mode : {Mode::fwd, Mode::fwd_bwd})
+          for (const std::string impl : {"scan", "chunked"})
+            for (const cpu::Vec vec : cpu::available_vecs())
+              for (Backend* backend : {one.get(), three.get()}) {
+                const test::VecOverride force(vec);
+                const Case kase = dplr_case(shape, decay, impl, mode, gate_norm);
+                INFO(impl << " " << describe(shape) << " " << to_string(decay) << " gate_norm " << gate_norm << " "
+                          << to_string(mode) << " " << cpu::to_string(vec) << " threads "
+                          << (backend == one.get() ? 1 : 3));
+                REQUIRE_FALSE(backend->unsupported(kase));
+                CHECK(backend->variant(kase) == impl + "_dplr");
+                const test::Outcome out = test::run_on(*backend, kase);
+                INFO(test::errors(out.check));
+                CHECK(out.check.passed);
+                // Every gradient is checked, da and db among them.
+                if (mode == Mode::fwd_bwd) {
+                  CHECK(out.check.per_output.count("da") == 1);
+                  CHECK(out.check.per_output.count("db") == 1);
+                  CHECK(out.check.per_output.count("dg") == (gated(decay) ? 1u : 0u));
+                }
+                ++checked;
+              }
+      }
+  CHECK(checked == int(dplr_shapes().size()) * 6 * 2 * 2 * int(cpu::available_vecs().size()) * 2);
+}
+
+TEST_CASE("dplr chunked form takes gates far stronger than the suite's without overflow", "[dplr][chunked][gates]") {
+  // gate_norm 0.05: log-gates of -14 a token on average, cumulative sums past -800 over a chunk of
+  // 64, where exp(G) underflows and exp(-G) overflows float32 and double alike: only differences
+  // within the chunk, each <= 0, keep the factors finite.
+  auto backend = make_backend("cpu", BackendOptions{2});
+  for (const std::string impl : {"chunked", "scan"})
+    for (Decay decay : {Decay::scalar, Decay::vector})
+      for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+        const Case kase = dplr_case({1, 2, 2, 150, 32, 24, 64}, decay, impl, mode, "0.05");
+        INFO(impl << " " << to_string(decay) << " " << to_string(mode));
+        const test::Outcome out = test::run_on(*backend, kase);
+        INFO(test::errors(out.check));
+        CHECK(out.check.passed);
+      }
+}
+
+TEST_CASE("dplr: the kernel suite runs both forms and modes from the command line, every output checked",
+          "[dplr][cli]") {
+  const auto dir = test::fresh_dir("dplr-cli");
+  const std::string out = (dir / "k.json").string();
+  // T 100 (ragged against the chunk 16 and the scan's tile), strong gates.
+  const test::ProcessResult r = test::run_process(
+      "timeout 300 " + test::binary() + " --suite kernel --rule dplr --decay vector --impl scan,chunked "
+      "--mode fwd,fwd_bwd --batch 2 --heads 2 --seq 100 --dim 16 --chunk 16 --gate-norm 1 --reps 1 --warmup 0 "
+      "--min-sample-ms 1 --threads 2 --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_status == 0);
+  std::ifstream file(out);
+  const nlohmann::json doc = nlohmann::json::parse(file);
+  REQUIRE(doc["results"].size() == 4);
+  for (const auto& rec : doc["results"]) {
+    INFO(rec.dump());
+    CHECK(rec["status"] == "ok");
+    CHECK(rec["rule"] == "dplr");
+    CHECK(rec["variant"] == rec["impl"].get<std::string>() + "_dplr");
+    const bool backward = rec["mode"] == "fwd_bwd";
+    std::vector<std::string> names = {"o", "hT"};
+    if (backward) names.insert(names.end(), {"dq", "dk", "dv", "dh0", "dg", "da", "db"});
+    CHECK(rec["rel_errs"].size() == names.size());
+    for (const std::string& name : names) {
+      INFO(name);
+      REQUIRE(rec["rel_errs"].contains(name));
+      CHECK(rec["rel_errs"][name].get<double>() < 1e-4);
+    }
   }
 }
