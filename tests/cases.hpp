@@ -224,7 +224,7 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
 // of slots, gathered through the seeded index.
 inline std::vector<DecodeProblem> decode_test_shapes() {
   std::vector<DecodeProblem> shapes;
-  for (Rule rule : {Rule::additive, Rule::delta})
+  for (Rule rule : {Rule::additive, Rule::delta, Rule::dplr})
     for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
       shapes.push_back({1, 1, 1, 1, 1, decay, rule});
       shapes.push_back({2, 3, 1, 37, 1, decay, rule});    // ragged strip

@@ -19,7 +19,7 @@ namespace {
 
 // The tensors a step reads besides the states (h0 is the pristine copy, read only when re-seeding;
 // state_index is shared by the copies: an engine's index array is one small tensor).
-constexpr const char* kCopiedInputs[] = {"q", "k", "v", "g", "beta"};
+constexpr const char* kCopiedInputs[] = {"q", "k", "v", "g", "beta", "a", "b"};
 constexpr const char* kCopiedOutputs[] = {"o", "snapshots"};
 
 std::size_t elems_of(const Case& c, const std::string& name) {
@@ -143,6 +143,8 @@ class DecodeCase final : public PreparedCase {
         a.q = h.data("q"), a.k = h.data("k"), a.v = h.data("v"), a.o = h.data("o");
         a.g = present("g") ? h.data("g") : nullptr;
         a.beta = present("beta") ? h.data("beta") : nullptr;
+        a.a = present("a") ? h.data("a") : nullptr;
+        a.b = present("b") ? h.data("b") : nullptr;
         a.snapshots = present("snapshots") ? h.data("snapshots") : nullptr;
       } else {
         // Its inputs copied from copy 0's, its outputs its own, in one block.
@@ -161,6 +163,7 @@ class DecodeCase final : public PreparedCase {
         };
         a.q = take("q", true), a.k = take("k", true), a.v = take("v", true);
         a.g = take("g", true), a.beta = take("beta", true);
+        a.a = take("a", true), a.b = take("b", true);
         a.o = take("o", false), a.snapshots = take("snapshots", false);
       }
       if (p.state_bf16) {

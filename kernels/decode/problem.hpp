@@ -8,6 +8,7 @@
 //   g (decay scalar)  : [batch][H][T]               (log-gates, one per token)
 //   g (decay vector)  : [batch][H][T][Dk]           (log-gates per token and key channel)
 //   beta (rule delta) : [batch][H][T]
+//   a, b (rule dplr)  : [batch][H][T][Dk]          (docs/spec.md section 1e)
 //   snapshots         : [batch][H][K - 1][Dk][Dv]   (slot i - 1 holds the state i tokens before the
 //                                                    step's end; only when K > 1; float32)
 //   state pool        : [slots][H][Dk][Dv]          (a pooled step, state_slots > batch: sequence b's
@@ -44,6 +45,7 @@ struct DecodeProblem {
   bool state_bf16 = false;  // the states stored as bf16 (updated in float32, rounded once per step)
 
   bool delta() const { return rule == Rule::delta; }
+  bool dplr() const { return rule == Rule::dplr; }
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
   int value_dim() const { return dim_v > 0 ? dim_v : dim; }
   bool pooled() const { return state_slots > batch; }
@@ -73,14 +75,15 @@ struct DecodeProblem {
   int gate_width() const { return decay == Decay::vector ? dim : decay == Decay::scalar ? 1 : 0; }
   std::size_t gate_elems() const { return heads_total() * std::size_t(tokens) * gate_width(); }
   std::size_t beta_elems() const { return heads_total() * std::size_t(tokens); }
+  std::size_t low_rank_elems() const { return heads_total() * std::size_t(tokens) * dim; }  // a, b (dplr)
   std::size_t snapshot_elems() const { return state_elems() * std::size_t(extra_slots()); }
 };
 
 // Pointers of one step. The states are read and overwritten: `state` (float32) or `state_bf16` (bf16
 // bits, for a problem with state_bf16), the pool's slots when state_index is given (one slot per
 // sequence, `batch` entries, distinct), else [batch][H][Dk][Dv]. o and snapshots are fully
-// overwritten. g only for a gated decay, beta only for the delta rule, snapshots only when
-// extra_slots() > 0.
+// overwritten. g only for a gated decay, beta only for the delta rule, a and b only for dplr,
+// snapshots only when extra_slots() > 0.
 // In: q, k, v's element type (void on the GPU, where they may be bf16); F: everything else's.
 template <class In, class F = float>
 struct DecodeArgs {
@@ -94,6 +97,8 @@ struct DecodeArgs {
   F* snapshots = nullptr;
   std::uint16_t* state_bf16 = nullptr;
   const int* state_index = nullptr;
+  const F* a = nullptr;  // rule dplr: the low-rank part's write and read directions
+  const F* b = nullptr;
 };
 
 }  // namespace lattn
