@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/linear_attention/cpu/bf16.hpp"
 #include "kernels/linear_attention/packing.hpp"
 #include "kernels/linear_attention/reference.hpp"
 #include "test_util.hpp"
@@ -433,4 +434,20 @@ TEST_CASE("dplr: the kernel suite runs both forms and modes from the command lin
       CHECK(rec["rel_errs"][name].get<double>() < 1e-4);
     }
   }
+}
+
+TEST_CASE("dplr: bf16 cases are declined with the reason, also where the CPU runs bf16", "[dplr][bf16]") {
+  // Forced as a CPU with AVX512-BF16 would have it: the bf16 converter carries no a and b, so no
+  // row may take the case (a float32 row run behind it would read null a and b).
+  cpu::set_bf16_override(true);
+  auto backend = make_backend("cpu", BackendOptions{1});
+  for (const std::string impl : {"scan", "chunked"}) {
+    Case kase = dplr_case({1, 2, 2, 20, 8, 8, 8}, Decay::vector, impl, Mode::fwd, "16");
+    kase.dtype = "bf16";
+    const std::optional<std::string> why = backend->unsupported(kase);
+    INFO(impl);
+    REQUIRE(why.has_value());
+    CHECK(why->find("rule dplr") != std::string::npos);
+  }
+  cpu::set_bf16_override(std::nullopt);
 }
