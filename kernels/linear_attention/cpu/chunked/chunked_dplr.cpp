@@ -30,10 +30,11 @@
 // and the products' and operands' gradients reach q, k, a, b and the log-gates G through their
 // factors; dg_r is the sum of dG over the chunk's rows from r on.
 //
-// The chunk size is the case's `chunk` key. The intra-chunk products cost O(C) per token (and one
-// exp per pair and channel, C / 2 per token and channel) against the state products' O(Dk Dv), so
-// short chunks suit them: flash-linear-attention runs DPLR at 16 for that reason. The kernel takes
-// any C; which one is fastest on a CPU is a measurement (docs/kernels.md).
+// The chunk size is the case's `chunk` key, so it defaults to the kernel suite's 128, every rule's
+// default. The intra-chunk products cost O(C) per token (and one exp per pair and channel, C / 2 per
+// token and channel: 64 at 128, 8 at 16) against the state products' O(Dk Dv), so short chunks suit
+// them: flash-linear-attention runs DPLR at 16 for that reason, and `--chunk 16` is the setting to
+// start from. The kernel takes any C; which one is fastest on a CPU is a measurement not yet made.
 //
 // Items: the forward's are (sequence, value head) pairs; the backward's whole groups (the value
 // heads of one sequence sharing a q/k head), the first writing dq and dk, the later adding theirs.
