@@ -436,18 +436,22 @@ TEST_CASE("dplr: the kernel suite runs both forms and modes from the command lin
   }
 }
 
-TEST_CASE("dplr: bf16 cases are declined with the reason, also where the CPU runs bf16", "[dplr][bf16]") {
-  // Forced as a CPU with AVX512-BF16 would have it: the bf16 converter carries no a and b, so no
-  // row may take the case (a float32 row run behind it would read null a and b).
+TEST_CASE("dplr: bf16 cases run the float32 rows behind the converter, every output checked", "[dplr][bf16]") {
+  // Forced as a CPU with AVX512-BF16 would have it (the converter itself runs anywhere): q, k, v and
+  // dO in bf16, a, b and g in float32 as the other per-token inputs are.
   cpu::set_bf16_override(true);
-  auto backend = make_backend("cpu", BackendOptions{1});
-  for (const std::string impl : {"scan", "chunked"}) {
-    Case kase = dplr_case({1, 2, 2, 20, 8, 8, 8}, Decay::vector, impl, Mode::fwd, "16");
-    kase.dtype = "bf16";
-    const std::optional<std::string> why = backend->unsupported(kase);
-    INFO(impl);
-    REQUIRE(why.has_value());
-    CHECK(why->find("rule dplr") != std::string::npos);
-  }
+  auto backend = make_backend("cpu", BackendOptions{2});
+  for (const std::string impl : {"scan", "chunked"})
+    for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+      Case kase = dplr_case({1, 4, 2, 45, 16, 24, 16}, Decay::vector, impl, mode, "1");
+      kase.dtype = "bf16";
+      INFO(impl << " " << to_string(mode));
+      REQUIRE_FALSE(backend->unsupported(kase));
+      CHECK(backend->variant(kase) == impl + "_dplr+bf16cvt");
+      const test::Outcome out = test::run_on(*backend, kase);
+      INFO(test::errors(out.check));
+      CHECK(out.check.passed);
+      if (mode == Mode::fwd_bwd) CHECK(out.check.per_output.count("db") == 1);
+    }
   cpu::set_bf16_override(std::nullopt);
 }

@@ -38,6 +38,8 @@ struct Bf16ForwardArgs {
   float* hT;
   const float* g = nullptr;
   const float* beta = nullptr;
+  const float* a = nullptr;  // rule dplr's a and b (float32, as g and beta)
+  const float* b = nullptr;
 };
 
 struct Bf16BackwardArgs {
@@ -55,6 +57,10 @@ struct Bf16BackwardArgs {
   float* dg = nullptr;
   const float* beta = nullptr;
   float* dbeta = nullptr;
+  const float* a = nullptr;  // rule dplr's a and b and their gradients
+  const float* b = nullptr;
+  float* da = nullptr;
+  float* db = nullptr;
 };
 
 // A bf16 variant: as CpuVariant (cpu/variants.hpp), its calls taking bf16 token tensors.

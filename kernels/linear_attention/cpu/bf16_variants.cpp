@@ -132,8 +132,6 @@ void set_amx_override(std::optional<AmxPath> path) { forced_amx = path; }
 
 std::optional<std::string> cpu_bf16_refusal(const std::string& form, const Problem& problem) {
   if (!bf16_supported()) return std::string("bf16 on the CPU needs AVX512-BF16, which this CPU lacks");
-  // The converter's arguments carry no a and b: dplr's float32 rows would run without them.
-  if (problem.dplr()) return std::string("no CPU bf16 row takes rule dplr (the bf16 arguments carry no a and b)");
   if (choose_variant(native_table(form), problem, "CPU bf16 " + form, nullptr)) return std::nullopt;
   std::string why;
   if (!cpu_variant(form, problem, &why)) return why;
