@@ -151,11 +151,11 @@ inline std::vector<LayerProblem> layer_test_shapes() {
 
 // Shapes every kernel test covers: D = 1 and D = 128, T < C, T not a multiple of C, T = 1, C = 1,
 // D not a multiple of the vector width; every decay, gated ones included (the test table adds
-// strong gates, gate_norm 1, to each gated shape), under both rules (delta: DeltaNet, Gated
-// DeltaNet, KDA and the delta rule with retnet's decay).
+// strong gates, gate_norm 1, to each gated shape), under every rule (delta: DeltaNet, Gated
+// DeltaNet, KDA and the delta rule with retnet's decay; dplr: RWKV-7's with each decay).
 inline std::vector<Problem> kernel_test_shapes() {
   std::vector<Problem> shapes;
-  for (Rule rule : {Rule::additive, Rule::delta})
+  for (Rule rule : {Rule::additive, Rule::delta, Rule::dplr})
     for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
       shapes.push_back({1, 1, 1, 1, 4, decay, rule});
       shapes.push_back({1, 2, 9, 1, 4, decay, rule});
@@ -224,7 +224,7 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
 // of slots, gathered through the seeded index.
 inline std::vector<DecodeProblem> decode_test_shapes() {
   std::vector<DecodeProblem> shapes;
-  for (Rule rule : {Rule::additive, Rule::delta})
+  for (Rule rule : {Rule::additive, Rule::delta, Rule::dplr})
     for (Decay decay : {Decay::none, Decay::retnet, Decay::scalar, Decay::vector}) {
       shapes.push_back({1, 1, 1, 1, 1, decay, rule});
       shapes.push_back({2, 3, 1, 37, 1, decay, rule});    // ragged strip

@@ -19,7 +19,7 @@ namespace {
 
 // The tensors a step reads besides the states (h0 is the pristine copy, read only when re-seeding;
 // state_index is shared by the copies: an engine's index array is one small tensor).
-constexpr const char* kCopiedInputs[] = {"q", "k", "v", "g", "beta", "dt", "trap", "k_prev", "v_prev"};
+constexpr const char* kCopiedInputs[] = {"q", "k", "v", "g", "beta", "a", "b", "dt", "trap", "k_prev", "v_prev"};
 constexpr const char* kCopiedOutputs[] = {"o", "snapshots", "k_last", "v_last"};
 
 std::size_t elems_of(const Case& c, const std::string& name) {
@@ -143,6 +143,8 @@ class DecodeCase final : public PreparedCase {
         a.q = h.data("q"), a.k = h.data("k"), a.v = h.data("v"), a.o = h.data("o");
         a.g = present("g") ? h.data("g") : nullptr;
         a.beta = present("beta") ? h.data("beta") : nullptr;
+        a.a = present("a") ? h.data("a") : nullptr;
+        a.b = present("b") ? h.data("b") : nullptr;
         a.snapshots = present("snapshots") ? h.data("snapshots") : nullptr;
         if (present("dt")) {  // rule trapezoidal
           a.dt = h.data("dt"), a.trap = h.data("trap"), a.k_prev = h.data("k_prev"), a.v_prev = h.data("v_prev");
@@ -165,6 +167,7 @@ class DecodeCase final : public PreparedCase {
         };
         a.q = take("q", true), a.k = take("k", true), a.v = take("v", true);
         a.g = take("g", true), a.beta = take("beta", true);
+        a.a = take("a", true), a.b = take("b", true);
         a.o = take("o", false), a.snapshots = take("snapshots", false);
         a.dt = take("dt", true), a.trap = take("trap", true), a.k_prev = take("k_prev", true);
         a.v_prev = take("v_prev", true), a.k_last = take("k_last", false), a.v_last = take("v_last", false);

@@ -289,11 +289,13 @@ std::size_t widened_floats(const DecodeProblem& p) { return p.state_bf16 && p.to
 }  // namespace
 
 std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads) {
+  if (p.dplr()) return std::size_t(std::max(threads, 1)) * decode_dplr_thread_floats(p) * sizeof(float);
   if (p.trapezoidal()) return decode_trapezoidal_workspace_bytes(p, threads);
   return std::size_t(std::max(threads, 1)) * (weights_floats(p) + widened_floats(p)) * sizeof(float);
 }
 
 void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& allocator) {
+  if (p.dplr()) return decode_step_dplr(p, a, allocator);  // cpu/dplr.cpp
   if (p.trapezoidal()) return decode_trapezoidal_step(p, a, allocator);
   const RowDecay decay = p.decay == Decay::none ? RowDecay::none : p.decay == Decay::vector ? RowDecay::rows : RowDecay::uniform;
   const Kernel kernel = kernel_for(active_vec(), p, p.delta(), decay);

@@ -14,6 +14,9 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<float>& args, Allocato
 // The scratch one step takes from the allocator: each thread's row weights for one value head's tokens.
 std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads);
 
+// rule dplr's step (cpu/dplr.cpp), which decode_step hands dplr problems, and its floats per thread.
+void decode_step_dplr(const DecodeProblem& p, const DecodeArgs<float>& args, Allocator& allocator);
+std::size_t decode_dplr_thread_floats(const DecodeProblem& p);
 // The trapezoidal rule's step (cpu/trapezoidal.cpp), which the two above hand rule trapezoidal to.
 void decode_trapezoidal_step(const DecodeProblem& p, const DecodeArgs<float>& args, Allocator& allocator);
 std::size_t decode_trapezoidal_workspace_bytes(const DecodeProblem& p, int threads);

@@ -496,6 +496,7 @@ DecodeLaunch decode_launch(const DecodeProblem& pr, int multiprocessors) {
 }
 
 std::optional<std::string> decode_unsupported(const DecodeProblem& p) {
+  if (p.dplr()) return std::string("the CUDA decode step has no kernel for rule dplr");
   if (p.trapezoidal()) return std::string("the CUDA decode step has no trapezoidal rule (Mamba-3): the CPU's steps it");
   if (p.dim > kDecodeMaxDim)
     return "the CUDA decode step holds a head's state rows in one block's registers: dim (the key dim) over " +

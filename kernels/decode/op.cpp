@@ -55,6 +55,11 @@ std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch)
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 bool is_trapezoidal(const Case& c) { return c.option("rule") == "trapezoidal"; }
+bool is_dplr(const Case& c) { return c.option("rule") == "dplr"; }
+// dplr's a and b (docs/spec.md section 1f): [B][H][T][Dk].
+std::vector<std::size_t> low_rank(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(c.dim)};
+}
 bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
 bool is_pooled(const Case& c) { return decode_problem(c).pooled(); }
 std::vector<std::size_t> sequences(const Case& c) { return {std::size_t(c.batch)}; }
@@ -76,6 +81,9 @@ double step_flops(const Case& c) {
     return tokens * ((6.0 * R + 1.0) * DD + 2.0 * R * Dk + 8.0);
   }
   if (is_delta(c)) return tokens * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
+  // dplr (cpu/dplr.cpp): the read u = S^T b (2 DD), the two writes (4 DD), the readout (2 DD) and
+  // the decay (DD, none for none).
+  if (is_dplr(c)) return tokens * ((8.0 + decay) * DD + W);
   return tokens * ((4.0 + decay) * DD + W);
 }
 
@@ -137,6 +145,23 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     fill_normal(set.add("k_prev", Role::input, carry_keys(c)).data, seed, 33);
     fill_normal(set.add("v_prev", Role::input, carry_values(c)).data, seed, 34);
   }
+  if (is_dplr(c)) {
+    // As the kernel suite draws them (docs/spec.md section 1f): b = kappa / |kappa| (stream 10),
+    // a = -(alpha . b), alpha ~ U(0, 1] (stream 11).
+    auto& b = set.add("b", Role::input, low_rank(c)).data;
+    fill_normal(b, seed, 10);
+    const std::size_t dim = std::size_t(c.dim);
+    for (std::size_t r = 0; r + dim <= b.size(); r += dim) {
+      double sum = 0;
+      for (std::size_t d = 0; d < dim; ++d) sum += double(b[r + d]) * b[r + d];
+      const double inv = sum > 0 ? 1.0 / std::sqrt(sum) : 0.0;
+      for (std::size_t d = 0; d < dim; ++d) b[r + d] = float(b[r + d] * inv);
+    }
+    auto& a = set.add("a", Role::input, low_rank(c)).data;
+    fill_uniform(a, seed, 11);
+    const std::vector<float>& read = set.at("b").data;  // looked up again: the add may move it
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = -a[i] * read[i];
+  }
   return set;
 }
 
@@ -146,6 +171,8 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
   const auto q = widened(in, "q"), k = widened(in, "k"), v = widened(in, "v"), h0 = widened(in, "h0");
   const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
+  const std::vector<double> low_a = p.dplr() ? widened(in, "a") : std::vector<double>();
+  const std::vector<double> low_b = p.dplr() ? widened(in, "b") : std::vector<double>();
   auto& o = ref.values["o"];
   auto& hT = ref.values["hT"];
   o.assign(p.value_elems(), 0.0);
@@ -165,12 +192,14 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
     args.dt = dt.data(), args.trap = trap.data(), args.k_prev = k_prev.data(), args.v_prev = v_prev.data();
     args.k_last = ref.values["k_last"].data(), args.v_last = ref.values["v_last"].data();
   }
+  args.a = low_a.empty() ? nullptr : low_a.data();
+  args.b = low_b.empty() ? nullptr : low_b.data();
   reference::decode_step(p, args);
   return ref;
 }
 
 Axis rule_axis() {
-  Axis a{"rule", Param::option, {"delta"}, "update rules (additive, delta, trapezoidal)"};
+  Axis a{"rule", Param::option, {"delta"}, "update rules (additive, delta, trapezoidal, dplr)"};
   a.kind = Kind::name;
   a.choices = rule_names();
   return a;
@@ -263,7 +292,9 @@ double decode_step_bytes(const Case& c) {
          2.0 * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (token_bytes + 4.0) +
          4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0) +
          // trapezoidal: the previous token's rows read and the last token's written (float32), dt and trap
-         (p.trapezoidal() ? 8.0 * double(p.carry_k_elems() + p.carry_v_elems()) + 8.0 * double(p.beta_elems()) : 0.0);
+         (p.trapezoidal() ? 8.0 * double(p.carry_k_elems() + p.carry_v_elems()) + 8.0 * double(p.beta_elems()) : 0.0) +
+         // dplr: a and b read (float32)
+         (p.dplr() ? 8.0 * double(p.low_rank_elems()) : 0.0);
 }
 
 const Op& decode_op() {
@@ -296,6 +327,8 @@ const Op& decode_op() {
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
         {"beta", Role::input, per_token, false, is_delta},
+        {"a", Role::input, low_rank, false, is_dplr},
+        {"b", Role::input, low_rank, false, is_dplr},
         {"dt", Role::input, per_token, false, is_trapezoidal},
         {"trap", Role::input, per_token, false, is_trapezoidal},
         {"k_prev", Role::input, carry_keys, false, is_trapezoidal},

@@ -8,6 +8,7 @@
 //   g (decay scalar)  : [batch][H][T]               (log-gates, one per token)
 //   g (decay vector)  : [batch][H][T][Dk]           (log-gates per token and key channel)
 //   beta (rule delta) : [batch][H][T]
+//   a, b (rule dplr)  : [batch][H][T][Dk]          (docs/spec.md section 1f)
 //   rule trapezoidal (docs/spec.md section 1e), R = rank rows per token: q, k [batch][Hk][T][R][Dk],
 //   v, o [batch][H][T][R][Dv]; dt, trap [batch][H][T]; the previous token's rows k_prev
 //   [batch][H][R][Dk] and v_prev [batch][H][R][Dv] (zero before a sequence's first token), and the
@@ -49,6 +50,7 @@ struct DecodeProblem {
   int rank = 1;             // rows of q, k, v, o per token (rule trapezoidal's MIMO rank)
 
   bool delta() const { return rule == Rule::delta; }
+  bool dplr() const { return rule == Rule::dplr; }
   bool trapezoidal() const { return rule == Rule::trapezoidal; }
   int rows() const { return rank > 1 ? rank : 1; }
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
@@ -83,14 +85,15 @@ struct DecodeProblem {
   int gate_width() const { return decay == Decay::vector ? dim : decay == Decay::scalar ? 1 : 0; }
   std::size_t gate_elems() const { return heads_total() * std::size_t(tokens) * gate_width(); }
   std::size_t beta_elems() const { return heads_total() * std::size_t(tokens); }
+  std::size_t low_rank_elems() const { return heads_total() * std::size_t(tokens) * dim; }  // a, b (dplr)
   std::size_t snapshot_elems() const { return state_elems() * std::size_t(extra_slots()); }
 };
 
 // Pointers of one step. The states are read and overwritten: `state` (float32) or `state_bf16` (bf16
 // bits, for a problem with state_bf16), the pool's slots when state_index is given (one slot per
 // sequence, `batch` entries, distinct), else [batch][H][Dk][Dv]. o and snapshots are fully
-// overwritten. g only for a gated decay, beta only for the delta rule, snapshots only when
-// extra_slots() > 0.
+// overwritten. g only for a gated decay, beta only for the delta rule, a and b only for dplr,
+// snapshots only when extra_slots() > 0.
 // In: q, k, v's element type (void on the GPU, where they may be bf16); F: everything else's.
 template <class In, class F = float>
 struct DecodeArgs {
@@ -104,6 +107,8 @@ struct DecodeArgs {
   F* snapshots = nullptr;
   std::uint16_t* state_bf16 = nullptr;
   const int* state_index = nullptr;
+  const F* a = nullptr;  // rule dplr: the low-rank part's write and read directions
+  const F* b = nullptr;
   // rule trapezoidal: the step sizes and lambda's logits, the previous token's rows, and the last
   // token's rows written out (the layouts above).
   const F* dt = nullptr;

@@ -1,5 +1,5 @@
 // The decode step in float64, written as docs/spec.md section 1b states it: S' = A_t S, then the rule's
-// write, then o_t = s S^T q_t, with the Dk x Dv state and grouped heads of section 1c. Slow and plain
+// write (dplr, section 1f: u = S^T b read before the decay, then S' + a u^T + k v^T), then o_t = s S^T q_t, with the Dk x Dv state and grouped heads of section 1c. Slow and plain
 // on purpose: the kernels are checked against it, and tests/kernels/test_decode.cpp checks it against the
 // linear-attention op's own reference.
 #include "kernels/decode/reference.hpp"
@@ -70,9 +70,21 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<double, double>& a) {
         if (p.decay == Decay::scalar) decay[i] = std::exp(a.g[bh * T + t]);
         if (p.decay == Decay::vector) decay[i] = std::exp(a.g[gate_row + i]);
       }
+      if (p.dplr()) {  // u = S^T b, read before the decay (docs/spec.md section 1f)
+        const double* b = a.b + (bh * T + std::size_t(t)) * std::size_t(Dk);
+        for (int j = 0; j < Dv; ++j) {
+          double sum = 0;
+          for (int i = 0; i < Dk; ++i) sum += S[std::size_t(i) * Dv + j] * b[i];
+          u[j] = sum;
+        }
+      }
       for (int i = 0; i < Dk; ++i)
         for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] *= decay[i];
-      if (p.delta()) {
+      if (p.dplr()) {  // S = A S + a u^T + k v^T
+        const double* lo = a.a + (bh * T + std::size_t(t)) * std::size_t(Dk);
+        for (int i = 0; i < Dk; ++i)
+          for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] += lo[i] * u[j] + k[i] * v[j];
+      } else if (p.delta()) {
         // u = S'^T k: what the state predicts for k; the write moves it towards v by beta.
         for (int j = 0; j < Dv; ++j) {
           double sum = 0;

@@ -75,6 +75,11 @@ bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 std::vector<std::size_t> betas(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
 }
+// The diagonal-plus-low-rank rule (docs/spec.md section 1f): a, b (and da, db) [B][H][T][Dk], per value head.
+bool is_dplr(const Case& c) { return c.option("rule") == "dplr"; }
+std::vector<std::size_t> low_rank(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(c.dim)};
+}
 // The trapezoidal rule (docs/spec.md section 1e): its dt and trap (and gradients) are betas' shape.
 bool is_trapezoidal(const Case& c) { return c.option("rule") == "trapezoidal"; }
 
@@ -123,6 +128,35 @@ double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const 
   return total;
 }
 
+// DPLR (docs/spec.md section 1f), the scan (cpu/scan/scan_dplr.cpp), per token and head: the forward's
+// one walk over the state multiplies by the decay (DD, not for none), writes a_t u_t^T and k_t v_t^T
+// (4 DD) and reads out o_t and u_{t+1} (4 DD), with W exps. The backward walks four times: the
+// forward again without o (6 DD + decay), G and G^T in reverse (two writes and two readouts each:
+// 8 DD + decay) and S^T forward (a readout before the step and one after: 8 DD + decay), 3 W exps
+// and 10 D for dg's sums where gated.
+double dplr_scan_token_flops(const Case& c, const TokenSizes& z) {
+  const double decay = c.decay == "none" ? 0.0 : 1.0;
+  const double forward = (8.0 + decay) * z.DD + z.W;
+  const double backward = (30.0 + 4.0 * decay) * z.DD + 3.0 * z.W + (is_gated(c) ? 10.0 * z.D : 0.0);
+  return c.mode == Mode::fwd ? forward : forward + backward;
+}
+
+// DPLR, the chunked form (cpu/chunked/chunked_dplr.cpp), per token and head with a chunk of C rows:
+// the state products B^ S, Q^ S, A~^T U, K~^T V and the decay (9 DD); the four gated intra-chunk
+// products by hand, 13 flops a pair and channel ((C - 1) / 2 pairs a token: 6.5 C Dk); A_bk V,
+// T Y, A_qa U and A_qk V over whole C x C blocks (8 C Dv); the solve (C^2 / 3); the gated operands
+// (8 D and 3 W exps). The backward runs the forward over the chunks again for their entering
+// states (without o: 7 DD + 6.5 C Dk + 4 C Dv + C^2 / 3), recomputes each chunk's products (2 DD +
+// 6.5 C Dk + 4 C Dv + C^2 / 3), and adds dU, dV from dS (4 DD), the operands' gradients dQ^, dB^,
+// dA~, dK~ (8 DD), the entering state's gradient (7 DD), the products' and their transposes'
+// (14 C Dv), the pairs' gradients (10 C Dk) and 16 D of per-channel work, with 2 W exps.
+double dplr_chunked_token_flops(const Case& c, const TokenSizes& z) {
+  const double DD = z.DD, C = z.C, Dk = z.Dk, Dv = z.Dv, D = z.D, W = z.W;
+  const double forward = 9.0 * DD + 6.5 * C * Dk + 8.0 * C * Dv + C * C / 3.0 + 8.0 * D + 3.0 * W;
+  const double backward = 28.0 * DD + 23.0 * C * Dk + 22.0 * C * Dv + 2.0 * C * C / 3.0 + 16.0 * D + 2.0 * W;
+  return c.mode == Mode::fwd ? forward : forward + backward;
+}
+
 // The forward is 4 D^2 flops per token and head (the state update and the readout, 2 D^2 each);
 // the backward's three recurrences (S for dq, G for dk and dv) add 10 D^2.
 // Gated (docs/performance.md): every pass also scales its state by the gate, D^2 per token, and
@@ -153,6 +187,7 @@ double trapezoidal_token_flops(const Case& c, const TokenSizes& z, double (*form
 double scan_token_flops(const Case& c, const TokenSizes& z) {
   if (is_trapezoidal(c)) return trapezoidal_token_flops(c, z, scan_token_flops);
   const double DD = z.DD, D = z.D, W = z.W;
+  if (is_dplr(c)) return dplr_scan_token_flops(c, z);
   if (is_delta(c)) {
     const double decay = c.decay == "none" ? 0.0 : 1.0;
     const double forward = (6.0 + decay) * DD + 7.0 * D + W;
@@ -190,6 +225,7 @@ double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops
 double chunked_token_flops(const Case& c, const TokenSizes& z) {
   if (is_trapezoidal(c)) return trapezoidal_token_flops(c, z, chunked_token_flops);
   const double DD = z.DD, D = z.D, C = z.C;
+  if (is_dplr(c)) return dplr_chunked_token_flops(c, z);
   if (is_delta(c)) {
     const double solve = C * C / 3.0, half = (C + 1) * D;
     double forward = 0, backward = 0;
@@ -266,6 +302,16 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
     if (normalizes_keys(c)) normalize_rows(set.at("k").data, std::size_t(c.dim));
   }
+  if (is_dplr(c)) {
+    // RWKV-7's contractive transition (docs/spec.md section 1f): b = kappa, L2-normalised (stream 10),
+    // a = -(alpha . kappa) with alpha ~ U(0, 1] per channel (stream 11).
+    auto& b = set.add("b", Role::input, low_rank(c)).data;
+    fill_normal(b, seed, 10);
+    normalize_rows(b, std::size_t(c.dim));
+    auto& a = set.add("a", Role::input, low_rank(c)).data;
+    fill_uniform(a, seed, 11);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = -a[i] * b[i];
+  }
   if (is_trapezoidal(c)) {
     // dt = softplus(z), z ~ N(0, 1), stream 31: step sizes around 0.7, so that the writes weigh
     // against h0; trap ~ N(0, 1), stream 32: lambda's logits (docs/spec.md section 3).
@@ -311,7 +357,12 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const double* beta_or_null = beta.empty() ? nullptr : beta.data();
   const std::vector<double> dt = p.trapezoidal() ? widened(in, "dt") : std::vector<double>();
   const std::vector<double> trap = p.trapezoidal() ? widened(in, "trap") : std::vector<double>();
-  ForwardArgs<double> args{q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null};
+  const std::vector<double> low_a = p.dplr() ? widened(in, "a") : std::vector<double>();
+  const std::vector<double> low_b = p.dplr() ? widened(in, "b") : std::vector<double>();
+  const double* a_or_null = low_a.empty() ? nullptr : low_a.data();
+  const double* b_or_null = low_b.empty() ? nullptr : low_b.data();
+  ForwardArgs<double> args{q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null,
+                           a_or_null, b_or_null};
   args.dt = dt.empty() ? nullptr : dt.data();
   args.trap = trap.empty() ? nullptr : trap.data();
   reference::forward(p, args);
@@ -329,9 +380,16 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
       ref.values["dbeta"].assign(p.beta_elems(), 0.0);
       dbeta = ref.values["dbeta"].data();
     }
+    double *da = nullptr, *db = nullptr;
+    if (p.dplr()) {
+      ref.values["da"].assign(p.low_rank_elems(), 0.0);
+      ref.values["db"].assign(p.low_rank_elems(), 0.0);
+      da = ref.values["da"].data();
+      db = ref.values["db"].data();
+    }
     BackwardArgs<double> grads{q.data(), k.data(), v.data(), h0.data(), dO.data(), dhT.data(), ref.values["dq"].data(),
                                ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data(), g_or_null, dg,
-                               beta_or_null, dbeta};
+                               beta_or_null, dbeta, a_or_null, b_or_null, da, db};
     if (p.trapezoidal()) {
       for (const char* name : {"ddt", "dtrap"}) ref.values[name].assign(p.beta_elems(), 0.0);
       grads.dt = args.dt, grads.trap = args.trap;
@@ -361,10 +419,10 @@ Axis gate_norm_axis() {
   return a;
 }
 
-// rule (docs/spec.md section 1b): additive or delta, for every decay; it always applies, so every record
+// rule (docs/spec.md sections 1b, 1e and 1f): additive, delta, trapezoidal or dplr, for every decay; it always applies, so every record
 // says which rule ran.
 Axis rule_axis() {
-  Axis a{"rule", Param::option, {"additive"}, "update rules (additive, delta, trapezoidal)"};
+  Axis a{"rule", Param::option, {"additive"}, "update rules (additive, delta, trapezoidal, dplr)"};
   a.kind = Kind::name;
   a.choices = rule_names();
   return a;
@@ -466,7 +524,7 @@ double fixed_decay_gamma(Decay decay, int head) {
 std::string to_string(Decay decay) { return decay_names()[std::size_t(decay)]; }
 
 const std::vector<std::string>& rule_names() {
-  static const std::vector<std::string> names = {"additive", "delta", "trapezoidal"};
+  static const std::vector<std::string> names = {"additive", "delta", "trapezoidal", "dplr"};
   return names;
 }
 
@@ -546,18 +604,22 @@ LinearTensors bind_linear_tensors(const Case& c, const std::function<void*(const
   t.h0 = floats("h0"), t.o = floats("o"), t.hT = floats("hT"), t.g = floats("g"), t.beta = floats("beta");
   t.dhT = floats("dhT"), t.dq = floats("dq"), t.dk = floats("dk"), t.dv = floats("dv"), t.dh0 = floats("dh0");
   t.dg = floats("dg"), t.dbeta = floats("dbeta");
+  t.a = floats("a"), t.b = floats("b"), t.da = floats("da"), t.db = floats("db");
   t.dt = floats("dt"), t.trap = floats("trap"), t.ddt = floats("ddt"), t.dtrap = floats("dtrap");
   return t;
 }
 
 ForwardArgs<float> cpu_forward_args(const LinearTensors& t) {
   const auto f = [](void* p) { return static_cast<const float*>(p); };
-  return {f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.dt, t.trap};
+  ForwardArgs<float> a{f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.a, t.b};
+  a.dt = t.dt, a.trap = t.trap;
+  return a;
 }
 
 BackwardArgs<float> cpu_backward_args(const LinearTensors& t) {
   const auto f = [](void* p) { return static_cast<const float*>(p); };
-  BackwardArgs<float> a{f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
+  BackwardArgs<float> a{f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta,
+                        t.a, t.b, t.da, t.db};
   a.dt = t.dt, a.trap = t.trap, a.ddt = t.ddt, a.dtrap = t.dtrap;
   return a;
 }
@@ -600,6 +662,8 @@ const Op& linear_attention_op() {
         {"dv", Role::gradient, values, false},  {"dh0", Role::gradient, states, false},
         {"g", Role::input, gates, false, is_gated},  {"dg", Role::gradient, gates, false, is_gated},
         {"beta", Role::input, betas, false, is_delta}, {"dbeta", Role::gradient, betas, false, is_delta},
+        {"a", Role::input, low_rank, false, is_dplr},  {"b", Role::input, low_rank, false, is_dplr},
+        {"da", Role::gradient, low_rank, false, is_dplr}, {"db", Role::gradient, low_rank, false, is_dplr},
         {"dt", Role::input, betas, false, is_trapezoidal}, {"trap", Role::input, betas, false, is_trapezoidal},
         {"ddt", Role::gradient, betas, false, is_trapezoidal}, {"dtrap", Role::gradient, betas, false, is_trapezoidal},
     };

@@ -28,11 +28,12 @@ void settle_shape_keys(Case& kase);
 // One case's tensors of this op, bound by name once: the one binder the CPU rows, the CUDA rows
 // and the plugin call share. q, k, v and dO are in the case's dtype (void*); the rest float32.
 // A tensor the case does not have (by the op's TensorSpecs: g without a gated decay, beta without
-// the delta rule, the cotangents and gradients in a forward) is null.
+// the delta rule, a and b without dplr, the cotangents and gradients in a forward) is null.
 struct LinearTensors {
   void *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr;
   float *h0 = nullptr, *o = nullptr, *hT = nullptr, *g = nullptr, *beta = nullptr, *dhT = nullptr;
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh0 = nullptr, *dg = nullptr, *dbeta = nullptr;
+  float *a = nullptr, *b = nullptr, *da = nullptr, *db = nullptr;  // rule dplr only
   float *dt = nullptr, *trap = nullptr, *ddt = nullptr, *dtrap = nullptr;  // rule trapezoidal
 };
 

@@ -9,6 +9,7 @@
 //   g, dg (decay scalar): [batch][heads][seq]      (log-gates, one per token)
 //   g, dg (decay vector): [batch][heads][seq][Dk]  (log-gates per token and key channel)
 //   beta, dbeta (delta) : [batch][heads][seq]      (write strengths in (0, 1), one per token)
+//   a, b, da, db (dplr) : [batch][heads][seq][Dk]  (the transition's low-rank part, per value head)
 //   dt, trap, ddt, dtrap: [batch][heads][seq]      (rule trapezoidal: step sizes and lambda's logits)
 // With rule trapezoidal and rank R > 1 (MIMO) each token has R rows of q, k, v and o: q, k
 // [batch][Hk][seq][R][Dk], v, o [batch][heads][seq][R][Dv] (docs/spec.md section 1e).
@@ -38,9 +39,11 @@ inline bool gated(Decay decay) { return decay == Decay::scalar || decay == Decay
 // How token t is written into the state (docs/spec.md section 1b): `additive` (S_t = S'_t + k_t v_t^T) or
 // `delta` (S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T: DeltaNet, with the gates Gated DeltaNet and
 // KDA), S'_t = A_t S_{t-1} being the decayed state. An input beta [B][H][T] exists for `delta` only.
+// `dplr` (RWKV-7's diagonal plus low rank, docs/spec.md section 1f): S_t = (A_t + a_t b_t^T) S_{t-1}
+// + k_t v_t^T, with inputs a, b [B][H][T][Dk].
 // `trapezoidal` (Mamba-3, docs/spec.md section 1e): S_t = exp(g_t) S_{t-1} + beta_t k_{t-1} v_{t-1}^T +
 // gamma_t k_t v_t^T from the step sizes dt and lambda = sigmoid(trap); scalar gates only, scale 1.
-enum class Rule { additive, delta, trapezoidal };
+enum class Rule { additive, delta, trapezoidal, dplr };
 
 // The rules' names, in enum order: what configs and records write.
 const std::vector<std::string>& rule_names();
@@ -82,6 +85,7 @@ struct Problem {
   int rank = 1;  // rows of q, k, v, o per token (rule trapezoidal's MIMO rank; 1 elsewhere)
 
   bool delta() const { return rule == Rule::delta; }
+  bool dplr() const { return rule == Rule::dplr; }
   bool trapezoidal() const { return rule == Rule::trapezoidal; }
   int rows() const { return rank > 1 ? rank : 1; }  // q/k/v/o rows per token
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
@@ -120,6 +124,10 @@ struct Problem {
   std::size_t gate_elems() const { return heads_total() * seq * std::size_t(gate_width()); }
   std::size_t head_gate_elems() const { return std::size_t(seq) * gate_width(); }
   std::size_t beta_elems() const { return heads_total() * seq; }  // beta, dbeta (rule delta)
+  // a, b, da, db (rule dplr): Dk per token of each value head; a slice's rows start at
+  // low_rank_offset (its token offset, HeadSlice::beta, times Dk).
+  std::size_t low_rank_elems() const { return heads_total() * seq * std::size_t(dim); }
+  std::size_t low_rank_offset(const HeadSlice& h) const { return h.beta * std::size_t(dim); }
 };
 
 // A decay added at run time (docs/adding-a-kernel.md; tests/kernels/test_variants.cpp's toy decay): a fixed
@@ -160,12 +168,15 @@ struct ForwardArgs {
   T* hT;
   const T* g = nullptr;
   const T* beta = nullptr;
+  const T* a = nullptr;  // rule dplr: the low-rank part's write direction a and read direction b
+  const T* b = nullptr;
   const T* dt = nullptr;    // rule trapezoidal: step sizes dt_t > 0
   const T* trap = nullptr;  // rule trapezoidal: lambda_t's logits
 };
 
 // Pointers of one backward call: the forward's inputs, the cotangents, and the gradients
-// (overwritten). g and dg only for a gated decay, beta and dbeta only for the delta rule.
+// (overwritten). g and dg only for a gated decay, beta and dbeta only for the delta rule, a, b, da
+// and db only for dplr.
 template <class T>
 struct BackwardArgs {
   const T* q;
@@ -182,6 +193,10 @@ struct BackwardArgs {
   T* dg = nullptr;
   const T* beta = nullptr;
   T* dbeta = nullptr;
+  const T* a = nullptr;  // rule dplr's inputs and their gradients (null otherwise)
+  const T* b = nullptr;
+  T* da = nullptr;
+  T* db = nullptr;
   const T* dt = nullptr;  // rule trapezoidal: its inputs and their gradients
   const T* trap = nullptr;
   T* ddt = nullptr;

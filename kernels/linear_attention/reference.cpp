@@ -83,6 +83,7 @@ void step(double* S, const Decays& A, int t, const double* kt, const double* vt,
 }  // namespace
 
 void forward(const Problem& p, const ForwardArgs<double>& a) {
+  if (p.dplr()) return dplr_forward(p, a);  // reference_dplr.cpp
   if (p.trapezoidal()) return trapezoidal_forward(p, a);
   const int Dk = p.dim, Dv = p.value_dim();
   const double s = attention_scale(Dk);
@@ -113,6 +114,7 @@ void forward(const Problem& p, const ForwardArgs<double>& a) {
 }
 
 void backward(const Problem& p, const BackwardArgs<double>& a) {
+  if (p.dplr()) return dplr_backward(p, a);  // reference_dplr.cpp
   if (p.trapezoidal()) return trapezoidal_backward(p, a);
   const int Dk = p.dim, Dv = p.value_dim(), G = p.group();
   const std::size_t DD = p.head_state_elems();

@@ -14,6 +14,9 @@ void forward(const Problem& problem, const ForwardArgs<double>& args);
 // at a time while G runs in reverse (reference.cpp).
 void backward(const Problem& problem, const BackwardArgs<double>& args);
 
+// rule dplr (docs/spec.md section 1f; reference_dplr.cpp): forward and backward call these for it.
+void dplr_forward(const Problem& problem, const ForwardArgs<double>& args);
+void dplr_backward(const Problem& problem, const BackwardArgs<double>& args);
 // The trapezoidal rule's (docs/spec.md section 1e; reference_trapezoidal.cpp), which forward and
 // backward hand rule trapezoidal to. Besides the above, backward writes dg, ddt and dtrap.
 void trapezoidal_forward(const Problem& problem, const ForwardArgs<double>& args);

@@ -141,6 +141,9 @@ std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Ca
   if (!linear_problem(kase).square_dense())
     return ref.name + ": the plugin interface (version 1) takes square dense cases only, not heads_k, dim_v or "
                       "packed documents";
+  // Nor for dplr's a and b (docs/spec.md section 1f).
+  if (linear_problem(kase).dplr())
+    return ref.name + ": the plugin interface (version 1) has no tensors a and b for rule dplr";
   // Nor for the trapezoidal rule's dt and trap, or its rows per token.
   if (linear_problem(kase).trapezoidal())
     return ref.name + ": the plugin interface (version 1) has no dt or trap tensor for rule trapezoidal";

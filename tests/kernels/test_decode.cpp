@@ -54,7 +54,7 @@ Case kernel_case_of(const DecodeProblem& p, int tokens) {
 TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots included", "[decode]") {
   // Square; grouped heads with Dv < Dk; one q/k head with Dv > Dk.
   for (const auto& [heads_k, dim_v] : {std::pair{3, 7}, std::pair{1, 4}, std::pair{1, 9}})
-    for (Rule rule : {Rule::additive, Rule::delta})
+    for (Rule rule : {Rule::additive, Rule::delta, Rule::dplr})
       for (Decay decay : all_decays()) {
         const DecodeProblem p{2, 3, 5, 7, 4, decay, rule, heads_k, dim_v};
         const Case dc = test::decode_case(p);
@@ -90,6 +90,11 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
           if (rule == Rule::delta)
             cut.add("beta", Role::input, {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens)}).data =
                 first_tokens(in.at("beta").data, p, p.heads_total(), 1, tokens);
+          if (rule == Rule::dplr)
+            for (const char* name : {"a", "b"})
+              cut.add(name, Role::input,
+                      {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens), std::size_t(p.dim)})
+                  .data = first_tokens(in.at(name).data, p, p.heads_total(), p.dim, tokens);
           const Reference linear = linear_attention_op().reference(kc, cut, false);
           const std::vector<double>& hT = linear.values.at("hT");
           if (slot == 0) {
@@ -139,7 +144,7 @@ TEST_CASE("decode: the CPU step takes grouped heads and Dk x Dv states on every 
     test::VecOverride force(vec);
     for (const int heads_k : {1, heads / 2, heads})
       for (const int dim_v : {dim / 2, dim, 2 * dim})
-        for (Rule rule : {Rule::additive, Rule::delta})
+        for (Rule rule : {Rule::additive, Rule::delta, Rule::dplr})
           for (Decay decay : all_decays())
             for (const auto& [tokens, snapshots] : {std::pair{1, 1}, std::pair{3, 3}}) {
               const DecodeProblem p{2, heads, tokens, dim, snapshots, decay, rule, heads_k, dim_v};
@@ -152,7 +157,7 @@ TEST_CASE("decode: the CPU step takes grouped heads and Dk x Dv states on every 
               ++checked;
             }
   }
-  CHECK(checked == int(cpu::available_vecs().size()) * 3 * 3 * 2 * 4 * 2);
+  CHECK(checked == int(cpu::available_vecs().size()) * 3 * 3 * 3 * 4 * 2);
 }
 
 TEST_CASE("decode: the state is stepped in place and re-seeded before the check", "[decode]") {

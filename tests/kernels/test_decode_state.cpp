@@ -155,7 +155,7 @@ TEST_CASE("decode state: a bf16 CPU step is the float32 step rounded once, after
 TEST_CASE("decode state: the CPU row's pooled and bf16 steps match the float64 reference",
           "[decode][pool][bf16_state]") {
   auto backend = make_backend("cpu", BackendOptions{2});
-  for (Rule rule : {Rule::additive, Rule::delta})
+  for (Rule rule : {Rule::additive, Rule::delta, Rule::dplr})
     for (Decay decay : all_decays())
       for (const bool bf16 : {false, true})
         for (const int slots : {0, 11}) {

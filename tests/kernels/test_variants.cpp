@@ -20,6 +20,7 @@ namespace {
 // The variant each form should run, by the kernels' own files: the rule first, then the decay,
 // then whether the AVX-512 register tiles are active.
 std::string expected_variant(const std::string& form, Rule rule, Decay decay) {
+  if (rule == Rule::dplr) return form + "_dplr";
   if (rule == Rule::trapezoidal) return form + "_trapezoidal";
   if (form == "scan") return rule == Rule::delta ? "scan_delta" : "scan_columns";
   if (rule == Rule::delta) return "chunked_delta";
@@ -195,7 +196,7 @@ TEST_CASE("a variant registered through the table runs the cases it takes, and o
     for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
       const Case c = test::kernel_case(p, "scan", mode);
       INFO(test::describe(c));
-      const bool toy_takes = !p.delta() && !gated(p.decay) && p.dim <= kToyMaxDim;
+      const bool toy_takes = p.rule == Rule::additive && !gated(p.decay) && p.dim <= kToyMaxDim;
       REQUIRE_FALSE(backend->unsupported(c));
       CHECK((backend->variant(c) == "toy_scan") == toy_takes);
       if (!toy_takes) continue;
@@ -263,7 +264,7 @@ TEST_CASE("a decay added through the table: skipped with the table's reason unti
   cpu::add_cpu_variant("scan", toy_decay_variant());
   int ran = 0;
   for (const Problem& shape : test::kernel_test_shapes()) {
-    if (shape.delta() || shape.decay != Decay::none || shape.dim > kToyMaxDim) continue;
+    if (shape.rule != Rule::additive || shape.decay != Decay::none || shape.dim > kToyMaxDim) continue;
     Problem q = shape;
     q.decay = toy;
     for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {

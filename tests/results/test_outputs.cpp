@@ -188,7 +188,7 @@ TEST_CASE("the help types every value and lists the installed configs, and --lis
 
   const ProcessResult list = run_process(binary() + " --list");
   REQUIRE(list.exit_status == 0);
-  CHECK_THAT(list.output, Contains("\nrules:    additive, delta, trapezoidal\n") && Contains("\nconfigs:  "));
+  CHECK_THAT(list.output, Contains("\nrules:    additive, delta, trapezoidal, dplr\n") && Contains("\nconfigs:  "));
 
   const ProcessResult cases = run_process(binary() + " --suite kernel --seq 16 --dim 4 --batch 1 --heads 1 --chunk 8 "
                                                     "--mode fwd --impl scan,chunked --decay none,scalar --list-cases");

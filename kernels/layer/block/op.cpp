@@ -95,7 +95,8 @@ Axis attention_axis() {
 }
 
 std::vector<Axis> block_axes() {
-  Axis rule = named("rule", "additive", rule_names(), "update rules of the linear branch (additive, delta)");
+  // The block's branch is Gated DeltaNet, KDA or Mamba2: dplr (an RWKV-7 block's) is not among them.
+  Axis rule = named("rule", "additive", {"additive", "delta"}, "update rules of the linear branch (additive, delta)");
   Axis conv{"short_conv", Param::option, {"0"}, "short convolution width on q, k, v (0: none)", 0, block::kMaxConv};
   Axis rank_axis{"gate_rank", Param::option, {"64"}, "low rank of projected vector gates (KDA)", 1, kMaxRank};
   rank_axis.applies = proj_vector;

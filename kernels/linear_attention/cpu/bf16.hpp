@@ -38,6 +38,8 @@ struct Bf16ForwardArgs {
   float* hT;
   const float* g = nullptr;
   const float* beta = nullptr;
+  const float* a = nullptr;  // rule dplr's a and b (float32, as g and beta)
+  const float* b = nullptr;
   const float* dt = nullptr;  // rule trapezoidal's (float32, as g)
   const float* trap = nullptr;
 };
@@ -57,6 +59,10 @@ struct Bf16BackwardArgs {
   float* dg = nullptr;
   const float* beta = nullptr;
   float* dbeta = nullptr;
+  const float* a = nullptr;  // rule dplr's a and b and their gradients
+  const float* b = nullptr;
+  float* da = nullptr;
+  float* db = nullptr;
   const float* dt = nullptr;  // rule trapezoidal's inputs and gradients
   const float* trap = nullptr;
   float* ddt = nullptr;

@@ -12,6 +12,7 @@
 #include "kernels/linear_attention/cpu/kernels.hpp"
 #include "kernels/linear_attention/cpu/chunked/chunked_tiled.hpp"
 #include "kernels/linear_attention/cpu/delta.hpp"
+#include "kernels/linear_attention/cpu/dplr.hpp"
 #include "kernels/linear_attention/cpu/scan/scan.hpp"
 #include "kernels/linear_attention/cpu/shape_gather.hpp"
 #include "kernels/linear_attention/cpu/trapezoidal.hpp"
@@ -39,6 +40,11 @@ std::optional<std::string> without_tiles(const Problem&) {
 
 std::vector<CpuVariant> scan_table() {
   return {
+      {"scan_dplr", {{Rule::dplr}, all_decays, nullptr, true},
+       [](const Problem& p, const ForwardArgs<float>& a, Allocator& m, float*) { scan_dplr_forward(p, a, m); },
+       [](const Problem& p, const BackwardArgs<float>& a, Allocator& m, const float*) { scan_dplr_backward(p, a, m); },
+       [](const Problem& p, bool) { return bytes(scan_dplr_forward_floats(p)); },
+       [](const Problem& p, bool) { return bytes(scan_dplr_backward_floats(p)); }},
       {"scan_delta", {{Rule::delta}, all_decays, nullptr, true},
        [](const Problem& p, const ForwardArgs<float>& a, Allocator& m, float*) { scan_delta_forward(p, a, m); },
        [](const Problem& p, const BackwardArgs<float>& a, Allocator& m, const float*) { scan_delta_backward(p, a, m); },
@@ -54,6 +60,18 @@ std::vector<CpuVariant> scan_table() {
 
 std::vector<CpuVariant> chunked_table() {
   return {
+      // It keeps no chunk states: its backward recomputes them, one slice at a time per thread.
+      {"chunked_dplr", {{Rule::dplr}, all_decays, nullptr, true},
+       [](const Problem& p, const ForwardArgs<float>& a, Allocator& m, float* keep) {
+         if (keep) throw std::logic_error("chunked_dplr keeps no chunk states");
+         chunked_dplr_forward(p, a, m);
+       },
+       [](const Problem& p, const BackwardArgs<float>& a, Allocator& m, const float* kept) {
+         if (kept) throw std::logic_error("chunked_dplr takes no kept chunk states");
+         chunked_dplr_backward(p, a, m);
+       },
+       [](const Problem& p, bool) { return bytes(chunked_dplr_forward_floats(p)); },
+       [](const Problem& p, bool) { return bytes(chunked_dplr_backward_floats(p)); }},
       {"chunked_delta", {{Rule::delta}, all_decays, nullptr, true}, chunked_delta_forward, chunked_delta_backward,
        [](const Problem& p, bool) { return bytes(chunked_delta_forward_floats(p)); },
        [](const Problem& p, bool kept) { return bytes(chunked_delta_backward_floats(p, kept)); },
