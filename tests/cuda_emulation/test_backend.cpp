@@ -72,7 +72,7 @@ void run_table_row(const std::string& op) {
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
   // cases (docs/spec.md section 2b, not written for CUDA), the delta rule's chunks of more than
-  // 64 rows and its bf16 cases at dim < 4, and rule dplr.
+  // 64 rows and its bf16 cases at dim < 4, and the rules dplr and trapezoidal.
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
@@ -86,7 +86,11 @@ void run_table_row(const std::string& op) {
     // dplr (docs/spec.md section 1f) has CPU kernels only.
     const bool dplr = (reason.find("linear_attention") == 0 && reason.find("variant takes rule dplr") != std::string::npos) ||
                       (reason.find("decode step") == 0 && reason.find("no kernel for rule dplr") != std::string::npos);
-    CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward || dplr));
+    // The trapezoidal rule (section 1e) has CPU kernels only too.
+    const bool trapezoidal =
+        (reason.find("linear_attention") == 0 && reason.find("variant takes rule trapezoidal") != std::string::npos) ||
+        (reason.find("decode step") == 0 && reason.find("no trapezoidal rule") != std::string::npos);
+    CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward || dplr || trapezoidal));
   }
 }
 
@@ -318,7 +322,7 @@ TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no var
         INFO(test::describe(c));
         std::string why;
         const cuda::CudaVariant* v = cuda::cuda_variant(form, p, &why);
-        if (p.trapezoidal()) {  // no CUDA row takes the trapezoidal rule: skipped with the table's reason
+        if (p.trapezoidal() || p.dplr()) {  // no CUDA row takes these rules: skipped with the table's reason
           CHECK(v == nullptr);
           const std::optional<std::string> skip = backend->unsupported(c);
           REQUIRE(skip);
@@ -382,7 +386,7 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively",
     for (const std::string& rule : rule_names())
       for (const std::string decay : {"none", "scalar", "vector"})
         for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
-          if (rule == "trapezoidal") continue;  // no CUDA row takes it (the test above checks the refusal)
+          if (rule == "trapezoidal" || rule == "dplr") continue;  // no CUDA row takes them (checked above)
           Problem p = base;
           p.rule = rule_from(rule);
           p.decay = decay_from(decay);
