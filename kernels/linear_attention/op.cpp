@@ -310,7 +310,8 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     normalize_rows(b, std::size_t(c.dim));
     auto& a = set.add("a", Role::input, low_rank(c)).data;
     fill_uniform(a, seed, 11);
-    for (std::size_t i = 0; i < a.size(); ++i) a[i] = -a[i] * b[i];
+    const std::vector<float>& read = set.at("b").data;  // looked up again: the add may move it
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = -a[i] * read[i];
   }
   if (is_trapezoidal(c)) {
     // dt = softplus(z), z ~ N(0, 1), stream 31: step sizes around 0.7, so that the writes weigh
