@@ -3,8 +3,8 @@
 // reference, at every vector width this machine has; the shipped table's keying by signature; the
 // cache's reading, writing and replacement; and the device block's `tuning`, in process and
 // through the binary (--tuning, --retune, LATTN_TUNING); the exhaustive search and its record.
-// Over 500 lines: the choice table, the decision, its cache and its command line are one feature,
-// whose fakes (calibrator, searcher) the tests share.
+// Over 500 lines (and just past 650): the choice table, the decision, its cache, its command line
+// and the exhaustive search are one feature, whose fakes (calibrator, searcher) the tests share.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
