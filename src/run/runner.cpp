@@ -173,6 +173,10 @@ int run_benchmarks(const RunRequest& request) {
   } else {
     check_no_unfinished_journal(files.journal, request.force);
   }
+  // From the journal's first line on, a signal must end the run the usual way: the start-up's
+  // measurements below take seconds (minutes under a sanitizer), and a signal's default action
+  // there would leave the journal without a result file and the lock behind.
+  install_interrupt_handlers();
   Journal journal(files.journal, header, resuming);
   folders.keep();
 
@@ -200,7 +204,7 @@ int run_benchmarks(const RunRequest& request) {
   if (sgemm_best > 0 && sgemm_median > 0) rates.sgemm_spread = std::max(0.0, 1 - sgemm_median / sgemm_best);
   const std::map<const Op*, ReferencePace> reference_paces =
       measure_reference_paces(to_run, config.run.seed, ctx.cache);
-  if (backend->peak_check && !to_run.empty()) {
+  if (backend->peak_check && !to_run.empty() && !stop_requested()) {
     const auto check_start = std::chrono::steady_clock::now();
     backend->peak_check();
     rates.check_s = 2 * std::chrono::duration<double>(std::chrono::steady_clock::now() - check_start).count();
@@ -225,7 +229,6 @@ int run_benchmarks(const RunRequest& request) {
     advanced[c.plan_index] += seconds;
   };
 
-  install_interrupt_handlers();
   std::vector<CaseRecord>& results = document.results;
   results.reserve(plan.size());
   document.totals.cases = plan.size();

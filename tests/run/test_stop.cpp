@@ -84,6 +84,24 @@ TEST_CASE("SIGTERM during a long warm-up stops the run within a second", "[signa
   fs::remove_all(dir);
 }
 
+TEST_CASE("SIGTERM as the journal appears, in the start-up's measurements, still writes the result file",
+          "[signals][stop]") {
+  const fs::path dir = fresh_dir("stop-start-up");
+  const fs::path out = dir / "r.json";
+  // No settling: the signal lands while the start-up times a float64 reference and an sgemm, before
+  // the first case; the run must end the usual way, not by the signal's default action.
+  const pid_t pid = start_case({binary(), "--suite", "kernel", "--seq", "3000", "--dim", "48", "--batch", "1", "--heads", "4",
+                                "--impl", "scan", "--mode", "fwd", "--warmup", "1000000", "--threads", "1", "--quiet",
+                                "--out", out.string()},
+                               out, dir / "log", std::chrono::milliseconds(0));
+  check_stops_within_a_second(pid, dir / "log");
+  INFO(read_text(dir / "log"));
+  CHECK(read_json(out)["interrupted"] == true);
+  CHECK(read_json(out)["results"].empty());
+  CHECK_FALSE(fs::exists(fs::path(journal_of(out) + ".lock")));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("SIGTERM while a long case's inputs and float64 reference are made stops the run within a second",
           "[signals][stop]") {
   const fs::path dir = fresh_dir("stop-reference");
