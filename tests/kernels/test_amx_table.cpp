@@ -21,7 +21,7 @@ bool on_amx_tiles(const std::string& variant) {
 
 }  // namespace
 
-TEST_CASE("the op table's bf16 cases on AMX rows match the float64 reference", "[amx]") {
+TEST_CASE("the op table's bf16 cases on AMX rows match the float64 reference", "[amx][table]") {
   const std::unique_ptr<Backend> chooser = make_backend("cpu", BackendOptions{0, 0, true});
   std::map<std::string, int> on_tiles;  // op -> cases run on the AMX rows
   const test::TableRun run = test::run_op_table(

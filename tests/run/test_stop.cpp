@@ -69,16 +69,18 @@ pid_t start_case(const std::vector<std::string>& args, const fs::path& out, cons
   return pid;
 }
 
+// ~1 ms calls: a million warm-up calls would take about 20 minutes.
+std::vector<std::string> long_warm_up_run(const fs::path& out) {
+  return {binary(), "--suite", "kernel", "--seq", "3000", "--dim", "48", "--batch", "1", "--heads", "4",
+          "--impl", "scan", "--mode", "fwd", "--warmup", "1000000", "--threads", "1", "--quiet", "--out", out.string()};
+}
+
 }  // namespace
 
 TEST_CASE("SIGTERM during a long warm-up stops the run within a second", "[signals][stop]") {
   const fs::path dir = fresh_dir("stop-warmup");
   const fs::path out = dir / "r.json";
-  // ~1 ms calls: a million warm-up calls would take about 20 minutes.
-  const pid_t pid = start_case({binary(), "--suite", "kernel", "--seq", "3000", "--dim", "48", "--batch", "1", "--heads", "4",
-                                "--impl", "scan", "--mode", "fwd", "--warmup", "1000000", "--threads", "1", "--quiet",
-                                "--out", out.string()},
-                               out, dir / "log", std::chrono::milliseconds(500));
+  const pid_t pid = start_case(long_warm_up_run(out), out, dir / "log", std::chrono::milliseconds(500));
   check_stops_within_a_second(pid, dir / "log");
   CHECK(read_json(out)["interrupted"] == true);
   fs::remove_all(dir);
@@ -90,10 +92,7 @@ TEST_CASE("SIGTERM as the journal appears, in the start-up's measurements, still
   const fs::path out = dir / "r.json";
   // No settling: the signal lands while the start-up times a float64 reference and an sgemm, before
   // the first case; the run must end the usual way, not by the signal's default action.
-  const pid_t pid = start_case({binary(), "--suite", "kernel", "--seq", "3000", "--dim", "48", "--batch", "1", "--heads", "4",
-                                "--impl", "scan", "--mode", "fwd", "--warmup", "1000000", "--threads", "1", "--quiet",
-                                "--out", out.string()},
-                               out, dir / "log", std::chrono::milliseconds(0));
+  const pid_t pid = start_case(long_warm_up_run(out), out, dir / "log", std::chrono::milliseconds(0));
   check_stops_within_a_second(pid, dir / "log");
   INFO(read_text(dir / "log"));
   CHECK(read_json(out)["interrupted"] == true);

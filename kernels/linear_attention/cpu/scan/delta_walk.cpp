@@ -9,9 +9,11 @@
 // per row register, consecutive FMAs into one readout are further apart than the FMA's latency.
 #include "kernels/linear_attention/cpu/scan/delta_walk.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <stdexcept>
 
+#include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/simd.hpp"
 
 namespace lattn::cpu {
@@ -179,6 +181,17 @@ void run_delta_pair_walk(const DeltaPairWalk& w, Vec vec) {
     case Vec::avx2: return pair_decayed<simd::Avx2, 2>(w);
 #endif
     default: return pair_decayed<simd::Portable, 8>(w);
+  }
+}
+
+void take_exp_gates(const float* g, int T, int width, int stride, float* buf, int first, int count) {
+  const int last = std::min(T, first + count);
+  for (int t = first; t < last; ++t) {
+    const float* gt = g + std::size_t(t) * width;
+    float* out = buf + std::size_t(t - first) * stride;
+#pragma omp simd
+    for (int d = 0; d < width; ++d) out[d] = exp_nonpositive(gt[d]);
+    for (int d = width; d < stride; ++d) out[d] = 0.0f;
   }
 }
 

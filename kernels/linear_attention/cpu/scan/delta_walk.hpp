@@ -64,6 +64,11 @@ struct DeltaPairWalk {
 
 void run_delta_pair_walk(const DeltaPairWalk& walk, Vec vec);
 
+// The walks' decay factors: exp(g) of tokens [first, first + count) of a head whose gates are
+// `width` floats per token (Dk for decay vector, 1 otherwise), those before T, into rows of
+// `stride` floats, zero past `width`. Shared by the delta rule's and DPLR's scans.
+void take_exp_gates(const float* g, int T, int width, int stride, float* buf, int first, int count);
+
 // Columns of a walk's block at this vector width.
 int delta_walk_width(Vec vec);
 

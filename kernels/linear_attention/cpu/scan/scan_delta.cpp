@@ -47,7 +47,6 @@
 #include <algorithm>
 #include <initializer_list>
 
-#include "kernels/cpu/exp.hpp"
 #include "kernels/linear_attention/cpu/kernels.hpp"
 #include "kernels/linear_attention/cpu/delta.hpp"
 #include "kernels/linear_attention/cpu/scan/delta_walk.hpp"
@@ -137,15 +136,7 @@ Head head_of(const Problem& p, const HeadSlice& h, const float* q, const float* 
 
 // exp(g) of tokens [first, first + count) (those before T) into the tile buffer.
 void take_gates(const Ctx& x, const Head& h, float* buf, int first, int count) {
-  if (!x.gw) return;
-  const int last = std::min(h.T, first + count), width = x.decay == Decay::vector ? x.Dk : 1;
-  for (int t = first; t < last; ++t) {
-    const float* g = h.g + std::size_t(t) * width;
-    float* out = buf + std::size_t(t - first) * x.gw;
-#pragma omp simd
-    for (int d = 0; d < width; ++d) out[d] = exp_nonpositive(g[d]);
-    for (int d = width; d < x.gw; ++d) out[d] = 0.0f;
-  }
+  if (x.gw) take_exp_gates(h.g, h.T, x.decay == Decay::vector ? x.Dk : 1, x.gw, buf, first, count);
 }
 
 }  // namespace scan_delta

@@ -247,18 +247,14 @@ std::size_t scan_delta_forward_floats(const Problem& p) {
 void scan_delta_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
   const Ctx x = context(p);
   const Split split = scan_split(p, 1, column_blocks(x.Dv, x.W));
-  const std::size_t per_thread = carve(x, nullptr, false).used;
-  Workspace<float> scratch(allocator, std::size_t(split.threads) * per_thread);
-#pragma omp parallel num_threads(split.threads)
-  {
-    const Scratch s = carve(x, scratch.data() + omp_get_thread_num() * per_thread, false);
-    for_each_share(p, split, [&](long slice, int b0, int b1) {
-      const HeadSlice h = p.slice(std::size_t(slice));
-      const Columns v = block_columns(b0, b1, x.W, x.Dv);
-      forward_columns(x, head_of(p, h, a.q, a.k, a.v, a.beta, a.g), a.h0 + h.state, v.first, v.last, s,
-                      a.o + h.value, nullptr, 0, a.hT + h.state);
-    });
-  }
+  run_split(
+      p, split, carve(x, nullptr, false).used, allocator, [&](float* floats) { return carve(x, floats, false); },
+      [&](const Scratch& s, long slice, int b0, int b1) {
+        const HeadSlice h = p.slice(std::size_t(slice));
+        const Columns v = block_columns(b0, b1, x.W, x.Dv);
+        forward_columns(x, head_of(p, h, a.q, a.k, a.v, a.beta, a.g), a.h0 + h.state, v.first, v.last, s,
+                        a.o + h.value, nullptr, 0, a.hT + h.state);
+      });
 }
 
 }  // namespace lattn::cpu

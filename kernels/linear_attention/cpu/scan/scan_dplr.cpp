@@ -45,7 +45,6 @@
 #include <initializer_list>
 #include <stdexcept>
 
-#include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/cpu/vec.hpp"
 #include "kernels/linear_attention/cpu/dplr.hpp"
@@ -235,15 +234,7 @@ Head head_of(const Problem& p, const HeadSlice& h, const float* q, const float* 
 
 // exp(g) of tokens [first, first + count) (those before T) into the tile buffer, zero-padded.
 void take_gates(const Ctx& x, const Head& h, float* buf, int first, int count) {
-  if (!x.gw) return;
-  const int last = std::min(h.T, first + count), width = x.decay == Decay::vector ? x.Dk : 1;
-  for (int t = first; t < last; ++t) {
-    const float* g = h.g + std::size_t(t) * width;
-    float* out = buf + std::size_t(t - first) * x.gw;
-#pragma omp simd
-    for (int d = 0; d < width; ++d) out[d] = exp_nonpositive(g[d]);
-    for (int d = width; d < x.gw; ++d) out[d] = 0.0f;
-  }
+  if (x.gw) take_exp_gates(h.g, h.T, x.decay == Decay::vector ? x.Dk : 1, x.gw, buf, first, count);
 }
 
 // A_t on a walk over block c: on the rows of S or G (key channels), or on the columns of S^T or
@@ -496,52 +487,44 @@ std::size_t scan_dplr_backward_floats(const Problem& p) {
 void scan_dplr_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
   const Ctx x = context(p);
   const Split split = scan_split(p, 1, column_blocks(x.Dv, x.W));
-  const std::size_t per_thread = carve(x, nullptr, false).used;
-  Workspace<float> scratch(allocator, std::size_t(split.threads) * per_thread);
-#pragma omp parallel num_threads(split.threads)
-  {
-    const Scratch s = carve(x, scratch.data() + omp_get_thread_num() * per_thread, false);
-    for_each_share(p, split, [&](long slice, int b0, int b1) {
-      const HeadSlice h = p.slice(std::size_t(slice));
-      const Columns v = block_columns(b0, b1, x.W, x.Dv);
-      forward_columns(x, head_of(p, h, a.q, a.k, a.v, a.a, a.b, a.g), a.h0 + h.state, v.first, v.last, s,
-                      a.o + h.value, nullptr, a.hT + h.state);
-    });
-  }
+  run_split(
+      p, split, carve(x, nullptr, false).used, allocator, [&](float* floats) { return carve(x, floats, false); },
+      [&](const Scratch& s, long slice, int b0, int b1) {
+        const HeadSlice h = p.slice(std::size_t(slice));
+        const Columns v = block_columns(b0, b1, x.W, x.Dv);
+        forward_columns(x, head_of(p, h, a.q, a.k, a.v, a.a, a.b, a.g), a.h0 + h.state, v.first, v.last, s,
+                        a.o + h.value, nullptr, a.hT + h.state);
+      });
 }
 
 void scan_dplr_backward(const Problem& p, const BackwardArgs<float>& a, Allocator& allocator) {
   const Ctx x = context(p);
   const int G = p.group();
   const Split split = scan_split(p, G, 1);
-  const std::size_t per_thread = carve(x, nullptr, true).used;
-  Workspace<float> scratch(allocator, std::size_t(split.threads) * per_thread);
-#pragma omp parallel num_threads(split.threads)
-  {
-    const Scratch s = carve(x, scratch.data() + omp_get_thread_num() * per_thread, true);
-    for_each_share(p, split, [&](long unit, int, int) {
-      for (int member = 0; member < G; ++member) {
-        const HeadSlice h = p.slice(std::size_t(unit) * G + member);
-        const std::size_t low = p.low_rank_offset(h), rows = std::size_t(h.seq) * x.Dk;
-        const Head head = head_of(p, h, a.q, a.k, a.v, a.a, a.b, a.g);
-        backward_slice(x, head,
-                       {a.h0 + h.state, a.dO + h.value, a.dhT + h.state, a.dv + h.value, a.da + low, a.db + low,
-                        a.dh0 + h.state, a.dg ? a.dg + h.gate : nullptr},
-                       s);
-        // dq and dk of the q/k head: the first value head's, then the others' added.
-        float *dq = a.dq + h.key, *dk = a.dk + h.key;
-        if (member == 0) {
-          std::copy_n(s.dq, rows, dq);
-          std::copy_n(s.dk, rows, dk);
-        } else {
+  run_split(
+      p, split, carve(x, nullptr, true).used, allocator, [&](float* floats) { return carve(x, floats, true); },
+      [&](const Scratch& s, long unit, int, int) {
+        for (int member = 0; member < G; ++member) {
+          const HeadSlice h = p.slice(std::size_t(unit) * G + member);
+          const std::size_t low = p.low_rank_offset(h), rows = std::size_t(h.seq) * x.Dk;
+          const Head head = head_of(p, h, a.q, a.k, a.v, a.a, a.b, a.g);
+          backward_slice(x, head,
+                         {a.h0 + h.state, a.dO + h.value, a.dhT + h.state, a.dv + h.value, a.da + low, a.db + low,
+                          a.dh0 + h.state, a.dg ? a.dg + h.gate : nullptr},
+                         s);
+          // dq and dk of the q/k head: the first value head's, then the others' added.
+          float *dq = a.dq + h.key, *dk = a.dk + h.key;
+          if (member == 0) {
+            std::copy_n(s.dq, rows, dq);
+            std::copy_n(s.dk, rows, dk);
+          } else {
 #pragma omp simd
-          for (std::size_t i = 0; i < rows; ++i) dq[i] += s.dq[i];
+            for (std::size_t i = 0; i < rows; ++i) dq[i] += s.dq[i];
 #pragma omp simd
-          for (std::size_t i = 0; i < rows; ++i) dk[i] += s.dk[i];
+            for (std::size_t i = 0; i < rows; ++i) dk[i] += s.dk[i];
+          }
         }
-      }
-    });
-  }
+      });
 }
 
 }  // namespace lattn::cpu

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/workspace.hpp"
 #include "kernels/linear_attention/problem.hpp"
 
 namespace lattn::cpu {
@@ -86,6 +87,19 @@ void for_each_share(const Problem& p, const Split& split, F&& f) {
     before += w;
   }
   for_each_unit_range(split, std::min(first, last), last, f);
+}
+
+// A scan pass on `split`'s threads: each carves its own `per_thread` floats of one workspace
+// (carve(floats) gives the pass's scratch) and runs f(scratch, unit, b0, b1) over its shares.
+template <class Carve, class F>
+void run_split(const Problem& p, const Split& split, std::size_t per_thread, Allocator& allocator, Carve&& carve,
+               F&& f) {
+  Workspace<float> floats(allocator, std::size_t(split.threads) * per_thread);
+#pragma omp parallel num_threads(split.threads)
+  {
+    const auto scratch = carve(floats.data() + omp_get_thread_num() * per_thread);
+    for_each_share(p, split, [&](long unit, int b0, int b1) { f(scratch, unit, b0, b1); });
+  }
 }
 
 }  // namespace lattn::cpu
