@@ -51,12 +51,12 @@ LinearTensors bound_tensors(HostCase& h, const Case& c) {
 
 Bf16ForwardArgs bf16_forward_args(const LinearTensors& t) {
   const auto b = [](void* p) { return static_cast<const Bf16*>(p); };
-  return {b(t.q), b(t.k), b(t.v), t.h0, t.o, t.hT, t.g, t.beta};
+  return {b(t.q), b(t.k), b(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.u};
 }
 
 Bf16BackwardArgs bf16_backward_args(const LinearTensors& t) {
   const auto b = [](void* p) { return static_cast<const Bf16*>(p); };
-  return {b(t.q), b(t.k), b(t.v), t.h0, b(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
+  return {b(t.q), b(t.k), b(t.v), t.h0, b(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta, t.u, t.du};
 }
 
 bool is_bf16(const Case& c) { return c.dtype == "bf16"; }

@@ -163,6 +163,8 @@ class DecodeCase final : public PreparedCase {
         a.g = take("g", true), a.beta = take("beta", true);
         a.o = take("o", false), a.snapshots = take("snapshots", false);
       }
+      // The bonus u ([H][Dk], read once per step) is shared by the copies.
+      a.u = present("u") ? h.data("u") : nullptr;
       if (p.state_bf16) {
         r->bf16_pools.emplace_back(p.pool_elems());
         a.state_bf16 = r->bf16_pools.back().get();

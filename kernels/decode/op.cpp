@@ -44,6 +44,10 @@ std::vector<std::size_t> gates(const Case& c) {
 std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)}; }
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
+// RWKV-6's bonus form (docs/spec.md section 1e): the additive rule with vector gates; u [H][Dk].
+bool bonus_applies(const Case& c) { return !is_delta(c) && c.decay == "vector"; }
+bool has_bonus(const Case& c) { return bonus_applies(c) && c.option("bonus") == "true"; }
+std::vector<std::size_t> bonuses(const Case& c) { return {std::size_t(c.heads), std::size_t(c.dim)}; }
 bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
 bool is_pooled(const Case& c) { return decode_problem(c).pooled(); }
 std::vector<std::size_t> sequences(const Case& c) { return {std::size_t(c.batch)}; }
@@ -58,7 +62,8 @@ double step_flops(const Case& c) {
   const double decay = c.decay == "none" ? 0.0 : 1.0;
   const double W = c.decay == "vector" ? Dk : c.decay == "scalar" ? 1.0 : 0.0;
   if (is_delta(c)) return tokens * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
-  return tokens * ((4.0 + decay) * DD + W);
+  // The bonus: q . (u . k) (3 Dk) and its v row (2 Dv).
+  return tokens * ((4.0 + decay) * DD + W + (has_bonus(c) ? 3.0 * Dk + 2.0 * Dv : 0.0));
 }
 
 double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
@@ -109,6 +114,8 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
       for (std::size_t d = 0; d < dim; ++d) k[r + d] = float(k[r + d] * inv);
     }
   }
+  // RWKV-6's bonus u ~ N(0, 1), stream 30, as the kernel suite draws it.
+  if (has_bonus(c)) fill_normal(set.add("u", Role::input, bonuses(c)).data, seed, 30);
   return set;
 }
 
@@ -118,6 +125,7 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
   const auto q = widened(in, "q"), k = widened(in, "k"), v = widened(in, "v"), h0 = widened(in, "h0");
   const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
+  const std::vector<double> u = p.bonus ? widened(in, "u") : std::vector<double>();
   auto& o = ref.values["o"];
   auto& hT = ref.values["hT"];
   o.assign(p.value_elems(), 0.0);
@@ -127,8 +135,10 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
     snapshots = &ref.values["snapshots"];
     snapshots->assign(p.snapshot_elems(), 0.0);
   }
-  reference::decode_step(p, {q.data(), k.data(), v.data(), hT.data(), o.data(), g.empty() ? nullptr : g.data(),
-                             beta.empty() ? nullptr : beta.data(), snapshots ? snapshots->data() : nullptr});
+  DecodeArgs<double, double> args{q.data(), k.data(), v.data(), hT.data(), o.data(), g.empty() ? nullptr : g.data(),
+                                  beta.empty() ? nullptr : beta.data(), snapshots ? snapshots->data() : nullptr};
+  args.u = u.empty() ? nullptr : u.data();
+  reference::decode_step(p, args);
   return ref;
 }
 
@@ -136,6 +146,15 @@ Axis rule_axis() {
   Axis a{"rule", Param::option, {"delta"}, "update rules (additive, delta)"};
   a.kind = Kind::name;
   a.choices = rule_names();
+  return a;
+}
+
+// bonus (docs/spec.md section 1e): RWKV-6's form, additive rule with vector gates; recorded only when true.
+Axis bonus_axis() {
+  Axis a{"bonus", Param::option, {"false"}, "additive rule, vector decay: RWKV-6's bonus form (true, false)"};
+  a.kind = Kind::boolean;
+  a.applies = bonus_applies;
+  a.recorded_at_default = false;
   return a;
 }
 
@@ -199,6 +218,7 @@ DecodeProblem decode_problem(const Case& c) {
                   value_dim(c)};
   p.state_slots = slots.empty() ? 0 : std::stoi(slots);
   p.state_bf16 = c.option("state_dtype") == "bf16";
+  p.bonus = has_bonus(c);
   return p;
 }
 
@@ -211,7 +231,8 @@ double decode_step_bytes(const Case& c) {
   return state_bytes * 2.0 * double(p.state_elems()) + 4.0 * double(p.snapshot_elems()) +
          (p.pooled() ? 4.0 * p.batch : 0.0) +
          2.0 * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (token_bytes + 4.0) +
-         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0);
+         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0) +
+         (p.bonus ? 4.0 * p.heads * p.dim : 0.0);  // u, once per step
 }
 
 const Op& decode_op() {
@@ -227,6 +248,7 @@ const Op& decode_op() {
         dim_v_axis(kMaxDim),
         rule_axis(),
         {"decay", Param::decay, {"scalar"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
+        bonus_axis(),
         {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
          kMaxTokens},
         snapshots_axis(),
@@ -243,6 +265,7 @@ const Op& decode_op() {
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
         {"beta", Role::input, per_token, false, is_delta},
+        {"u", Role::input, bonuses, false, has_bonus},
         {"state_index", Role::input, sequences, false, is_pooled},
         {"o", Role::output, values, false},
         {"hT", Role::output, states, false},

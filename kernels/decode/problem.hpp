@@ -8,6 +8,7 @@
 //   g (decay scalar)  : [batch][H][T]               (log-gates, one per token)
 //   g (decay vector)  : [batch][H][T][Dk]           (log-gates per token and key channel)
 //   beta (rule delta) : [batch][H][T]
+//   u (bonus)         : [H][Dk]                     (RWKV-6's bonus, docs/spec.md section 1e)
 //   snapshots         : [batch][H][K - 1][Dk][Dv]   (slot i - 1 holds the state i tokens before the
 //                                                    step's end; only when K > 1; float32)
 //   state pool        : [slots][H][Dk][Dv]          (a pooled step, state_slots > batch: sequence b's
@@ -42,6 +43,7 @@ struct DecodeProblem {
   int dim_v = 0;    // the value head dim Dv: the state's columns; 0: dim
   int state_slots = 0;     // the pool's slots; 0 or batch: no pool, sequence b's states in slot b
   bool state_bf16 = false;  // the states stored as bf16 (updated in float32, rounded once per step)
+  bool bonus = false;       // RWKV-6's bonus (docs/spec.md section 1e): an input u [H][Dk]
 
   bool delta() const { return rule == Rule::delta; }
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
@@ -94,6 +96,7 @@ struct DecodeArgs {
   F* snapshots = nullptr;
   std::uint16_t* state_bf16 = nullptr;
   const int* state_index = nullptr;
+  const F* u = nullptr;  // the bonus, [H][Dk] (DecodeProblem::bonus)
 };
 
 }  // namespace lattn

@@ -1,7 +1,8 @@
 // The decode step in float64, written as docs/spec.md section 1b states it: S' = A_t S, then the rule's
 // write, then o_t = s S^T q_t, with the Dk x Dv state and grouped heads of section 1c. Slow and plain
 // on purpose: the kernels are checked against it, and tests/kernels/test_decode.cpp checks it against the
-// linear-attention op's own reference.
+// linear-attention op's own reference. The bonus form (RWKV-6, docs/spec.md section 1e) reads o_t from
+// the state before the token's decay and write, plus s (q_t . (u . k_t)) v_t.
 #include "kernels/decode/reference.hpp"
 
 #include <cmath>
@@ -28,6 +29,16 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<double, double>& a) {
         if (p.decay == Decay::scalar) decay[i] = std::exp(a.g[bh * T + t]);
         if (p.decay == Decay::vector) decay[i] = std::exp(a.g[gate_row + i]);
       }
+      if (p.bonus) {
+        const double* uh = a.u + std::size_t(head) * Dk;
+        double bonus = 0;
+        for (int i = 0; i < Dk; ++i) bonus += q[i] * uh[i] * k[i];
+        for (int j = 0; j < Dv; ++j) {
+          double sum = bonus * v[j];
+          for (int i = 0; i < Dk; ++i) sum += S[std::size_t(i) * Dv + j] * q[i];
+          a.o[value_row + j] = scale * sum;
+        }
+      }
       for (int i = 0; i < Dk; ++i)
         for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] *= decay[i];
       if (p.delta()) {
@@ -44,7 +55,7 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<double, double>& a) {
         for (int i = 0; i < Dk; ++i)
           for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] += k[i] * v[j];
       }
-      for (int j = 0; j < Dv; ++j) {
+      for (int j = 0; j < Dv && !p.bonus; ++j) {
         double sum = 0;
         for (int i = 0; i < Dk; ++i) sum += S[std::size_t(i) * Dv + j] * q[i];
         a.o[value_row + j] = scale * sum;

@@ -48,12 +48,26 @@ int sequences(const Case& c) {
   return n ? int(n) : c.batch;
 }
 
-// q, k (and dq, dk): [B][Hk][T][Dk]; v, o, dO, dv: [B][H][T][Dv]; states: [N][H][Dk][Dv].
+// DeltaProduct's Householder writes per token (docs/spec.md section 1f; `householder`, delta rule
+// only): 1, the rule of section 1b, where the key is absent.
+int householder(const Case& c) {
+  const std::string text = c.option("householder");
+  return text.empty() || c.option("rule") != "delta" ? 1 : std::stoi(text);
+}
+
+// q, k (and dq, dk): [B][Hk][T][Dk]; v, o, dO, dv: [B][H][T][Dv]; states: [N][H][Dk][Dv]. With
+// householder n, k, v (dk, dv) and beta (dbeta) carry n rows per token: [..][T n][..].
 std::vector<std::size_t> keys(const Case& c) {
   return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq), std::size_t(c.dim)};
 }
 std::vector<std::size_t> values(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(value_dim(c))};
+}
+std::vector<std::size_t> step_keys(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq) * householder(c), std::size_t(c.dim)};
+}
+std::vector<std::size_t> step_values(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c), std::size_t(value_dim(c))};
 }
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(sequences(c)), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
@@ -69,8 +83,15 @@ bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"
 // (a plugin's or a test's, built by hand) is additive.
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 std::vector<std::size_t> betas(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c)};
 }
+// RWKV-6's bonus (docs/spec.md section 1e): additive rule, vector gates, `bonus: true`; its u and du
+// [H][Dk] exist only there.
+bool has_bonus(const Case& c) {
+  return c.option("bonus") == "true" && !is_delta(c) && c.decay == "vector";
+}
+bool bonus_applies(const Case& c) { return !is_delta(c) && c.decay == "vector"; }
+std::vector<std::size_t> bonuses(const Case& c) { return {std::size_t(c.heads), std::size_t(c.dim)}; }
 
 // gate_norm's default (GLA's normaliser) and its largest value: past it the gates are 1 to float32.
 constexpr double kDefaultGateNorm = 16, kMaxGateNorm = 1e6;
@@ -104,9 +125,13 @@ struct TokenSizes {
 double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const TokenSizes&)) {
   const double dk = c.dim, dv = value_dim(c);
   const double W = c.decay == "vector" ? dk : c.decay == "scalar" ? 1.0 : 0.0;
+  // DeltaProduct (docs/spec.md section 1f) counts the delta rule's over the seq * n interleaved steps
+  // the kernels compute, their readouts of the zero q rows included.
+  const int n = householder(c);
   const auto of = [&](int length) {
-    return double(length) * c.heads *
-           per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min(c.chunk, length)), dk, dv,
+    const int steps = length * n;
+    return double(steps) * c.heads *
+           per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min(c.chunk, steps)), dk, dv,
                          double(c.heads) / qk_heads(c)});
   };
   const std::vector<int> docs = documents(c);
@@ -136,8 +161,11 @@ double scan_token_flops(const Case& c, const TokenSizes& z) {
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
   if (!is_gated(c)) return (c.mode == Mode::fwd ? 4.0 : 14.0) * DD;
-  const double forward = 5.0 * DD + W;
-  return c.mode == Mode::fwd ? forward : forward + 15.0 * DD + 2.0 * W + 4.0 * D;
+  // The bonus (docs/spec.md section 1e): q . (u . k) and its v row, 5 D; backward c = do . v, its
+  // terms in dq, dk, dv and du and the bonus again, 16 D.
+  const double bonus = has_bonus(c) ? 5.0 * D : 0.0, bonus_back = has_bonus(c) ? 16.0 * D : 0.0;
+  const double forward = 5.0 * DD + W + bonus;
+  return c.mode == Mode::fwd ? forward : forward + 15.0 * DD + 2.0 * W + 4.0 * D + bonus_back;
 }
 
 double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops); }
@@ -189,9 +217,12 @@ double chunked_token_flops(const Case& c, const TokenSizes& z) {
   if (c.decay == "vector") {
     const double sub = std::min<double>(kGateSubChunk, C), nb = std::ceil(C / sub), off = (nb - 1) / nb;
     const double diagonal = 1.5 * (sub + 1) * D;
-    const double forward = 4.0 * DD + DD / C + C * D * off + C * D * off / (2 * sub) + C * D + diagonal + 12.0 * D;
+    // The bonus's diagonal scores q . (u . k) (3 D); backward their dq, dk, du and dg terms (12 D).
+    const double bonus = has_bonus(c) ? 3.0 * D : 0.0, bonus_back = has_bonus(c) ? 12.0 * D : 0.0;
+    const double forward =
+        4.0 * DD + DD / C + C * D * off + C * D * off / (2 * sub) + C * D + diagonal + 12.0 * D + bonus;
     const double backward = 8.0 * DD + 3.0 * DD / C + C * D * off * (3 + 3 / (2 * sub)) + 3.0 * C * D +
-                            3.0 * diagonal + 30.0 * D;
+                            3.0 * diagonal + 30.0 * D + bonus_back;
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
   const double forward = 4.0 * DD + 2.0 * C * D;
@@ -224,7 +255,7 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     Role role;
     std::vector<std::size_t> (*shape)(const Case&);
     std::uint64_t stream;
-  } made[] = {{"q", Role::input, keys, 1},    {"k", Role::input, keys, 2},          {"v", Role::input, values, 3},
+  } made[] = {{"q", Role::input, keys, 1},    {"k", Role::input, step_keys, 2},     {"v", Role::input, step_values, 3},
               {"h0", Role::input, states, 4}, {"dO", Role::cotangent, values, 5}, {"dhT", Role::cotangent, states, 6}};
   for (const auto& m : made) fill_normal(set.add(m.name, m.role, m.shape(c)).data, seed, m.stream);
   if (is_gated(c)) {
@@ -241,13 +272,16 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
     if (normalizes_keys(c)) normalize_rows(set.at("k").data, std::size_t(c.dim));
   }
+  // RWKV-6's bonus u ~ N(0, 1), stream 30 (docs/spec.md section 3).
+  if (has_bonus(c)) fill_normal(set.add("u", Role::input, bonuses(c)).data, seed, 30);
   return set;
 }
 
 // Every tensor is [sequence][head][...] with the sequence outermost (q and k over the q/k heads), and
 // each pair's outputs depend on its own inputs alone (a head's decay on its index alone), so the
 // first pairs of a case are a case of their own whose tensors are the first elements of its.
-// Packed documents are not cut: their states are per document.
+// Packed documents are not cut: their states are per document. The bonus's u and du are [H][Dk],
+// per head: a part of the first heads of one sequence is theirs only for one sequence.
 std::optional<Case> check_part(const Case& c, int pairs) {
   if (!documents(c).empty() || pairs <= 0) return std::nullopt;
   const int group = c.heads / qk_heads(c);
@@ -261,6 +295,8 @@ std::optional<Case> check_part(const Case& c, int pairs) {
     settle_shape_keys(part);
   }
   if (part.batch == c.batch && part.heads == c.heads) return std::nullopt;
+  // The bonus's du sums over the batch: a part of fewer sequences has another du.
+  if (has_bonus(c) && part.batch != c.batch) return std::nullopt;
   return part;
 }
 
@@ -274,13 +310,18 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   hT.assign(p.state_elems(), 0.0);
   const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
+  const std::vector<double> u = p.bonus ? widened(in, "u") : std::vector<double>();
   const double* g_or_null = g.empty() ? nullptr : g.data();
   const double* beta_or_null = beta.empty() ? nullptr : beta.data();
-  reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null});
+  const double* u_or_null = u.empty() ? nullptr : u.data();
+  reference::forward(p, {q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null,
+                         u_or_null});
   if (backward) {
     const auto dO = widened(in, "dO"), dhT = widened(in, "dhT");
-    for (const char* name : {"dq", "dk"}) ref.values[name].assign(p.key_elems(), 0.0);
-    ref.values["dv"].assign(p.value_elems(), 0.0);
+    const std::size_t n = std::size_t(p.householder);  // k, v and beta rows per token
+    ref.values["dq"].assign(p.key_elems(), 0.0);
+    ref.values["dk"].assign(p.key_elems() * n, 0.0);
+    ref.values["dv"].assign(p.value_elems() * n, 0.0);
     ref.values["dh0"].assign(p.state_elems(), 0.0);
     double *dg = nullptr, *dbeta = nullptr;
     if (!g.empty()) {
@@ -288,12 +329,17 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
       dg = ref.values["dg"].data();
     }
     if (!beta.empty()) {
-      ref.values["dbeta"].assign(p.beta_elems(), 0.0);
+      ref.values["dbeta"].assign(p.beta_elems() * n, 0.0);
       dbeta = ref.values["dbeta"].data();
+    }
+    double* du = nullptr;
+    if (!u.empty()) {
+      ref.values["du"].assign(p.bonus_elems(), 0.0);
+      du = ref.values["du"].data();
     }
     reference::backward(p, {q.data(), k.data(), v.data(), h0.data(), dO.data(), dhT.data(), ref.values["dq"].data(),
                             ref.values["dk"].data(), ref.values["dv"].data(), ref.values["dh0"].data(), g_or_null, dg,
-                            beta_or_null, dbeta});
+                            beta_or_null, dbeta, u_or_null, du});
     ref.has_backward = true;
   }
   return ref;
@@ -335,6 +381,25 @@ Axis normalize_keys_axis() {
   return a;
 }
 
+// householder (docs/spec.md section 1f): DeltaProduct's writes per token, delta rule only; records
+// write it only past 1, so the delta rule's records compare with those written before the key.
+Axis householder_axis() {
+  Axis a{"householder", Param::option, {"1"}, "delta rule: Householder writes per token (DeltaProduct; 1: one)", 1, 64};
+  a.applies = is_delta;
+  a.recorded_at_default = false;
+  return a;
+}
+
+// bonus (docs/spec.md section 1e): RWKV-6's form of GLA, for the additive rule with vector gates;
+// records write it only when true, so the records of GLA cases compare with those written before.
+Axis bonus_axis() {
+  Axis a{"bonus", Param::option, {"false"}, "additive rule, vector decay: RWKV-6's bonus form (true, false)"};
+  a.kind = Kind::boolean;
+  a.applies = bonus_applies;
+  a.recorded_at_default = false;
+  return a;
+}
+
 Axis packing_axis(const char* key, const char* help, std::string (*canonical)(const std::string&)) {
   Axis a{key, Param::option, {""}, help};
   a.kind = Kind::text;
@@ -362,6 +427,9 @@ std::optional<std::string> case_limit(const Case& c) {
            " (each q/k head serves heads / heads_k value heads)";
   if (!c.option("lengths").empty() && !c.option("varlen").empty())
     return "lengths and varlen both pack the batch: give one of them";
+  if (householder(c) > 1 && c.decay != "none" && c.decay != "scalar" && c.decay != "vector")
+    return "householder " + std::to_string(householder(c)) + " takes decay none, scalar or vector (the gate acts once " +
+           "per token; decay " + c.decay + " would act at every write)";
   return std::nullopt;
 }
 
@@ -464,6 +532,8 @@ Problem linear_problem(const Case& c) {
   Problem p{c.batch, c.heads, c.seq, c.dim, c.chunk, decay_from(c.decay), rule.empty() ? Rule::additive : rule_from(rule)};
   p.heads_k = qk_heads(c) == c.heads ? 0 : qk_heads(c);
   p.dim_v = value_dim(c) == c.dim ? 0 : value_dim(c);
+  p.bonus = has_bonus(c);
+  p.householder = householder(c);
   const std::vector<int> docs = documents(c);
   if (!docs.empty()) {
     p.cu_seqlens = {0};
@@ -484,17 +554,18 @@ LinearTensors bind_linear_tensors(const Case& c, const std::function<void*(const
   t.h0 = floats("h0"), t.o = floats("o"), t.hT = floats("hT"), t.g = floats("g"), t.beta = floats("beta");
   t.dhT = floats("dhT"), t.dq = floats("dq"), t.dk = floats("dk"), t.dv = floats("dv"), t.dh0 = floats("dh0");
   t.dg = floats("dg"), t.dbeta = floats("dbeta");
+  t.u = floats("u"), t.du = floats("du");
   return t;
 }
 
 ForwardArgs<float> cpu_forward_args(const LinearTensors& t) {
   const auto f = [](void* p) { return static_cast<const float*>(p); };
-  return {f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta};
+  return {f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.u};
 }
 
 BackwardArgs<float> cpu_backward_args(const LinearTensors& t) {
   const auto f = [](void* p) { return static_cast<const float*>(p); };
-  return {f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
+  return {f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta, t.u, t.du};
 }
 
 const Op& linear_attention_op() {
@@ -512,6 +583,8 @@ const Op& linear_attention_op() {
         rule_axis(),
         gate_norm_axis(),
         normalize_keys_axis(),
+        householder_axis(),
+        bonus_axis(),
         heads_k_axis(kMaxHeads),
         dim_v_axis(kMaxDim),
         packing_axis("lengths", "a packed batch's document lengths, one value as \"7000 1000 192\" (sets batch 1, seq their sum)",
@@ -526,14 +599,15 @@ const Op& linear_attention_op() {
     };
     o.forms = {{"scan", scan_flops}, {"chunked", chunked_flops}};
     o.tensors = {
-        {"q", Role::input, keys, true},         {"k", Role::input, keys, true},
-        {"v", Role::input, values, true},       {"h0", Role::input, states, false},
+        {"q", Role::input, keys, true},         {"k", Role::input, step_keys, true},
+        {"v", Role::input, step_values, true},  {"h0", Role::input, states, false},
         {"dO", Role::cotangent, values, true},  {"dhT", Role::cotangent, states, false},
         {"o", Role::output, values, false},     {"hT", Role::output, states, false},
-        {"dq", Role::gradient, keys, false},    {"dk", Role::gradient, keys, false},
-        {"dv", Role::gradient, values, false},  {"dh0", Role::gradient, states, false},
+        {"dq", Role::gradient, keys, false},    {"dk", Role::gradient, step_keys, false},
+        {"dv", Role::gradient, step_values, false}, {"dh0", Role::gradient, states, false},
         {"g", Role::input, gates, false, is_gated},  {"dg", Role::gradient, gates, false, is_gated},
         {"beta", Role::input, betas, false, is_delta}, {"dbeta", Role::gradient, betas, false, is_delta},
+        {"u", Role::input, bonuses, false, has_bonus}, {"du", Role::gradient, bonuses, false, has_bonus},
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;

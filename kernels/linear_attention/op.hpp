@@ -33,6 +33,7 @@ struct LinearTensors {
   void *q = nullptr, *k = nullptr, *v = nullptr, *dO = nullptr;
   float *h0 = nullptr, *o = nullptr, *hT = nullptr, *g = nullptr, *beta = nullptr, *dhT = nullptr;
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh0 = nullptr, *dg = nullptr, *dbeta = nullptr;
+  float *u = nullptr, *du = nullptr;  // RWKV-6's bonus and its gradient
 };
 
 // `data(name)`: where the backend holds the named tensor (host or device memory).

@@ -9,6 +9,7 @@
 //   g, dg (decay scalar): [batch][heads][seq]      (log-gates, one per token)
 //   g, dg (decay vector): [batch][heads][seq][Dk]  (log-gates per token and key channel)
 //   beta, dbeta (delta) : [batch][heads][seq]      (write strengths in (0, 1), one per token)
+//   u, du (bonus)       : [heads][Dk]              (RWKV-6's bonus of the current token, per value head)
 // A packed batch (cu_seqlens) is batch 1 whose seq tokens are documents one after another; the state
 // restarts at each document (docs/spec.md section 1c). slice() gives one (sequence, head) pair's
 // offsets into every tensor, whatever the shape.
@@ -74,6 +75,13 @@ struct Problem {
   // A packed batch's document boundaries, as flash-linear-attention's cu_seqlens: 0, the end of
   // each document, the last being seq (batch 1); empty: dense.
   std::vector<int> cu_seqlens = {};
+  // RWKV-6 (docs/spec.md section 1e; rule additive): o_t = s (S_{t-1} + diag(u) k_t v_t^T)^T q_t, the
+  // output read from the state before token t's decay and write, plus the current token's bonus.
+  bool bonus = false;
+  // DeltaProduct (docs/spec.md section 1f; rule delta): n >= 1 Householder writes per token, k, v,
+  // beta and their gradients carrying n rows per token ([..][seq * n][..], token-major); 1: the rule
+  // of section 1b.
+  int householder = 1;
 
   bool delta() const { return rule == Rule::delta; }
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }
@@ -111,6 +119,7 @@ struct Problem {
   std::size_t gate_elems() const { return heads_total() * seq * std::size_t(gate_width()); }
   std::size_t head_gate_elems() const { return std::size_t(seq) * gate_width(); }
   std::size_t beta_elems() const { return heads_total() * seq; }  // beta, dbeta (rule delta)
+  std::size_t bonus_elems() const { return bonus ? std::size_t(heads) * dim : 0; }  // u, du
 };
 
 // A decay added at run time (docs/adding-a-kernel.md; tests/kernels/test_variants.cpp's toy decay): a fixed
@@ -148,6 +157,7 @@ struct ForwardArgs {
   T* hT;
   const T* g = nullptr;
   const T* beta = nullptr;
+  const T* u = nullptr;  // the bonus (Problem::bonus), [heads][Dk]
 };
 
 // Pointers of one backward call: the forward's inputs, the cotangents, and the gradients
@@ -168,6 +178,8 @@ struct BackwardArgs {
   T* dg = nullptr;
   const T* beta = nullptr;
   T* dbeta = nullptr;
+  const T* u = nullptr;  // the bonus and its gradient (Problem::bonus), [heads][Dk]
+  T* du = nullptr;
 };
 
 }  // namespace lattn

@@ -141,6 +141,9 @@ std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Ca
   if (!linear_problem(kase).square_dense())
     return ref.name + ": the plugin interface (version 1) takes square dense cases only, not heads_k, dim_v or "
                       "packed documents";
+  if (linear_problem(kase).bonus) return ref.name + ": the plugin interface (version 1) has no bonus tensor u";
+  if (linear_problem(kase).householder > 1)
+    return ref.name + ": the plugin interface (version 1) takes one key, value and beta row per token (householder 1)";
   const PluginCase c(kase, device, threads);
   if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
   return std::nullopt;

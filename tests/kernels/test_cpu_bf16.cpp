@@ -47,11 +47,19 @@ Problem packed(std::vector<int> cu, int heads, int heads_k, int dim, int dim_v, 
 
 // Dense D 64 and 128 (a short last chunk), grouped heads with Dk != Dv, and packed documents
 // straddling chunk boundaries (one of a single token).
+// With vector gates and the additive rule, RWKV-6's bonus form of each too (docs/spec.md section 1e).
 std::vector<Problem> shapes(Decay decay, Rule rule) {
-  return {Problem{1, 2, 150, 64, 64, decay, rule},
-          Problem{1, 2, 200, 128, 128, decay, rule},
-          Problem{2, 4, 75, 32, 32, decay, rule, 2, 64},
-          packed({0, 37, 38, 102, 192}, 2, 1, 32, 64, 32, decay, rule)};
+  std::vector<Problem> out = {Problem{1, 2, 150, 64, 64, decay, rule},
+                              Problem{1, 2, 200, 128, 128, decay, rule},
+                              Problem{2, 4, 75, 32, 32, decay, rule, 2, 64},
+                              packed({0, 37, 38, 102, 192}, 2, 1, 32, 64, 32, decay, rule)};
+  if (decay != Decay::vector || rule != Rule::additive) return out;
+  for (std::size_t i = 0, n = out.size(); i < n; ++i) {
+    Problem p = out[i];
+    p.bonus = true;
+    out.push_back(p);
+  }
+  return out;
 }
 
 // What should run a problem in bf16: the native chunked forward where its row takes the problem,

@@ -43,7 +43,9 @@ std::vector<Decay> all_decays() { return {Decay::none, Decay::retnet, Decay::sca
 
 // A kernel-suite case of the decode problem's shape over `tokens` tokens.
 Case kernel_case_of(const DecodeProblem& p, int tokens) {
-  Case c = test::kernel_case({p.batch, p.heads, tokens, p.dim, 4, p.decay, p.rule}, "scan", Mode::fwd);
+  Problem kp{p.batch, p.heads, tokens, p.dim, 4, p.decay, p.rule};
+  kp.bonus = p.bonus;
+  Case c = test::kernel_case(kp, "scan", Mode::fwd);
   c.options["heads_k"] = std::to_string(p.qk_heads());
   c.options["dim_v"] = std::to_string(p.value_dim());
   return c;
@@ -55,8 +57,11 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
   // Square; grouped heads with Dv < Dk; one q/k head with Dv > Dk.
   for (const auto& [heads_k, dim_v] : {std::pair{3, 7}, std::pair{1, 4}, std::pair{1, 9}})
     for (Rule rule : {Rule::additive, Rule::delta})
-      for (Decay decay : all_decays()) {
-        const DecodeProblem p{2, 3, 5, 7, 4, decay, rule, heads_k, dim_v};
+      for (Decay decay : all_decays())
+      for (bool bonus : {false, true}) {  // RWKV-6's bonus form: additive rule, vector gates
+        if (bonus && (rule != Rule::additive || decay != Decay::vector)) continue;
+        DecodeProblem p{2, 3, 5, 7, 4, decay, rule, heads_k, dim_v};
+        p.bonus = bonus;
         const Case dc = test::decode_case(p);
         INFO(test::describe(dc) << " heads_k " << heads_k << " dim_v " << dim_v);
         const TensorSet in = make_case_inputs(dc, 11);
@@ -90,6 +95,7 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
           if (rule == Rule::delta)
             cut.add("beta", Role::input, {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens)}).data =
                 first_tokens(in.at("beta").data, p, p.heads_total(), 1, tokens);
+          if (bonus) cut.add("u", Role::input, in.at("u").shape).data = in.at("u").data;
           const Reference linear = linear_attention_op().reference(kc, cut, false);
           const std::vector<double>& hT = linear.values.at("hT");
           if (slot == 0) {

@@ -38,6 +38,7 @@ struct Bf16ForwardArgs {
   float* hT;
   const float* g = nullptr;
   const float* beta = nullptr;
+  const float* u = nullptr;  // RWKV-6's bonus (Problem::bonus), float32 as g
 };
 
 struct Bf16BackwardArgs {
@@ -55,6 +56,8 @@ struct Bf16BackwardArgs {
   float* dg = nullptr;
   const float* beta = nullptr;
   float* dbeta = nullptr;
+  const float* u = nullptr;  // RWKV-6's bonus and its gradient (Problem::bonus)
+  float* du = nullptr;
 };
 
 // A bf16 variant: as CpuVariant (cpu/variants.hpp), its calls taking bf16 token tensors.

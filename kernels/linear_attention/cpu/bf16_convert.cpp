@@ -40,7 +40,7 @@ CpuBf16Variant bf16_converted(const CpuVariant& inner) {
     widen_bf16(a.q, q, p.key_elems());
     widen_bf16(a.k, k, p.key_elems());
     widen_bf16(a.v, v, p.value_elems());
-    inner.forward(p, {q, k, v, a.h0, a.o, a.hT, a.g, a.beta}, m, keep);
+    inner.forward(p, {q, k, v, a.h0, a.o, a.hT, a.g, a.beta, a.u}, m, keep);
   };
   v.backward = [inner](const Problem& p, const Bf16BackwardArgs& a, Allocator& m, const float* kept) {
     Workspace<float> wide(m, bf16_converted_backward_floats(p));
@@ -52,7 +52,8 @@ CpuBf16Variant bf16_converted(const CpuVariant& inner) {
     widen_bf16(a.k, k, p.key_elems());
     widen_bf16(a.v, v, p.value_elems());
     widen_bf16(a.dO, dO, p.value_elems());
-    inner.backward(p, {q, k, v, a.h0, dO, a.dhT, a.dq, a.dk, a.dv, a.dh0, a.g, a.dg, a.beta, a.dbeta}, m, kept);
+    inner.backward(p, {q, k, v, a.h0, dO, a.dhT, a.dq, a.dk, a.dv, a.dh0, a.g, a.dg, a.beta, a.dbeta, a.u, a.du}, m,
+                   kept);
   };
   v.forward_workspace_bytes = [inner](const Problem& p, bool keep) {
     return bf16_converted_forward_floats(p) * sizeof(float) + inner.forward_workspace_bytes(p, keep);
