@@ -71,8 +71,8 @@ void run_table_row(const std::string& op) {
   else
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
-  // cases (docs/spec.md section 2b, not written for CUDA), and the delta rule's chunks of more than
-  // 64 rows and its bf16 cases at dim < 4.
+  // cases (docs/spec.md section 2b, not written for CUDA), the delta rule's chunks of more than
+  // 64 rows and its bf16 cases at dim < 4, and the CPU-only forms (RWKV-6's bonus, DeltaProduct).
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
@@ -83,7 +83,10 @@ void run_table_row(const std::string& op) {
          reason.find("the CUDA chunked delta kernels take bf16 from dim 4") != std::string::npos);
     const bool decode_backward = reason.find("decode step") == 0 && reason.find("forward only") != std::string::npos;
     const bool layer_block = reason.find("layer") == 0 && reason.find("hybrid block of docs/spec.md section 2 only") != std::string::npos;
-    CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward));
+    // RWKV-6's bonus form and DeltaProduct (docs/spec.md sections 1e, 1f): CPU rows only.
+    const bool cpu_only_form = reason.find("no bonus (RWKV-6) form") != std::string::npos ||
+                               reason.find("one Householder write per token only") != std::string::npos;
+    CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward || cpu_only_form));
   }
 }
 

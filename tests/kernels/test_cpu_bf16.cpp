@@ -235,3 +235,36 @@ TEST_CASE("the CPU's other ops decline bf16, saying where it runs", "[bf16]") {
   REQUIRE(backend->unsupported(c));
   CHECK_THAT(*backend->unsupported(c), Contains("float32 only") && Contains("linear_attention scan and chunked"));
 }
+
+TEST_CASE("bf16: RWKV-6's bonus and DeltaProduct run on the float32 rows behind the converter", "[bf16]") {
+  // No native bf16 row takes either form (their tables decline them), so every bf16 case of them is
+  // the float32 kernel on the bf16-rounded inputs: float32's error against the reference on the
+  // same inputs. Those rows need no AVX512-BF16, so the test forces the support on any CPU.
+  const AmxOff amx_off;
+  const Bf16Override force(true);
+  auto backend = make_backend("cpu", BackendOptions{2});
+  std::vector<Problem> problems;
+  for (Problem p : {Problem{1, 2, 150, 64, 64, Decay::vector}, Problem{2, 4, 75, 32, 32, Decay::vector, Rule::additive, 2, 64},
+                    packed({0, 37, 38, 102}, 2, 1, 32, 64, 32, Decay::vector, Rule::additive)}) {
+    p.bonus = true;
+    problems.push_back(p);
+  }
+  for (Problem p : {Problem{1, 2, 70, 32, 64, Decay::scalar, Rule::delta}, Problem{1, 2, 45, 64, 32, Decay::vector, Rule::delta},
+                    packed({0, 20, 21, 60}, 2, 1, 32, 16, 32, Decay::none, Rule::delta)}) {
+    p.householder = 2;
+    problems.push_back(p);
+  }
+  for (const Problem& p : problems)
+    for (const std::string form : {"scan", "chunked"})
+      for (const Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+        const Case c = test::kernel_case(p, form, mode, "cpu", "bf16");
+        INFO(test::describe(c));
+        REQUIRE_FALSE(backend->unsupported(c));
+        const std::string variant = backend->find("linear_attention", form)->variant(c);
+        CHECK(variant == cpu::cpu_variant_for(form, p).name + "+bf16cvt");
+        const test::Outcome r = test::run_on(*backend, c);
+        INFO(test::errors(r.check));
+        CHECK(r.check.passed);
+        CHECK(r.check.rel_err < 1e-4);
+      }
+}

@@ -489,7 +489,7 @@ void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& al
         for (int j = 0; j < Dv; ++j) sum += double(dh0[std::size_t(i) * Dv + j]) * h0[std::size_t(i) * Dv + j];
         acc[i] = sum;
       }
-      if (width == 1) {
+      if (width == 1 && !p.bonus) {  // scalar gates (vector gates of Dk 1 too, but for the bonus form)
         double total = 0;
         for (int i = 0; i < Dk; ++i) total += acc[i];
         for (int t = 0; t < T; ++t) {
