@@ -232,6 +232,7 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
   c.options["state_slots"] = std::to_string(p.state_slots);
   c.options["state_dtype"] = p.state_bf16 ? "bf16" : "float32";
   if (p.bonus) c.options["bonus"] = "true";
+  if (p.householder > 1) c.options["householder"] = std::to_string(p.householder);
   // Warm: a cold case rotates over copies past twice the last-level cache, too much for every test
   // shape; the tests of cold cases set it themselves.
   c.options["cache"] = "warm";
@@ -274,6 +275,16 @@ inline std::vector<DecodeProblem> decode_test_shapes() {
       p.bonus = true;
       shapes.push_back(p);
     }
+  // DeltaProduct (docs/spec.md section 1f): 2 and 3 writes per token, one token and a draft with
+  // snapshots, grouped heads and Dk != Dv, a pool of slots.
+  for (Decay decay : {Decay::none, Decay::scalar, Decay::vector})
+    for (int n : {2, 3})
+      for (DecodeProblem p : {DecodeProblem{2, 3, 1, 37, 1, decay, Rule::delta}, DecodeProblem{1, 2, 4, 16, 3, decay, Rule::delta},
+                              DecodeProblem{2, 6, 2, 20, 3, decay, Rule::delta, 3, 40},
+                              DecodeProblem{2, 3, 2, 16, 2, decay, Rule::delta, 0, 0, 5}}) {
+        p.householder = n;
+        shapes.push_back(p);
+      }
   return shapes;
 }
 

@@ -16,6 +16,10 @@
 //   bonus:    (RWKV-6, docs/spec.md section 1e) the additive walk reading out the row before its
 //             write, y += (s q_i) S_i, and o = y + s (q . (u . k)) v.
 // The per-row weights of a head's tokens are made once per work item in the thread's scratch.
+// DeltaProduct (docs/spec.md section 1f: n writes per token) is the delta rule's step over the
+// interleaved T n writes (kernels/linear_attention/householder.hpp): q and g spread to them in
+// scratch (q zero but at each token's last write, g zero but at its first), k, v and beta read in
+// place, o picked back, and the snapshots from every n-th of the interleaved ones.
 // A pooled step finds each sequence's states at its slot (problem.hpp, state_offset). A bf16 state
 // is widened in the first token's loads and rounded in the last token's stores (simd.hpp), once per
 // step; between them, a step of several tokens keeps the strip in the thread's float32 copy (in
@@ -34,6 +38,7 @@
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/cpu/vec.hpp"
+#include "kernels/linear_attention/householder.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -299,11 +304,57 @@ std::size_t widened_floats(const DecodeProblem& p) { return p.state_bf16 && p.to
 
 }  // namespace
 
+namespace {
+
+// DeltaProduct's step as one of the delta rule over the interleaved writes, and its scratch: q, g
+// and o over them, and their snapshots.
+DecodeProblem interleaved(const DecodeProblem& p) {
+  DecodeProblem s = p;
+  s.tokens = p.tokens * p.householder;
+  s.snapshots = p.extra_slots() * p.householder + 1;
+  s.householder = 1;
+  return s;
+}
+std::size_t interleaved_floats(const DecodeProblem& p) {
+  const DecodeProblem s = interleaved(p);
+  return s.key_elems() + s.gate_elems() + s.value_elems() + s.snapshot_elems();
+}
+
+}  // namespace
+
 std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads) {
+  if (p.householder > 1)
+    return interleaved_floats(p) * sizeof(float) + decode_step_workspace_bytes(interleaved(p), threads);
   return std::size_t(std::max(threads, 1)) * (weights_floats(p) + widened_floats(p)) * sizeof(float);
 }
 
 void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& allocator) {
+  if (p.householder > 1) {
+    const DecodeProblem s = interleaved(p);
+    const int n = p.householder;
+    Workspace<float> scratch(allocator, interleaved_floats(p));
+    float* q = scratch.data();
+    float* g = q + s.key_elems();
+    float* o = g + s.gate_elems();
+    float* snapshots = o + s.value_elems();
+    const std::size_t key_rows = p.key_elems() / std::size_t(p.dim), value_rows = p.heads_total() * p.tokens;
+    interleave_rows(a.q, key_rows, std::size_t(p.dim), n, n - 1, q);
+    if (a.g) interleave_rows(a.g, value_rows, std::size_t(p.gate_width()), n, 0, g);
+    DecodeArgs<float> steps = a;
+    steps.q = q;
+    steps.g = a.g ? g : nullptr;
+    steps.o = o;
+    steps.snapshots = s.extra_slots() > 0 ? snapshots : nullptr;
+    decode_step(s, steps, allocator);
+    pick_rows(o, value_rows, std::size_t(p.value_dim()), n, n - 1, a.o);
+    // Slot i (i tokens before the end) is the interleaved step's slot i n.
+    const std::size_t DD = p.head_state_elems();
+    for (std::size_t bh = 0; bh < p.heads_total(); ++bh)
+      for (int i = 1; i <= p.extra_slots(); ++i)
+        std::copy_n(snapshots + (bh * s.extra_slots() + std::size_t(i * n - 1)) * DD, DD,
+                    a.snapshots + (bh * p.extra_slots() + std::size_t(i - 1)) * DD);
+    return;
+  }
   const RowDecay decay = p.decay == Decay::none ? RowDecay::none : p.decay == Decay::vector ? RowDecay::rows : RowDecay::uniform;
   const Kernel kernel = kernel_for(active_vec(), p, p.delta(), decay);
   const int threads = omp_get_max_threads();

@@ -21,12 +21,28 @@ namespace {
 // tokens; 64 leaves room for long drafts.
 constexpr long kMaxSlots = 1 << 20, kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
 
-// q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp).
+// DeltaProduct's writes per token (docs/spec.md section 1f), delta rule only; 1 where absent.
+int householder(const Case& c) {
+  const std::string text = c.option("householder");
+  return text.empty() || c.option("rule") != "delta" ? 1 : std::stoi(text);
+}
+
+// q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp). k, v and beta carry
+// householder rows per token.
 std::vector<std::size_t> keys(const Case& c) {
   return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq), std::size_t(c.dim)};
 }
 std::vector<std::size_t> values(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(value_dim(c))};
+}
+std::vector<std::size_t> step_keys(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(qk_heads(c)), std::size_t(c.seq) * householder(c), std::size_t(c.dim)};
+}
+std::vector<std::size_t> step_values(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c), std::size_t(value_dim(c))};
+}
+std::vector<std::size_t> step_betas(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c)};
 }
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
@@ -41,7 +57,6 @@ std::vector<std::size_t> gates(const Case& c) {
   if (c.decay == "vector") shape.push_back(std::size_t(c.dim));
   return shape;
 }
-std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)}; }
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 // RWKV-6's bonus form (docs/spec.md section 1e): the additive rule with vector gates; u [H][Dk].
@@ -61,7 +76,8 @@ double step_flops(const Case& c) {
   const double Dk = c.dim, Dv = value_dim(c), DD = Dk * Dv, tokens = double(c.batch) * c.heads * c.seq;
   const double decay = c.decay == "none" ? 0.0 : 1.0;
   const double W = c.decay == "vector" ? Dk : c.decay == "scalar" ? 1.0 : 0.0;
-  if (is_delta(c)) return tokens * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
+  // DeltaProduct: the delta rule's per write, n writes per token (the CPU step walks them as tokens).
+  if (is_delta(c)) return tokens * householder(c) * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
   // The bonus: q . (u . k) (3 Dk) and its v row (2 Dv).
   return tokens * ((4.0 + decay) * DD + W + (has_bonus(c) ? 3.0 * Dk + 2.0 * Dv : 0.0));
 }
@@ -72,8 +88,8 @@ double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - s
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
   fill_normal(set.add("q", Role::input, keys(c)).data, seed, 1);
-  fill_normal(set.add("k", Role::input, keys(c)).data, seed, 2);
-  fill_normal(set.add("v", Role::input, values(c)).data, seed, 3);
+  fill_normal(set.add("k", Role::input, step_keys(c)).data, seed, 2);
+  fill_normal(set.add("v", Role::input, step_values(c)).data, seed, 3);
   auto& h0 = set.add("h0", Role::input, states(c)).data;
   fill_normal(h0, seed, 4);
   // A bf16 state starts from h0 as the pool holds it: rounded to bf16 before any backend or the
@@ -101,7 +117,7 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   }
   if (is_delta(c)) {
     // beta = sigmoid(z'), stream 8; each key row divided by its L2 norm (docs/spec.md section 3).
-    auto& beta = set.add("beta", Role::input, per_token(c)).data;
+    auto& beta = set.add("beta", Role::input, step_betas(c)).data;
     fill_normal(beta, seed, 8);
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
     // Looked up now, not held from its add: each add may move the set's tensors.
@@ -158,6 +174,14 @@ Axis bonus_axis() {
   return a;
 }
 
+// householder (docs/spec.md section 1f): DeltaProduct's writes per token; recorded only past 1.
+Axis householder_axis() {
+  Axis a{"householder", Param::option, {"1"}, "delta rule: Householder writes per token (DeltaProduct; 1: one)", 1, 64};
+  a.applies = is_delta;
+  a.recorded_at_default = false;
+  return a;
+}
+
 Axis state_slots_axis() {
   Axis a{"state_slots", Param::option, {"0"},
          "slots of the state pool the batch's states are gathered from (0: none, the states contiguous)", 0, kMaxSlots};
@@ -197,6 +221,9 @@ std::optional<std::string> case_limit(const Case& c) {
   if (hk > c.heads || c.heads % hk != 0)
     return "heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(c.heads) +
            " (each q/k head serves heads / heads_k value heads)";
+  if (householder(c) > 1 && c.decay != "none" && c.decay != "scalar" && c.decay != "vector")
+    return "householder " + std::to_string(householder(c)) + " takes decay none, scalar or vector (the gate acts once " +
+           "per token; decay " + c.decay + " would act at every write)";
   return std::nullopt;
 }
 
@@ -219,6 +246,7 @@ DecodeProblem decode_problem(const Case& c) {
   p.state_slots = slots.empty() ? 0 : std::stoi(slots);
   p.state_bf16 = c.option("state_dtype") == "bf16";
   p.bonus = has_bonus(c);
+  p.householder = householder(c);
   return p;
 }
 
@@ -228,10 +256,12 @@ double decode_step_bytes(const Case& c) {
   // The states read and written in their own dtype (the batch's slots of a pool, and its index);
   // q and k once per q/k head (its value heads read them where they lie), v and o per value head.
   const double state_bytes = p.state_bf16 ? 2.0 : 4.0;
+  // DeltaProduct: k, v and beta n rows per token.
+  const double n = p.householder;
   return state_bytes * 2.0 * double(p.state_elems()) + 4.0 * double(p.snapshot_elems()) +
          (p.pooled() ? 4.0 * p.batch : 0.0) +
-         2.0 * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (token_bytes + 4.0) +
-         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0) +
+         (1.0 + n) * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (n * token_bytes + 4.0) +
+         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * n * double(p.beta_elems()) : 0.0) +
          (p.bonus ? 4.0 * p.heads * p.dim : 0.0);  // u, once per step
 }
 
@@ -248,6 +278,7 @@ const Op& decode_op() {
         dim_v_axis(kMaxDim),
         rule_axis(),
         {"decay", Param::decay, {"scalar"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
+        householder_axis(),
         bonus_axis(),
         {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
          kMaxTokens},
@@ -260,11 +291,11 @@ const Op& decode_op() {
     o.forms = {{"step", step_flops}};
     o.tensors = {
         {"q", Role::input, keys, true},
-        {"k", Role::input, keys, true},
-        {"v", Role::input, values, true},
+        {"k", Role::input, step_keys, true},
+        {"v", Role::input, step_values, true},
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
-        {"beta", Role::input, per_token, false, is_delta},
+        {"beta", Role::input, step_betas, false, is_delta},
         {"u", Role::input, bonuses, false, has_bonus},
         {"state_index", Role::input, sequences, false, is_pooled},
         {"o", Role::output, values, false},

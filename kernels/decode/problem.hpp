@@ -44,6 +44,9 @@ struct DecodeProblem {
   int state_slots = 0;     // the pool's slots; 0 or batch: no pool, sequence b's states in slot b
   bool state_bf16 = false;  // the states stored as bf16 (updated in float32, rounded once per step)
   bool bonus = false;       // RWKV-6's bonus (docs/spec.md section 1e): an input u [H][Dk]
+  // DeltaProduct (docs/spec.md section 1f; rule delta): writes per token, k, v and beta carrying
+  // householder rows per token ([..][tokens * householder][..]); 1: one.
+  int householder = 1;
 
   bool delta() const { return rule == Rule::delta; }
   int qk_heads() const { return heads_k > 0 ? heads_k : heads; }

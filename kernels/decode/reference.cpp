@@ -23,13 +23,14 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<double, double>& a) {
       const std::size_t key_row = (p.key_head(bh) * T + std::size_t(t)) * std::size_t(Dk);
       const std::size_t value_row = (bh * T + std::size_t(t)) * std::size_t(Dv);
       const std::size_t gate_row = (bh * T + std::size_t(t)) * std::size_t(Dk);
-      const double *q = a.q + key_row, *k = a.k + key_row, *v = a.v + value_row;
+      const double* q = a.q + key_row;
       for (int i = 0; i < Dk; ++i) {
         if (p.decay == Decay::retnet) decay[i] = decay_gamma(p.decay, head);
         if (p.decay == Decay::scalar) decay[i] = std::exp(a.g[bh * T + t]);
         if (p.decay == Decay::vector) decay[i] = std::exp(a.g[gate_row + i]);
       }
       if (p.bonus) {
+        const double* k = a.k + key_row, *v = a.v + value_row;
         const double* uh = a.u + std::size_t(head) * Dk;
         double bonus = 0;
         for (int i = 0; i < Dk; ++i) bonus += q[i] * uh[i] * k[i];
@@ -41,19 +42,26 @@ void decode_step(const DecodeProblem& p, const DecodeArgs<double, double>& a) {
       }
       for (int i = 0; i < Dk; ++i)
         for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] *= decay[i];
-      if (p.delta()) {
-        // u = S'^T k: what the state predicts for k; the write moves it towards v by beta.
-        for (int j = 0; j < Dv; ++j) {
-          double sum = 0;
-          for (int i = 0; i < Dk; ++i) sum += S[std::size_t(i) * Dv + j] * k[i];
-          u[j] = sum;
+      // DeltaProduct's writes of the token in turn (one for every other rule): k, v, beta row t n + w.
+      const int n = p.householder;
+      for (int w = 0; w < n; ++w) {
+        const std::size_t write = std::size_t(t) * n + std::size_t(w);
+        const double* k = a.k + (p.key_head(bh) * T * n + write) * std::size_t(Dk);
+        const double* v = a.v + (bh * T * n + write) * std::size_t(Dv);
+        if (p.delta()) {
+          // u = S'^T k: what the state predicts for k; the write moves it towards v by beta.
+          for (int j = 0; j < Dv; ++j) {
+            double sum = 0;
+            for (int i = 0; i < Dk; ++i) sum += S[std::size_t(i) * Dv + j] * k[i];
+            u[j] = sum;
+          }
+          const double beta = a.beta[bh * T * n + write];
+          for (int i = 0; i < Dk; ++i)
+            for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] += beta * k[i] * (v[j] - u[j]);
+        } else {
+          for (int i = 0; i < Dk; ++i)
+            for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] += k[i] * v[j];
         }
-        const double beta = a.beta[bh * T + t];
-        for (int i = 0; i < Dk; ++i)
-          for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] += beta * k[i] * (v[j] - u[j]);
-      } else {
-        for (int i = 0; i < Dk; ++i)
-          for (int j = 0; j < Dv; ++j) S[std::size_t(i) * Dv + j] += k[i] * v[j];
       }
       for (int j = 0; j < Dv && !p.bonus; ++j) {
         double sum = 0;
