@@ -24,7 +24,8 @@ inline std::string describe(const Problem& p) {
     }
   }
   return "B" + std::to_string(p.batch) + " H" + std::to_string(p.heads) + " T" + std::to_string(p.seq) + " D" +
-         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + " " + to_string(p.decay) + " " + to_string(p.rule) + shape;
+         std::to_string(p.dim) + " C" + std::to_string(p.chunk) + " " + to_string(p.decay) + " " + to_string(p.rule) + (p.bonus ? " bonus" : "") +
+         (p.householder > 1 ? " householder " + std::to_string(p.householder) : "") + shape;
 }
 
 inline std::string describe(const Case& c) {
@@ -34,6 +35,8 @@ inline std::string describe(const Case& c) {
          (c.options.count("gate_norm") ? " gate_norm " + c.option("gate_norm") : "") +
          (c.options.count("rule") ? " rule " + c.option("rule") : "") +
          (c.options.count("normalize_keys") ? " normalize_keys " + c.option("normalize_keys") : "") +
+         (c.options.count("bonus") ? " bonus " + c.option("bonus") : "") +
+         (c.options.count("householder") ? " householder " + c.option("householder") : "") +
          (c.options.count("snapshots") ? " snapshots " + c.option("snapshots") : "") +
          (c.option("heads_k").empty() || c.option("heads_k") == "0" ? "" : " heads_k " + c.option("heads_k")) +
          (c.option("dim_v").empty() || c.option("dim_v") == "0" ? "" : " dim_v " + c.option("dim_v")) +
@@ -64,6 +67,8 @@ inline Case kernel_case(const Problem& p, const std::string& impl, Mode mode, co
   if (gated(p.decay)) c.options["gate_norm"] = "16";
   c.options["rule"] = to_string(p.rule);
   if (p.delta()) c.options["normalize_keys"] = "true";
+  if (p.bonus) c.options["bonus"] = "true";
+  if (p.householder > 1) c.options["householder"] = std::to_string(p.householder);
   // The shape keys of docs/spec.md section 1c, as a config writes them (settle_case's form).
   c.options["heads_k"] = std::to_string(p.qk_heads() == p.heads ? 0 : p.qk_heads());
   c.options["dim_v"] = std::to_string(p.value_dim() == p.dim ? 0 : p.value_dim());
@@ -165,6 +170,23 @@ inline std::vector<Problem> kernel_test_shapes() {
       shapes.push_back({1, 2, 37, 12, 1, decay, rule});     // C = 1
       shapes.push_back({1, 2, 300, 128, 128, decay, rule}); // D = 128, ragged
     }
+  // RWKV-6's bonus form (docs/spec.md section 1g): the additive rule's vector-gated shapes again.
+  for (std::size_t i = 0, n = shapes.size(); i < n; ++i)
+    if (shapes[i].rule == Rule::additive && shapes[i].decay == Decay::vector) {
+      Problem p = shapes[i];
+      p.bonus = true;
+      shapes.push_back(p);
+    }
+  // DeltaProduct (docs/spec.md section 1h): 2 and 3 writes per token under the delta rule, the decays
+  // it takes (none, scalar, vector); T n past one chunk and ragged.
+  for (Decay decay : {Decay::none, Decay::scalar, Decay::vector})
+    for (int n : {2, 3}) {
+      for (Problem p : {Problem{1, 2, 9, 1, 4, decay, Rule::delta}, Problem{2, 3, 20, 8, 64, decay, Rule::delta},
+                        Problem{1, 4, 100, 16, 32, decay, Rule::delta}, Problem{1, 2, 150, 128, 128, decay, Rule::delta}}) {
+        p.householder = n;
+        shapes.push_back(p);
+      }
+    }
   return shapes;
 }
 
@@ -209,6 +231,8 @@ inline Case decode_case(const DecodeProblem& p, const std::string& backend = "cp
   c.options["dim_v"] = std::to_string(p.value_dim() == p.dim ? 0 : p.value_dim());
   c.options["state_slots"] = std::to_string(p.state_slots);
   c.options["state_dtype"] = p.state_bf16 ? "bf16" : "float32";
+  if (p.bonus) c.options["bonus"] = "true";
+  if (p.householder > 1) c.options["householder"] = std::to_string(p.householder);
   // Warm: a cold case rotates over copies past twice the last-level cache, too much for every test
   // shape; the tests of cold cases set it themselves.
   c.options["cache"] = "warm";
@@ -244,6 +268,23 @@ inline std::vector<DecodeProblem> decode_test_shapes() {
       shapes.push_back({2, 3, 1, 37, 1, decay, rule, 0, 0, 7});  // a pool of 7 slots for 2 sequences
       shapes.push_back({3, 2, 3, 16, 2, decay, rule, 1, 24, 4}); // a pool one slot larger, grouped heads
     }
+  // RWKV-6's bonus form (docs/spec.md section 1g): the additive rule's vector-gated shapes again.
+  for (std::size_t i = 0, n = shapes.size(); i < n; ++i)
+    if (shapes[i].rule == Rule::additive && shapes[i].decay == Decay::vector) {
+      DecodeProblem p = shapes[i];
+      p.bonus = true;
+      shapes.push_back(p);
+    }
+  // DeltaProduct (docs/spec.md section 1h): 2 and 3 writes per token, one token and a draft with
+  // snapshots, grouped heads and Dk != Dv, a pool of slots.
+  for (Decay decay : {Decay::none, Decay::scalar, Decay::vector})
+    for (int n : {2, 3})
+      for (DecodeProblem p : {DecodeProblem{2, 3, 1, 37, 1, decay, Rule::delta}, DecodeProblem{1, 2, 4, 16, 3, decay, Rule::delta},
+                              DecodeProblem{2, 6, 2, 20, 3, decay, Rule::delta, 3, 40},
+                              DecodeProblem{2, 3, 2, 16, 2, decay, Rule::delta, 0, 0, 5}}) {
+        p.householder = n;
+        shapes.push_back(p);
+      }
   return shapes;
 }
 

@@ -53,13 +53,13 @@ LinearTensors bound_tensors(HostCase& h, const Case& c) {
 
 Bf16ForwardArgs bf16_forward_args(const LinearTensors& t) {
   const auto b = [](void* p) { return static_cast<const Bf16*>(p); };
-  return {b(t.q), b(t.k), b(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.a, t.b, t.dt, t.trap};
+  return {b(t.q), b(t.k), b(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.a, t.b, t.dt, t.trap, t.u};
 }
 
 Bf16BackwardArgs bf16_backward_args(const LinearTensors& t) {
   const auto b = [](void* p) { return static_cast<const Bf16*>(p); };
   return {b(t.q), b(t.k), b(t.v), t.h0, b(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta,
-          t.a, t.b, t.da, t.db, t.dt, t.trap, t.ddt, t.dtrap};
+          t.a, t.b, t.da, t.db, t.dt, t.trap, t.ddt, t.dtrap, t.u, t.du};
 }
 
 bool is_bf16(const Case& c) { return c.dtype == "bf16"; }

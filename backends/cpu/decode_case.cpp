@@ -172,6 +172,8 @@ class DecodeCase final : public PreparedCase {
         a.dt = take("dt", true), a.trap = take("trap", true), a.k_prev = take("k_prev", true);
         a.v_prev = take("v_prev", true), a.k_last = take("k_last", false), a.v_last = take("v_last", false);
       }
+      // The bonus u ([H][Dk], read once per step) is shared by the copies.
+      a.u = present("u") ? h.data("u") : nullptr;
       if (p.state_bf16) {
         r->bf16_pools.emplace_back(p.pool_elems());
         a.state_bf16 = r->bf16_pools.back().get();

@@ -13,7 +13,13 @@
 //   delta:    a read walk, u = sum (a_i k_i) S_i and y = sum (s a_i q_i) S_i (the decay folded into
 //             the row weights, S' = A S never stored), then w = v - u, o = y + s beta (k.q) w, and
 //             a write walk, S_i = a_i S_i + (beta k_i) w.
+//   bonus:    (RWKV-6, docs/spec.md section 1g) the additive walk reading out the row before its
+//             write, y += (s q_i) S_i, and o = y + s (q . (u . k)) v.
 // The per-row weights of a head's tokens are made once per work item in the thread's scratch.
+// DeltaProduct (docs/spec.md section 1h: n writes per token) is the delta rule's step over the
+// interleaved T n writes (kernels/linear_attention/householder.hpp): q and g spread to them in
+// scratch (q zero but at each token's last write, g zero but at its first), k, v and beta read in
+// place, o picked back, and the snapshots from every n-th of the interleaved ones.
 // A pooled step finds each sequence's states at its slot (problem.hpp, state_offset). A bf16 state
 // is widened in the first token's loads and rounded in the last token's stores (simd.hpp), once per
 // step; between them, a step of several tokens keeps the strip in the thread's float32 copy (in
@@ -32,6 +38,7 @@
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/cpu/vec.hpp"
+#include "kernels/linear_attention/householder.hpp"
 
 namespace lattn::cpu {
 namespace {
@@ -59,13 +66,13 @@ struct HeadStep {
   float* snapshots = nullptr;       // [extra][Dk][Dv]
   const float* rows = nullptr;      // [tokens][kRowArrays][Dk]
   const float* uniform = nullptr;   // [tokens] the factor of a uniform decay
-  const float* coef = nullptr;      // [tokens] delta: s beta (k . q)
+  const float* coef = nullptr;      // [tokens] delta: s beta (k . q); bonus: s (q . (u . k))
 };
 
 // One token over the strip at column c0: reads the state at `from` and writes it at `to` (each
 // already at c0): the same float32 array (in place), or a bf16 state read or written in the walk's
 // own loads and stores (Src, Dst: float or std::uint16_t).
-template <class I, int NV, bool FULL, bool DELTA, RowDecay DEC, class Src, class Dst>
+template <class I, int NV, bool FULL, bool DELTA, RowDecay DEC, bool BONUS, class Src, class Dst>
 void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
   using V = typename I::V;
   using M = typename I::M;
@@ -136,9 +143,10 @@ void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
     auto write = [&](std::size_t i, V* y) __attribute__((always_inline)) {
       const V a = I::set1(x1[i]), b = I::set1(x2[i]);
       for (int n = 0; n < NV; ++n) {
-        const V r = I::fma(a, vv[n], decayed(load(from + i * Dv, n), i));
+        const V before = load(from + i * Dv, n);
+        const V r = I::fma(a, vv[n], decayed(before, i));
         store(to + i * Dv, n, r);
-        y[n] = I::fma(b, r, y[n]);
+        y[n] = I::fma(b, BONUS ? before : r, y[n]);
       }
     };
     std::size_t i = 0;
@@ -151,7 +159,9 @@ void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
       if (t == 0) prefetch_row(from + (i + kPrefetchRows) * Dv);
       write(i, y0);
     }
-    for (int n = 0; n < NV; ++n) store(h.o + std::size_t(t) * Dv + c0, n, I::add(y0[n], y1[n]));
+    const V c = I::set1(BONUS ? h.coef[t] : 0.0f);
+    for (int n = 0; n < NV; ++n)
+      store(h.o + std::size_t(t) * Dv + c0, n, BONUS ? I::fma(c, vv[n], I::add(y0[n], y1[n])) : I::add(y0[n], y1[n]));
   }
   // Slot i of the snapshots (1..extra) is the state i tokens before the step's end. Never the last
   // token's, so `to` is float32 here whenever a snapshot is taken.
@@ -166,41 +176,42 @@ void walk_token(const HeadStep& h, int c0, int t, const Src* from, Dst* to) {
 // The step's tokens over one strip. A float32 state is stepped in place. A bf16 state is read by the
 // first token's walk and written by the last one's, rounded once; between them (T > 1) the strip
 // lives in the thread's float32 copy (h.state), in the core's cache.
-template <class I, int NV, bool FULL, bool DELTA, RowDecay DEC>
+template <class I, int NV, bool FULL, bool DELTA, RowDecay DEC, bool BONUS>
 void walk_strip(const HeadStep& h, int c0) {
   using std::uint16_t;
   float* work = h.state + c0;
   if (!h.state16) {
-    for (int t = 0; t < h.tokens; ++t) walk_token<I, NV, FULL, DELTA, DEC, float, float>(h, c0, t, work, work);
+    for (int t = 0; t < h.tokens; ++t) walk_token<I, NV, FULL, DELTA, DEC, BONUS, float, float>(h, c0, t, work, work);
     return;
   }
   uint16_t* s16 = h.state16 + c0;
   const int last = h.tokens - 1;
   if (last == 0) {
-    walk_token<I, NV, FULL, DELTA, DEC, uint16_t, uint16_t>(h, c0, 0, s16, s16);
+    walk_token<I, NV, FULL, DELTA, DEC, BONUS, uint16_t, uint16_t>(h, c0, 0, s16, s16);
     return;
   }
-  walk_token<I, NV, FULL, DELTA, DEC, uint16_t, float>(h, c0, 0, s16, work);
-  for (int t = 1; t < last; ++t) walk_token<I, NV, FULL, DELTA, DEC, float, float>(h, c0, t, work, work);
-  walk_token<I, NV, FULL, DELTA, DEC, float, uint16_t>(h, c0, last, work, s16);
+  walk_token<I, NV, FULL, DELTA, DEC, BONUS, uint16_t, float>(h, c0, 0, s16, work);
+  for (int t = 1; t < last; ++t) walk_token<I, NV, FULL, DELTA, DEC, BONUS, float, float>(h, c0, t, work, work);
+  walk_token<I, NV, FULL, DELTA, DEC, BONUS, float, uint16_t>(h, c0, last, work, s16);
 }
 
 using StripFn = void (*)(const HeadStep&, int);
 
-template <class I, int NV, bool DELTA, RowDecay DEC>
+template <class I, int NV, bool DELTA, RowDecay DEC, bool BONUS = false>
 void walk_strips(const HeadStep& h, int first, int last) {
   constexpr int W = I::L * NV;
   for (int s = first; s < last; ++s) {
     const int c0 = s * W;
-    if (c0 + W <= h.cols_v) walk_strip<I, NV, true, DELTA, DEC>(h, c0);
-    else walk_strip<I, NV, false, DELTA, DEC>(h, c0);
+    if (c0 + W <= h.cols_v) walk_strip<I, NV, true, DELTA, DEC, BONUS>(h, c0);
+    else walk_strip<I, NV, false, DELTA, DEC, BONUS>(h, c0);
   }
 }
 
 using StripsFn = void (*)(const HeadStep&, int, int);
 
 template <class I, int NV>
-StripsFn pick(bool delta, RowDecay decay) {
+StripsFn pick(bool delta, RowDecay decay, bool bonus) {
+  if (bonus) return walk_strips<I, NV, false, RowDecay::rows, true>;  // vector gates only (op.cpp)
   switch (decay) {
     case RowDecay::none: return delta ? walk_strips<I, NV, true, RowDecay::none> : walk_strips<I, NV, false, RowDecay::none>;
     case RowDecay::uniform:
@@ -224,20 +235,21 @@ constexpr std::size_t kStreamedStateBytes = std::size_t(4) << 20;
 // narrow strips (32 columns, 16 on AVX2) that stay in L1. scripts/ab.py at B 64 and B 1 (H 16,
 // D 128) chose between the two (docs/performance.md, "The decode step").
 Kernel kernel_for(Vec vec, const DecodeProblem& p, bool delta, RowDecay decay) {
+  const bool bonus = p.bonus;
   const bool streamed = p.state_elems() * (p.state_bf16 ? 2 : sizeof(float)) > kStreamedStateBytes;
   const int cols = p.value_dim();
   switch (vec) {
 #if defined(__AVX512F__)
     case Vec::avx512:
-      if (streamed && cols >= 96) return {pick<simd::Avx512, 8>(delta, decay), 128};
-      return {pick<simd::Avx512, 2>(delta, decay), 32};
+      if (streamed && cols >= 96) return {pick<simd::Avx512, 8>(delta, decay, bonus), 128};
+      return {pick<simd::Avx512, 2>(delta, decay, bonus), 32};
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
     case Vec::avx2:
-      if (streamed && cols >= 24) return {pick<simd::Avx2, 4>(delta, decay), 32};
-      return {pick<simd::Avx2, 2>(delta, decay), 16};
+      if (streamed && cols >= 24) return {pick<simd::Avx2, 4>(delta, decay, bonus), 32};
+      return {pick<simd::Avx2, 2>(delta, decay, bonus), 16};
 #endif
-    default: return {pick<simd::Portable, 8>(delta, decay), 8};
+    default: return {pick<simd::Portable, 8>(delta, decay, bonus), 8};
   }
 }
 
@@ -263,10 +275,14 @@ void make_weights(const DecodeProblem& p, const DecodeArgs<float>& a, std::size_
       for (int i = 0; i < D; ++i) ar[i] = uniform[t];
     }
     if (!p.delta()) {
+      float bonus = 0;
+      const float* u = p.bonus ? a.u + (bh % std::size_t(p.heads)) * std::size_t(D) : nullptr;
       for (int i = 0; i < D; ++i) {
         x1[i] = k[i];
         x2[i] = s * q[i];
+        if (u) bonus += q[i] * u[i] * k[i];
       }
+      coef[t] = s * bonus;
       continue;
     }
     const float beta = a.beta[bh * T + t];
@@ -288,15 +304,61 @@ std::size_t widened_floats(const DecodeProblem& p) { return p.state_bf16 && p.to
 
 }  // namespace
 
+namespace {
+
+// DeltaProduct's step as one of the delta rule over the interleaved writes, and its scratch: q, g
+// and o over them, and their snapshots.
+DecodeProblem interleaved(const DecodeProblem& p) {
+  DecodeProblem s = p;
+  s.tokens = p.tokens * p.householder;
+  s.snapshots = p.extra_slots() * p.householder + 1;
+  s.householder = 1;
+  return s;
+}
+std::size_t interleaved_floats(const DecodeProblem& p) {
+  const DecodeProblem s = interleaved(p);
+  return s.key_elems() + s.gate_elems() + s.value_elems() + s.snapshot_elems();
+}
+
+}  // namespace
+
 std::size_t decode_step_workspace_bytes(const DecodeProblem& p, int threads) {
   if (p.dplr()) return std::size_t(std::max(threads, 1)) * decode_dplr_thread_floats(p) * sizeof(float);
   if (p.trapezoidal()) return decode_trapezoidal_workspace_bytes(p, threads);
+  if (p.householder > 1)
+    return interleaved_floats(p) * sizeof(float) + decode_step_workspace_bytes(interleaved(p), threads);
   return std::size_t(std::max(threads, 1)) * (weights_floats(p) + widened_floats(p)) * sizeof(float);
 }
 
 void decode_step(const DecodeProblem& p, const DecodeArgs<float>& a, Allocator& allocator) {
   if (p.dplr()) return decode_step_dplr(p, a, allocator);  // cpu/dplr.cpp
   if (p.trapezoidal()) return decode_trapezoidal_step(p, a, allocator);
+  if (p.householder > 1) {
+    const DecodeProblem s = interleaved(p);
+    const int n = p.householder;
+    Workspace<float> scratch(allocator, interleaved_floats(p));
+    float* q = scratch.data();
+    float* g = q + s.key_elems();
+    float* o = g + s.gate_elems();
+    float* snapshots = o + s.value_elems();
+    const std::size_t key_rows = p.key_elems() / std::size_t(p.dim), value_rows = p.heads_total() * p.tokens;
+    interleave_rows(a.q, key_rows, std::size_t(p.dim), n, n - 1, q);
+    if (a.g) interleave_rows(a.g, value_rows, std::size_t(p.gate_width()), n, 0, g);
+    DecodeArgs<float> steps = a;
+    steps.q = q;
+    steps.g = a.g ? g : nullptr;
+    steps.o = o;
+    steps.snapshots = s.extra_slots() > 0 ? snapshots : nullptr;
+    decode_step(s, steps, allocator);
+    pick_rows(o, value_rows, std::size_t(p.value_dim()), n, n - 1, a.o);
+    // Slot i (i tokens before the end) is the interleaved step's slot i n.
+    const std::size_t DD = p.head_state_elems();
+    for (std::size_t bh = 0; bh < p.heads_total(); ++bh)
+      for (int i = 1; i <= p.extra_slots(); ++i)
+        std::copy_n(snapshots + (bh * s.extra_slots() + std::size_t(i * n - 1)) * DD, DD,
+                    a.snapshots + (bh * p.extra_slots() + std::size_t(i - 1)) * DD);
+    return;
+  }
   const RowDecay decay = p.decay == Decay::none ? RowDecay::none : p.decay == Decay::vector ? RowDecay::rows : RowDecay::uniform;
   const Kernel kernel = kernel_for(active_vec(), p, p.delta(), decay);
   const int threads = omp_get_max_threads();

@@ -498,6 +498,8 @@ DecodeLaunch decode_launch(const DecodeProblem& pr, int multiprocessors) {
 std::optional<std::string> decode_unsupported(const DecodeProblem& p) {
   if (p.dplr()) return std::string("the CUDA decode step has no kernel for rule dplr");
   if (p.trapezoidal()) return std::string("the CUDA decode step has no trapezoidal rule (Mamba-3): the CPU's steps it");
+  if (p.bonus) return std::string("the CUDA decode step has no bonus (RWKV-6) form");
+  if (p.householder > 1) return std::string("the CUDA decode step takes one Householder write per token only");
   if (p.dim > kDecodeMaxDim)
     return "the CUDA decode step holds a head's state rows in one block's registers: dim (the key dim) over " +
            std::to_string(kDecodeMaxDim);

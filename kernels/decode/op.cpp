@@ -21,10 +21,18 @@ namespace {
 // tokens; 64 leaves room for long drafts.
 constexpr long kMaxSlots = 1 << 20, kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
 
+// DeltaProduct's writes per token (docs/spec.md section 1h), delta rule only; 1 where absent (case_limit
+// refuses the key elsewhere).
+int householder(const Case& c) {
+  const std::string text = c.option("householder");
+  return text.empty() || c.option("rule") != "delta" ? 1 : std::stoi(text);
+}
+
 // q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp); the trapezoidal
-// rule's rank R > 1 puts R rows per token before the last dimension.
-std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width) {
-  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq)};
+// rule's rank R > 1 puts R rows per token before the last dimension; DeltaProduct's k, v and beta
+// carry householder rows per token ([..][T n][..]).
+std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width, int writes = 1) {
+  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq) * std::size_t(writes)};
   if (mimo_rank(c) > 1) shape.push_back(std::size_t(mimo_rank(c)));
   shape.push_back(width);
   return shape;
@@ -37,6 +45,15 @@ std::vector<std::size_t> carry_keys(const Case& c) {
 }
 std::vector<std::size_t> carry_values(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(mimo_rank(c)), std::size_t(value_dim(c))};
+}
+std::vector<std::size_t> step_keys(const Case& c) {
+  return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim), householder(c));
+}
+std::vector<std::size_t> step_values(const Case& c) {
+  return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c)), householder(c));
+}
+std::vector<std::size_t> step_betas(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c)};
 }
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
@@ -51,15 +68,23 @@ std::vector<std::size_t> gates(const Case& c) {
   if (c.decay == "vector") shape.push_back(std::size_t(c.dim));
   return shape;
 }
-std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)}; }
 bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"; }
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
+// dt and trap (rule trapezoidal): [B][H][T].
+std::vector<std::size_t> per_token(const Case& c) { return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)}; }
 bool is_trapezoidal(const Case& c) { return c.option("rule") == "trapezoidal"; }
 bool is_dplr(const Case& c) { return c.option("rule") == "dplr"; }
 // dplr's a and b (docs/spec.md section 1f): [B][H][T][Dk].
 std::vector<std::size_t> low_rank(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq), std::size_t(c.dim)};
 }
+// RWKV-6's bonus form (docs/spec.md section 1g): the additive rule with vector gates; u [H][Dk].
+bool bonus_applies(const Case& c) {
+  const std::string rule = c.option("rule");
+  return (rule.empty() || rule == "additive") && c.decay == "vector";
+}
+bool has_bonus(const Case& c) { return bonus_applies(c) && c.option("bonus") == "true"; }
+std::vector<std::size_t> bonuses(const Case& c) { return {std::size_t(c.heads), std::size_t(c.dim)}; }
 bool has_snapshots(const Case& c) { return decode_problem(c).extra_slots() > 0; }
 bool is_pooled(const Case& c) { return decode_problem(c).pooled(); }
 std::vector<std::size_t> sequences(const Case& c) { return {std::size_t(c.batch)}; }
@@ -80,11 +105,13 @@ double step_flops(const Case& c) {
     const double R = mimo_rank(c);
     return tokens * ((6.0 * R + 1.0) * DD + 2.0 * R * Dk + 8.0);
   }
-  if (is_delta(c)) return tokens * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
+  // DeltaProduct: the delta rule's per write, n writes per token (the CPU step walks them as tokens).
+  if (is_delta(c)) return tokens * householder(c) * ((6.0 + decay) * DD + 3.0 * (Dk + Dv) + W);
   // dplr (cpu/dplr.cpp): the read u = S^T b (2 DD), the two writes (4 DD), the readout (2 DD) and
   // the decay (DD, none for none).
   if (is_dplr(c)) return tokens * ((8.0 + decay) * DD + W);
-  return tokens * ((4.0 + decay) * DD + W);
+  // The bonus: q . (u . k) (3 Dk) and its v row (2 Dv).
+  return tokens * ((4.0 + decay) * DD + W + (has_bonus(c) ? 3.0 * Dk + 2.0 * Dv : 0.0));
 }
 
 double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
@@ -93,8 +120,8 @@ double log_sigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - s
 TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
   fill_normal(set.add("q", Role::input, keys(c)).data, seed, 1);
-  fill_normal(set.add("k", Role::input, keys(c)).data, seed, 2);
-  fill_normal(set.add("v", Role::input, values(c)).data, seed, 3);
+  fill_normal(set.add("k", Role::input, step_keys(c)).data, seed, 2);
+  fill_normal(set.add("v", Role::input, step_values(c)).data, seed, 3);
   auto& h0 = set.add("h0", Role::input, states(c)).data;
   fill_normal(h0, seed, 4);
   // A bf16 state starts from h0 as the pool holds it: rounded to bf16 before any backend or the
@@ -122,7 +149,7 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   }
   if (is_delta(c)) {
     // beta = sigmoid(z'), stream 8; each key row divided by its L2 norm (docs/spec.md section 3).
-    auto& beta = set.add("beta", Role::input, per_token(c)).data;
+    auto& beta = set.add("beta", Role::input, step_betas(c)).data;
     fill_normal(beta, seed, 8);
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
     // Looked up now, not held from its add: each add may move the set's tensors.
@@ -162,6 +189,8 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     const std::vector<float>& read = set.at("b").data;  // looked up again: the add may move it
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = -a[i] * read[i];
   }
+  // RWKV-6's bonus u ~ N(0, 1), stream 30, as the kernel suite draws it.
+  if (has_bonus(c)) fill_normal(set.add("u", Role::input, bonuses(c)).data, seed, 30);
   return set;
 }
 
@@ -173,6 +202,7 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
   const std::vector<double> low_a = p.dplr() ? widened(in, "a") : std::vector<double>();
   const std::vector<double> low_b = p.dplr() ? widened(in, "b") : std::vector<double>();
+  const std::vector<double> u = p.bonus ? widened(in, "u") : std::vector<double>();
   auto& o = ref.values["o"];
   auto& hT = ref.values["hT"];
   o.assign(p.value_elems(), 0.0);
@@ -194,6 +224,7 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool) {
   }
   args.a = low_a.empty() ? nullptr : low_a.data();
   args.b = low_b.empty() ? nullptr : low_b.data();
+  args.u = u.empty() ? nullptr : u.data();
   reference::decode_step(p, args);
   return ref;
 }
@@ -209,6 +240,23 @@ Axis rule_axis() {
 Axis mimo_rank_axis() {
   Axis a{"mimo_rank", Param::option, {"1"}, "trapezoidal rule only: rows of q, k, v per token (MIMO rank; 1: SISO)", 1, 16};
   a.applies = is_trapezoidal;
+  return a;
+}
+
+// bonus (docs/spec.md section 1g): RWKV-6's form, additive rule with vector gates (case_limit refuses it
+// elsewhere); recorded only when true.
+Axis bonus_axis() {
+  Axis a{"bonus", Param::option, {"false"}, "additive rule, vector decay: RWKV-6's bonus form (true, false)"};
+  a.kind = Kind::boolean;
+  a.recorded_at_default = false;
+  return a;
+}
+
+// householder (docs/spec.md section 1h): DeltaProduct's writes per token, delta rule only (case_limit
+// refuses n > 1 elsewhere); recorded only past 1.
+Axis householder_axis() {
+  Axis a{"householder", Param::option, {"1"}, "delta rule: Householder writes per token (DeltaProduct; 1: one)", 1, 64};
+  a.recorded_at_default = false;
   return a;
 }
 
@@ -256,6 +304,18 @@ std::optional<std::string> case_limit(const Case& c) {
   if (hk > c.heads || c.heads % hk != 0)
     return "heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(c.heads) +
            " (each q/k head serves heads / heads_k value heads)";
+  if (const std::string n = c.option("householder"); !n.empty() && n != "1") {
+    const std::string rule = c.option("rule").empty() ? "additive" : c.option("rule");
+    if (rule != "delta")
+      return "householder " + n + " applies to rule delta only (DeltaProduct's writes per token); rule " + rule +
+             " writes once per token";
+    if (c.decay != "none" && c.decay != "scalar" && c.decay != "vector")
+      return "householder " + n + " takes decay none, scalar or vector (the gate acts once per token; decay " +
+             c.decay + " would act at every write)";
+  }
+  if (c.option("bonus") == "true" && !bonus_applies(c))
+    return "bonus true (RWKV-6's form) applies to rule additive with decay vector only, not rule " +
+           (c.option("rule").empty() ? std::string("additive") : c.option("rule")) + " with decay " + c.decay;
   return std::nullopt;
 }
 
@@ -278,6 +338,8 @@ DecodeProblem decode_problem(const Case& c) {
   p.state_slots = slots.empty() ? 0 : std::stoi(slots);
   p.state_bf16 = c.option("state_dtype") == "bf16";
   p.rank = mimo_rank(c);
+  p.bonus = has_bonus(c);
+  p.householder = householder(c);
   return p;
 }
 
@@ -287,14 +349,17 @@ double decode_step_bytes(const Case& c) {
   // The states read and written in their own dtype (the batch's slots of a pool, and its index);
   // q and k once per q/k head (its value heads read them where they lie), v and o per value head.
   const double state_bytes = p.state_bf16 ? 2.0 : 4.0;
+  // DeltaProduct: k, v and beta n rows per token.
+  const double n = p.householder;
   return state_bytes * 2.0 * double(p.state_elems()) + 4.0 * double(p.snapshot_elems()) +
          (p.pooled() ? 4.0 * p.batch : 0.0) +
-         2.0 * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (token_bytes + 4.0) +
-         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * double(p.beta_elems()) : 0.0) +
+         (1.0 + n) * token_bytes * double(p.key_elems()) + double(p.value_elems()) * (n * token_bytes + 4.0) +
+         4.0 * double(p.gate_elems()) + (p.delta() ? 4.0 * n * double(p.beta_elems()) : 0.0) +
          // trapezoidal: the previous token's rows read and the last token's written (float32), dt and trap
          (p.trapezoidal() ? 8.0 * double(p.carry_k_elems() + p.carry_v_elems()) + 8.0 * double(p.beta_elems()) : 0.0) +
          // dplr: a and b read (float32)
-         (p.dplr() ? 8.0 * double(p.low_rank_elems()) : 0.0);
+         (p.dplr() ? 8.0 * double(p.low_rank_elems()) : 0.0) +
+         (p.bonus ? 4.0 * p.heads * p.dim : 0.0);  // u, once per step
 }
 
 const Op& decode_op() {
@@ -311,6 +376,8 @@ const Op& decode_op() {
         rule_axis(),
         mimo_rank_axis(),
         {"decay", Param::decay, {"scalar"}, "decay modes (none, retnet, scalar, vector)", 1, 0, decay_names()},
+        householder_axis(),
+        bonus_axis(),
         {"tokens", Param::seq, {"1", "4"}, "tokens per sequence in one step (1: decoding; 2-8: verifying a draft)", 1,
          kMaxTokens},
         snapshots_axis(),
@@ -322,17 +389,18 @@ const Op& decode_op() {
     o.forms = {{"step", step_flops}};
     o.tensors = {
         {"q", Role::input, keys, true},
-        {"k", Role::input, keys, true},
-        {"v", Role::input, values, true},
+        {"k", Role::input, step_keys, true},
+        {"v", Role::input, step_values, true},
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
-        {"beta", Role::input, per_token, false, is_delta},
+        {"beta", Role::input, step_betas, false, is_delta},
         {"a", Role::input, low_rank, false, is_dplr},
         {"b", Role::input, low_rank, false, is_dplr},
         {"dt", Role::input, per_token, false, is_trapezoidal},
         {"trap", Role::input, per_token, false, is_trapezoidal},
         {"k_prev", Role::input, carry_keys, false, is_trapezoidal},
         {"v_prev", Role::input, carry_values, false, is_trapezoidal},
+        {"u", Role::input, bonuses, false, has_bonus},
         {"state_index", Role::input, sequences, false, is_pooled},
         {"o", Role::output, values, false},
         {"hT", Role::output, states, false},

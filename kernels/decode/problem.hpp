@@ -13,6 +13,7 @@
 //   v, o [batch][H][T][R][Dv]; dt, trap [batch][H][T]; the previous token's rows k_prev
 //   [batch][H][R][Dk] and v_prev [batch][H][R][Dv] (zero before a sequence's first token), and the
 //   step's last token's, k_last and v_last (the same shapes: the next step's k_prev and v_prev)
+//   u (bonus)         : [H][Dk]                     (RWKV-6's bonus, docs/spec.md section 1g)
 //   snapshots         : [batch][H][K - 1][Dk][Dv]   (slot i - 1 holds the state i tokens before the
 //                                                    step's end; only when K > 1; float32)
 //   state pool        : [slots][H][Dk][Dv]          (a pooled step, state_slots > batch: sequence b's
@@ -48,6 +49,10 @@ struct DecodeProblem {
   int state_slots = 0;     // the pool's slots; 0 or batch: no pool, sequence b's states in slot b
   bool state_bf16 = false;  // the states stored as bf16 (updated in float32, rounded once per step)
   int rank = 1;             // rows of q, k, v, o per token (rule trapezoidal's MIMO rank)
+  bool bonus = false;       // RWKV-6's bonus (docs/spec.md section 1g): an input u [H][Dk]
+  // DeltaProduct (docs/spec.md section 1h; rule delta): writes per token, k, v and beta carrying
+  // householder rows per token ([..][tokens * householder][..]); 1: one.
+  int householder = 1;
 
   bool delta() const { return rule == Rule::delta; }
   bool dplr() const { return rule == Rule::dplr; }
@@ -117,6 +122,7 @@ struct DecodeArgs {
   const F* v_prev = nullptr;
   F* k_last = nullptr;
   F* v_last = nullptr;
+  const F* u = nullptr;  // the bonus, [H][Dk] (DecodeProblem::bonus)
 };
 
 }  // namespace lattn

@@ -1,9 +1,10 @@
 // Causal linear attention (docs/spec.md section 1) as a table row: the kernel suite's config keys, the two
 // forms and their flop models, the tensors, the inputs of docs/spec.md section 3, the float64 reference
 // (reference.cpp) and the tolerances. The kernels are in cpu/ and cuda/ beneath this file.
-// Over 500 lines, and past 650 with the trapezoidal and dplr rules: the keys, the flop models and the
-// inputs are one row, read together; each rule adds its inputs, tensors and flop terms beside the
-// others'. The next rule should move the per-rule inputs and flop models into files of their own.
+// Over 500 lines, and past 750 with the trapezoidal and dplr rules, RWKV-6's bonus and DeltaProduct:
+// the keys, the flop models and the inputs are one row, read together; each rule or form adds its
+// inputs, tensors and flop terms beside the others'. The next rule should move the per-rule inputs and
+// flop models into files of their own.
 #include "kernels/linear_attention/op.hpp"
 
 #include <algorithm>
@@ -51,16 +52,30 @@ int sequences(const Case& c) {
   return n ? int(n) : c.batch;
 }
 
+// DeltaProduct's Householder writes per token (docs/spec.md section 1h; `householder`, delta rule
+// only): 1, the rule of section 1b, where the key is absent (case_limit refuses it elsewhere).
+int householder(const Case& c) {
+  const std::string text = c.option("householder");
+  return text.empty() || c.option("rule") != "delta" ? 1 : std::stoi(text);
+}
+
 // q, k (and dq, dk): [B][Hk][T][Dk]; v, o, dO, dv: [B][H][T][Dv]; states: [N][H][Dk][Dv]. The
 // trapezoidal rule's MIMO rank R > 1 gives each token R rows: [B][Hk][T][R][Dk] and [B][H][T][R][Dv].
-std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width) {
-  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq)};
+// With householder n, k, v (dk, dv) and beta (dbeta) carry n rows per token: [..][T n][..].
+std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width, int writes = 1) {
+  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq) * std::size_t(writes)};
   if (mimo_rank(c) > 1) shape.push_back(std::size_t(mimo_rank(c)));
   shape.push_back(width);
   return shape;
 }
 std::vector<std::size_t> keys(const Case& c) { return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim)); }
 std::vector<std::size_t> values(const Case& c) { return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c))); }
+std::vector<std::size_t> step_keys(const Case& c) {
+  return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim), householder(c));
+}
+std::vector<std::size_t> step_values(const Case& c) {
+  return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c)), householder(c));
+}
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(sequences(c)), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
 }
@@ -75,7 +90,7 @@ bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"
 // (a plugin's or a test's, built by hand) is additive.
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
 std::vector<std::size_t> betas(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq)};
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c)};
 }
 // The diagonal-plus-low-rank rule (docs/spec.md section 1f): a, b (and da, db) [B][H][T][Dk], per value head.
 bool is_dplr(const Case& c) { return c.option("rule") == "dplr"; }
@@ -84,6 +99,14 @@ std::vector<std::size_t> low_rank(const Case& c) {
 }
 // The trapezoidal rule (docs/spec.md section 1e): its dt and trap (and gradients) are betas' shape.
 bool is_trapezoidal(const Case& c) { return c.option("rule") == "trapezoidal"; }
+// RWKV-6's bonus (docs/spec.md section 1g): additive rule, vector gates, `bonus: true`; its u and du
+// [H][Dk] exist only there (case_limit refuses the key elsewhere).
+bool bonus_applies(const Case& c) {
+  const std::string rule = c.option("rule");
+  return (rule.empty() || rule == "additive") && c.decay == "vector";
+}
+bool has_bonus(const Case& c) { return c.option("bonus") == "true" && bonus_applies(c); }
+std::vector<std::size_t> bonuses(const Case& c) { return {std::size_t(c.heads), std::size_t(c.dim)}; }
 
 // gate_norm's default (GLA's normaliser) and its largest value: past it the gates are 1 to float32.
 constexpr double kDefaultGateNorm = 16, kMaxGateNorm = 1e6;
@@ -117,10 +140,15 @@ struct TokenSizes {
 double sum_over_sequences(const Case& c, double (*per_token)(const Case&, const TokenSizes&)) {
   const double dk = c.dim, dv = value_dim(c);
   const double W = c.decay == "vector" ? dk : c.decay == "scalar" ? 1.0 : 0.0;
+  // DeltaProduct (docs/spec.md section 1h) counts the delta rule's over the seq * n interleaved steps
+  // the kernels compute, their readouts of the zero q rows included.
+  const int n = householder(c);
   const auto of = [&](int length) {
-    // A chunk counts rows, R of them per token for the trapezoidal rule's MIMO rank R.
-    return double(length) * c.heads *
-           per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min<long>(c.chunk, long(length) * mimo_rank(c))), dk, dv,
+    // A chunk counts rows: R of them per token for the trapezoidal rule's MIMO rank R, n per token
+    // for DeltaProduct's interleaved steps.
+    const int steps = length * n;
+    return double(steps) * c.heads *
+           per_token(c, {dk * dv, (dk + dv) / 2, W, double(std::min<long>(c.chunk, long(steps) * mimo_rank(c))), dk, dv,
                          double(c.heads) / qk_heads(c)});
   };
   const std::vector<int> docs = documents(c);
@@ -197,8 +225,11 @@ double scan_token_flops(const Case& c, const TokenSizes& z) {
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
   if (!is_gated(c)) return (c.mode == Mode::fwd ? 4.0 : 14.0) * DD;
-  const double forward = 5.0 * DD + W;
-  return c.mode == Mode::fwd ? forward : forward + 15.0 * DD + 2.0 * W + 4.0 * D;
+  // The bonus (docs/spec.md section 1g): q . (u . k) and its v row, 5 D; backward c = do . v, its
+  // terms in dq, dk, dv and du and the bonus again, 16 D.
+  const double bonus = has_bonus(c) ? 5.0 * D : 0.0, bonus_back = has_bonus(c) ? 16.0 * D : 0.0;
+  const double forward = 5.0 * DD + W + bonus;
+  return c.mode == Mode::fwd ? forward : forward + 15.0 * DD + 2.0 * W + 4.0 * D + bonus_back;
 }
 
 double scan_flops(const Case& c) { return sum_over_sequences(c, scan_token_flops); }
@@ -252,9 +283,12 @@ double chunked_token_flops(const Case& c, const TokenSizes& z) {
   if (c.decay == "vector") {
     const double sub = std::min<double>(kGateSubChunk, C), nb = std::ceil(C / sub), off = (nb - 1) / nb;
     const double diagonal = 1.5 * (sub + 1) * D;
-    const double forward = 4.0 * DD + DD / C + C * D * off + C * D * off / (2 * sub) + C * D + diagonal + 12.0 * D;
+    // The bonus's diagonal scores q . (u . k) (3 D); backward their dq, dk, du and dg terms (12 D).
+    const double bonus = has_bonus(c) ? 3.0 * D : 0.0, bonus_back = has_bonus(c) ? 12.0 * D : 0.0;
+    const double forward =
+        4.0 * DD + DD / C + C * D * off + C * D * off / (2 * sub) + C * D + diagonal + 12.0 * D + bonus;
     const double backward = 8.0 * DD + 3.0 * DD / C + C * D * off * (3 + 3 / (2 * sub)) + 3.0 * C * D +
-                            3.0 * diagonal + 30.0 * D;
+                            3.0 * diagonal + 30.0 * D + bonus_back;
     return c.mode == Mode::fwd ? forward : forward + backward;
   }
   const double forward = 4.0 * DD + 2.0 * C * D;
@@ -287,7 +321,7 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     Role role;
     std::vector<std::size_t> (*shape)(const Case&);
     std::uint64_t stream;
-  } made[] = {{"q", Role::input, keys, 1},    {"k", Role::input, keys, 2},          {"v", Role::input, values, 3},
+  } made[] = {{"q", Role::input, keys, 1},    {"k", Role::input, step_keys, 2},     {"v", Role::input, step_values, 3},
               {"h0", Role::input, states, 4}, {"dO", Role::cotangent, values, 5}, {"dhT", Role::cotangent, states, 6}};
   for (const auto& m : made) fill_normal(set.add(m.name, m.role, m.shape(c)).data, seed, m.stream);
   if (is_gated(c)) {
@@ -323,13 +357,16 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
     for (float& x : dt) x = float(-log_sigmoid(-double(x)));
     fill_normal(set.add("trap", Role::input, betas(c)).data, seed, 32);
   }
+  // RWKV-6's bonus u ~ N(0, 1), stream 30 (docs/spec.md section 3).
+  if (has_bonus(c)) fill_normal(set.add("u", Role::input, bonuses(c)).data, seed, 30);
   return set;
 }
 
 // Every tensor is [sequence][head][...] with the sequence outermost (q and k over the q/k heads), and
 // each pair's outputs depend on its own inputs alone (a head's decay on its index alone), so the
 // first pairs of a case are a case of their own whose tensors are the first elements of its.
-// Packed documents are not cut: their states are per document.
+// Packed documents are not cut: their states are per document. The bonus's u and du are [H][Dk],
+// per head: a part of the first heads of one sequence is theirs only for one sequence.
 std::optional<Case> check_part(const Case& c, int pairs) {
   if (!documents(c).empty() || pairs <= 0) return std::nullopt;
   const int group = c.heads / qk_heads(c);
@@ -343,6 +380,8 @@ std::optional<Case> check_part(const Case& c, int pairs) {
     settle_shape_keys(part);
   }
   if (part.batch == c.batch && part.heads == c.heads) return std::nullopt;
+  // The bonus's du sums over the batch: a part of fewer sequences has another du.
+  if (has_bonus(c) && part.batch != c.batch) return std::nullopt;
   return part;
 }
 
@@ -356,6 +395,7 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   hT.assign(p.state_elems(), 0.0);
   const std::vector<double> g = gated(p.decay) ? widened(in, "g") : std::vector<double>();
   const std::vector<double> beta = p.delta() ? widened(in, "beta") : std::vector<double>();
+  const std::vector<double> u = p.bonus ? widened(in, "u") : std::vector<double>();
   const double* g_or_null = g.empty() ? nullptr : g.data();
   const double* beta_or_null = beta.empty() ? nullptr : beta.data();
   const std::vector<double> dt = p.trapezoidal() ? widened(in, "dt") : std::vector<double>();
@@ -364,15 +404,19 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
   const std::vector<double> low_b = p.dplr() ? widened(in, "b") : std::vector<double>();
   const double* a_or_null = low_a.empty() ? nullptr : low_a.data();
   const double* b_or_null = low_b.empty() ? nullptr : low_b.data();
+  const double* u_or_null = u.empty() ? nullptr : u.data();
   ForwardArgs<double> args{q.data(), k.data(), v.data(), h0.data(), o.data(), hT.data(), g_or_null, beta_or_null,
                            a_or_null, b_or_null};
   args.dt = dt.empty() ? nullptr : dt.data();
   args.trap = trap.empty() ? nullptr : trap.data();
+  args.u = u_or_null;
   reference::forward(p, args);
   if (backward) {
     const auto dO = widened(in, "dO"), dhT = widened(in, "dhT");
-    for (const char* name : {"dq", "dk"}) ref.values[name].assign(p.key_elems(), 0.0);
-    ref.values["dv"].assign(p.value_elems(), 0.0);
+    const std::size_t n = std::size_t(p.householder);  // k, v and beta rows per token
+    ref.values["dq"].assign(p.key_elems(), 0.0);
+    ref.values["dk"].assign(p.key_elems() * n, 0.0);
+    ref.values["dv"].assign(p.value_elems() * n, 0.0);
     ref.values["dh0"].assign(p.state_elems(), 0.0);
     double *dg = nullptr, *dbeta = nullptr;
     if (!g.empty()) {
@@ -380,7 +424,7 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
       dg = ref.values["dg"].data();
     }
     if (!beta.empty()) {
-      ref.values["dbeta"].assign(p.beta_elems(), 0.0);
+      ref.values["dbeta"].assign(p.beta_elems() * n, 0.0);
       dbeta = ref.values["dbeta"].data();
     }
     double *da = nullptr, *db = nullptr;
@@ -397,6 +441,10 @@ Reference compute_reference(const Case& c, const TensorSet& in, bool backward) {
       for (const char* name : {"ddt", "dtrap"}) ref.values[name].assign(p.beta_elems(), 0.0);
       grads.dt = args.dt, grads.trap = args.trap;
       grads.ddt = ref.values["ddt"].data(), grads.dtrap = ref.values["dtrap"].data();
+    }
+    if (!u.empty()) {
+      ref.values["du"].assign(p.bonus_elems(), 0.0);
+      grads.u = u_or_null, grads.du = ref.values["du"].data();
     }
     reference::backward(p, grads);
     ref.has_backward = true;
@@ -449,6 +497,25 @@ Axis mimo_rank_axis() {
   return a;
 }
 
+// householder (docs/spec.md section 1h): DeltaProduct's writes per token, delta rule only (case_limit
+// refuses n > 1 elsewhere, so the key is not dropped silently); records write it only past 1, so the
+// delta rule's records compare with those written before the key.
+Axis householder_axis() {
+  Axis a{"householder", Param::option, {"1"}, "delta rule: Householder writes per token (DeltaProduct; 1: one)", 1, 64};
+  a.recorded_at_default = false;
+  return a;
+}
+
+// bonus (docs/spec.md section 1g): RWKV-6's form of GLA, for the additive rule with vector gates
+// (case_limit refuses it elsewhere); records write it only when true, so the records of GLA cases
+// compare with those written before.
+Axis bonus_axis() {
+  Axis a{"bonus", Param::option, {"false"}, "additive rule, vector decay: RWKV-6's bonus form (true, false)"};
+  a.kind = Kind::boolean;
+  a.recorded_at_default = false;
+  return a;
+}
+
 Axis packing_axis(const char* key, const char* help, std::string (*canonical)(const std::string&)) {
   Axis a{key, Param::option, {""}, help};
   a.kind = Kind::text;
@@ -478,6 +545,18 @@ std::optional<std::string> case_limit(const Case& c) {
     return "lengths and varlen both pack the batch: give one of them";
   if (is_trapezoidal(c) && c.decay != "scalar")
     return "rule trapezoidal takes decay scalar only (its alpha_t = exp(g_t) is one log-gate per token and head)";
+  if (const std::string n = c.option("householder"); !n.empty() && n != "1") {
+    const std::string rule = c.option("rule").empty() ? "additive" : c.option("rule");
+    if (rule != "delta")
+      return "householder " + n + " applies to rule delta only (DeltaProduct's writes per token); rule " + rule +
+             " writes once per token";
+    if (c.decay != "none" && c.decay != "scalar" && c.decay != "vector")
+      return "householder " + n + " takes decay none, scalar or vector (the gate acts once per token; decay " +
+             c.decay + " would act at every write)";
+  }
+  if (c.option("bonus") == "true" && !bonus_applies(c))
+    return "bonus true (RWKV-6's form) applies to rule additive with decay vector only, not rule " +
+           (c.option("rule").empty() ? std::string("additive") : c.option("rule")) + " with decay " + c.decay;
   return std::nullopt;
 }
 
@@ -587,6 +666,8 @@ Problem linear_problem(const Case& c) {
   p.heads_k = qk_heads(c) == c.heads ? 0 : qk_heads(c);
   p.dim_v = value_dim(c) == c.dim ? 0 : value_dim(c);
   p.rank = mimo_rank(c);
+  p.bonus = has_bonus(c);
+  p.householder = householder(c);
   const std::vector<int> docs = documents(c);
   if (!docs.empty()) {
     p.cu_seqlens = {0};
@@ -609,13 +690,14 @@ LinearTensors bind_linear_tensors(const Case& c, const std::function<void*(const
   t.dg = floats("dg"), t.dbeta = floats("dbeta");
   t.a = floats("a"), t.b = floats("b"), t.da = floats("da"), t.db = floats("db");
   t.dt = floats("dt"), t.trap = floats("trap"), t.ddt = floats("ddt"), t.dtrap = floats("dtrap");
+  t.u = floats("u"), t.du = floats("du");
   return t;
 }
 
 ForwardArgs<float> cpu_forward_args(const LinearTensors& t) {
   const auto f = [](void* p) { return static_cast<const float*>(p); };
   ForwardArgs<float> a{f(t.q), f(t.k), f(t.v), t.h0, t.o, t.hT, t.g, t.beta, t.a, t.b};
-  a.dt = t.dt, a.trap = t.trap;
+  a.dt = t.dt, a.trap = t.trap, a.u = t.u;
   return a;
 }
 
@@ -624,6 +706,7 @@ BackwardArgs<float> cpu_backward_args(const LinearTensors& t) {
   BackwardArgs<float> a{f(t.q), f(t.k), f(t.v), t.h0, f(t.dO), t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta,
                         t.a, t.b, t.da, t.db};
   a.dt = t.dt, a.trap = t.trap, a.ddt = t.ddt, a.dtrap = t.dtrap;
+  a.u = t.u, a.du = t.du;
   return a;
 }
 
@@ -643,6 +726,8 @@ const Op& linear_attention_op() {
         gate_norm_axis(),
         normalize_keys_axis(),
         mimo_rank_axis(),
+        householder_axis(),
+        bonus_axis(),
         heads_k_axis(kMaxHeads),
         dim_v_axis(kMaxDim),
         packing_axis("lengths", "a packed batch's document lengths, one value as \"7000 1000 192\" (sets batch 1, seq their sum)",
@@ -657,18 +742,19 @@ const Op& linear_attention_op() {
     };
     o.forms = {{"scan", scan_flops}, {"chunked", chunked_flops}};
     o.tensors = {
-        {"q", Role::input, keys, true},         {"k", Role::input, keys, true},
-        {"v", Role::input, values, true},       {"h0", Role::input, states, false},
+        {"q", Role::input, keys, true},         {"k", Role::input, step_keys, true},
+        {"v", Role::input, step_values, true},  {"h0", Role::input, states, false},
         {"dO", Role::cotangent, values, true},  {"dhT", Role::cotangent, states, false},
         {"o", Role::output, values, false},     {"hT", Role::output, states, false},
-        {"dq", Role::gradient, keys, false},    {"dk", Role::gradient, keys, false},
-        {"dv", Role::gradient, values, false},  {"dh0", Role::gradient, states, false},
+        {"dq", Role::gradient, keys, false},    {"dk", Role::gradient, step_keys, false},
+        {"dv", Role::gradient, step_values, false}, {"dh0", Role::gradient, states, false},
         {"g", Role::input, gates, false, is_gated},  {"dg", Role::gradient, gates, false, is_gated},
         {"beta", Role::input, betas, false, is_delta}, {"dbeta", Role::gradient, betas, false, is_delta},
         {"a", Role::input, low_rank, false, is_dplr},  {"b", Role::input, low_rank, false, is_dplr},
         {"da", Role::gradient, low_rank, false, is_dplr}, {"db", Role::gradient, low_rank, false, is_dplr},
         {"dt", Role::input, betas, false, is_trapezoidal}, {"trap", Role::input, betas, false, is_trapezoidal},
         {"ddt", Role::gradient, betas, false, is_trapezoidal}, {"dtrap", Role::gradient, betas, false, is_trapezoidal},
+        {"u", Role::input, bonuses, false, has_bonus}, {"du", Role::gradient, bonuses, false, has_bonus},
     };
     o.make_inputs = make_inputs;
     o.reference = compute_reference;

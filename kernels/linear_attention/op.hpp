@@ -35,6 +35,7 @@ struct LinearTensors {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dh0 = nullptr, *dg = nullptr, *dbeta = nullptr;
   float *a = nullptr, *b = nullptr, *da = nullptr, *db = nullptr;  // rule dplr only
   float *dt = nullptr, *trap = nullptr, *ddt = nullptr, *dtrap = nullptr;  // rule trapezoidal
+  float *u = nullptr, *du = nullptr;  // RWKV-6's bonus and its gradient
 };
 
 // The trapezoidal rule's MIMO rank (`mimo_rank`, docs/spec.md section 1e): 1 for every other rule.

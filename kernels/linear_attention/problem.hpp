@@ -11,8 +11,10 @@
 //   beta, dbeta (delta) : [batch][heads][seq]      (write strengths in (0, 1), one per token)
 //   a, b, da, db (dplr) : [batch][heads][seq][Dk]  (the transition's low-rank part, per value head)
 //   dt, trap, ddt, dtrap: [batch][heads][seq]      (rule trapezoidal: step sizes and lambda's logits)
+//   u, du (bonus)       : [heads][Dk]              (RWKV-6's bonus of the current token, per value head)
 // With rule trapezoidal and rank R > 1 (MIMO) each token has R rows of q, k, v and o: q, k
-// [batch][Hk][seq][R][Dk], v, o [batch][heads][seq][R][Dv] (docs/spec.md section 1e).
+// [batch][Hk][seq][R][Dk], v, o [batch][heads][seq][R][Dv] (docs/spec.md section 1e). With
+// householder n > 1 (DeltaProduct) k, v and beta have n rows per token (docs/spec.md section 1h).
 // A packed batch (cu_seqlens) is batch 1 whose seq tokens are documents one after another; the state
 // restarts at each document (docs/spec.md section 1c). slice() gives one (sequence, head) pair's
 // offsets into every tensor, whatever the shape.
@@ -83,6 +85,13 @@ struct Problem {
   // each document, the last being seq (batch 1); empty: dense.
   std::vector<int> cu_seqlens = {};
   int rank = 1;  // rows of q, k, v, o per token (rule trapezoidal's MIMO rank; 1 elsewhere)
+  // RWKV-6 (docs/spec.md section 1g; rule additive): o_t = s (S_{t-1} + diag(u) k_t v_t^T)^T q_t, the
+  // output read from the state before token t's decay and write, plus the current token's bonus.
+  bool bonus = false;
+  // DeltaProduct (docs/spec.md section 1h; rule delta): n >= 1 Householder writes per token, k, v,
+  // beta and their gradients carrying n rows per token ([..][seq * n][..], token-major); 1: the rule
+  // of section 1b.
+  int householder = 1;
 
   bool delta() const { return rule == Rule::delta; }
   bool dplr() const { return rule == Rule::dplr; }
@@ -128,6 +137,7 @@ struct Problem {
   // low_rank_offset (its token offset, HeadSlice::beta, times Dk).
   std::size_t low_rank_elems() const { return heads_total() * seq * std::size_t(dim); }
   std::size_t low_rank_offset(const HeadSlice& h) const { return h.beta * std::size_t(dim); }
+  std::size_t bonus_elems() const { return bonus ? std::size_t(heads) * dim : 0; }  // u, du
 };
 
 // A decay added at run time (docs/adding-a-kernel.md; tests/kernels/test_variants.cpp's toy decay): a fixed
@@ -172,6 +182,7 @@ struct ForwardArgs {
   const T* b = nullptr;
   const T* dt = nullptr;    // rule trapezoidal: step sizes dt_t > 0
   const T* trap = nullptr;  // rule trapezoidal: lambda_t's logits
+  const T* u = nullptr;  // the bonus (Problem::bonus), [heads][Dk]
 };
 
 // Pointers of one backward call: the forward's inputs, the cotangents, and the gradients
@@ -201,6 +212,8 @@ struct BackwardArgs {
   const T* trap = nullptr;
   T* ddt = nullptr;
   T* dtrap = nullptr;
+  const T* u = nullptr;  // the bonus and its gradient (Problem::bonus), [heads][Dk]
+  T* du = nullptr;
 };
 
 }  // namespace lattn

@@ -16,6 +16,16 @@
 // (docs/kernels.md derives the delta rule's lines; tests/kernels/test_reference.cpp holds all of them to
 // central finite differences.)
 //
+// The bonus form (RWKV-6, docs/spec.md section 1g; additive rule) reads the state before the token:
+//   o_t = s S_{t-1}^T q_t + s (q_t . (u . k_t)) v_t,  hT = S_{T-1} as above
+// so G_t = A_{t+1} P_{t+1} + s q_{t+1} do_{t+1}^T (G_{T-1} = dhT), dh0 = A_0 P_0 + s q_0 do_0^T,
+// dq_t = s S_{t-1} do_t + c_t (u . k_t), and with c_t = s (do_t . v_t) the bonus adds
+// dk_t += c_t (u . q_t), dv_t += s (q_t . (u . k_t)) do_t, du += c_t (q_t . k_t) (summed over every
+// sequence and token of the value head).
+//
+// DeltaProduct (docs/spec.md section 1h: householder n > 1) is the delta rule over the interleaved
+// seq * n steps of householder.hpp: q, g and dO spread to them, the outputs and dq, dg picked back.
+//
 // dg needs the state before each token while G runs in reverse. The states are not stored per
 // token: the forward keeps one every L = ceil(sqrt(T)) tokens, and the reverse sweep recomputes a
 // segment of L states from its checkpoint before walking it, so memory is O(sqrt(T) D^2) per
@@ -35,6 +45,7 @@
 #include <vector>
 
 #include "core/cancel.hpp"
+#include "kernels/linear_attention/householder.hpp"
 
 namespace lattn::reference {
 namespace {
@@ -85,6 +96,17 @@ void step(double* S, const Decays& A, int t, const double* kt, const double* vt,
 void forward(const Problem& p, const ForwardArgs<double>& a) {
   if (p.dplr()) return dplr_forward(p, a);  // reference_dplr.cpp
   if (p.trapezoidal()) return trapezoidal_forward(p, a);
+  if (p.householder > 1) {
+    const Problem s = householder_steps(p);
+    const int n = p.householder, W = p.gate_width();
+    const std::size_t key_rows = p.key_elems() / p.dim, value_rows = p.heads_total() * p.seq;
+    std::vector<double> q(s.key_elems()), g(s.gate_elems()), o(s.value_elems());
+    interleave_rows(a.q, key_rows, p.dim, n, n - 1, q.data());
+    if (a.g) interleave_rows(a.g, value_rows, W, n, 0, g.data());
+    forward(s, {q.data(), a.k, a.v, a.h0, o.data(), a.hT, a.g ? g.data() : nullptr, a.beta});
+    pick_rows(o.data(), value_rows, p.value_dim(), n, n - 1, a.o);
+    return;
+  }
   const int Dk = p.dim, Dv = p.value_dim();
   const double s = attention_scale(Dk);
   const long slices = long(p.slices());
@@ -99,9 +121,21 @@ void forward(const Problem& p, const ForwardArgs<double>& a) {
     const double* beta = a.beta ? a.beta + h.beta : nullptr;
     double* S = a.hT + h.state;
     std::vector<double> w(Dv);
+    const double* u = p.bonus ? a.u + std::size_t(h.head) * Dk : nullptr;
     std::copy_n(a.h0 + h.state, p.head_state_elems(), S);
     for (int t = 0; t < h.seq && !stop_requested(); ++t) {
       const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
+      if (u) {  // o_t from S_{t-1}, and the current token's bonus
+        double bonus = 0;
+        for (int i = 0; i < Dk; ++i) bonus += q[rk + i] * u[i] * k[rk + i];
+        for (int j = 0; j < Dv; ++j) {
+          double acc = bonus * v[rv + j];
+          for (int i = 0; i < Dk; ++i) acc += q[rk + i] * S[std::size_t(i) * Dv + j];
+          o[rv + j] = s * acc;
+        }
+        step(S, A, t, k + rk, v + rv, beta, w.data(), Dk, Dv);
+        continue;
+      }
       step(S, A, t, k + rk, v + rv, beta, w.data(), Dk, Dv);
       for (int j = 0; j < Dv; ++j) {
         double acc = 0;
@@ -116,6 +150,21 @@ void forward(const Problem& p, const ForwardArgs<double>& a) {
 void backward(const Problem& p, const BackwardArgs<double>& a) {
   if (p.dplr()) return dplr_backward(p, a);  // reference_dplr.cpp
   if (p.trapezoidal()) return trapezoidal_backward(p, a);
+  if (p.householder > 1) {
+    const Problem s = householder_steps(p);
+    const int n = p.householder, W = p.gate_width();
+    const std::size_t key_rows = p.key_elems() / p.dim, value_rows = p.heads_total() * p.seq;
+    std::vector<double> q(s.key_elems()), g(s.gate_elems()), dO(s.value_elems()), dq(s.key_elems()),
+        dg(s.gate_elems());
+    interleave_rows(a.q, key_rows, p.dim, n, n - 1, q.data());
+    interleave_rows(a.dO, value_rows, p.value_dim(), n, n - 1, dO.data());
+    if (a.g) interleave_rows(a.g, value_rows, W, n, 0, g.data());
+    backward(s, {q.data(), a.k, a.v, a.h0, dO.data(), a.dhT, dq.data(), a.dk, a.dv, a.dh0, a.g ? g.data() : nullptr,
+                 a.dg ? dg.data() : nullptr, a.beta, a.dbeta});
+    pick_rows(dq.data(), key_rows, p.dim, n, n - 1, a.dq);
+    if (a.dg) pick_rows(dg.data(), value_rows, W, n, 0, a.dg);
+    return;
+  }
   const int Dk = p.dim, Dv = p.value_dim(), G = p.group();
   const std::size_t DD = p.head_state_elems();
   const double s = attention_scale(Dk);
@@ -168,18 +217,33 @@ void backward(const Problem& p, const BackwardArgs<double>& a) {
           const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
           const double* before = states.data() + std::size_t(t - t0) * DD;  // S_{t-1}
           const double* after = before + DD;                                 // S_t
+          // The readout of token r (t, or t + 1 for the bonus form, none past the end).
+          const int r = p.bonus ? t + 1 : t;
           for (int i = 0; i < Dk; ++i) {  // S'_t, and G_t from P_{t+1}
             const double carry = t == T - 1 ? 1.0 : A(t + 1, i), a_t = A(t, i);
+            const double qr = r < T ? s * q[std::size_t(r) * Dk + i] : 0.0;
             for (int j = 0; j < Dv; ++j) {
               const std::size_t at = std::size_t(i) * Dv + j;
               decayed[at] = a_t * before[at];
-              Gs[at] = carry * Gs[at] + s * q[rk + i] * dO[rv + j];
+              Gs[at] = carry * Gs[at] + (r < T ? qr * dO[std::size_t(r) * Dv + j] : 0.0);
             }
           }
+          const double* read = p.bonus ? before : after;  // the state o_t reads
           for (int i = 0; i < Dk; ++i) {
             double acc = 0;
-            for (int j = 0; j < Dv; ++j) acc += after[std::size_t(i) * Dv + j] * dO[rv + j];
+            for (int j = 0; j < Dv; ++j) acc += read[std::size_t(i) * Dv + j] * dO[rv + j];
             dq[rk + i] += s * acc;
+          }
+          if (p.bonus) {
+            const double* u = a.u + std::size_t(h.head) * Dk;
+            double c = 0, bonus = 0;
+            for (int j = 0; j < Dv; ++j) c += s * dO[rv + j] * v[rv + j];
+            for (int i = 0; i < Dk; ++i) {
+              bonus += q[rk + i] * u[i] * k[rk + i];
+              dq[rk + i] += c * u[i] * k[rk + i];
+              dk[rk + i] += c * u[i] * q[rk + i];
+            }
+            for (int j = 0; j < Dv; ++j) dv[rv + j] = s * bonus * dO[rv + j];  // the rest is added below
           }
           // w_t (v for additive), u_t = S'^T k_t (into e) and dw_t = G_t^T k_t, summed row by row.
           std::fill(e.begin(), e.end(), 0.0);
@@ -192,7 +256,7 @@ void backward(const Problem& p, const BackwardArgs<double>& a) {
           for (int j = 0; j < Dv; ++j) {
             e[j] = v[rv + j] - e[j];  // v_t - u_t
             w[j] = beta ? beta[t] * e[j] : v[rv + j];
-            dv[rv + j] = beta ? beta[t] * dw[j] : dw[j];
+            dv[rv + j] = (beta ? beta[t] * dw[j] : dw[j]) + (p.bonus ? dv[rv + j] : 0.0);
           }
           if (beta) {
             double db = 0;
@@ -220,10 +284,28 @@ void backward(const Problem& p, const BackwardArgs<double>& a) {
         }
       }
       for (int i = 0; i < Dk; ++i)
-        for (int j = 0; j < Dv; ++j) Gs[std::size_t(i) * Dv + j] *= A(0, i);
+        for (int j = 0; j < Dv; ++j)
+          Gs[std::size_t(i) * Dv + j] = Gs[std::size_t(i) * Dv + j] * A(0, i) +
+                                        (p.bonus && T > 0 ? s * q[i] * dO[j] : 0.0);  // o_0 reads h0
     }
   }
   throw_if_stop_requested();
+  if (!p.bonus) return;
+  // du per value head, summed over its sequences and tokens (one head per thread: no shared sums).
+#pragma omp parallel for schedule(static)
+  for (int head = 0; head < p.heads; ++head) {
+    double* du = a.du + std::size_t(head) * Dk;
+    std::fill_n(du, Dk, 0.0);
+    for (int n = 0; n < p.sequences(); ++n) {
+      const HeadSlice h = p.slice(std::size_t(n) * p.heads + head);
+      for (int t = 0; t < h.seq; ++t) {
+        const std::size_t rk = h.key + std::size_t(t) * Dk, rv = h.value + std::size_t(t) * Dv;
+        double c = 0;
+        for (int j = 0; j < Dv; ++j) c += s * a.dO[rv + j] * a.v[rv + j];
+        for (int i = 0; i < Dk; ++i) du[i] += c * a.q[rk + i] * a.k[rk + i];
+      }
+    }
+  }
 }
 
 }  // namespace lattn::reference

@@ -22,6 +22,10 @@ struct VariantTakes {
   // Whether it takes the shapes of docs/spec.md section 1c (grouped q/k heads, dim_v != dim,
   // packed documents); false: square dense problems only.
   bool shapes = false;
+  // Whether it computes RWKV-6's bonus form (Problem::bonus, docs/spec.md section 1g).
+  bool bonus = false;
+  // Whether it takes DeltaProduct's n > 1 writes per token (Problem::householder) itself.
+  bool householder = false;
 };
 
 // Why `takes` refuses `problem` (its rule, its decay, or the limits' reason), or nothing.
@@ -38,6 +42,8 @@ inline std::optional<std::string> variant_refusal(const VariantTakes& takes, con
   };
   if (!has(takes.rules, problem.rule)) return "rule " + names(takes.rules) + " only";
   if (!has(takes.decays, problem.decay)) return "decay " + names(takes.decays) + " only";
+  if (problem.bonus && !takes.bonus) return std::string("no bonus (RWKV-6) form");
+  if (problem.householder > 1 && !takes.householder) return std::string("one Householder write per token only");
   if (!takes.shapes && !problem.square_dense())
     return std::string("square dense problems only (heads_k = heads, dim_v = dim, no packed documents)");
   return takes.limits ? takes.limits(problem) : std::nullopt;

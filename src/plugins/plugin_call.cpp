@@ -147,6 +147,9 @@ std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Ca
   // Nor for the trapezoidal rule's dt and trap, or its rows per token.
   if (linear_problem(kase).trapezoidal())
     return ref.name + ": the plugin interface (version 1) has no dt or trap tensor for rule trapezoidal";
+  if (linear_problem(kase).bonus) return ref.name + ": the plugin interface (version 1) has no bonus tensor u";
+  if (linear_problem(kase).householder > 1)
+    return ref.name + ": the plugin interface (version 1) takes one key, value and beta row per token (householder 1)";
   const PluginCase c(kase, device, threads);
   if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
   return std::nullopt;

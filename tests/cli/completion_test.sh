@@ -34,6 +34,8 @@ small_layer=(--suite layer --seq 16 --batch 1 --heads 1 --head-dim 4 --window 4 
 # The layer block's parts that need another part beside them (docs/config.md).
 declare -A companion=([--attention none]="--output-gate norm" [--output-gate norm]="--attention none"
   [--gates projected]="--decay scalar --rule delta")
+# A kernel key that applies beside one rule and decay only, and is refused beside the others.
+declare -A kernel_companion=([--bonus true]="--rule additive --decay vector")
 accepted() {
   "$binary" "$@" --list-cases >/dev/null 2>"${TMPDIR:-/tmp}/completion_test.err"
 }
@@ -56,7 +58,7 @@ while read -r flags values; do
       --suite) args=(--suite "$value") ;;
       *) args=("${small[@]}" "$flag" "$value") ;;
     esac
-    accepted "${args[@]}" || accepted "${small_decode[@]}" "$flag" "$value" ||
+    accepted "${args[@]}" ${kernel_companion["$flag $value"]:-} || accepted "${small_decode[@]}" "$flag" "$value" ||
       accepted "${small_layer[@]}" "$flag" "$value" ${companion["$flag $value"]:-} ||
       # A build without a backend knows its name and says it was built without it.
       { [[ $flag == --backend ]] && { accepted "${small[@]}" "$flag" "$value" ||

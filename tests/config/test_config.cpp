@@ -221,9 +221,11 @@ kernel:
   // none and retnet once each, without the key; scalar and vector once per gate_norm.
   REQUIRE(plan.size() == 1 + 3 + 1 + 3);
   CHECK(plan[0].decay == "none");
-  // rule always applies; the shape keys too, at their defaults (square, dense), and cache (warm)
+  // rule always applies; the shape keys too, at their defaults (square, dense), and cache (warm);
+  // householder and bonus at their defaults (their other values are refused where they do not apply)
   const std::map<std::string, std::string> additive_only = {
-      {"rule", "additive"}, {"heads_k", "0"}, {"dim_v", "0"}, {"lengths", ""}, {"varlen", ""}, {"cache", "warm"}};
+      {"rule", "additive"}, {"heads_k", "0"}, {"dim_v", "0"},       {"lengths", ""},
+      {"varlen", ""},       {"cache", "warm"}, {"householder", "1"}, {"bonus", "false"}};
   CHECK(plan[0].options == additive_only);
   CHECK(plan[1].decay == "scalar");
   CHECK(plan[1].option("gate_norm") == "16");
@@ -284,4 +286,38 @@ TEST_CASE("gate_norm defaults to 16, takes the command line, and its bad values 
   Overrides bad;
   bad.values["gate_norm"] = "nan";
   CHECK_THROWS_WITH(apply_overrides(c, bad), Contains("--gate-norm") && Contains("expected a number"));
+}
+
+// RWKV-6's bonus applies to the additive rule with vector gates, DeltaProduct's householder n > 1 to the
+// delta rule without retnet's gamma (docs/spec.md sections 1g, 1h): any other rule or decay is refused
+// with one line naming the key and what it met, in both suites that take the keys.
+TEST_CASE("bonus and householder are refused with one line beside a rule or decay they do not apply to",
+          "[config][errors][bonus][householder]") {
+  using Catch::Matchers::Contains;
+  for (const std::string suite : {"kernel", "decode"}) {
+    INFO(suite);
+    const auto error = [&](const std::string& keys) {
+      return error_of("suites: [" + suite + "]\n" + suite + ":\n" + keys);
+    };
+    for (const std::string rule : {"delta", "dplr"}) {
+      const std::string why = error("  rule: " + rule + "\n  decay: vector\n  bonus: true\n");
+      CHECK_THAT(why, Contains("bonus true") && Contains("rule " + rule));
+      CHECK(why.find('\n') == std::string::npos);
+    }
+    CHECK_THAT(error("  rule: trapezoidal\n  decay: scalar\n  bonus: true\n"),
+               Contains("bonus true") && Contains("rule trapezoidal"));
+    CHECK_THAT(error("  rule: additive\n  decay: scalar\n  bonus: true\n"), Contains("bonus true") && Contains("decay scalar"));
+    for (const std::string rule : {"additive", "dplr"}) {
+      const std::string why = error("  rule: " + rule + "\n  decay: vector\n  householder: 2\n");
+      CHECK_THAT(why, Contains("householder 2") && Contains("rule " + rule));
+      CHECK(why.find('\n') == std::string::npos);
+    }
+    CHECK_THAT(error("  rule: trapezoidal\n  decay: scalar\n  householder: 3\n"),
+               Contains("householder 3") && Contains("rule trapezoidal"));
+    CHECK_THAT(error("  rule: delta\n  decay: retnet\n  householder: 2\n"), Contains("householder 2") && Contains("retnet"));
+    // A list of rules with the key at its default, and the forms where they apply, are taken.
+    CHECK(error("  rule: [additive, delta, dplr]\n  decay: vector\n  bonus: false\n  householder: 1\n").empty());
+    CHECK(error("  rule: additive\n  decay: vector\n  bonus: [false, true]\n").empty());
+    CHECK(error("  rule: delta\n  decay: [none, scalar, vector]\n  householder: [1, 2]\n").empty());
+  }
 }

@@ -72,7 +72,8 @@ void run_table_row(const std::string& op) {
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
   // cases (docs/spec.md section 2b, not written for CUDA), the delta rule's chunks of more than
-  // 64 rows and its bf16 cases at dim < 4, and the rules dplr and trapezoidal.
+  // 64 rows and its bf16 cases at dim < 4, the rules dplr and trapezoidal, and the CPU-only forms
+  // (RWKV-6's bonus, DeltaProduct).
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
@@ -90,7 +91,10 @@ void run_table_row(const std::string& op) {
     const bool trapezoidal =
         (reason.find("linear_attention") == 0 && reason.find("variant takes rule trapezoidal") != std::string::npos) ||
         (reason.find("decode step") == 0 && reason.find("no trapezoidal rule") != std::string::npos);
-    CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward || dplr || trapezoidal));
+    // RWKV-6's bonus form and DeltaProduct (docs/spec.md sections 1g, 1h): CPU rows only.
+    const bool cpu_only_form = reason.find("no bonus (RWKV-6) form") != std::string::npos ||
+                               reason.find("one Householder write per token only") != std::string::npos;
+    CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward || dplr || trapezoidal || cpu_only_form));
   }
 }
 

@@ -47,11 +47,19 @@ Problem packed(std::vector<int> cu, int heads, int heads_k, int dim, int dim_v, 
 
 // Dense D 64 and 128 (a short last chunk), grouped heads with Dk != Dv, and packed documents
 // straddling chunk boundaries (one of a single token).
+// With vector gates and the additive rule, RWKV-6's bonus form of each too (docs/spec.md section 1g).
 std::vector<Problem> shapes(Decay decay, Rule rule) {
-  return {Problem{1, 2, 150, 64, 64, decay, rule},
-          Problem{1, 2, 200, 128, 128, decay, rule},
-          Problem{2, 4, 75, 32, 32, decay, rule, 2, 64},
-          packed({0, 37, 38, 102, 192}, 2, 1, 32, 64, 32, decay, rule)};
+  std::vector<Problem> out = {Problem{1, 2, 150, 64, 64, decay, rule},
+                              Problem{1, 2, 200, 128, 128, decay, rule},
+                              Problem{2, 4, 75, 32, 32, decay, rule, 2, 64},
+                              packed({0, 37, 38, 102, 192}, 2, 1, 32, 64, 32, decay, rule)};
+  if (decay != Decay::vector || rule != Rule::additive) return out;
+  for (std::size_t i = 0, n = out.size(); i < n; ++i) {
+    Problem p = out[i];
+    p.bonus = true;
+    out.push_back(p);
+  }
+  return out;
 }
 
 // What should run a problem in bf16: the native chunked forward where its row takes the problem,
@@ -226,4 +234,37 @@ TEST_CASE("the CPU's other ops decline bf16, saying where it runs", "[bf16]") {
   c.dtype = "bf16";
   REQUIRE(backend->unsupported(c));
   CHECK_THAT(*backend->unsupported(c), Contains("float32 only") && Contains("linear_attention scan and chunked"));
+}
+
+TEST_CASE("bf16: RWKV-6's bonus and DeltaProduct run on the float32 rows behind the converter", "[bf16]") {
+  // No native bf16 row takes either form (their tables decline them), so every bf16 case of them is
+  // the float32 kernel on the bf16-rounded inputs: float32's error against the reference on the
+  // same inputs. Those rows need no AVX512-BF16, so the test forces the support on any CPU.
+  const AmxOff amx_off;
+  const Bf16Override force(true);
+  auto backend = make_backend("cpu", BackendOptions{2});
+  std::vector<Problem> problems;
+  for (Problem p : {Problem{1, 2, 150, 64, 64, Decay::vector}, Problem{2, 4, 75, 32, 32, Decay::vector, Rule::additive, 2, 64},
+                    packed({0, 37, 38, 102}, 2, 1, 32, 64, 32, Decay::vector, Rule::additive)}) {
+    p.bonus = true;
+    problems.push_back(p);
+  }
+  for (Problem p : {Problem{1, 2, 70, 32, 64, Decay::scalar, Rule::delta}, Problem{1, 2, 45, 64, 32, Decay::vector, Rule::delta},
+                    packed({0, 20, 21, 60}, 2, 1, 32, 16, 32, Decay::none, Rule::delta)}) {
+    p.householder = 2;
+    problems.push_back(p);
+  }
+  for (const Problem& p : problems)
+    for (const std::string form : {"scan", "chunked"})
+      for (const Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
+        const Case c = test::kernel_case(p, form, mode, "cpu", "bf16");
+        INFO(test::describe(c));
+        REQUIRE_FALSE(backend->unsupported(c));
+        const std::string variant = backend->find("linear_attention", form)->variant(c);
+        CHECK(variant == cpu::cpu_variant_for(form, p).name + "+bf16cvt");
+        const test::Outcome r = test::run_on(*backend, c);
+        INFO(test::errors(r.check));
+        CHECK(r.check.passed);
+        CHECK(r.check.rel_err < 1e-4);
+      }
 }

@@ -43,7 +43,10 @@ std::vector<Decay> all_decays() { return {Decay::none, Decay::retnet, Decay::sca
 
 // A kernel-suite case of the decode problem's shape over `tokens` tokens.
 Case kernel_case_of(const DecodeProblem& p, int tokens) {
-  Case c = test::kernel_case({p.batch, p.heads, tokens, p.dim, 4, p.decay, p.rule}, "scan", Mode::fwd);
+  Problem kp{p.batch, p.heads, tokens, p.dim, 4, p.decay, p.rule};
+  kp.bonus = p.bonus;
+  kp.householder = p.householder;
+  Case c = test::kernel_case(kp, "scan", Mode::fwd);
   c.options["heads_k"] = std::to_string(p.qk_heads());
   c.options["dim_v"] = std::to_string(p.value_dim());
   return c;
@@ -55,8 +58,15 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
   // Square; grouped heads with Dv < Dk; one q/k head with Dv > Dk.
   for (const auto& [heads_k, dim_v] : {std::pair{3, 7}, std::pair{1, 4}, std::pair{1, 9}})
     for (Rule rule : {Rule::additive, Rule::delta, Rule::dplr})
-      for (Decay decay : all_decays()) {
-        const DecodeProblem p{2, 3, 5, 7, 4, decay, rule, heads_k, dim_v};
+      for (Decay decay : all_decays())
+      for (int form : {0, 1, 2}) {  // 1: RWKV-6's bonus (additive, vector); 2: DeltaProduct's 2 writes
+        const bool bonus = form == 1, product = form == 2;
+        if (bonus && (rule != Rule::additive || decay != Decay::vector)) continue;
+        if (product && (rule != Rule::delta || decay == Decay::retnet)) continue;
+        DecodeProblem p{2, 3, 5, 7, 4, decay, rule, heads_k, dim_v};
+        p.bonus = bonus;
+        p.householder = product ? 2 : 1;
+        const int n = p.householder;
         const Case dc = test::decode_case(p);
         INFO(test::describe(dc) << " heads_k " << heads_k << " dim_v " << dim_v);
         const TensorSet in = make_case_inputs(dc, 11);
@@ -65,7 +75,7 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
         const TensorSet kernel_inputs = make_case_inputs(kernel_case_of(p, p.tokens), 11);
         for (const Tensor& t : in) CHECK(t.data == kernel_inputs.at(t.name).data);
         CHECK(in.at("q").shape == std::vector<std::size_t>{2, std::size_t(heads_k), 5, 7});
-        CHECK(in.at("v").shape == std::vector<std::size_t>{2, 3, 5, std::size_t(dim_v)});
+        CHECK(in.at("v").shape == std::vector<std::size_t>{2, 3, std::size_t(5 * n), std::size_t(dim_v)});
         CHECK(in.at("h0").shape == std::vector<std::size_t>{2, 3, 7, std::size_t(dim_v)});
         // Slot i (0 the new state) against the linear-attention reference over the first T - i tokens.
         const std::size_t key_heads = std::size_t(p.batch) * p.qk_heads();
@@ -73,13 +83,16 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
           const int tokens = p.tokens - slot;
           const Case kc = kernel_case_of(p, tokens);
           TensorSet cut;
-          for (const char* name : {"q", "k"})
-            cut.add(name, Role::input,
-                    {std::size_t(p.batch), std::size_t(p.qk_heads()), std::size_t(tokens), std::size_t(p.dim)})
-                .data = first_tokens(in.at(name).data, p, key_heads, p.dim, tokens);
+          // k, v and beta: n rows per token, taken as tokens of n rows.
+          cut.add("q", Role::input,
+                  {std::size_t(p.batch), std::size_t(p.qk_heads()), std::size_t(tokens), std::size_t(p.dim)})
+              .data = first_tokens(in.at("q").data, p, key_heads, p.dim, tokens);
+          cut.add("k", Role::input,
+                  {std::size_t(p.batch), std::size_t(p.qk_heads()), std::size_t(tokens * n), std::size_t(p.dim)})
+              .data = first_tokens(in.at("k").data, p, key_heads, n * p.dim, tokens);
           cut.add("v", Role::input,
-                  {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens), std::size_t(p.value_dim())})
-              .data = first_tokens(in.at("v").data, p, p.heads_total(), p.value_dim(), tokens);
+                  {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens * n), std::size_t(p.value_dim())})
+              .data = first_tokens(in.at("v").data, p, p.heads_total(), n * p.value_dim(), tokens);
           cut.add("h0", Role::input, in.at("h0").shape).data = in.at("h0").data;
           if (gated(decay)) {
             const int width = decay == Decay::vector ? p.dim : 1;
@@ -88,13 +101,14 @@ TEST_CASE("decode: the reference is the linear-attention recurrence, snapshots i
             cut.add("g", Role::input, shape).data = first_tokens(in.at("g").data, p, p.heads_total(), width, tokens);
           }
           if (rule == Rule::delta)
-            cut.add("beta", Role::input, {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens)}).data =
-                first_tokens(in.at("beta").data, p, p.heads_total(), 1, tokens);
+            cut.add("beta", Role::input, {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens * n)}).data =
+                first_tokens(in.at("beta").data, p, p.heads_total(), n, tokens);
           if (rule == Rule::dplr)
             for (const char* name : {"a", "b"})
               cut.add(name, Role::input,
                       {std::size_t(p.batch), std::size_t(p.heads), std::size_t(tokens), std::size_t(p.dim)})
                   .data = first_tokens(in.at(name).data, p, p.heads_total(), p.dim, tokens);
+          if (bonus) cut.add("u", Role::input, in.at("u").shape).data = in.at("u").data;
           const Reference linear = linear_attention_op().reference(kc, cut, false);
           const std::vector<double>& hT = linear.values.at("hT");
           if (slot == 0) {

@@ -227,6 +227,23 @@ std::vector<Problem> table_shapes(Decay decay, Rule rule) {
           shaped(1, 4, 0, 16, 8, decay, rule, 1, 32, {5, 17, 1}), shaped(1, 4, 0, 16, 16, decay, rule, 4, 16, {40, 3})};
 }
 
+// The shapes of table_shapes, RWKV-6's bonus form (docs/spec.md section 1g) of the additive rule's
+// vector-gated ones, and DeltaProduct's 2 writes per token (section 1h) of the delta rule's with the
+// decays it takes.
+std::vector<Problem> table_shapes_with_bonus(Decay decay, Rule rule) {
+  std::vector<Problem> shapes = table_shapes(decay, rule);
+  const bool bonus = rule == Rule::additive && decay == Decay::vector;
+  const bool product = rule == Rule::delta && decay != Decay::retnet;
+  if (!bonus && !product) return shapes;
+  for (std::size_t i = 0, n = shapes.size(); i < n; ++i) {
+    Problem p = shapes[i];
+    p.bonus = bonus;
+    p.householder = product ? 2 : 1;
+    shapes.push_back(p);
+  }
+  return shapes;
+}
+
 }  // namespace
 
 TEST_CASE("every CPU impl row, rule and decay computes the grouped, rectangular and packed shapes",
@@ -237,7 +254,7 @@ TEST_CASE("every CPU impl row, rule and decay computes the grouped, rectangular 
     for (const std::string impl : {"scan", "chunked"})
       for (Rule rule : kRules)
         for (Decay decay : kDecays)
-          for (const Problem& p : table_shapes(decay, rule)) {
+          for (const Problem& p : table_shapes_with_bonus(decay, rule)) {
             const Case c = test::kernel_case(p, impl, Mode::fwd_bwd);
             INFO(cpu::to_string(vec) << " " << test::describe(c) << " via " << backend->variant(c));
             REQUIRE_FALSE(backend->unsupported(c));
@@ -252,19 +269,24 @@ TEST_CASE("the scratch closed forms of every CPU variant equal the peak on the n
   for (const std::string form : {"scan", "chunked"})
     for (Rule rule : kRules)
       for (Decay decay : kDecays)
-        for (const Problem& p : table_shapes(decay, rule)) {
+        for (const Problem& p : table_shapes_with_bonus(decay, rule)) {
           const cpu::CpuVariant v = cpu::cpu_variant_for(form, p);
           INFO(form << " " << test::describe(p) << " via " << v.name);
           const TensorSet t = make_case_inputs(test::kernel_case(p, form, Mode::fwd_bwd), 0);
-          std::vector<float> o(p.value_elems()), hT(p.state_elems()), dq(p.key_elems()), dk(p.key_elems()),
-              dv(p.value_elems()), dh0(p.state_elems()), dg(p.gate_elems()), dbeta(p.beta_elems());
+          const std::size_t writes = std::size_t(p.householder);  // k, v, beta rows per token
+          std::vector<float> o(p.value_elems()), hT(p.state_elems()), dq(p.key_elems()), dk(p.key_elems() * writes),
+              dv(p.value_elems() * writes), dh0(p.state_elems()), dg(p.gate_elems()), dbeta(p.beta_elems() * writes),
+              du(p.bonus_elems());
           const float* g = gated(decay) ? t.data("g") : nullptr;
           const float* beta = p.delta() ? t.data("beta") : nullptr;
-          const ForwardArgs<float> fwd{t.data("q"), t.data("k"), t.data("v"), t.data("h0"), o.data(), hT.data(), g, beta};
-          const BackwardArgs<float> bwd{t.data("q"),  t.data("k"),   t.data("v"),   t.data("h0"),
-                                        t.data("dO"), t.data("dhT"), dq.data(),     dk.data(),
-                                        dv.data(),    dh0.data(),    g,             g ? dg.data() : nullptr,
-                                        beta,         beta ? dbeta.data() : nullptr};
+          const float* u = p.bonus ? t.data("u") : nullptr;
+          ForwardArgs<float> fwd{t.data("q"), t.data("k"), t.data("v"), t.data("h0"), o.data(), hT.data(), g, beta};
+          fwd.u = u;
+          BackwardArgs<float> bwd{t.data("q"),  t.data("k"),   t.data("v"),   t.data("h0"),
+                                  t.data("dO"), t.data("dhT"), dq.data(),     dk.data(),
+                                  dv.data(),    dh0.data(),    g,             g ? dg.data() : nullptr,
+                                  beta,         beta ? dbeta.data() : nullptr};
+          bwd.u = u, bwd.du = u ? du.data() : nullptr;
           const auto peak_of = [](auto&& call) {
             CountingAllocator allocator;
             call(allocator);

@@ -42,6 +42,7 @@ struct Bf16ForwardArgs {
   const float* b = nullptr;
   const float* dt = nullptr;  // rule trapezoidal's (float32, as g)
   const float* trap = nullptr;
+  const float* u = nullptr;  // RWKV-6's bonus (Problem::bonus), float32 as g
 };
 
 struct Bf16BackwardArgs {
@@ -67,6 +68,8 @@ struct Bf16BackwardArgs {
   const float* trap = nullptr;
   float* ddt = nullptr;
   float* dtrap = nullptr;
+  const float* u = nullptr;  // RWKV-6's bonus and its gradient (Problem::bonus)
+  float* du = nullptr;
 };
 
 // A bf16 variant: as CpuVariant (cpu/variants.hpp), its calls taking bf16 token tensors.

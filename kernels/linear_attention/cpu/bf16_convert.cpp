@@ -25,8 +25,20 @@ void widen_bf16(const Bf16* in, float* out, std::size_t n) {
   }
 }
 
-std::size_t bf16_converted_forward_floats(const Problem& p) { return 2 * p.key_elems() + p.value_elems(); }
-std::size_t bf16_converted_backward_floats(const Problem& p) { return 2 * p.key_elems() + 2 * p.value_elems(); }
+namespace {
+
+// k and v: n rows per token for DeltaProduct's n writes (Problem::householder).
+std::size_t step_key_elems(const Problem& p) { return p.key_elems() * std::size_t(p.householder); }
+std::size_t step_value_elems(const Problem& p) { return p.value_elems() * std::size_t(p.householder); }
+
+}  // namespace
+
+std::size_t bf16_converted_forward_floats(const Problem& p) {
+  return p.key_elems() + step_key_elems(p) + step_value_elems(p);
+}
+std::size_t bf16_converted_backward_floats(const Problem& p) {
+  return p.key_elems() + step_key_elems(p) + step_value_elems(p) + p.value_elems();
+}
 
 CpuBf16Variant bf16_converted(const CpuVariant& inner) {
   CpuBf16Variant v;
@@ -36,23 +48,25 @@ CpuBf16Variant bf16_converted(const CpuVariant& inner) {
     Workspace<float> wide(m, bf16_converted_forward_floats(p));
     float* q = wide.data();
     float* k = q + p.key_elems();
-    float* v = k + p.key_elems();
+    float* v = k + step_key_elems(p);
     widen_bf16(a.q, q, p.key_elems());
-    widen_bf16(a.k, k, p.key_elems());
-    widen_bf16(a.v, v, p.value_elems());
-    inner.forward(p, {q, k, v, a.h0, a.o, a.hT, a.g, a.beta, a.a, a.b, a.dt, a.trap}, m, keep);
+    widen_bf16(a.k, k, step_key_elems(p));
+    widen_bf16(a.v, v, step_value_elems(p));
+    inner.forward(p, {q, k, v, a.h0, a.o, a.hT, a.g, a.beta, a.a, a.b, a.dt, a.trap, a.u}, m, keep);
   };
   v.backward = [inner](const Problem& p, const Bf16BackwardArgs& a, Allocator& m, const float* kept) {
     Workspace<float> wide(m, bf16_converted_backward_floats(p));
     float* q = wide.data();
     float* k = q + p.key_elems();
-    float* v = k + p.key_elems();
-    float* dO = v + p.value_elems();
+    float* v = k + step_key_elems(p);
+    float* dO = v + step_value_elems(p);
     widen_bf16(a.q, q, p.key_elems());
-    widen_bf16(a.k, k, p.key_elems());
-    widen_bf16(a.v, v, p.value_elems());
+    widen_bf16(a.k, k, step_key_elems(p));
+    widen_bf16(a.v, v, step_value_elems(p));
     widen_bf16(a.dO, dO, p.value_elems());
-    inner.backward(p, {q, k, v, a.h0, dO, a.dhT, a.dq, a.dk, a.dv, a.dh0, a.g, a.dg, a.beta, a.dbeta, a.a, a.b, a.da, a.db, a.dt, a.trap, a.ddt, a.dtrap},
+    inner.backward(p,
+                   {q, k, v, a.h0, dO, a.dhT, a.dq, a.dk, a.dv, a.dh0, a.g, a.dg, a.beta, a.dbeta, a.a, a.b, a.da, a.db,
+                    a.dt, a.trap, a.ddt, a.dtrap, a.u, a.du},
                    m, kept);
   };
   v.forward_workspace_bytes = [inner](const Problem& p, bool keep) {

@@ -13,6 +13,8 @@
 #include "kernels/linear_attention/cpu/chunked/chunked_tiled.hpp"
 #include "kernels/linear_attention/cpu/delta.hpp"
 #include "kernels/linear_attention/cpu/dplr.hpp"
+#include "kernels/linear_attention/cpu/householder.hpp"
+#include "kernels/linear_attention/householder.hpp"
 #include "kernels/linear_attention/cpu/scan/scan.hpp"
 #include "kernels/linear_attention/cpu/shape_gather.hpp"
 #include "kernels/linear_attention/cpu/trapezoidal.hpp"
@@ -38,6 +40,12 @@ std::optional<std::string> without_tiles(const Problem&) {
   return std::string("chunked_tiled runs where the AVX-512 register tiles are active and chosen");
 }
 
+// RWKV-6's bonus form (docs/spec.md section 1g) is computed for vector gates only.
+std::optional<std::string> bonus_vector_gates(const Problem& p) {
+  if (!p.bonus || p.decay == Decay::vector) return std::nullopt;
+  return std::string("the bonus form with vector gates only");
+}
+
 std::vector<CpuVariant> scan_table() {
   return {
       {"scan_dplr", {{Rule::dplr}, all_decays, nullptr, true},
@@ -50,7 +58,7 @@ std::vector<CpuVariant> scan_table() {
        [](const Problem& p, const BackwardArgs<float>& a, Allocator& m, const float*) { scan_delta_backward(p, a, m); },
        [](const Problem& p, bool) { return bytes(scan_delta_forward_floats(p)); },
        [](const Problem& p, bool) { return bytes(scan_delta_backward_floats(p)); }},
-      {"scan_columns", {{Rule::additive}, all_decays, nullptr, true},
+      {"scan_columns", {{Rule::additive}, all_decays, bonus_vector_gates, true, true},
        [](const Problem& p, const ForwardArgs<float>& a, Allocator& m, float*) { scan_columns_forward(p, a, m); },
        [](const Problem& p, const BackwardArgs<float>& a, Allocator& m, const float*) { scan_columns_backward(p, a, m); },
        [](const Problem& p, bool) { return bytes(scan_columns_forward_floats(p)); },
@@ -76,7 +84,8 @@ std::vector<CpuVariant> chunked_table() {
        [](const Problem& p, bool) { return bytes(chunked_delta_forward_floats(p)); },
        [](const Problem& p, bool kept) { return bytes(chunked_delta_backward_floats(p, kept)); },
        [](const Problem& p) { return bytes(chunked_delta_kept_states_floats(p)); }},
-      {"chunked_gated", {{Rule::additive}, {Decay::scalar, Decay::vector}, nullptr, true}, chunked_gated_forward,
+      {"chunked_gated", {{Rule::additive}, {Decay::scalar, Decay::vector}, bonus_vector_gates, true, true},
+       chunked_gated_forward,
        chunked_gated_backward, [](const Problem& p, bool) { return bytes(chunked_gated_forward_floats(p)); },
        [](const Problem& p, bool kept) { return bytes(chunked_gated_backward_floats(p, kept)); },
        [](const Problem& p) { return bytes(chunked_gated_kept_states_floats(p)); }},
@@ -137,13 +146,17 @@ void remove_cpu_variant(const std::string& form, const std::string& name) {
 
 // A row that does not take a shape itself runs it through the gather adapter, as the square dense
 // problem the adapter hands it: the row is chosen by that problem.
+// DeltaProduct's problems (householder > 1) are the delta rule's over their interleaved steps: the row
+// that takes those runs them, through cpu/householder.hpp's adapter.
 const CpuVariant* cpu_variant(const std::string& form, const Problem& problem, std::string* why) {
+  if (problem.householder > 1) return cpu_variant(form, householder_steps(problem), why);
   const CpuVariant* native = choose_variant(cpu_variants(form), problem, "CPU " + form, nullptr);
   if (native || problem.square_dense()) return native ? native : choose_variant(cpu_variants(form), problem, "CPU " + form, why);
   return choose_variant(cpu_variants(form), gathered_problem(problem), "CPU " + form, why);
 }
 
 CpuVariant cpu_variant_for(const std::string& form, const Problem& problem) {
+  if (problem.householder > 1) return householder_stepped(cpu_variant_for(form, householder_steps(problem)));
   std::string why;
   const CpuVariant* v = cpu_variant(form, problem, &why);
   if (!v) throw std::logic_error(why);

@@ -43,6 +43,18 @@
 // dk made in the thread's rows (dg needs a value head's own) and then written or added. The states
 // entering the chunks are kept by the forward (S^T panels, as the tiled path keeps them) or
 // recomputed per value head by the backward.
+//
+// The bonus form (RWKV-6, docs/spec.md section 1g; vector gates) reads the state before token i:
+// q_i is decayed by the exclusive cumulative gate bx_i = b_{i-1} (0 for the chunk's first row), so
+// EQ, Qh and QL take bx instead of b (bx_i - r_I <= 0 still), the scores below the diagonal are
+// sum_d q_id k_jd exp(bx_id - b_jd) (within a sub-chunk lane_scores' running product for row i - 1,
+// fed q_i), and the diagonal is the bonus, A_ii = q_i . (u . k_i). The state update is GLA's. The
+// backward follows: dQ's state part times exp(bx), the sub-chunk's own terms from j = i - 1 down
+// with the diagonal's dA_ii u . k_i (dQ) and dA_ii u . q_i (dK), and
+//   dg_i = rowsum(dS_c . S_c) - sum_{tau < i} (q_tau . dq_tau - k_tau . dk_tau) - q_i . dq_i + beta_i,
+//   beta_i = dA_ii (q_i . u . k_i)
+// (the exclusive gate moves q_i's term one row on; docs/kernels.md). du = sum_i dA_ii (q_i . k_i),
+// kept per (sequence, value head) in double and summed per head at the end.
 #include <omp.h>
 
 #include <algorithm>
@@ -177,7 +189,10 @@ void gate_operands(const Buffers& B, const Problem& p, int n, const float* q, co
     for (int i = i0; i < i1; ++i) {
       const double* bi = B.b + std::size_t(i) * D;
       const std::size_t o = std::size_t(i) * D;
-      exp_of_difference(B.EQ + o, bi, r, D);
+      // q's gate: b_i, or the bonus form's exclusive b_{i-1} (exp(0) = 1 at the chunk's first row).
+      const double* bq = !p.bonus ? bi : i > 0 ? bi - D : nullptr;
+      if (bq) exp_of_difference(B.EQ + o, bq, r, D);
+      else std::fill_n(B.EQ + o, D, 1.0f);
       exp_of_difference(B.EK + o, e, bi, D);
       float *__restrict Qh = B.Qh + o, *__restrict Kb = B.Kb + o, *__restrict QL = B.QL + o, *__restrict KG = B.KG + o;
       const float *__restrict EQ = B.EQ + o, *__restrict EK = B.EK + o, *__restrict f = B.f, *__restrict h = B.tmp_row;
@@ -200,7 +215,8 @@ void block_factor(const Buffers& B, int D, int i0, int j1) {
 // A (ld score_ld) on and below the diagonal: the scores of one chunk, times alpha. Rows above a
 // vector-gate sub-chunk's diagonal within it are zeroed (the A V products read up to the 8-row
 // tile's end); the scalar gates' mask zeroes them.
-void scores(const Buffers& B, const Problem& p, int n, const float* q, const float* k, float alpha) {
+void scores(const Buffers& B, const Problem& p, int n, const float* q, const float* k, float alpha,
+            const float* u = nullptr) {
   const int D = p.dim, C = effective_chunk(p), L = score_ld(C);
   if (p.decay == Decay::scalar) {
     tile::pack(k, D, true, D, n, nullptr, B.Bp);
@@ -219,7 +235,20 @@ void scores(const Buffers& B, const Problem& p, int n, const float* q, const flo
       float* row = B.A + std::size_t(i) * L;
       std::fill(row + i + 1, row + std::min(C, i0 + kGateSubChunk), 0.0f);
     }
-    lane_scores<1>(D, i0, i1, i0, k, B.a, {q}, {alpha}, {B.A}, L, B.lanes);
+    if (!p.bonus) {
+      lane_scores<1>(D, i0, i1, i0, k, B.a, {q}, {alpha}, {B.A}, L, B.lanes);
+      continue;
+    }
+    // Row i below the diagonal is lane_scores' row i - 1 (gates j + 1 .. i - 1) fed q_i; the
+    // diagonal is the bonus.
+    lane_scores<1>(D, i0, i1 - 1, i0, k, B.a, {q + D}, {alpha}, {B.A + L}, L, B.lanes);
+    for (int i = i0; i < i1; ++i) {
+      const float *__restrict qi = q + std::size_t(i) * D, *__restrict ki = k + std::size_t(i) * D;
+      float sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int d = 0; d < D; ++d) sum += qi[d] * u[d] * ki[d];
+      B.A[std::size_t(i) * L + i] = alpha * sum;
+    }
   }
 }
 
@@ -244,9 +273,9 @@ void forward_outputs(const Buffers& B, const Problem& p, int n, const float* q, 
 }
 
 void forward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
-                   const float* g, float* o) {
+                   const float* g, float* o, const float* u = nullptr) {
   gate_operands(B, p, n, q, k, g);
-  scores(B, p, n, q, k, 1.0f);
+  scores(B, p, n, q, k, 1.0f, u);
   forward_outputs(B, p, n, q, k, v, o);
 }
 
@@ -296,12 +325,13 @@ void pack_block_scaled(const Buffers& B, const Problem& p, const float* X, int x
 // dQ, dK, dV of one chunk from S^T entering it (panels STp) and dS leaving it (packed dSp); then
 // dS <- the gradient of the state entering the chunk, and dg from S entering it.
 void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, const float* k, const float* v,
-                    const float* g, const float* dO, const float* STp, float* dq, float* dk, float* dv, float* dg) {
+                    const float* g, const float* dO, const float* STp, float* dq, float* dk, float* dv, float* dg,
+                    const float* u = nullptr, double* du = nullptr) {
   const int D = p.dim, Dv = p.value_dim(), L = score_ld(effective_chunk(p));
   const float s = float(attention_scale(D));
   const bool scalar = p.decay == Decay::scalar;
   gate_operands(B, p, n, q, k, g);
-  scores(B, p, n, q, k, s);  // P = s A
+  scores(B, p, n, q, k, s, u);  // P = s A
   tile::pack(v, Dv, true, Dv, n, nullptr, B.Vtp);
   Product da = rows_product(B.dA, L, n, n, seg(Range::full, Dv, dO, Dv, 1, B.Vtp), s);
   da.mask = scalar ? B.mask : B.ones;
@@ -337,7 +367,9 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
     for (int i = 0; i < n; ++i) {
       const double* bi = B.b + std::size_t(i) * D;
       const std::size_t o = std::size_t(i) * D;
-      exp_of_difference(B.tmp_row, bi, nullptr, D);
+      if (!p.bonus) exp_of_difference(B.tmp_row, bi, nullptr, D);
+      else if (i > 0) exp_of_difference(B.tmp_row, bi - D, nullptr, D);  // exp(bx_i)
+      else std::fill_n(B.tmp_row, D, 1.0f);
       multiply(dq + o, B.tmp_row, D);
       exp_of_difference(B.tmp_row, last, bi, D);
       multiply(dk + o, B.tmp_row, D);
@@ -354,14 +386,25 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
         tile::run(rows_product(B.tmp, D, m, D, seg(Range::full, n - i1, B.dA + std::size_t(i1) * L + i0, 1, L, B.Xp)));
         for (int e = 0; e < m * D; ++e) dk[std::size_t(i0) * D + e] += B.EK[std::size_t(i0) * D + e] * B.tmp[e];
       }
-      // Within the sub-chunk, w = exp(b_i - b_j) as a running product.
+      // Within the sub-chunk, w = exp(b_i - b_j) (bonus: exp(bx_i - b_j), from j = i - 1, after the
+      // diagonal's bonus terms) as a running product.
       for (int i = i0; i < i1; ++i) {
         float* __restrict w = B.f;
         std::fill_n(w, D, 1.0f);
         float* __restrict dqi = dq + std::size_t(i) * D;
         const float* qi = q + std::size_t(i) * D;
         const float* dArow = B.dA + std::size_t(i) * L;
-        for (int j = i; j >= i0; --j) {
+        if (p.bonus) {
+          const float x = dArow[i];
+          const float* __restrict ki = k + std::size_t(i) * D;
+          float* __restrict dki = dk + std::size_t(i) * D;
+#pragma omp simd
+          for (int d = 0; d < D; ++d) {
+            dqi[d] += x * u[d] * ki[d];
+            dki[d] += x * u[d] * qi[d];
+          }
+        }
+        for (int j = p.bonus ? i - 1 : i; j >= i0; --j) {
           const float* kj = k + std::size_t(j) * D;
           const float* aj = B.a + std::size_t(j) * D;
           float* __restrict dkj = dk + std::size_t(j) * D;
@@ -399,6 +442,15 @@ void backward_chunk(const Buffers& B, const Problem& p, int n, const float* q, c
 #pragma omp simd reduction(+ : step)
       for (int d = 0; d < D; ++d) step += double(q[o + d]) * dq[o + d] - double(k[o + d]) * dk[o + d];
       B.sums[0] -= step;
+    } else if (p.bonus) {  // - q_i . dq_i + beta_i (this file's header), and du
+      const float x = B.dA[std::size_t(i) * L + i];
+#pragma omp simd
+      for (int d = 0; d < D; ++d) {
+        const double qk = double(q[o + d]) * k[o + d], qdq = double(q[o + d]) * dq[o + d];
+        dg[o + d] = float(B.sums[d] - qdq + x * qk * u[d]);
+        B.sums[d] -= qdq - double(k[o + d]) * dk[o + d];
+        du[d] += x * qk;
+      }
     } else {
 #pragma omp simd
       for (int d = 0; d < D; ++d) {
@@ -502,10 +554,17 @@ void forward_shared_item(const Buffers& B, const Problem& p, const ForwardArgs<f
 
 }  // namespace
 
+namespace {
+
+// The bonus form's du per (sequence, value head), in double: 2 floats each, and one to align them.
+std::size_t bonus_partial_floats(const Problem& p) { return p.bonus ? 2 * p.slices() * std::size_t(p.dim) + 1 : 0; }
+
+}  // namespace
+
 std::size_t chunked_gated_backward_floats(const Problem& p, bool kept) {
   const GradParts parts(p, omp_get_max_threads());
   return parts.partial_floats(p) + std::size_t(backward_threads(p)) * thread_floats(p, true, !kept) +
-         order_floats(p, parts.items);
+         order_floats(p, parts.items) + bonus_partial_floats(p);
 }
 
 void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator, float* keep) {
@@ -539,7 +598,8 @@ void chunked_gated_forward(const Problem& p, const ForwardArgs<float>& a, Alloca
         for (int c = 0; c < chunks_of(p, sl.seq); ++c) {
           const Chunk ch = chunk_at(p, sl.seq, c);
           if (kept) tile::transpose_packed(B.Sp, D, Dv, kept + c * SF);
-          forward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, o + ch.rv);
+          forward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, o + ch.rv,
+                        p.bonus ? a.u + std::size_t(sl.head) * D : nullptr);
         }
         tile::unpack(B.Sp, D, Dv, a.hT + sl.state, Dv);
       }
@@ -553,10 +613,14 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
   const GradParts parts(p, omp_get_max_threads());
   const std::size_t per_thread = thread_floats(p, true, !kept), SF = value_state_floats(p);
   const std::size_t threads_floats = std::size_t(backward_threads(p)) * per_thread;
-  Workspace<float> scratch(allocator, parts.partial_floats(p) + threads_floats + order_floats(p, parts.items));
+  Workspace<float> scratch(allocator, parts.partial_floats(p) + threads_floats + order_floats(p, parts.items) +
+                                          bonus_partial_floats(p));
   float* partials = scratch.data();
-  // The order list (packed problems) after the partials and the threads' blocks.
+  // The order list (packed problems) after the partials and the threads' blocks; the bonus's du
+  // sums after it, at an even float (the order list may hold an odd number of ints).
   int* order = p.packed() ? reinterpret_cast<int*>(scratch.data() + parts.partial_floats(p) + threads_floats) : nullptr;
+  const std::size_t du_at = parts.partial_floats(p) + threads_floats + order_floats(p, parts.items);
+  double* du_sums = p.bonus ? reinterpret_cast<double*>(scratch.data() + (du_at + 1) / 2 * 2) : nullptr;
   longest_first(p, parts.items, parts.per_sequence(p), order);
 #pragma omp parallel num_threads(backward_threads(p))
   {
@@ -573,6 +637,9 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
         const float* g = a.g + sl.gate;
         float* dg = a.dg + sl.gate;
         const float* states = kept ? kept + item_chunk_offset(p, index) * SF : B.states;  // S^T entering each chunk
+        const float* u = p.bonus ? a.u + std::size_t(sl.head) * D : nullptr;
+        double* du = du_sums ? du_sums + index * D : nullptr;
+        if (du) std::fill_n(du, D, 0.0);
         if (!kept) recompute_states(B, p, sl, q, k, v, g, a.h0 + sl.state, B.states);
         tile::pack(a.dhT + sl.state, Dv, false, D, Dv, nullptr, B.dSp);
         for (int c = chunks_of(p, sl.seq) - 1; c >= 0; --c) {
@@ -582,7 +649,7 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
           float* dq = grouped ? B.hdq : it.dq + sl.key + ch.rk;
           float* dk = grouped ? B.hdk : it.dk + sl.key + ch.rk;
           backward_chunk(B, p, ch.n, q + ch.rk, k + ch.rk, v + ch.rv, g + ch.rg, dO + ch.rv, states + c * SF, dq, dk,
-                         a.dv + sl.value + ch.rv, dg + ch.rg);
+                         a.dv + sl.value + ch.rv, dg + ch.rg, u, du);
           if (!grouped) continue;
           float *__restrict dq_rows = it.dq + sl.key + ch.rk, *__restrict dk_rows = it.dk + sl.key + ch.rk;
           const int e1 = ch.n * D;
@@ -600,6 +667,15 @@ void chunked_gated_backward(const Problem& p, const BackwardArgs<float>& a, Allo
       }
     }
     parts.reduce(p, a.dq, a.dk, partials);
+    if (du_sums) {
+#pragma omp for schedule(static)
+      for (int head = 0; head < p.heads; ++head)
+        for (int d = 0; d < D; ++d) {
+          double sum = 0;
+          for (int n = 0; n < p.sequences(); ++n) sum += du_sums[(std::size_t(n) * p.heads + head) * D + d];
+          a.du[std::size_t(head) * D + d] = float(sum);
+        }
+    }
   }
 }
 

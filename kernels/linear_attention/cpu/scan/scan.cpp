@@ -9,7 +9,7 @@
 // units as threads, whole units are handed out dynamically; with fewer, each thread takes a
 // contiguous range of items, so one unit's columns are split. One level of threading, no BLAS.
 // Over 500 lines: the forward, the three backward passes and their shared work split read best
-// beside one another.
+// beside one another, and so do the bonus form's one-token shifts of the same passes.
 //
 // Forward:  S_t = gamma S_{t-1} + k_t v_t^T, o_t = s S_t^T q_t; a unit is a slice, its blocks split
 // the value columns, Dv.
@@ -50,6 +50,15 @@
 // flush, which sums the heads' tile buffers into dq and dk, leaves each head's X_tau in its dg for
 // the final sums (so with scalar gates, whose X_tau sums every key channel, a backward item is a
 // whole group).
+//
+// The bonus form (RWKV-6, docs/spec.md section 1g; vector gates) is the same passes shifted by one
+// token, since o_t reads S_{t-1}: the forward writes token t and reads for token t + 1 (o_0 reads h0,
+// and token T-1 is written after the pass); the dq pass likewise (dq_0 = s h0 do_0); the reverse
+// passes read token t after adding token t + 1's s q do^T (G_t = A_{t+1} G_{t+1} + s q_{t+1}
+// do_{t+1}^T, G_{T-1} = dhT read before the pass), and dh0 = A_0 G_0 + s q_0 do_0^T. dg's identity
+// becomes dg_t = rowsum(dh0 . h0) - sum_{tau <= t} q_tau . dq_tau + sum_{tau < t} k_tau . dk_tau over
+// the passes' dq and dk (the bonus's own terms cancel there), so with grouped heads the dk flush
+// leaves its X one row later. The bonus's O(T D) terms (o, dq, dk, dv and du) are added last.
 #include <omp.h>
 
 #include <algorithm>
@@ -172,6 +181,59 @@ void run_packed(int count, Make&& make, int W, Vec vec, Flush&& flush) {
 }
 
 const auto no_flush = [](int, int) {};
+
+// y[c0, c1) = scale * S^T r for a packed state of `rows` rows (the block layout above): a pass's
+// readout of one token, taken outside the pass (the bonus form's first or last token).
+void read_packed(const float* buf, int rows, int cols, int W, int c0, int c1, const float* r, float scale, float* y) {
+  for (int c = c0; c < c1; c += W) {
+    const int w = std::min(W, cols - c);
+    const float* blk = buf + std::size_t(c) * rows;
+    float* __restrict out = y + c;
+    std::fill_n(out, w, 0.0f);
+    for (int i = 0; i < rows; ++i) {
+      const float x = r[i];
+      const float* __restrict row = blk + std::size_t(i) * w;
+#pragma omp simd
+      for (int j = 0; j < w; ++j) out[j] += x * row[j];
+    }
+    for (int j = 0; j < w; ++j) out[j] *= scale;
+  }
+}
+
+// S <- diag(a) S + b c^T on columns [c0, c1) of a packed state (a: per row, the vector gates'
+// exp(g) on S's rows): the bonus form's last write, after the pass.
+void write_packed(float* buf, int rows, int cols, int W, int c0, int c1, const float* a, const float* b,
+                  const float* cvec) {
+  for (int c = c0; c < c1; c += W) {
+    const int w = std::min(W, cols - c);
+    float* blk = buf + std::size_t(c) * rows;
+    for (int i = 0; i < rows; ++i) {
+      float* __restrict row = blk + std::size_t(i) * w;
+      const float* __restrict cc = cvec + c;
+      const float ai = a[i], bi = b[i];
+#pragma omp simd
+      for (int j = 0; j < w; ++j) row[j] = ai * row[j] + bi * cc[j];
+    }
+  }
+}
+
+// A pass shifted for the bonus form: its readouts one token later (forward, dq), or its updates one
+// token later (the reverse passes, whose gate is then the updating token's: the tile gates start a
+// token later with no gate_shift), over T - 1 steps.
+ScanPass read_later(ScanPass pass) {
+  pass.T -= 1;
+  pass.read_row += pass.row_step;
+  pass.out += pass.col_step;
+  return pass;
+}
+ScanPass update_later(ScanPass pass) {
+  pass.T -= 1;
+  pass.upd_row += pass.row_step;
+  pass.upd_col += pass.col_step;
+  pass.decay_first = true;
+  pass.gate_shift = 0;
+  return pass;
+}
 
 }  // namespace
 
@@ -349,6 +411,27 @@ struct GroupFlush {
 
 }  // namespace
 
+namespace {
+
+// o_t += s (q_t . (u . k_t)) v_t on value columns [c0, c1) of one slice (the bonus, section 1g).
+void add_bonus_outputs(const Problem& p, const HeadSlice& h, const ForwardArgs<float>& a, float s, int c0, int c1) {
+  const int Dk = p.dim, Dv = p.value_dim();
+  const float* __restrict u = a.u + std::size_t(h.head) * Dk;
+  for (int t = 0; t < h.seq; ++t) {
+    const float *__restrict q = a.q + h.key + std::size_t(t) * Dk, *__restrict k = a.k + h.key + std::size_t(t) * Dk;
+    float bonus = 0;
+#pragma omp simd reduction(+ : bonus)
+    for (int i = 0; i < Dk; ++i) bonus += q[i] * u[i] * k[i];
+    const float* __restrict v = a.v + h.value + std::size_t(t) * Dv;
+    float* __restrict o = a.o + h.value + std::size_t(t) * Dv;
+    bonus *= s;
+#pragma omp simd
+    for (int j = c0; j < c1; ++j) o[j] += bonus * v[j];
+  }
+}
+
+}  // namespace
+
 void scan_columns_forward(const Problem& p, const ForwardArgs<float>& a, Allocator& allocator) {
   const int Dk = p.dim, Dv = p.value_dim();
   const Vec vec = active_vec();
@@ -365,8 +448,19 @@ void scan_columns_forward(const Problem& p, const ForwardArgs<float>& a, Allocat
       const HeadSlice h = p.slice(std::size_t(slice));
       const Columns v = block_columns(b0, b1, W, Dv);
       pack(a.h0 + h.state, false, buf, Dk, Dv, W, v.first, v.last);
-      const Packed forward{passes.forward(h, a), buf, v.first, v.last, nullptr, passes.gates(h, a.g, gate_buf)};
+      Packed forward{passes.forward(h, a), buf, v.first, v.last, nullptr, passes.gates(h, a.g, gate_buf)};
+      if (p.bonus) {  // o_0 reads h0; the pass writes token t and reads for t + 1
+        read_packed(buf, Dk, Dv, W, v.first, v.last, a.q + h.key, passes.s, a.o + h.value);
+        forward.pass = read_later(forward.pass);
+      }
       run_packed(1, [&](int) { return forward; }, W, vec, no_flush);
+      if (p.bonus) {  // token T-1's write
+        const std::size_t last = std::size_t(h.seq - 1);
+        const TileGates tg = passes.gates(h, a.g, gate_buf);
+        take_gates(tg, int(last), 1);
+        write_packed(buf, Dk, Dv, W, v.first, v.last, gate_buf, a.k + h.key + last * Dk, a.v + h.value + last * Dv);
+        add_bonus_outputs(p, h, a, passes.s, v.first, v.last);
+      }
       unpack(buf, a.hT + h.state, 1.0f, Dk, Dv, W, v.first, v.last);
     });
   }
@@ -395,7 +489,7 @@ void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& al
         for (int j = 0; j < Dv; ++j) sum += double(dh0[std::size_t(i) * Dv + j]) * h0[std::size_t(i) * Dv + j];
         acc[i] = sum;
       }
-      if (width == 1) {
+      if (width == 1 && !p.bonus) {  // scalar gates (vector gates of Dk 1 too, but for the bonus form)
         double total = 0;
         for (int i = 0; i < Dk; ++i) total += acc[i];
         for (int t = 0; t < T; ++t) {
@@ -407,6 +501,22 @@ void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& al
             for (int i = 0; i < Dk; ++i) step += double(q[r + i]) * dq[r + i] - double(k[r + i]) * dk[r + i];
           dg[t] = float(total);
           total -= step;
+        }
+      } else if (p.bonus) {  // dg_t = rowsum(dh0 . h0) - sum_{tau <= t} Z_tau (this file's header)
+        for (int t = 0; t < T; ++t) {
+          const std::size_t r = std::size_t(t) * Dk;
+          if (x_in_dg)
+#pragma omp simd
+            for (int i = 0; i < Dk; ++i) {
+              acc[i] -= dg[r + i];
+              dg[r + i] = float(acc[i]);
+            }
+          else
+#pragma omp simd
+            for (int i = 0; i < Dk; ++i) {
+              acc[i] -= double(q[r + i]) * dq[r + i] - (t > 0 ? double(k[r + i - Dk]) * dk[r + i - Dk] : 0.0);
+              dg[r + i] = float(acc[i]);
+            }
         }
       } else {
         for (int t = 0; t < T; ++t) {
@@ -428,6 +538,96 @@ void gate_gradient(const Problem& p, const BackwardArgs<float>& a, Allocator& al
       }
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The bonus form's one readout outside a pass for a group's value heads (the transposed states P(m),
+// `rows` = Dv rows, key columns kc): y_m = scale P(m)^T r_m with r_m value head m's row `token` of
+// `reads` (dO or v); their sum is the q/k head's row `token` of `out` (dq or dk, at the group's
+// rows). With grouped heads and `dg` (dq's row 0), x_row . y_m goes to value head m's dg row: X of
+// this file's header, which the dq flush writes for the other rows. tiles: the group's tile buffers
+// (null for one value head per q/k head), free between the passes.
+template <class States>
+void read_group_rows(const Problem& p, std::size_t first, int group, States&& P, int rows, int W, Columns kc,
+                     const float* reads, std::size_t token, float scale, float* out, float* tiles, const float* x_row,
+                     float* dg) {
+  const int Dk = p.dim, Dv = p.value_dim();
+  float* row = out + token * Dk;
+  float* y = tiles ? tiles : row;
+  for (int m = 0; m < group; ++m) {
+    const HeadSlice h = p.slice(first + m);
+    read_packed(P(m), rows, Dk, W, kc.first, kc.last, reads + h.value + token * Dv, scale, y);
+    if (!tiles) continue;
+    for (int j = kc.first; j < kc.last; ++j) row[j] = m == 0 ? y[j] : row[j] + y[j];
+    if (dg) {
+      float* d = dg + h.gate + token * Dk;
+      for (int j = kc.first; j < kc.last; ++j) d[j] = x_row[j] * y[j];
+    }
+  }
+}
+
+// The bonus's own gradient terms (docs/spec.md section 1g), added after the passes and dg: with
+// c_t = s (do_t . v_t) per value head, dq_t += c_t (u . k_t) and dk_t += c_t (u . q_t) summed over the
+// q/k head's value heads, dv_t += s (q_t . (u . k_t)) do_t; then du per value head, summed over its
+// sequences and tokens in double (one head per thread: no shared sums).
+void add_bonus_gradients(const Problem& p, const BackwardArgs<float>& a) {
+  const int Dk = p.dim, Dv = p.value_dim(), group = p.group();
+  const float s = float(attention_scale(Dk));
+  const long groups = long(p.slices()) / group;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long unit = 0; unit < groups; ++unit) {
+    const std::size_t first = std::size_t(unit) * group;
+    const HeadSlice h0 = p.slice(first);
+    for (int t = 0; t < h0.seq; ++t) {
+      const std::size_t rk = h0.key + std::size_t(t) * Dk;
+      const float *__restrict q = a.q + rk, *__restrict k = a.k + rk;
+      float *__restrict dq = a.dq + rk, *__restrict dk = a.dk + rk;
+      for (int m = 0; m < group; ++m) {
+        const HeadSlice h = p.slice(first + m);
+        const std::size_t rv = h.value + std::size_t(t) * Dv;
+        const float* __restrict u = a.u + std::size_t(h.head) * Dk;
+        const float *__restrict v = a.v + rv, *__restrict dO = a.dO + rv;
+        float* __restrict dv = a.dv + rv;
+        float c = 0, bonus = 0;
+#pragma omp simd reduction(+ : c)
+        for (int j = 0; j < Dv; ++j) c += dO[j] * v[j];
+#pragma omp simd reduction(+ : bonus)
+        for (int i = 0; i < Dk; ++i) bonus += q[i] * u[i] * k[i];
+        c *= s;
+        bonus *= s;
+#pragma omp simd
+        for (int j = 0; j < Dv; ++j) dv[j] += bonus * dO[j];
+#pragma omp simd
+        for (int i = 0; i < Dk; ++i) {
+          dq[i] += c * u[i] * k[i];
+          dk[i] += c * u[i] * q[i];
+        }
+      }
+    }
+  }
+  constexpr int kBlock = 64;  // du's channels summed at once, in double on the stack
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int head = 0; head < p.heads; ++head)
+    for (int i0 = 0; i0 < Dk; i0 += kBlock) {
+      const int w = std::min(kBlock, Dk - i0);
+      double sum[kBlock] = {};
+      for (int n = 0; n < p.sequences(); ++n) {
+        const HeadSlice h = p.slice(std::size_t(n) * p.heads + head);
+        for (int t = 0; t < h.seq; ++t) {
+          const float *__restrict q = a.q + h.key + std::size_t(t) * Dk + i0, *__restrict k = a.k + h.key + std::size_t(t) * Dk + i0;
+          const float *__restrict v = a.v + h.value + std::size_t(t) * Dv, *__restrict dO = a.dO + h.value + std::size_t(t) * Dv;
+          float c = 0;
+#pragma omp simd reduction(+ : c)
+          for (int j = 0; j < Dv; ++j) c += dO[j] * v[j];
+          c *= s;
+          for (int i = 0; i < w; ++i) sum[i] += double(c) * q[i] * k[i];
+        }
+      }
+      for (int i = 0; i < w; ++i) a.du[std::size_t(head) * Dk + i0 + i] = float(sum[i]);
+    }
 }
 
 }  // namespace
@@ -460,12 +660,20 @@ void scan_columns_backward(const Problem& p, const BackwardArgs<float>& a, Alloc
         const std::size_t key_at = p.slice(first).key;  // the group's q/k rows
         // dq on P = S^T from h0^T.
         for (int m = 0; m < group; ++m) pack(a.h0 + p.slice(first + m).state, true, P(m), Dv, Dk, W, kc.first, kc.last);
-        const GroupFlush dq_flush{p, first, tiles, a.dq + key_at, a.q + key_at, a.dg, 1.0f, true};
+        // The bonus form: its passes one token shifted (this file's header), so the flushes' rows and
+        // dg's X one row later, and the token left out of each read outside the pass.
+        const std::size_t later = p.bonus ? std::size_t(Dk) : 0;
+        const auto dg_later = [&](std::size_t rows) { return a.dg ? a.dg + rows : nullptr; };
+        if (p.bonus)  // dq_0 = s h0 do_0, and q_0 . dq_0 into dg's row 0
+          read_group_rows(p, first, group, [&](int m) { return P(m); }, Dv, W, kc, a.dO, 0, passes.s, a.dq + key_at,
+                          tiles, a.q + key_at, a.dg);
+        const GroupFlush dq_flush{p, first, tiles, a.dq + key_at + later, a.q + key_at + later, dg_later(later), 1.0f, true};
         run_packed(
             group,
             [&](int m) {
               const HeadSlice h = p.slice(first + m);
-              return Packed{passes.dq(h, a), P(m), kc.first, kc.last, tile(m), passes.gates(h, a.g, gate_buf)};
+              const ScanPass dq = passes.dq(h, a);
+              return Packed{p.bonus ? read_later(dq) : dq, P(m), kc.first, kc.last, tile(m), passes.gates(h, a.g, gate_buf)};
             },
             W, vec, [&](int t0, int n) { if (tiles) dq_flush(t0, n, kc.first, kc.last); });
         // dv on G and dk on G^T, from dhT, in reverse; dh0 = A_0 G_0.
@@ -474,14 +682,29 @@ void scan_columns_backward(const Problem& p, const BackwardArgs<float>& a, Alloc
           pack(a.dhT + h.state, false, G(m), Dk, Dv, W, vc.first, vc.last);
           pack(a.dhT + h.state, true, P(m), Dv, Dk, W, kc.first, kc.last);
         }
-        const GroupFlush dk_flush{p, first, tiles, a.dk + key_at, a.k + key_at, a.dg, -1.0f, false};
+        if (p.bonus) {  // token T-1 reads dhT: dv_{T-1} = dhT^T k_{T-1}, dk_{T-1} = dhT v_{T-1}
+          const std::size_t last = std::size_t(p.slice(first).seq - 1);
+          for (int m = 0; m < group; ++m) {
+            const HeadSlice h = p.slice(first + m);
+            read_packed(G(m), Dk, Dv, W, vc.first, vc.last, a.k + key_at + last * Dk, 1.0f, a.dv + h.value + last * Dv);
+          }
+          read_group_rows(p, first, group, [&](int m) { return P(m); }, Dv, W, kc, a.v, last, 1.0f, a.dk + key_at,
+                          tiles, nullptr, nullptr);
+        }
+        const GroupFlush dk_flush{p, first, tiles, a.dk + key_at, a.k + key_at, dg_later(later), -1.0f, false};
         run_packed(
             2 * group,
             [&](int i) {
               const int m = i / 2;
               const HeadSlice h = p.slice(first + m);
-              if (i % 2 == 0) return Packed{passes.dv(h, a), G(m), vc.first, vc.last, nullptr, passes.gates(h, a.g, gate_buf)};
-              return Packed{passes.dk(h, a), P(m), kc.first, kc.last, tile(m), passes.gates(h, a.g, gate_buf), false};
+              TileGates tg = passes.gates(h, a.g, gate_buf);
+              if (p.bonus) tg.g += tg.width;  // the updating token's gates
+              if (i % 2 == 0) {
+                const ScanPass dv = passes.dv(h, a);
+                return Packed{p.bonus ? update_later(dv) : dv, G(m), vc.first, vc.last, nullptr, tg};
+              }
+              const ScanPass dk = passes.dk(h, a);
+              return Packed{p.bonus ? update_later(dk) : dk, P(m), kc.first, kc.last, tile(m), tg, false};
             },
             W, vec, [&](int t0, int n) { if (tiles) dk_flush(t0, n, kc.first, kc.last); });
         for (int m = 0; m < group; ++m) {
@@ -493,11 +716,22 @@ void scan_columns_backward(const Problem& p, const BackwardArgs<float>& a, Alloc
           } else {
             unpack(G(m), a.dh0 + h.state, float(decay_gamma(p.decay, h.head)), Dk, Dv, W, vc.first, vc.last);
           }
+          if (p.bonus) {  // + s q_0 do_0^T: o_0 reads h0
+            const float* q0 = a.q + key_at;
+            const float* __restrict do0 = a.dO + h.value;
+            for (int i = 0; i < Dk; ++i) {
+              float* __restrict row = a.dh0 + h.state + std::size_t(i) * Dv;
+              const float x = passes.s * q0[i];
+#pragma omp simd
+              for (int j = vc.first; j < vc.last; ++j) row[j] += x * do0[j];
+            }
+          }
         }
       });
     }
   }
   if (gated(p.decay)) gate_gradient(p, a, allocator);
+  if (p.bonus) add_bonus_gradients(p, a);
 }
 
 }  // namespace lattn::cpu
