@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <memory>
 #include <cstdio>
 #include <cstdlib>
@@ -173,5 +174,25 @@ inline bool cuda_usable() {
   }
 }
 inline std::string source_dir() { return LATTN_SOURCE_DIR; }
+
+// The largest error of `grad` against central differences of `objective` over each element of
+// `x` (relative where the derivative exceeds 1, absolute below): the float64 references'
+// gradient tests.
+template <class Objective>
+double worst_fd_error(std::vector<double>& x, const std::vector<double>& grad, Objective objective) {
+  const double eps = 1e-6;
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + eps;
+    const double plus = objective();
+    x[i] = saved - eps;
+    const double minus = objective();
+    x[i] = saved;
+    const double numeric = (plus - minus) / (2 * eps);
+    worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
+  }
+  return worst;
+}
 
 }  // namespace lattn::test

@@ -21,39 +21,18 @@ namespace {
 // tokens; 64 leaves room for long drafts.
 constexpr long kMaxSlots = 1 << 20, kMaxBatch = 4096, kMaxHeads = 4096, kMaxTokens = 64, kMaxDim = 1024, kMaxSnapshots = 64;
 
-// DeltaProduct's writes per token (docs/spec.md section 1h), delta rule only; 1 where absent (case_limit
-// refuses the key elsewhere).
-int householder(const Case& c) {
-  const std::string text = c.option("householder");
-  return text.empty() || c.option("rule") != "delta" ? 1 : std::stoi(text);
-}
-
-// q, k: [B][Hk][T][Dk]; v, o: [B][H][T][Dv]; states: [B][H][Dk][Dv] (problem.hpp); the trapezoidal
-// rule's rank R > 1 puts R rows per token before the last dimension; DeltaProduct's k, v and beta
-// carry householder rows per token ([..][T n][..]).
-std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width, int writes = 1) {
-  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq) * std::size_t(writes)};
-  if (mimo_rank(c) > 1) shape.push_back(std::size_t(mimo_rank(c)));
-  shape.push_back(width);
-  return shape;
-}
-std::vector<std::size_t> keys(const Case& c) { return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim)); }
-std::vector<std::size_t> values(const Case& c) { return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c))); }
+using token_shapes::betas;
+using token_shapes::householder;
+using token_shapes::keys;
+using token_shapes::step_keys;
+using token_shapes::step_values;
+using token_shapes::values;
 // The trapezoidal rule's previous token's rows per value head: [B][H][R][Dk] and [B][H][R][Dv].
 std::vector<std::size_t> carry_keys(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(mimo_rank(c)), std::size_t(c.dim)};
 }
 std::vector<std::size_t> carry_values(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(mimo_rank(c)), std::size_t(value_dim(c))};
-}
-std::vector<std::size_t> step_keys(const Case& c) {
-  return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim), householder(c));
-}
-std::vector<std::size_t> step_values(const Case& c) {
-  return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c)), householder(c));
-}
-std::vector<std::size_t> step_betas(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c)};
 }
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
@@ -149,7 +128,7 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   }
   if (is_delta(c)) {
     // beta = sigmoid(z'), stream 8; each key row divided by its L2 norm (docs/spec.md section 3).
-    auto& beta = set.add("beta", Role::input, step_betas(c)).data;
+    auto& beta = set.add("beta", Role::input, betas(c)).data;
     fill_normal(beta, seed, 8);
     for (float& x : beta) x = float(1.0 / (1.0 + std::exp(-double(x))));
     // Looked up now, not held from its add: each add may move the set's tensors.
@@ -393,7 +372,7 @@ const Op& decode_op() {
         {"v", Role::input, step_values, true},
         {"h0", Role::input, states, false},
         {"g", Role::input, gates, false, is_gated},
-        {"beta", Role::input, step_betas, false, is_delta},
+        {"beta", Role::input, betas, false, is_delta},
         {"a", Role::input, low_rank, false, is_dplr},
         {"b", Role::input, low_rank, false, is_dplr},
         {"dt", Role::input, per_token, false, is_trapezoidal},

@@ -19,6 +19,34 @@
 #include "kernels/linear_attention/reference.hpp"
 
 namespace lattn {
+
+namespace token_shapes {
+
+int householder(const Case& c) {
+  const std::string text = c.option("householder");
+  return text.empty() || c.option("rule") != "delta" ? 1 : std::stoi(text);
+}
+
+std::vector<std::size_t> rows(std::size_t heads, const Case& c, std::size_t width, int writes) {
+  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq) * std::size_t(writes)};
+  if (mimo_rank(c) > 1) shape.push_back(std::size_t(mimo_rank(c)));
+  shape.push_back(width);
+  return shape;
+}
+std::vector<std::size_t> keys(const Case& c) { return rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim)); }
+std::vector<std::size_t> values(const Case& c) { return rows(std::size_t(c.heads), c, std::size_t(value_dim(c))); }
+std::vector<std::size_t> step_keys(const Case& c) {
+  return rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim), householder(c));
+}
+std::vector<std::size_t> step_values(const Case& c) {
+  return rows(std::size_t(c.heads), c, std::size_t(value_dim(c)), householder(c));
+}
+std::vector<std::size_t> betas(const Case& c) {
+  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c)};
+}
+
+}  // namespace token_shapes
+
 namespace {
 
 // Sizes beyond these are refused when the config is read, before anything is allocated.
@@ -52,30 +80,13 @@ int sequences(const Case& c) {
   return n ? int(n) : c.batch;
 }
 
-// DeltaProduct's Householder writes per token (docs/spec.md section 1h; `householder`, delta rule
-// only): 1, the rule of section 1b, where the key is absent (case_limit refuses it elsewhere).
-int householder(const Case& c) {
-  const std::string text = c.option("householder");
-  return text.empty() || c.option("rule") != "delta" ? 1 : std::stoi(text);
-}
-
-// q, k (and dq, dk): [B][Hk][T][Dk]; v, o, dO, dv: [B][H][T][Dv]; states: [N][H][Dk][Dv]. The
-// trapezoidal rule's MIMO rank R > 1 gives each token R rows: [B][Hk][T][R][Dk] and [B][H][T][R][Dv].
-// With householder n, k, v (dk, dv) and beta (dbeta) carry n rows per token: [..][T n][..].
-std::vector<std::size_t> token_rows(std::size_t heads, const Case& c, std::size_t width, int writes = 1) {
-  std::vector<std::size_t> shape = {std::size_t(c.batch), heads, std::size_t(c.seq) * std::size_t(writes)};
-  if (mimo_rank(c) > 1) shape.push_back(std::size_t(mimo_rank(c)));
-  shape.push_back(width);
-  return shape;
-}
-std::vector<std::size_t> keys(const Case& c) { return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim)); }
-std::vector<std::size_t> values(const Case& c) { return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c))); }
-std::vector<std::size_t> step_keys(const Case& c) {
-  return token_rows(std::size_t(qk_heads(c)), c, std::size_t(c.dim), householder(c));
-}
-std::vector<std::size_t> step_values(const Case& c) {
-  return token_rows(std::size_t(c.heads), c, std::size_t(value_dim(c)), householder(c));
-}
+using token_shapes::betas;
+using token_shapes::householder;
+using token_shapes::keys;
+using token_shapes::step_keys;
+using token_shapes::step_values;
+using token_shapes::values;
+// h0, hT (dh0, dhT): [N][H][Dk][Dv], N sequences (the packed documents, else the batch).
 std::vector<std::size_t> states(const Case& c) {
   return {std::size_t(sequences(c)), std::size_t(c.heads), std::size_t(c.dim), std::size_t(value_dim(c))};
 }
@@ -89,9 +100,6 @@ bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"
 // The delta rule (docs/spec.md section 1b): its beta and dbeta exist only there. A case without the option
 // (a plugin's or a test's, built by hand) is additive.
 bool is_delta(const Case& c) { return c.option("rule") == "delta"; }
-std::vector<std::size_t> betas(const Case& c) {
-  return {std::size_t(c.batch), std::size_t(c.heads), std::size_t(c.seq) * householder(c)};
-}
 // The diagonal-plus-low-rank rule (docs/spec.md section 1f): a, b (and da, db) [B][H][T][Dk], per value head.
 bool is_dplr(const Case& c) { return c.option("rule") == "dplr"; }
 std::vector<std::size_t> low_rank(const Case& c) {

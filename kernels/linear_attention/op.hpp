@@ -1,8 +1,10 @@
 // The linear-attention op's table row (core/op.hpp): the kernel suite.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/op.hpp"
 #include "kernels/linear_attention/problem.hpp"
@@ -40,6 +42,20 @@ struct LinearTensors {
 
 // The trapezoidal rule's MIMO rank (`mimo_rank`, docs/spec.md section 1e): 1 for every other rule.
 int mimo_rank(const Case& kase);
+
+// The shapes of a case's per-token tensors, which the decode suite's cases share. q, k: [B][Hk][T][Dk];
+// v, o: [B][H][T][Dv]; the trapezoidal rule's MIMO rank R > 1 gives each token R rows before the last
+// axis; DeltaProduct's n Householder writes per token (docs/spec.md section 1h; `householder`, delta
+// rule only, 1 elsewhere) give k, v and beta n rows per token: [..][T n][..].
+namespace token_shapes {
+int householder(const Case& kase);
+std::vector<std::size_t> rows(std::size_t heads, const Case& kase, std::size_t width, int writes = 1);
+std::vector<std::size_t> keys(const Case& kase);        // q
+std::vector<std::size_t> values(const Case& kase);      // o
+std::vector<std::size_t> step_keys(const Case& kase);   // k, with its writes
+std::vector<std::size_t> step_values(const Case& kase); // v, with its writes
+std::vector<std::size_t> betas(const Case& kase);       // [B][H][T n]
+}  // namespace token_shapes
 
 // `data(name)`: where the backend holds the named tensor (host or device memory).
 LinearTensors bind_linear_tensors(const Case& kase, const std::function<void*(const std::string&)>& data);

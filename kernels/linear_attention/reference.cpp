@@ -147,6 +147,13 @@ void forward(const Problem& p, const ForwardArgs<double>& a) {
   throw_if_stop_requested();
 }
 
+Segments sqrt_segments(const Problem& p) {
+  int longest = 1;
+  for (std::size_t i = 0; i < std::size_t(p.sequences()); ++i) longest = std::max(longest, p.slice(i * p.heads).seq);
+  const int length = int(std::ceil(std::sqrt(double(longest))));
+  return {length, (longest + length - 1) / length};
+}
+
 void backward(const Problem& p, const BackwardArgs<double>& a) {
   if (p.dplr()) return dplr_backward(p, a);  // reference_dplr.cpp
   if (p.trapezoidal()) return trapezoidal_backward(p, a);
@@ -168,10 +175,8 @@ void backward(const Problem& p, const BackwardArgs<double>& a) {
   const int Dk = p.dim, Dv = p.value_dim(), G = p.group();
   const std::size_t DD = p.head_state_elems();
   const double s = attention_scale(Dk);
-  int longest = 1;
-  for (std::size_t i = 0; i < std::size_t(p.sequences()); ++i) longest = std::max(longest, p.slice(i * p.heads).seq);
-  const int L = int(std::ceil(std::sqrt(double(longest))));
-  const int segments = (longest + L - 1) / L;
+  const Segments segmented = sqrt_segments(p);
+  const int L = segmented.length, segments = segmented.count;
   // Work items are (sequence, q/k head): the value heads a q/k head serves run one after another
   // on one thread, adding their dq and dk into its rows.
   const long groups = long(p.slices()) / G;

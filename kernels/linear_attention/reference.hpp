@@ -1,5 +1,5 @@
 // Float64 ground truth for rel_err: the scan form of docs/spec.md sections 1 and 1b (every decay, gated
-// ones included), forward and backward.
+// ones included), forward and backward; the other rules' in their own files, named below.
 #pragma once
 
 #include "kernels/linear_attention/problem.hpp"
@@ -21,5 +21,13 @@ void dplr_backward(const Problem& problem, const BackwardArgs<double>& args);
 // backward hand rule trapezoidal to. Besides the above, backward writes dg, ddt and dtrap.
 void trapezoidal_forward(const Problem& problem, const ForwardArgs<double>& args);
 void trapezoidal_backward(const Problem& problem, const BackwardArgs<double>& args);
+
+// The backwards' checkpointing: the longest sequence cut into `count` segments of `length` =
+// ceil(sqrt(T)) tokens; a thread keeps the state before each segment and recomputes the length + 1
+// states within one, O(sqrt(T)) states instead of T.
+struct Segments {
+  int length = 1, count = 1;
+};
+Segments sqrt_segments(const Problem& problem);
 
 }  // namespace lattn::reference

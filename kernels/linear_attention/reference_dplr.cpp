@@ -103,10 +103,8 @@ void dplr_backward(const Problem& p, const BackwardArgs<double>& args) {
   const int Dk = p.dim, Dv = p.value_dim(), G = p.group();
   const std::size_t DD = p.head_state_elems();
   const double s = attention_scale(Dk);
-  int longest = 1;
-  for (std::size_t i = 0; i < std::size_t(p.sequences()); ++i) longest = std::max(longest, p.slice(i * p.heads).seq);
-  const int L = int(std::ceil(std::sqrt(double(longest))));
-  const int segments = (longest + L - 1) / L;
+  const Segments segmented = sqrt_segments(p);
+  const int L = segmented.length, segments = segmented.count;
   // Work items are (sequence, q/k head), so that one thread adds a q/k head's dq and dk.
   const long groups = long(p.slices()) / G;
 #pragma omp parallel

@@ -101,10 +101,8 @@ void trapezoidal_forward(const Problem& p, const ForwardArgs<double>& a) {
 void trapezoidal_backward(const Problem& p, const BackwardArgs<double>& a) {
   const int Dk = p.dim, Dv = p.value_dim(), R = p.rows(), G = p.group();
   const std::size_t DD = p.head_state_elems(), RK = std::size_t(R) * Dk, RV = std::size_t(R) * Dv;
-  int longest = 1;
-  for (std::size_t i = 0; i < std::size_t(p.sequences()); ++i) longest = std::max(longest, p.slice(i * p.heads).seq);
-  const int L = int(std::ceil(std::sqrt(double(longest))));
-  const int segments = (longest + L - 1) / L;
+  const Segments segmented = sqrt_segments(p);
+  const int L = segmented.length, segments = segmented.count;
   // Work items are (sequence, q/k head): its value heads run one after another on one thread,
   // adding their dq and dk into the shared rows.
   const long groups = long(p.slices()) / G;

@@ -94,24 +94,6 @@ double loss(const Problem& p, const Inputs& t) {
   return l;
 }
 
-// The largest error of `grad` against central differences of the loss over each element of `x`
-// (relative where the derivative exceeds 1, absolute below).
-double worst_fd_error(const Problem& p, Inputs& t, std::vector<double>& x, const std::vector<double>& grad) {
-  const double eps = 1e-6;
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + eps;
-    const double plus = loss(p, t);
-    x[i] = saved - eps;
-    const double minus = loss(p, t);
-    x[i] = saved;
-    const double numeric = (plus - minus) / (2 * eps);
-    worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
-  }
-  return worst;
-}
-
 // max |x - y| / max(1, max |y|): equal to float64 rounding when it is a few ulps.
 double relative_gap(const std::vector<double>& x, const std::vector<double>& y) {
   double gap = 0, scale = 1;
@@ -143,7 +125,7 @@ TEST_CASE("dplr reference gradients match central finite differences", "[referen
     Inputs t = random_inputs(p, 5, gate_norm);
     const Gradients d = run_backward(p, t);
     auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      const double worst = worst_fd_error(p, t, x, grad);
+      const double worst = test::worst_fd_error(x, grad, [&] { return loss(p, t); });
       INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
     };

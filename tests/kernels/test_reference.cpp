@@ -114,29 +114,6 @@ TEST_CASE("reference forward with gates equals the closed form of gated linear a
   }
 }
 
-namespace {
-
-// The largest error of `grad` against central differences of `objective` over each element of
-// `x` (relative where the derivative exceeds 1, absolute below).
-template <class Objective>
-double worst_fd_error(std::vector<double>& x, const std::vector<double>& grad, Objective objective) {
-  const double eps = 1e-6;
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + eps;
-    const double plus = objective();
-    x[i] = saved - eps;
-    const double minus = objective();
-    x[i] = saved;
-    const double numeric = (plus - minus) / (2 * eps);
-    worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
-  }
-  return worst;
-}
-
-}  // namespace
-
 TEST_CASE("reference gradients match central finite differences", "[reference][grad]") {
   struct Shape {
     Problem p;
@@ -155,7 +132,7 @@ TEST_CASE("reference gradients match central finite differences", "[reference][g
     reference::backward(p, {t.q.data(), t.k.data(), t.v.data(), t.h0.data(), t.dO.data(), t.dhT.data(), dq.data(),
                             dk.data(), dv.data(), dh0.data(), t.gates(), dg.empty() ? nullptr : dg.data()});
     auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      const double worst = worst_fd_error(x, grad, [&] { return loss(p, t); });
+      const double worst = test::worst_fd_error(x, grad, [&] { return loss(p, t); });
       INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
     };
@@ -248,7 +225,7 @@ TEST_CASE("delta rule reference gradients match central finite differences", "[r
                             dk.data(), dv.data(), dh0.data(), t.gates(), dg.empty() ? nullptr : dg.data(), t.betas(),
                             dbeta.data()});
     auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      const double worst = worst_fd_error(x, grad, [&] { return loss(p, t); });
+      const double worst = test::worst_fd_error(x, grad, [&] { return loss(p, t); });
       worst_all = std::max(worst_all, worst);
       INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
@@ -362,7 +339,7 @@ TEST_CASE("bonus reference gradients match central finite differences", "[refere
     grads.u = b.u.data(), grads.du = du.data();
     reference::backward(p, grads);
     auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      const double worst = worst_fd_error(x, grad, [&] { return bonus_loss(p, b); });
+      const double worst = test::worst_fd_error(x, grad, [&] { return bonus_loss(p, b); });
       INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
     };
@@ -456,7 +433,7 @@ TEST_CASE("DeltaProduct reference gradients match central finite differences", "
                               dk.data(), dv.data(), dh0.data(), t.gates(), dg.empty() ? nullptr : dg.data(), t.betas(),
                               dbeta.data()});
       auto check_gradient = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-        const double worst = worst_fd_error(x, grad, [&] { return loss(p, t); });
+        const double worst = test::worst_fd_error(x, grad, [&] { return loss(p, t); });
         INFO(name << " worst " << worst);
         CHECK(worst < 1e-7);
       };

@@ -150,27 +150,6 @@ TEST_CASE("trapezoidal reference: packed documents start with no previous token"
   }
 }
 
-namespace {
-
-template <class Objective>
-double worst_fd_error(std::vector<double>& x, const std::vector<double>& grad, Objective objective) {
-  const double eps = 1e-6;
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + eps;
-    const double plus = objective();
-    x[i] = saved - eps;
-    const double minus = objective();
-    x[i] = saved;
-    const double numeric = (plus - minus) / (2 * eps);
-    worst = std::max(worst, std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric)));
-  }
-  return worst;
-}
-
-}  // namespace
-
 TEST_CASE("trapezoidal reference gradients match central finite differences", "[reference][grad][trapezoidal]") {
   struct Shape {
     Problem p;
@@ -200,7 +179,7 @@ TEST_CASE("trapezoidal reference gradients match central finite differences", "[
     a.dt = in.dt.data(), a.trap = in.trap.data(), a.ddt = ddt.data(), a.dtrap = dtrap.data();
     reference::backward(p, a);
     const auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      const double worst = worst_fd_error(x, grad, [&] { return loss(p, in); });
+      const double worst = test::worst_fd_error(x, grad, [&] { return loss(p, in); });
       worst_all = std::max(worst_all, worst);
       INFO(name << " worst " << worst);
       CHECK(worst < 1e-7);
