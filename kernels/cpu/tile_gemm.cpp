@@ -1,7 +1,7 @@
-// See tile_gemm.hpp. The AVX-512 micro-tiles where AVX-512 is compiled in; a portable form of the
-// same products (element by element, the same k ranges, skipped tiles and masks) runs when they
-// are not active (a build without AVX-512, or a test forcing a narrower vector width), for the
-// kernels that have no OpenBLAS form of their own (the gated chunked form).
+// See tile_gemm.hpp. The AVX-512 micro-tiles where AVX-512 is compiled in, AVX2 micro-tiles where
+// only AVX2 is; a portable form of the same products (element by element, the same k ranges,
+// skipped tiles and masks) runs at the generic width (a build without either, or a test forcing
+// it), for the kernels that have no OpenBLAS form of their own (the gated chunked form).
 #include "kernels/cpu/tile_gemm.hpp"
 
 #include <algorithm>
@@ -293,9 +293,132 @@ void unpack(const float* panels, int K, int N, float* dst, long ldd) {
 
 }  // namespace lattn::cpu::tile
 #else
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace lattn::cpu::tile {
+namespace {
+
+// The k range of the group of `rows` rows (8, fewer at the end) that starts at i0: the AVX-512
+// micro-tile's at the same rows, so that every row sums over the same k whichever form runs.
+void group_range(const Segment& s, int i0, int rows, int& k0, int& k1) {
+  k0 = 0;
+  k1 = s.K;
+  if (s.range == Range::lower) k1 = std::min(s.K, i0 + rows);
+  if (s.range == Range::upper) k0 = std::min(s.K, i0);
+  if (s.range == Range::band) {
+    k0 = std::clamp(i0 + s.band_lo, 0, s.K);
+    k1 = std::clamp(i0 + rows + s.band_hi, k0, s.K);
+  }
+}
+
+// Rows r0 .. r0 + R - 1 (R <= 4) of the group at i0, the 16 columns of one half of a panel. With
+// 16 ymm registers an AVX-512-shaped tile (8 x 32) does not fit: 4 x 16 keeps 8 accumulators (the
+// FMA's latency times its two ports), two panel loads and a broadcast in registers, with 2R FMAs
+// per 2 + R loads.
+template <int R>
+void quarter_tile(const Product& p, int i0, int group_rows, int r0, int panel, int half) {
+  __m256 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const auto add_segment = [&](const Segment& s) {
+    int k0, k1;
+    group_range(s, i0, group_rows, k0, k1);
+    const long brs = s.brs ? s.brs : kNR;
+    const float* b = (s.brs ? s.b + std::ptrdiff_t(panel) * kNR : s.b + std::size_t(panel) * s.K * kNR) + half * 16 +
+                     std::ptrdiff_t(k0) * brs;
+    const float* a = s.a + std::ptrdiff_t(r0) * s.ars + std::ptrdiff_t(k0) * s.acs;
+    for (int k = k0; k < k1; ++k, b += brs, a += s.acs) {
+      const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+      for (int i = 0; i < R; ++i) {
+        const __m256 x = _mm256_broadcast_ss(a + std::ptrdiff_t(i) * s.ars);
+        acc[i][0] = _mm256_fmadd_ps(x, b0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(x, b1, acc[i][1]);
+      }
+    }
+  };
+  if (p.s1.range != Range::none) add_segment(p.s1);
+  if (p.rs)
+    for (int i = 0; i < R; ++i) {
+      const __m256 r = _mm256_set1_ps(p.rs[r0 + i]);
+      acc[i][0] = _mm256_mul_ps(r, acc[i][0]);
+      acc[i][1] = _mm256_mul_ps(r, acc[i][1]);
+    }
+  if (p.s2.range != Range::none) add_segment(p.s2);
+  const int j0 = panel * kNR, first = j0 + half * 16, cols = std::min(16, p.N - first);
+  const bool masked = p.mask && (p.mask_all || j0 + kNR - 1 > i0);
+  for (int i = 0; i < R; ++i) {
+    const int row = r0 + i;
+    float* c = p.c + std::ptrdiff_t(panel) * p.cps + std::ptrdiff_t(row) * p.ldc + half * 16;
+    const float* m = masked ? p.mask + std::ptrdiff_t(row) * p.ldm + first : nullptr;
+    __m256 x0 = acc[i][0], x1 = acc[i][1];
+    if (p.alpha != 1.0f) {
+      x0 = _mm256_mul_ps(_mm256_set1_ps(p.alpha), x0);
+      x1 = _mm256_mul_ps(_mm256_set1_ps(p.alpha), x1);
+    }
+    if (cols == 16) {
+      if (m) {
+        x0 = _mm256_mul_ps(x0, _mm256_loadu_ps(m));
+        x1 = _mm256_mul_ps(x1, _mm256_loadu_ps(m + 8));
+      }
+      if (p.beta != 0.0f) {
+        // Added last, so the products' own sum is not rounded against C's (larger) magnitude.
+        x0 = _mm256_fmadd_ps(_mm256_set1_ps(p.beta), _mm256_loadu_ps(c), x0);
+        x1 = _mm256_fmadd_ps(_mm256_set1_ps(p.beta), _mm256_loadu_ps(c + 8), x1);
+      }
+      _mm256_storeu_ps(c, x0);
+      _mm256_storeu_ps(c + 8, x1);
+      continue;
+    }
+    alignas(32) float x[16];
+    _mm256_store_ps(x, x0);
+    _mm256_store_ps(x + 8, x1);
+    for (int j = 0; j < cols; ++j) {
+      const float v = m ? x[j] * m[j] : x[j];
+      c[j] = p.beta != 0.0f ? p.beta * c[j] + v : v;
+    }
+  }
+}
+
+void rows_of_group(const Product& p, int i0, int group_rows, int r0, int rows, int panel, int half) {
+  switch (rows) {
+    case 1: return quarter_tile<1>(p, i0, group_rows, r0, panel, half);
+    case 2: return quarter_tile<2>(p, i0, group_rows, r0, panel, half);
+    case 3: return quarter_tile<3>(p, i0, group_rows, r0, panel, half);
+    default: return quarter_tile<4>(p, i0, group_rows, r0, panel, half);
+  }
+}
+
+}  // namespace
+
+// The AVX2 form of the products where AVX-512 is not compiled in: the same k ranges, masks and
+// skipped tiles as the AVX-512 tiles, on 4 x 16 micro-tiles (the portable form at the generic
+// width, which the tests force).
+void run(const Product& p) {
+  if (active_vec() != Vec::avx2) return run_portable(p);
+  const int panels = (p.N + kNR - 1) / kNR;
+  for (int panel = 0; panel < panels; ++panel) {
+    const int j0 = panel * kNR;
+    // Groups wholly above the diagonal of a lower output are skipped; its rows start at j0.
+    for (int i0 = p.lower ? j0 : 0; i0 < p.M; i0 += kMR) {
+      const int rows = std::min(kMR, p.M - i0);
+      // A lower output's group whose rows all lie left of the panel's second half needs only the
+      // first (the rest lies above the diagonal, never read).
+      const bool both = p.N > j0 + 16 && !(p.lower && i0 + rows - 1 < j0 + 16);
+      for (int half = 0; half < (both ? 2 : 1); ++half)
+        for (int r0 = i0; r0 < i0 + rows; r0 += 4)
+          rows_of_group(p, i0, rows, r0, std::min(4, i0 + rows - r0), panel, half);
+    }
+  }
+}
+
+}  // namespace lattn::cpu::tile
+#endif
+
 namespace lattn::cpu::tile {
 
+#if !(defined(__AVX2__) && defined(__FMA__))
 void run(const Product& p) { run_portable(p); }
+#endif
 
 void pack(const float* src, long lds, bool transposed, int K, int N, const float* w, float* dst) {
   for (int panel = 0; panel < (N + kNR - 1) / kNR; ++panel)
