@@ -332,8 +332,9 @@ std::vector<CacheRoof> sysfs_cache_levels(int threads) {
 }
 
 std::vector<std::size_t> bandwidth_sweep_sizes(int threads, std::size_t end_bytes) {
-  const std::size_t line_set = 2 * 64 * std::size_t(std::max(threads, 1));  // a line per array and thread
-  const double first = double(std::max<std::size_t>(16 << 10, (8 << 10) * std::size_t(std::max(threads, 1))));
+  const std::size_t thread_count = std::size_t(std::max(threads, 1));
+  const std::size_t line_set = std::size_t(2 * 64) * thread_count;  // a line per array and thread
+  const double first = double(std::max<std::size_t>(std::size_t(16) << 10, (std::size_t(8) << 10) * thread_count));
   std::vector<std::size_t> sizes;
   for (int step = 0;; ++step) {
     const double target = first * std::exp2(step / 3.0);

@@ -142,7 +142,7 @@ ExhaustiveSearch search_tuning(Vec vec, const Setting& quick, int kernel_seq, in
     std::function<bool(const Setting&)> wanted;
     std::function<void(const std::function<void(const std::function<void()>&)>&)> shapes;
   };
-  auto kernel_suite = [&](std::vector<std::pair<Rule, Decay>> cases, bool chunked) {
+  auto kernel_suite = [&](const std::vector<std::pair<Rule, Decay>>& cases, bool chunked) {
     return [&rng, &allocator, cases, chunked, kernel_seq](const std::function<void(const std::function<void()>&)>& time) {
       for (const auto& [rule, decay] : cases)
         for (int dim : {64, 128}) {

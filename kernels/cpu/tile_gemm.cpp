@@ -324,7 +324,7 @@ void quarter_tile(const Product& p, int i0, int group_rows, int r0, int panel, i
     int k0, k1;
     group_range(s, i0, group_rows, k0, k1);
     const long brs = s.brs ? s.brs : kNR;
-    const float* b = (s.brs ? s.b + std::ptrdiff_t(panel) * kNR : s.b + std::size_t(panel) * s.K * kNR) + half * 16 +
+    const float* b = (s.brs ? s.b + std::ptrdiff_t(panel) * kNR : s.b + std::size_t(panel) * s.K * kNR) + std::ptrdiff_t(half) * 16 +
                      std::ptrdiff_t(k0) * brs;
     const float* a = s.a + std::ptrdiff_t(r0) * s.ars + std::ptrdiff_t(k0) * s.acs;
     for (int k = k0; k < k1; ++k, b += brs, a += s.acs) {
@@ -348,7 +348,7 @@ void quarter_tile(const Product& p, int i0, int group_rows, int r0, int panel, i
   const bool masked = p.mask && (p.mask_all || j0 + kNR - 1 > i0);
   for (int i = 0; i < R; ++i) {
     const int row = r0 + i;
-    float* c = p.c + std::ptrdiff_t(panel) * p.cps + std::ptrdiff_t(row) * p.ldc + half * 16;
+    float* c = p.c + std::ptrdiff_t(panel) * p.cps + std::ptrdiff_t(row) * p.ldc + std::ptrdiff_t(half) * 16;
     const float* m = masked ? p.mask + std::ptrdiff_t(row) * p.ldm + first : nullptr;
     __m256 x0 = acc[i][0], x1 = acc[i][1];
     if (p.alpha != 1.0f) {

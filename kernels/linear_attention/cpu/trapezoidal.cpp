@@ -96,8 +96,8 @@ void prepare(const Problem& p, const float* v, const float* g, const float* dt, 
 template <class I>
 void token_products(const Sizes& z, const float* q, const float* k, const float* dO, const float* v, const Weights& w,
                     double* A, double* B, double* W) {
-  for (int r = 0; r < z.R; ++r)
-    for (int r2 = 0; r2 < z.R; ++r2) {
+  for (std::ptrdiff_t r = 0; r < z.R; ++r)
+    for (std::ptrdiff_t r2 = 0; r2 < z.R; ++r2) {
       A[r * z.R + r2] = Rows<I>::dot(q + r * z.Dk, k + r2 * z.Dk, z.Dk);
       if (B) B[r * z.R + r2] = Rows<I>::dot(dO + r * z.Dv, v + r2 * z.Dv, z.Dv);
       W[r * z.R + r2] = (r2 > r ? w.c : 0.0) - w.mu_next;

@@ -171,7 +171,7 @@ void pack_b(Operand B, int K, int N, int K32, int N16, std::uint32_t* out) {
     for (int c = 0; c < N; ++c) {
       const float* __restrict x = B.x + std::size_t(c) * B.ld;
       for (int pr = 0; pr < full; ++pr)
-        out[std::size_t(pr) * N16 + c] = pair_of(part_of<P>(x[2 * pr]), part_of<P>(x[2 * pr + 1]));
+        out[std::size_t(pr) * N16 + c] = pair_of(part_of<P>(x[std::size_t(2) * pr]), part_of<P>(x[std::size_t(2) * pr + 1]));
       if (K % 2) out[std::size_t(full) * N16 + c] = part_of<P>(x[K - 1]);
     }
   }
