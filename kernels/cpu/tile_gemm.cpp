@@ -19,15 +19,23 @@ float b_at(const Segment& s, int k, int j) {
   return s.b[std::size_t(j / kNR) * s.K * kNR + std::size_t(k) * kNR + j % kNR];
 }
 
-// sum_k A(i, k) B(k, j) over the k range the micro-tile at row i0 takes.
-float segment_sum(const Segment& s, int i, int i0, int j) {
-  int k0 = 0, k1 = s.K;
-  if (s.range == Range::lower) k1 = std::min(s.K, i0 + kMR);
+// The k range [k0, k1) of a segment for the micro-tile of `rows` rows that starts at row i0: every
+// form takes the same, so that a row sums over the same k whichever form runs.
+inline void segment_range(const Segment& s, int i0, int rows, int& k0, int& k1) {
+  k0 = 0;
+  k1 = s.K;
+  if (s.range == Range::lower) k1 = std::min(s.K, i0 + rows);
   if (s.range == Range::upper) k0 = std::min(s.K, i0);
   if (s.range == Range::band) {
     k0 = std::clamp(i0 + s.band_lo, 0, s.K);
-    k1 = std::clamp(i0 + kMR + s.band_hi, k0, s.K);
+    k1 = std::clamp(i0 + rows + s.band_hi, k0, s.K);
   }
+}
+
+// sum_k A(i, k) B(k, j) over the k range the micro-tile at row i0 takes.
+float segment_sum(const Segment& s, int i, int i0, int j) {
+  int k0, k1;
+  segment_range(s, i0, kMR, k0, k1);
   float sum = 0.0f;
   for (int k = k0; k < k1; ++k) sum += s.a[std::ptrdiff_t(i) * s.ars + std::ptrdiff_t(k) * s.acs] * b_at(s, k, j);
   return sum;
@@ -62,18 +70,6 @@ namespace {
 inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max(n, 0)) - 1); }
 
 template <int MR>
-void segment_range(const Segment& s, int i0, int& k0, int& k1) {
-  k0 = 0;
-  k1 = s.K;
-  if (s.range == Range::lower) k1 = std::min(s.K, i0 + MR);
-  if (s.range == Range::upper) k0 = std::min(s.K, i0);
-  if (s.range == Range::band) {
-    k0 = std::clamp(i0 + s.band_lo, 0, s.K);
-    k1 = std::clamp(i0 + MR + s.band_hi, k0, s.K);
-  }
-}
-
-template <int MR>
 struct Acc {
   __m512 v[MR][2];
 };
@@ -99,7 +95,7 @@ __attribute__((always_inline)) inline void fma_segment(Acc<MR>& acc, int k0, int
 template <int MR, int NB>
 __attribute__((always_inline)) inline void run_segment(Acc<MR>& acc, const Segment& s, int i0, int panel) {
   int k0, k1;
-  segment_range<MR>(s, i0, k0, k1);
+  segment_range(s, i0, MR, k0, k1);
   const float* b = s.brs ? s.b + std::ptrdiff_t(panel) * kNR : s.b + std::size_t(panel) * s.K * kNR;
   fma_segment<MR, NB>(acc, k0, k1, s.a + std::ptrdiff_t(i0) * s.ars, s.ars, s.acs, b, s.brs ? s.brs : kNR);
 }
@@ -299,19 +295,6 @@ void unpack(const float* panels, int K, int N, float* dst, long ldd) {
 namespace lattn::cpu::tile {
 namespace {
 
-// The k range of the group of `rows` rows (8, fewer at the end) that starts at i0: the AVX-512
-// micro-tile's at the same rows, so that every row sums over the same k whichever form runs.
-void group_range(const Segment& s, int i0, int rows, int& k0, int& k1) {
-  k0 = 0;
-  k1 = s.K;
-  if (s.range == Range::lower) k1 = std::min(s.K, i0 + rows);
-  if (s.range == Range::upper) k0 = std::min(s.K, i0);
-  if (s.range == Range::band) {
-    k0 = std::clamp(i0 + s.band_lo, 0, s.K);
-    k1 = std::clamp(i0 + rows + s.band_hi, k0, s.K);
-  }
-}
-
 // Rows r0 .. r0 + R - 1 (R <= 4) of the group at i0, the 16 columns of one half of a panel. With
 // 16 ymm registers an AVX-512-shaped tile (8 x 32) does not fit: 4 x 16 keeps 8 accumulators (the
 // FMA's latency times its two ports), two panel loads and a broadcast in registers, with 2R FMAs
@@ -322,7 +305,7 @@ void quarter_tile(const Product& p, int i0, int group_rows, int r0, int panel, i
   for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   const auto add_segment = [&](const Segment& s) {
     int k0, k1;
-    group_range(s, i0, group_rows, k0, k1);
+    segment_range(s, i0, group_rows, k0, k1);  // the group's, as the AVX-512 tile's at these rows
     const long brs = s.brs ? s.brs : kNR;
     const float* b = (s.brs ? s.b + std::ptrdiff_t(panel) * kNR : s.b + std::size_t(panel) * s.K * kNR) + std::ptrdiff_t(half) * 16 +
                      std::ptrdiff_t(k0) * brs;

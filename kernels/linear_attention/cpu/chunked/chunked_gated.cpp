@@ -1,7 +1,8 @@
 // The chunked form with gated decays (docs/spec.md section 1b), float32, forward and backward, on the
-// tile products of tile_gemm.hpp (AVX-512 micro-tiles, or their portable form). Over 500 lines:
-// the forward and backward share the gates' operands, the sub-chunk layout and the buffers, and
-// read best side by side.
+// tile products of tile_gemm.hpp (AVX-512 or AVX2 micro-tiles, or their portable form).
+// Over 500 lines, and past 650 with RWKV-6's bonus (its shifted diagonal in both directions): the forward
+// and backward share the gates' operands, the sub-chunk layout and the buffers, and read best side
+// by side; a split would pass all of them across a file boundary.
 //
 // Per chunk of n rows, b_i = g_0 + ... + g_i (cumulative log-gates from the chunk's start, summed
 // in double, per key channel for vector gates) and the state S entering it:

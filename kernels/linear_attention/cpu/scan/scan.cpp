@@ -8,8 +8,9 @@
 // work items are (unit, block of W state columns) (cpu/scan/scan_split.hpp): with at least as many
 // units as threads, whole units are handed out dynamically; with fewer, each thread takes a
 // contiguous range of items, so one unit's columns are split. One level of threading, no BLAS.
-// Over 500 lines: the forward, the three backward passes and their shared work split read best
-// beside one another, and so do the bonus form's one-token shifts of the same passes.
+// Over 500 lines (past 650 with the bonus form): the forward, the three backward passes and their
+// shared work split read best beside one another, and so do the bonus form's one-token shifts of
+// the same passes, which reuse each pass's setup rather than copying it into a file of their own.
 //
 // Forward:  S_t = gamma S_{t-1} + k_t v_t^T, o_t = s S_t^T q_t; a unit is a slice, its blocks split
 // the value columns, Dv.
