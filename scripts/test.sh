@@ -19,7 +19,16 @@ quick=${LATTN_QUICK:-0}
 # test opens it in Chromium.
 "$root/scripts/setup.sh" --test-tools
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step's line says when it starts (seconds since test.sh began) and the CPU seconds the steps
+# before it took (user + system, children included): CI's budget is wall time on two cores, and the
+# CPU seconds say which step to shorten.
+start_s=$SECONDS
+step() {
+  local cpu
+  # Fields 16 and 17 of /proc/PID/stat: the waited-for children's user and system time, in ticks.
+  cpu=$(awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.0f", ($14 + $15) / hz }' "/proc/$$/stat")
+  printf '\n== %s (at %d s, %s CPU s so far)\n' "$*" $((SECONDS - start_s)) "$cpu"
+}
 
 step "build ($build_dir)"
 LATTN_BUILD_DIR=$build_dir "$root/scripts/build.sh" -DBUILD_TESTING=ON
@@ -30,12 +39,14 @@ if [[ $quick != 1 ]]; then
   # sanitizers to see through; CI's time goes to finding errors, not to optimising them.
   LATTN_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DBUILD_TESTING=ON -DLATTN_CUDA=OFF \
     -DLATTN_SANITIZE=address,undefined "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
-  # The Slurm sweep (slurm_sweep) runs once, in the main suite: it tests the script and the
-  # scheduler, not lattnbench's memory. So does the op table on emulated AMX tiles
-  # (amx_emulated_table): five minutes of scalar tile arithmetic under the sanitizers, on kernels
-  # whose memory amx_emulated's own cases exercise here.
+  # The tests labelled `spawns` (tests/CMakeLists.txt) run once, in the main suite: they start
+  # lattnbench, a script or an install as a child process, and test what it does (exit statuses,
+  # signals, journal, files) at seconds of start-up measurements a start; under the sanitizers
+  # smoke_run, the in-process cases and the fuzzers reach the same code. So does the op table on
+  # emulated AMX tiles (amx_emulated_table): five minutes of scalar tile arithmetic under the
+  # sanitizers, on kernels whose memory amx_emulated's own cases exercise here.
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest --output-on-failure --parallel "$(nproc)" --exclude-regex "^(python_|slurm_|amx_emulated_table$)" | tail -4)
+     ctest --output-on-failure --parallel "$(nproc)" --label-exclude spawns --exclude-regex "^amx_emulated_table$" | tail -4)
 
   step "CUDA emulation under ThreadSanitizer (build-emu-tsan)"
   # Only the emulation's targets: every CUDA thread of an emulated block is a host thread, so a data
@@ -69,3 +80,4 @@ if [[ -n $test_venv ]]; then
 fi
 cd "$build_dir"
 ctest --output-on-failure --parallel "$(nproc)" "$@"
+step "done"

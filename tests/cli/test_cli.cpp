@@ -28,7 +28,7 @@ std::size_t lines(const std::string& s) { return std::size_t(std::count(s.begin(
 
 }  // namespace
 
-TEST_CASE("help and version and list answer and exit 0", "[cli]") {
+TEST_CASE("help and version and list answer and exit 0", "[cli][spawns]") {
   auto help = lattnbench("--help");
   CHECK(help.exit_status == 0);
   CHECK_THAT(help.output, Contains("--seq") && Contains("--min-sample-ms") && Contains("--config"));
@@ -54,7 +54,7 @@ TEST_CASE("help and version and list answer and exit 0", "[cli]") {
     CHECK_THAT(list.output, Contains("cuda  unavailable: no CUDA device: "));
 }
 
-TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
+TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors][spawns]") {
   struct Bad {
     std::string args;
     std::string expected;
@@ -99,7 +99,7 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors]") {
   CHECK_FALSE(fs::exists(fs::temp_directory_path() / "never.json"));
 }
 
-TEST_CASE("a run with flags only writes its file and exits 0", "[cli]") {
+TEST_CASE("a run with flags only writes its file and exits 0", "[cli][spawns]") {
   const fs::path out = write_temp("placeholder", "").parent_path() / "flags.json";
   const auto result = lattnbench("--suite kernel --seq 33 --dim 8 --chunk 16 --batch 1 --heads 2 --reps 2 --warmup 1 "
                                  "--min-sample-ms 1 --threads 1 --out " + out.string());
@@ -111,7 +111,7 @@ TEST_CASE("a run with flags only writes its file and exits 0", "[cli]") {
 
 // LATTN_AMX: the AMX rows on the emulated tiles (checked) or on the counted ones (timed, not
 // checked, with the counts of one call), on any CPU; a bad value is exit 2 before anything runs.
-TEST_CASE("LATTN_AMX runs the bf16 AMX rows on emulated or counted tiles", "[cli][amx]") {
+TEST_CASE("LATTN_AMX runs the bf16 AMX rows on emulated or counted tiles", "[cli][amx][spawns]") {
   const fs::path dir = write_temp("placeholder", "").parent_path();
   // The delta rule, decay none, T 64 over chunks of 32, D 32: seven products of 2 x 2 x 1 tiles a
   // chunk (chunked_amx_delta.cpp: the two scores, E, W, Q S, A_qk W and the state), two chunks.
@@ -163,7 +163,7 @@ TEST_CASE("LATTN_AMX runs the bf16 AMX rows on emulated or counted tiles", "[cli
   CHECK_FALSE(fs::exists(dir / "never.json"));
 }
 
-TEST_CASE("the layer suite runs from flags and writes its records", "[cli][layer]") {
+TEST_CASE("the layer suite runs from flags and writes its records", "[cli][layer][spawns]") {
   const fs::path out = write_temp("placeholder", "").parent_path() / "layer.json";
   const auto result = lattnbench("--suite layer --seq 40 --batch 1 --heads 2 --head-dim 8 --window 5 --chunk 16 "
                                  "--reps 2 --warmup 1 --min-sample-ms 1 --threads 1 --out " + out.string());

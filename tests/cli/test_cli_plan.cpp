@@ -47,7 +47,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("the help shows every config key's flag with its default, and the new flags", "[cli][help]") {
+TEST_CASE("the help shows every config key's flag with its default, and the new flags", "[cli][help][spawns]") {
   const auto help = lattnbench("--help");
   REQUIRE(help.exit_status == 0);
   for (const ConfigKey& key : config_keys()) {
@@ -63,7 +63,7 @@ TEST_CASE("the help shows every config key's flag with its default, and the new 
   CHECK_THAT(help.output, Contains("kernel 512,2048,8192; layer 512,2048"));
 }
 
-TEST_CASE("listing the cases shows the plan after --filter and --shard, with estimates, and runs nothing", "[cli][plan]") {
+TEST_CASE("listing the cases shows the plan after --filter and --shard, with estimates, and runs nothing", "[cli][plan][spawns]") {
   const fs::path dir = fresh_dir("list-cases");
   const auto all = lattnbench(kSmall + " --reps 3 --list-cases --out " + (dir / "r.json").string());
   INFO(all.output);
@@ -90,7 +90,7 @@ TEST_CASE("listing the cases shows the plan after --filter and --shard, with est
   CHECK_THAT(filtered.output, Contains("6 not planned (--filter scan-fwd-)") && Contains("shard 1/2"));
 }
 
-TEST_CASE("a filtered run runs the matching cases only and the summary line says how many were not planned", "[cli][plan]") {
+TEST_CASE("a filtered run runs the matching cases only and the summary line says how many were not planned", "[cli][plan][spawns]") {
   const auto [dir, out, result] = run_small("filter", "--reps 3 --filter 'chunked-fwd-.*t24'");
   CHECK_THAT(result.output, Contains("7 not planned (--filter chunked-fwd-.*t24)"));
   const auto doc = read_json(out);
@@ -115,7 +115,7 @@ TEST_CASE("a filtered run runs the matching cases only and the summary line says
   fs::remove_all(dir);
 }
 
-TEST_CASE("records carry the noise they reached and why they stopped, and the ETA starts from the cost model", "[cli][noise]") {
+TEST_CASE("records carry the noise they reached and why they stopped, and the ETA starts from the cost model", "[cli][noise][spawns]") {
   const auto [dir, out, result] = run_small("noise-records", "--reps 6 --min-samples 3 --max-noise 0");
   INFO(result.output);
   // Before any case has finished, the run says what it expects from the cost model.
@@ -141,7 +141,7 @@ TEST_CASE("records carry the noise they reached and why they stopped, and the ET
   fs::remove_all(dir);
 }
 
-TEST_CASE("a config is found by its installed name, with or without its extension", "[cli][install]") {
+TEST_CASE("a config is found by its installed name, with or without its extension", "[cli][install][spawns]") {
   for (const char* name : {"smoke", "smoke.yaml"}) {
     INFO(name);
     const auto listed = lattnbench(std::string("--config ") + name + " --list-cases");
@@ -163,7 +163,7 @@ TEST_CASE("a config is found by its installed name, with or without its extensio
   CHECK_THAT(missing.output, Contains("no-such-suite"));
 }
 
-TEST_CASE("the interleave flags set the config's interleave", "[cli][interleave]") {
+TEST_CASE("the interleave flags set the config's interleave", "[cli][interleave][spawns]") {
   const fs::path dir = fresh_dir("interleave-flag");
   const fs::path out = dir / "r.json";
   for (const auto& [flag, expected] : std::vector<std::pair<std::string, bool>>{{"--no-interleave", false}, {"--interleave", true}}) {

@@ -66,7 +66,7 @@ TEST_CASE("an empty item in a comma list is an error", "[config][strict]") {
   CHECK(override_error("seq", "16,32").empty());
 }
 
-TEST_CASE("threads are bounded by what the machine can run", "[config][strict][threads]") {
+TEST_CASE("threads are bounded by what the machine can run", "[config][strict][threads][spawns]") {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const long most = std::min(4096L, 4L * cores);
   CHECK(override_error("threads", std::to_string(most)).empty());
@@ -79,7 +79,7 @@ TEST_CASE("threads are bounded by what the machine can run", "[config][strict][t
   if (4096 > most) CHECK(lines(result.output) == 1);
 }
 
-TEST_CASE("a config that is a directory, a device or too large is refused in one line", "[config][strict][files]") {
+TEST_CASE("a config that is a directory, a device or too large is refused in one line", "[config][strict][files][spawns]") {
   const fs::path dir = fresh_dir("config-files");
   struct Bad {
     std::string path, expected;
@@ -103,7 +103,7 @@ TEST_CASE("a config that is a directory, a device or too large is refused in one
   fs::remove_all(dir);
 }
 
-TEST_CASE("control characters in what an error echoes are escaped: one line, never cut short", "[config][strict][escape]") {
+TEST_CASE("control characters in what an error echoes are escaped: one line, never cut short", "[config][strict][escape][spawns]") {
   CHECK_THAT(override_error("impl", "fu\nsed"), Contains("'fu\\nsed'"));
   const std::string nul_key = error_of("{\"re\\u0000ps\": 5}", "n.json");
   CHECK_THAT(nul_key, Contains("re\\x00ps"));

@@ -38,7 +38,7 @@ TEST_CASE("the CUDA layer's scratch equals its closed form and a second call giv
       }
 }
 
-TEST_CASE("the CUDA backend runs the layer suite (no skipped cases) and reports its scratch", "[cuda][layer][cli]") {
+TEST_CASE("the CUDA backend runs the layer suite (no skipped cases) and reports its scratch", "[cuda][layer][cli][spawns]") {
   const fs::path out = fs::temp_directory_path() / ("lattn-cuda-layer-" + std::to_string(::getpid()) + ".json");
   const auto run = test::run_process(test::binary() + " --backend cuda --suite layer --seq 64 --heads 2 --head-dim 16 "
                                      "--window 8 --reps 2 --warmup 1 --quiet --out " + out.string());

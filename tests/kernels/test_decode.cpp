@@ -215,7 +215,7 @@ TEST_CASE("decode: the CPU declines what it does not run, with the reason", "[de
   CHECK(backend->unsupported(c)->find("float32") != std::string::npos);
 }
 
-TEST_CASE("decode: records carry the bandwidth figures and the table shows them", "[decode][cli]") {
+TEST_CASE("decode: records carry the bandwidth figures and the table shows them", "[decode][cli][spawns]") {
   const auto dir = test::fresh_dir("decode-records");
   const std::string out = (dir / "d.json").string();
   const test::ProcessResult r = test::run_process(
@@ -271,7 +271,7 @@ TEST_CASE("decode: records carry the bandwidth figures and the table shows them"
   }
 }
 
-TEST_CASE("decode: grouped records count q and k once per q/k head and name heads_k and dim_v", "[decode][cli]") {
+TEST_CASE("decode: grouped records count q and k once per q/k head and name heads_k and dim_v", "[decode][cli][spawns]") {
   const auto dir = test::fresh_dir("decode-grouped");
   const std::string out = (dir / "d.json").string();
   // heads_k 4 and dim_v 16 are heads and dim: the same case as the keys' default, recorded without them.
@@ -305,7 +305,7 @@ TEST_CASE("decode: grouped records count q and k once per q/k head and name head
   CHECK(square == 1);
 }
 
-TEST_CASE("decode: heads_k must divide heads, refused in one line", "[decode][cli][config]") {
+TEST_CASE("decode: heads_k must divide heads, refused in one line", "[decode][cli][config][spawns]") {
   const test::ProcessResult r = test::run_process("timeout 60 " + test::binary() +
                                                   " --suite decode --heads 4 --heads-k 3 --dim 8 --quiet --out " +
                                                   (test::fresh_dir("decode-refused") / "never.json").string());

@@ -181,7 +181,7 @@ TEST_CASE("decode state: the CPU row's pooled and bf16 steps match the float64 r
         }
 }
 
-TEST_CASE("decode state: records count the states in their dtype and the pool's index", "[decode][cli]") {
+TEST_CASE("decode state: records count the states in their dtype and the pool's index", "[decode][cli][spawns]") {
   const auto dir = test::fresh_dir("decode-state-records");
   const std::string out = (dir / "d.json").string();
   const test::ProcessResult r =
@@ -207,7 +207,7 @@ TEST_CASE("decode state: records count the states in their dtype and the pool's 
   }
 }
 
-TEST_CASE("decode state: the keys are validated in one line naming where", "[decode][config]") {
+TEST_CASE("decode state: the keys are validated in one line naming where", "[decode][config][spawns]") {
   CHECK(test::config_error("suites: [decode]\ndecode:\n  state_dtype: fp8\n").find("state_dtype") != std::string::npos);
   CHECK(test::config_error("suites: [decode]\ndecode:\n  state_slots: -1\n").find("state_slots") != std::string::npos);
   const test::ProcessResult r = test::run_process("timeout 60 " + test::binary() +

@@ -200,7 +200,7 @@ TEST_CASE("delta rule: each CPU kernel's scratch equals its closed form", "[delt
   }
 }
 
-TEST_CASE("delta rule with raw keys through the binary: finite results or a per-case failure", "[delta][cli]") {
+TEST_CASE("delta rule with raw keys through the binary: finite results or a per-case failure", "[delta][cli][spawns]") {
   // normalize_keys false: with |k|^2 ~ D the write (I - beta k k^T) can grow the state without
   // bound (the float64 reference too), so a case may fail its check; it must say so per case and
   // the run must end (exit 1, never a crash, a hang or exit 3), or pass with finite results.
@@ -219,7 +219,7 @@ TEST_CASE("delta rule with raw keys through the binary: finite results or a per-
   }
 }
 
-TEST_CASE("delta rule config keys are validated in one line naming where", "[delta][config]") {
+TEST_CASE("delta rule config keys are validated in one line naming where", "[delta][config][spawns]") {
   const std::string unknown_rule = test::config_error("kernel:\n  rule: gated\n");
   INFO(unknown_rule);
   CHECK(unknown_rule.find("suite.yaml:2") != std::string::npos);

@@ -388,7 +388,7 @@ TEST_CASE("dplr chunked form takes gates far stronger than the suite's without o
 }
 
 TEST_CASE("dplr: the kernel suite runs both forms and modes from the command line, every output checked",
-          "[dplr][cli]") {
+          "[dplr][cli][spawns]") {
   const auto dir = test::fresh_dir("dplr-cli");
   const std::string out = (dir / "k.json").string();
   // T 100 (ragged against the chunk 16 and the scan's tile), strong gates.

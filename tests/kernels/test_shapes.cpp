@@ -304,7 +304,7 @@ TEST_CASE("the scratch closed forms of every CPU variant equal the peak on the n
         }
 }
 
-TEST_CASE("packed batches: lengths and varlen keys, their canonical text and the seeded draw", "[shapes][config]") {
+TEST_CASE("packed batches: lengths and varlen keys, their canonical text and the seeded draw", "[shapes][config][spawns]") {
   CHECK(canonical_lengths("7000 1000  192") == "7000+1000+192");
   CHECK(canonical_lengths("5+1") == "5+1");
   CHECK_THROWS_WITH(canonical_lengths("5 0"), Contains("document length 0 is outside"));

@@ -556,7 +556,7 @@ TEST_CASE("tuning: the exhaustive search times each group's combinations", "[tun
   }
 }
 
-TEST_CASE("tuning: --tuning takes exhaustive, --help lists it, a bad value is named", "[tuning][cli]") {
+TEST_CASE("tuning: --tuning takes exhaustive, --help lists it, a bad value is named", "[tuning][cli][spawns]") {
   const CliOutcome parsed = parse_command_line({"lattnbench", "--tuning", "exhaustive"});
   REQUIRE(parsed.request);
   CHECK(parsed.request->tuning == "exhaustive");
@@ -581,7 +581,7 @@ TEST_CASE("tuning: --tuning takes exhaustive, --help lists it, a bad value is na
 
 // Through the binary: the first run on this CPU calibrates (unless the shipped table has it), the
 // next reads the cache, --retune calibrates again; the device block says which each time.
-TEST_CASE("tuning: --tuning, --retune and LATTN_TUNING through the binary", "[tuning][cli]") {
+TEST_CASE("tuning: --tuning, --retune and LATTN_TUNING through the binary", "[tuning][cli][spawns]") {
   const auto dir = test::fresh_dir("tuning-cli");
   // The tests run with LATTN_TUNING=default (tests/test_main.cpp): unset here, or set as a case says.
   auto with_env = [&](const std::string& env) {

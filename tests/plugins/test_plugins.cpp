@@ -65,7 +65,7 @@ TEST_CASE("a plugin impl is credited with the flop model of its IMPL part's form
   CHECK_FALSE(is_plugin_impl_name("a:b:c"));
 }
 
-TEST_CASE("the example plugin runs beside the built-in impls, checked and reported like them", "[plugins]") {
+TEST_CASE("the example plugin runs beside the built-in impls, checked and reported like them", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-example");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_mine " --impl mine:scan,scan,chunked --seq 40 --mode fwd,fwd_bwd "
                                  "--decay none,retnet --out " + (dir / "r.json").string() + kSmall);
@@ -93,7 +93,7 @@ TEST_CASE("the example plugin runs beside the built-in impls, checked and report
   CHECK(plugins[0]["sha256"] == sha256_file_hex(LATTN_PLUGIN_mine));
 }
 
-TEST_CASE("the list (--list) shows plugin impls with their device and the planned cases they decline", "[plugins]") {
+TEST_CASE("the list (--list) shows plugin impls with their device and the planned cases they decline", "[plugins][spawns]") {
   const auto list = lattnbench("--list --plugin " LATTN_PLUGIN_mine " --plugin " LATTN_PLUGIN_wrong " --seq 13,16 --dim 8");
   INFO(list.output);
   CHECK(list.exit_status == 0);
@@ -101,7 +101,7 @@ TEST_CASE("the list (--list) shows plugin impls with their device and the planne
   CHECK_THAT(list.output, Contains("declines") && Contains("test plugins decline seq 13"));
 }
 
-TEST_CASE("a plugin's own reason to decline a case is the case's skip reason", "[plugins]") {
+TEST_CASE("a plugin's own reason to decline a case is the case's skip reason", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-decline");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_mine " --impl mine:scan --seq 13 --mode fwd_bwd --dtype bf16 "
                                  "--out " + (dir / "bf16.json").string() + kSmall);
@@ -118,7 +118,7 @@ TEST_CASE("a plugin's own reason to decline a case is the case's skip reason", "
   CHECK(skipped["skip_reason"] == "test_wrong:zeros has no backward (fwd only)");
 }
 
-TEST_CASE("a plugin impl named for the layer suite skips its cases", "[plugins]") {
+TEST_CASE("a plugin impl named for the layer suite skips its cases", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-layer");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_mine " --suite layer --impl mine:scan --seq 16 --head-dim 8 "
                                  "--window 4 --batch 1 --heads 1 --mode fwd --reps 2 --warmup 1 --min-sample-ms 1 -q "
@@ -129,7 +129,7 @@ TEST_CASE("a plugin impl named for the layer suite skips its cases", "[plugins]"
         "the cpu backend has no mine:scan impl of the layer op");
 }
 
-TEST_CASE("lattnbench keeps its side of the contract: what forward and backward see, saved, scratch", "[plugins]") {
+TEST_CASE("lattnbench keeps its side of the contract: what forward and backward see, saved, scratch", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-contract");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_contract " --impl test_contract:checks --seq 16 "
                                  "--mode fwd,fwd_bwd --decay none,retnet --out " + (dir / "r.json").string() + kSmall);
@@ -146,7 +146,7 @@ TEST_CASE("lattnbench keeps its side of the contract: what forward and backward 
   }
 }
 
-TEST_CASE("a wrong plugin fails its check and the run exits 1", "[plugins]") {
+TEST_CASE("a wrong plugin fails its check and the run exits 1", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-wrong");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_wrong " --impl test_wrong:zeros,scan --seq 13,16 --mode fwd "
                                  "--out " + (dir / "r.json").string() + kSmall);
@@ -162,7 +162,7 @@ TEST_CASE("a wrong plugin fails its check and the run exits 1", "[plugins]") {
   for (const auto& r : records_of(doc, "scan")) CHECK(r["status"] == "ok");
 }
 
-TEST_CASE("a plugin's error or leaked scratch fails its case with the message, and the run goes on", "[plugins]") {
+TEST_CASE("a plugin's error or leaked scratch fails its case with the message, and the run goes on", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-error");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_fail " --plugin " LATTN_PLUGIN_leak " --plugin " LATTN_PLUGIN_mine
                                  " --impl test_fail:refuses,test_leak:leaks,mine:scan --seq 16 --mode fwd --out " +
@@ -179,7 +179,7 @@ TEST_CASE("a plugin's error or leaked scratch fails its case with the message, a
   CHECK(records_of(doc, "mine:scan")[0]["status"] == "ok");
 }
 
-TEST_CASE("bad plugins exit 2 with one line before any case runs", "[plugins][errors]") {
+TEST_CASE("bad plugins exit 2 with one line before any case runs", "[plugins][errors][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-bad");
   const std::string out = " --seq 16 --out " + (dir / "never.json").string() + kSmall;
   const std::string text_file = test::source_dir() + "/tests/plugins/test_plugin.c";
@@ -206,7 +206,7 @@ TEST_CASE("bad plugins exit 2 with one line before any case runs", "[plugins][er
   }
 }
 
-TEST_CASE("a config's plugins: are relative to the config file", "[plugins]") {
+TEST_CASE("a config's plugins: are relative to the config file", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-config");
   fs::create_directories(dir / "cfg");
   fs::copy_file(LATTN_PLUGIN_mine, dir / "cfg" / "libmine.so");
@@ -221,7 +221,7 @@ TEST_CASE("a config's plugins: are relative to the config file", "[plugins]") {
   CHECK(records_of(doc, "mine:scan")[0]["status"] == "ok");
 }
 
-TEST_CASE("a plugin that crashes loses no finished case, and under --isolate fails only its own", "[plugins][isolate]") {
+TEST_CASE("a plugin that crashes loses no finished case, and under --isolate fails only its own", "[plugins][isolate][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-crash");
   const std::string plugins = "--plugin " LATTN_PLUGIN_mine " --plugin " LATTN_PLUGIN_crash " --seq 16 --mode fwd ";
   const auto crashed = lattnbench(plugins + "--impl mine:scan,test_crash:crashes --out " + (dir / "c.json").string() + kSmall);

@@ -17,7 +17,7 @@ using namespace lattn::test;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
-TEST_CASE("a plain rerun refuses an unfinished run's journal, and --force starts over", "[journal][rerun]") {
+TEST_CASE("a plain rerun refuses an unfinished run's journal, and --force starts over", "[journal][rerun][spawns]") {
   const fs::path dir = fresh_dir("rerun");
   const fs::path out = dir / "r.json";
   REQUIRE(killed_after(out, 3, dir / "log1"));
@@ -41,7 +41,7 @@ TEST_CASE("a plain rerun refuses an unfinished run's journal, and --force starts
   fs::remove_all(dir);
 }
 
-TEST_CASE("a second run on the same --out exits 2 naming the first one's pid", "[journal][lock]") {
+TEST_CASE("a second run on the same --out exits 2 naming the first one's pid", "[journal][lock][spawns]") {
   const fs::path dir = fresh_dir("lock");
   const fs::path out = dir / "r.json";
   const pid_t first = spawn(slow_run_args(out), dir / "log1");
@@ -64,7 +64,7 @@ TEST_CASE("a second run on the same --out exits 2 naming the first one's pid", "
   fs::remove_all(dir);
 }
 
-TEST_CASE("a partial last journal line is cut off, said on stderr, before --resume appends", "[journal][resume]") {
+TEST_CASE("a partial last journal line is cut off, said on stderr, before --resume appends", "[journal][resume][spawns]") {
   const fs::path dir = fresh_dir("partial");
   const fs::path out = dir / "r.json";
   const std::string journal = journal_of(out);
@@ -96,7 +96,7 @@ TEST_CASE("a partial last journal line is cut off, said on stderr, before --resu
 }
 
 TEST_CASE("a full disk exits 4 in one line, keeps the finished cases in the journal, and --resume finishes",
-          "[journal][disk]") {
+          "[journal][disk][spawns]") {
   // What this simulates: RLIMIT_FSIZE with SIGXFSZ ignored makes a write past the limit fail with
   // EFBIG, the way a write on a full disk fails with ENOSPC (no root or tmpfs needed). The journal's
   // header and a few records fit under the limit; the result file does not.
@@ -121,7 +121,7 @@ TEST_CASE("a full disk exits 4 in one line, keeps the finished cases in the jour
   fs::remove_all(dir);
 }
 
-TEST_CASE("a journal whose lines are not this run's records is refused in one line", "[journal][resume]") {
+TEST_CASE("a journal whose lines are not this run's records is refused in one line", "[journal][resume][spawns]") {
   const fs::path dir = fresh_dir("edited");
   const fs::path out = dir / "r.json";
   REQUIRE(killed_after(out, 2, dir / "log1"));
@@ -166,7 +166,7 @@ TEST_CASE("a journal whose lines are not this run's records is refused in one li
   fs::remove_all(dir);
 }
 
-TEST_CASE("resuming with an --out other than the journal's is refused", "[journal][resume]") {
+TEST_CASE("resuming with an --out other than the journal's is refused", "[journal][resume][spawns]") {
   const fs::path dir = fresh_dir("resume-out");
   const fs::path out = dir / "r.json";
   REQUIRE(killed_after(out, 1, dir / "log1"));

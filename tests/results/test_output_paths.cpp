@@ -36,7 +36,7 @@ void expect_refused(const std::vector<std::string>& args, const fs::path& log, c
 
 }  // namespace
 
-TEST_CASE("a --dump that is a file or cannot be made a folder is refused before any case runs", "[paths][dump]") {
+TEST_CASE("a --dump that is a file or cannot be made a folder is refused before any case runs", "[paths][dump][spawns]") {
   const fs::path dir = fresh_dir("dump-target");
   std::ofstream(dir / "a-file") << "x";
   expect_refused(with(quick_args(dir / "r.json"), {"--dump", (dir / "a-file").string()}), dir / "log", "--dump");
@@ -47,7 +47,7 @@ TEST_CASE("a --dump that is a file or cannot be made a folder is refused before 
   fs::remove_all(dir);
 }
 
-TEST_CASE("a dump that does not fit is not left half-written", "[paths][dump][disk]") {
+TEST_CASE("a dump that does not fit is not left half-written", "[paths][dump][disk][spawns]") {
   // RLIMIT_FSIZE with SIGXFSZ ignored stands in for a full disk (test_journal_safety.cpp): the
   // journal fits under 64 KiB, q.npy (4 heads x 3000 x 48 floats, 2.2 MiB) does not.
   const fs::path dir = fresh_dir("dump-full");
@@ -69,7 +69,7 @@ TEST_CASE("a dump that does not fit is not left half-written", "[paths][dump][di
   fs::remove_all(dir);
 }
 
-TEST_CASE("the paths of --out, --gbench-out, the journal and --dump must be distinct", "[paths][collisions]") {
+TEST_CASE("the paths of --out, --gbench-out, the journal and --dump must be distinct", "[paths][collisions][spawns]") {
   const fs::path dir = fresh_dir("collide");
   const fs::path out = dir / "r.json";
   expect_refused(with(quick_args(out), {"--gbench-out", out.string()}), dir / "log", "--gbench-out");
@@ -81,7 +81,7 @@ TEST_CASE("the paths of --out, --gbench-out, the journal and --dump must be dist
   fs::remove_all(dir);
 }
 
-TEST_CASE("an existing --out or --gbench-out that is not a regular file is refused and left alone", "[paths][special]") {
+TEST_CASE("an existing --out or --gbench-out that is not a regular file is refused and left alone", "[paths][special][spawns]") {
   const fs::path dir = fresh_dir("special");
   const fs::path fifo = dir / "fifo.json";
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
@@ -93,7 +93,7 @@ TEST_CASE("an existing --out or --gbench-out that is not a regular file is refus
   fs::remove_all(dir);
 }
 
-TEST_CASE("a run refused with exit 2 creates no folder for its --out", "[paths][folders]") {
+TEST_CASE("a run refused with exit 2 creates no folder for its --out", "[paths][folders][spawns]") {
   const fs::path dir = fresh_dir("nofolder");
   // The folder of --gbench-out cannot be made (/proc takes none); --out's could, but must not be.
   expect_refused(with(quick_args(dir / "new" / "r.json"), {"--gbench-out", "/proc/lattn-x/g.json"}), dir / "log",

@@ -47,7 +47,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("an --out of '-' or /dev/stdout puts the result JSON on stdout and writes no result file", "[outputs][stdout]") {
+TEST_CASE("an --out of '-' or /dev/stdout puts the result JSON on stdout and writes no result file", "[outputs][stdout][spawns]") {
   for (const char* target : {"-", "/dev/stdout"}) {
     const fs::path dir = fresh_dir("out-stdout");
     const ProcessResult r = in_dir(dir, kQuick + " --out " + target);
@@ -62,7 +62,7 @@ TEST_CASE("an --out of '-' or /dev/stdout puts the result JSON on stdout and wri
   }
 }
 
-TEST_CASE("a --format json run without --out prints the JSON and writes no default result file", "[outputs][stdout]") {
+TEST_CASE("a --format json run without --out prints the JSON and writes no default result file", "[outputs][stdout][spawns]") {
   const fs::path dir = fresh_dir("format-json");
   const ProcessResult r = in_dir(dir, kQuick + " -q --format json");
   INFO(r.output);
@@ -76,7 +76,7 @@ TEST_CASE("a --format json run without --out prints the JSON and writes no defau
   CHECK(fs::is_directory(dir / "results"));
 }
 
-TEST_CASE("several --out files in one run, each in its extension's format, and stdout beside them", "[outputs][several]") {
+TEST_CASE("several --out files in one run, each in its extension's format, and stdout beside them", "[outputs][several][spawns]") {
   const fs::path dir = fresh_dir("out-several");
   const ProcessResult r = in_dir(dir, kQuick + " -q --out r.json --out sub/r.csv --out r.md");
   INFO(r.output << read_text(dir / "err.txt"));
@@ -101,7 +101,7 @@ TEST_CASE("several --out files in one run, each in its extension's format, and s
   CHECK(lines_of(read_text(dir / "both.csv")).size() == 2);
 }
 
-TEST_CASE("contradicting outputs are refused with one line and exit 2, nothing written", "[outputs][errors]") {
+TEST_CASE("contradicting outputs are refused with one line and exit 2, nothing written", "[outputs][errors][spawns]") {
   const fs::path dir = fresh_dir("out-refused");
   struct Bad {
     std::string args, expected;
@@ -121,7 +121,7 @@ TEST_CASE("contradicting outputs are refused with one line and exit 2, nothing w
   }
 }
 
-TEST_CASE("the Google Benchmark export's cpu_time is the process CPU time the samples took", "[outputs][gbench]") {
+TEST_CASE("the Google Benchmark export's cpu_time is the process CPU time the samples took", "[outputs][gbench][spawns]") {
   const fs::path dir = fresh_dir("gbench-cpu");
   const ProcessResult r = in_dir(dir, kQuick + " -q --out r.json --gbench-out g.json");
   INFO(r.output);
@@ -144,7 +144,7 @@ TEST_CASE("the Google Benchmark export's cpu_time is the process CPU time the sa
   CHECK(differ > 0);  // two clocks: equal in every sample only if one were a copy of the other
 }
 
-TEST_CASE("the table, CSV and markdown of a run show what varies in it, and the noise and samples", "[outputs][columns]") {
+TEST_CASE("the table, CSV and markdown of a run show what varies in it, and the noise and samples", "[outputs][columns][spawns]") {
   const fs::path dir = fresh_dir("varying-columns");
   const ProcessResult r =
       in_dir(dir, kQuick + " -q --rule additive,delta --decay scalar --gate-norm 1,16 --out r.csv --out r.md");
@@ -167,7 +167,7 @@ TEST_CASE("the table, CSV and markdown of a run show what varies in it, and the 
   CHECK_THAT(md[2], Contains("| decay | rule | gate_norm |") && Contains("| noise_pct | reps |"));
 }
 
-TEST_CASE("the help types every value and lists the installed configs, and --list and --list-cases line up", "[outputs][help]") {
+TEST_CASE("the help types every value and lists the installed configs, and --list and --list-cases line up", "[outputs][help][spawns]") {
   const ProcessResult help = run_process(binary() + " --help");
   REQUIRE(help.exit_status == 0);
   CHECK_THAT(help.output, !Contains(" TEXT") && !Contains("{false}") && !Contains("Excludes"));

@@ -277,7 +277,7 @@ TEST_CASE("cache: an evicting case evicts outside each call's timing and forward
 
 TEST_CASE("cache: records name the roof, its rate and the working set they are held against, and say when they "
           "pass it",
-          "[cache][cli]") {
+          "[cache][cli][spawns]") {
   const auto dir = test::fresh_dir("cache-records");
   const std::string out = (dir / "c.json").string();
   // Working sets from a few KiB to 4 MiB: the first level, L2 and the last level when warm.
@@ -340,7 +340,7 @@ TEST_CASE("cache: records name the roof, its rate and the working set they are h
   }
 }
 
-TEST_CASE("cache: --cold is --cache cold, and both at once are refused in one line", "[cache][cli]") {
+TEST_CASE("cache: --cold is --cache cold, and both at once are refused in one line", "[cache][cli][spawns]") {
   const auto dir = test::fresh_dir("cache-flag");
   const std::string out = (dir / "c.json").string();
   const test::ProcessResult r =

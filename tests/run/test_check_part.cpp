@@ -79,7 +79,7 @@ TEST_CASE("check part: a linear-attention case's first pairs are a case whose te
 }
 
 TEST_CASE("check part: --check-heads checks the first pairs, records how many, and passes a correct kernel",
-          "[check_part][cli]") {
+          "[check_part][cli][spawns]") {
   const auto dir = test::fresh_dir("check-part");
   const std::string out = (dir / "r.json").string();
   const test::ProcessResult r = test::run_process(

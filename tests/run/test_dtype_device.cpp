@@ -58,7 +58,7 @@ TEST_CASE("bf16 rounding is round-to-nearest-even and exact on bf16 values", "[i
 // The default suites' linear-attention cases run in bf16 where the CPU has AVX512-BF16 (dim 4:
 // the float32 kernels behind the converter) and are skipped with the reason elsewhere; the layer's
 // run on AMX tiles where the CPU has AMX-BF16 and are skipped with their reason elsewhere.
-TEST_CASE("the CPU backend runs bf16 kernel cases where it has AVX512-BF16, and skips the rest with a reason", "[cli]") {
+TEST_CASE("the CPU backend runs bf16 kernel cases where it has AVX512-BF16, and skips the rest with a reason", "[cli][spawns]") {
   const fs::path out = fs::temp_directory_path() / ("lattn-bf16-" + std::to_string(::getpid()) + ".json");
   const auto r = test::run_process(test::binary() + " --dtype bf16 --seq 16 --dim 4 --batch 1 --heads 1 --reps 1 "
                                    "--warmup 0 --min-sample-ms 1 --quiet --out " + out.string());
@@ -106,7 +106,7 @@ TEST_CASE("the CPU backend runs bf16 kernel cases where it has AVX512-BF16, and 
   fs::remove(out);
 }
 
-TEST_CASE("without a usable GPU, --backend cuda exits 2 and --list says why", "[cli][cuda]") {
+TEST_CASE("without a usable GPU, --backend cuda exits 2 and --list says why", "[cli][cuda][spawns]") {
   if (test::cuda_usable()) {
     // A GPU is usable here: --list says so (the CUDA tests, lattn_cuda_tests, cover the backend).
     const auto list = test::run_process(test::binary() + " --list");

@@ -18,7 +18,7 @@ using namespace lattn::test;
 namespace fs = std::filesystem;
 
 TEST_CASE("SIGINT and SIGTERM finish the sample, write the finished cases marked interrupted, exit 128+signal",
-          "[robustness][signals]") {
+          "[robustness][signals][spawns]") {
   for (int sig : {SIGINT, SIGTERM}) {
     INFO("signal " << sig);
     const fs::path dir = test::fresh_dir("sigint");
@@ -41,7 +41,7 @@ TEST_CASE("SIGINT and SIGTERM finish the sample, write the finished cases marked
 }
 
 TEST_CASE("SIGINT in an interleaved batch keeps every case's samples, and --resume measures those cases again in full",
-          "[robustness][signals][resume][interleave]") {
+          "[robustness][signals][resume][interleave][spawns]") {
   const fs::path dir = test::fresh_dir("sigint-batch");
   const fs::path out = dir / "r.json";
   const fs::path journal = journal_of(out);
@@ -93,7 +93,7 @@ TEST_CASE("SIGINT in an interleaved batch keeps every case's samples, and --resu
   fs::remove_all(dir);
 }
 
-TEST_CASE("interleaved batches are bounded by memory: a tiny bound makes batches of one", "[robustness][interleave][memory]") {
+TEST_CASE("interleaved batches are bounded by memory: a tiny bound makes batches of one", "[robustness][interleave][memory][spawns]") {
   const fs::path dir = test::fresh_dir("batch-memory");
   const std::string small = binary() + " --suite kernel --seq 16,32 --dim 8 --reps 2 --min-sample-ms 1 --threads 1 --out ";
   // A pipe: one line per batch and per finished case, none per sampling round.
@@ -120,7 +120,7 @@ TEST_CASE("interleaved batches are bounded by memory: a tiny bound makes batches
   fs::remove_all(dir);
 }
 
-TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "[robustness][resume]") {
+TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "[robustness][resume][spawns]") {
   const fs::path dir = test::fresh_dir("sigkill");
   const fs::path out = dir / "r.json";
   const fs::path journal = out.string() + ".journal.jsonl";
@@ -146,7 +146,7 @@ TEST_CASE("after SIGKILL the journal survives and --resume completes the run", "
   fs::remove_all(dir);
 }
 
-TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") {
+TEST_CASE("resume refuses a journal of another config", "[robustness][resume][spawns]") {
   const fs::path dir = test::fresh_dir("resume-mismatch");
   const fs::path journal = dir / "j.jsonl";
   {
@@ -159,7 +159,7 @@ TEST_CASE("resume refuses a journal of another config", "[robustness][resume]") 
   fs::remove_all(dir);
 }
 
-TEST_CASE("resume refuses a journal written on another CPU", "[robustness][resume]") {
+TEST_CASE("resume refuses a journal written on another CPU", "[robustness][resume][spawns]") {
   // A VM can be given another CPU generation under the same model name: the signature tells.
   const fs::path dir = test::fresh_dir("resume-cpu");
   const fs::path out = dir / "r.json";
@@ -185,7 +185,7 @@ TEST_CASE("resume refuses a journal written on another CPU", "[robustness][resum
   fs::remove_all(dir);
 }
 
-TEST_CASE("a case too big for memory is skipped with the reason, and the run goes on", "[robustness][memory]") {
+TEST_CASE("a case too big for memory is skipped with the reason, and the run goes on", "[robustness][memory][spawns]") {
   const fs::path dir = test::fresh_dir("memguard");
   const fs::path out = dir / "r.json";
   const auto result = test::run_process(test::binary() + " --suite kernel --seq 16,16777216 --dim 128 --batch 1 --heads 1 --impl scan "

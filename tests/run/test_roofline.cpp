@@ -175,7 +175,7 @@ TEST_CASE("the sgemm check is a fresh measurement that leaves the cached rooflin
   CHECK(cpu_roofline(2).sgemm_gflops == cached);  // a check leaves the start-up figure alone
 }
 
-TEST_CASE("every record carries peak_fraction against the compute ceiling, blas_fraction against sgemm and the sgemm around it", "[roofline][cli]") {
+TEST_CASE("every record carries peak_fraction against the compute ceiling, blas_fraction against sgemm and the sgemm around it", "[roofline][cli][spawns]") {
   const fs::path out = fs::temp_directory_path() / ("lattn-roofline-" + std::to_string(::getpid()) + ".json");
   const auto run = test::run_process(test::binary() + " --config " + test::source_dir() +
                                      "/configs/smoke.yaml --quiet --threads 2 --out " + out.string());

@@ -77,7 +77,7 @@ std::vector<std::string> long_warm_up_run(const fs::path& out) {
 
 }  // namespace
 
-TEST_CASE("SIGTERM during a long warm-up stops the run within a second", "[signals][stop]") {
+TEST_CASE("SIGTERM during a long warm-up stops the run within a second", "[signals][stop][spawns]") {
   const fs::path dir = fresh_dir("stop-warmup");
   const fs::path out = dir / "r.json";
   const pid_t pid = start_case(long_warm_up_run(out), out, dir / "log", std::chrono::milliseconds(500));
@@ -87,7 +87,7 @@ TEST_CASE("SIGTERM during a long warm-up stops the run within a second", "[signa
 }
 
 TEST_CASE("SIGTERM as the journal appears, in the start-up's measurements, still writes the result file",
-          "[signals][stop]") {
+          "[signals][stop][spawns]") {
   const fs::path dir = fresh_dir("stop-start-up");
   const fs::path out = dir / "r.json";
   // No settling: the signal lands while the start-up times a float64 reference and an sgemm, before
@@ -102,7 +102,7 @@ TEST_CASE("SIGTERM as the journal appears, in the start-up's measurements, still
 }
 
 TEST_CASE("SIGTERM while a long case's inputs and float64 reference are made stops the run within a second",
-          "[signals][stop]") {
+          "[signals][stop][spawns]") {
   const fs::path dir = fresh_dir("stop-reference");
   const fs::path out = dir / "r.json";
   // The inputs of 4096 tokens at D 1024 take a fraction of a second, their float64 forward and
@@ -116,7 +116,7 @@ TEST_CASE("SIGTERM while a long case's inputs and float64 reference are made sto
 }
 
 TEST_CASE("SIGTERM during an interleaved batch's rounds stops the run within a second, keeping the samples taken",
-          "[signals][stop][interleave]") {
+          "[signals][stop][interleave][spawns]") {
   const fs::path dir = fresh_dir("stop-rounds");
   const fs::path out = dir / "r.json";
   // Four cases of ~1 ms calls sampled in rounds (no noise target, no timeout, 100 samples of
