@@ -41,6 +41,7 @@ inline std::string journal_of(const std::filesystem::path& out) { return out.str
 // RLIMIT_FSIZE of that many bytes with SIGXFSZ ignored: a write past the limit then fails with
 // EFBIG, as one past the end of a full disk fails with ENOSPC.
 inline pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& log, rlim_t file_size_limit = 0) {
+  require_spawns_tag();
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

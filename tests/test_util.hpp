@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "cases.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/vec.hpp"
@@ -113,8 +115,22 @@ struct ProcessResult {
   std::string output;  // stdout and stderr together
 };
 
+// A test case that starts a process carries the tag [spawns]: its CTest label, which the
+// sanitizers' run in scripts/test.sh leaves to the main suite (tests/CMakeLists.txt). Checked where
+// the tests start processes, so that a new one cannot slip into the sanitizers' run untagged.
+inline void require_spawns_tag() {
+  const std::string name = Catch::getResultCapture().getCurrentTestName();
+  for (const auto& test : Catch::getRegistryHub().getTestCaseRegistry().getAllTests()) {
+    if (test.name != name) continue;
+    if (std::find(test.lcaseTags.begin(), test.lcaseTags.end(), "spawns") == test.lcaseTags.end())
+      FAIL("the test case \"" << name << "\" starts a process: tag it [spawns] (tests/CMakeLists.txt)");
+    return;
+  }
+}
+
 // Runs `command` through the shell, stderr merged into stdout.
 inline ProcessResult run_process(const std::string& command) {
+  require_spawns_tag();
   ProcessResult result;
   FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   if (!pipe) return result;
@@ -129,6 +145,7 @@ inline ProcessResult run_process(const std::string& command) {
 // The lattnbench these tests run: the one built beside them, or LATTN_BINARY's where the tests
 // were built elsewhere (scripts/device_check.sh with prebuilt binaries).
 inline std::string binary() {
+  require_spawns_tag();
   const char* elsewhere = std::getenv("LATTN_BINARY");
   return elsewhere && *elsewhere ? elsewhere : LATTN_BINARY;
 }

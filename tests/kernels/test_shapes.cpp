@@ -304,7 +304,7 @@ TEST_CASE("the scratch closed forms of every CPU variant equal the peak on the n
         }
 }
 
-TEST_CASE("packed batches: lengths and varlen keys, their canonical text and the seeded draw", "[shapes][config][spawns]") {
+TEST_CASE("packed batches: lengths and varlen keys, their canonical text and the seeded draw", "[shapes][config]") {
   CHECK(canonical_lengths("7000 1000  192") == "7000+1000+192");
   CHECK(canonical_lengths("5+1") == "5+1");
   CHECK_THROWS_WITH(canonical_lengths("5 0"), Contains("document length 0 is outside"));
@@ -347,7 +347,7 @@ nlohmann::json results_of(const std::filesystem::path& path) {
 
 }  // namespace
 
-TEST_CASE("the shape keys from the command line: records, the settled packed case, refusals", "[shapes][cli]") {
+TEST_CASE("the shape keys from the command line: records, the settled packed case, refusals", "[shapes][cli][spawns]") {
   const std::filesystem::path dir = test::fresh_dir("shape-keys");
   // heads_k equal to heads and dim_v equal to dim are the square case, run once and recorded
   // without the keys; a packed case is batch 1 of its documents' tokens whatever batch and seq say.

@@ -261,9 +261,17 @@ void set_decay(const Ctx& x, const Head& h, const float* buf, int first, int t, 
   }
 }
 
-// W floats of x from column c, scaled, zero past column n.
-void padded(float* out, const float* x, float scale, int n, int W, int c) {
+// W floats of x from column c, scaled, zero past column n: x itself where the block is whole and
+// unscaled, else written to out. Per token and block, so its cost is the walk's overhead: the
+// masked copy every call took was a third of the forward's time beside the walks (Zen 3, D 128).
+const float* padded(float* out, const float* x, float scale, int n, int W, int c) {
+  if (c + W <= n) {
+    if (scale == 1.0f) return x + c;
+    for (int j = 0; j < W; ++j) out[j] = scale * x[c + j];
+    return out;
+  }
   for (int j = 0; j < W; ++j) out[j] = c + j < n ? scale * x[c + j] : 0.0f;
+  return out;
 }
 
 // The forward recurrence on value columns [c0, c1) of one slice from h0: o (when given, rows Dv
@@ -288,28 +296,29 @@ void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c
     take_gates(x, h, s.gates, t0, n);
     for (int c = c0; c < c1; c += W) {
       const int m = std::min(W, Dv - c);
+      // One Walk for the block's tokens, every field that varies set per token: a fresh one
+      // each token was zeroed by a `rep stos`, tens of cycles a walk.
+      Walk w;
+      w.D = Dk;
+      w.S = s.S + std::size_t(c) * Dk;
+      w.c1 = s.carry + c;  // the walk reads its column operands before it writes its readouts
       for (int t = t0; t < t0 + n; ++t) {
         const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
         if (u) std::copy_n(s.carry + c, m, u + rv + c);
         const bool next = t + 1 < T;
         if (!o && !hT && !next) break;  // F1 needs no S_{T-1}
-        Walk w;
-        w.D = Dk;
-        w.S = s.S + std::size_t(c) * Dk;
         set_decay(x, h, s.gates, t0, t, c, false, w);
         w.x1 = h.a + rk;
-        w.c1 = s.carry + c;
         w.x2 = h.k + rk;
-        padded(s.c2, h.v + rv, 1.0f, Dv, W, c);
-        w.c2 = s.c2;
+        w.c2 = padded(s.c2, h.v + rv, 1.0f, Dv, W, c);
         int np = 0;
         if (o) {
           w.xr[np] = h.q + rk;
           w.yr[np++] = s.y0;
         }
-        if (next) {  // u_{t+1} = S_t^T b_{t+1}
+        if (next) {  // u_{t+1} = S_t^T b_{t+1}, straight into the carry the next walk reads
           w.xr[np] = h.b + rk + Dk;
-          w.yr[np++] = s.y1;
+          w.yr[np++] = s.carry + c;
         }
         if (np == 0) {  // hT's last step without o: a readout left unused
           w.xr[np] = h.q + rk;
@@ -319,7 +328,6 @@ void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c
         run_walk(w, x.vec);
         if (o)
           for (int j = 0; j < m; ++j) o[rv + c + j] = x.s * s.y0[j];
-        if (next) std::copy_n(s.y1, W, s.carry + c);
       }
     }
   }
@@ -347,27 +355,26 @@ void backward_slice(const Ctx& x, const Head& h, const SliceGrads& d, const Scra
     take_gates(x, h, s.gates, t0, n + 1);
     for (int c = 0; c < Dv; c += W) {
       const int m = std::min(W, Dv - c);
+      Walk w;  // the block's tokens' (the forward's comment)
+      w.D = Dk;
+      w.S = s.S + std::size_t(c) * Dk;
+      w.c1 = s.carry + c;  // z_{t+1}, zero at the last token
+      w.post = 2;
+      w.yr[0] = s.y0;
+      w.yr[1] = s.carry + c;  // z_t, the next walk's column operand
       for (int t = t0 + n - 1; t >= t0; --t) {
         const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
         const bool carried = t + 1 < T;  // G_{t+1} exists (else the state holds dhT)
-        Walk w;
-        w.D = Dk;
-        w.S = s.S + std::size_t(c) * Dk;
+        w.decay = WalkDecay::none;
         if (carried) set_decay(x, h, s.gates, t0, t + 1, c, false, w);
         w.x1 = h.b + (carried ? rk + Dk : rk);
-        w.c1 = s.carry + c;  // z_{t+1}, zero at the last token
         w.x2 = h.q + rk;
-        padded(s.c2, d.dO + rv, sc, Dv, W, c);
-        w.c2 = s.c2;
-        w.post = 2;
+        w.c2 = padded(s.c2, d.dO + rv, sc, Dv, W, c);
         w.xr[0] = h.k + rk;
-        w.yr[0] = s.y0;
         w.xr[1] = h.a + rk;
-        w.yr[1] = s.y1;
         run_walk(w, x.vec);
         std::copy_n(s.y0, m, d.dv + rv + c);
-        std::copy_n(s.y1, W, s.carry + c);
-        std::copy_n(s.y1, m, s.z + rv + c);
+        std::copy_n(s.carry + c, m, s.z + rv + c);
       }
     }
   }
@@ -392,26 +399,23 @@ void backward_slice(const Ctx& x, const Head& h, const SliceGrads& d, const Scra
     take_gates(x, h, s.gates, t0, n + 1);
     for (int c = 0; c < Dk; c += W) {
       const int m = std::min(W, Dk - c);
+      Walk w;  // the block's tokens' (the forward's comment)
+      w.D = Dv;
+      w.S = s.S + std::size_t(c) * Dv;
+      w.post = 2;
+      w.yr[0] = s.y0;
+      w.yr[1] = s.y1;
       for (int t = t0 + n - 1; t >= t0; --t) {
         const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
         const bool carried = t + 1 < T;
-        Walk w;
-        w.D = Dv;
-        w.S = s.S + std::size_t(c) * Dv;
-        if (carried) {
-          set_decay(x, h, s.gates, t0, t + 1, c, true, w);
-          padded(s.c1, h.b + rk + Dk, 1.0f, Dk, W, c);
-        }
+        w.decay = WalkDecay::none;
+        if (carried) set_decay(x, h, s.gates, t0, t + 1, c, true, w);
         w.x1 = s.z + (carried ? rv + Dv : rv);
-        w.c1 = carried ? s.c1 : s.zeros;
+        w.c1 = carried ? padded(s.c1, h.b + rk + Dk, 1.0f, Dk, W, c) : s.zeros;
         w.x2 = d.dO + rv;
-        padded(s.c2, h.q + rk, sc, Dk, W, c);
-        w.c2 = s.c2;
-        w.post = 2;
+        w.c2 = padded(s.c2, h.q + rk, sc, Dk, W, c);
         w.xr[0] = h.v + rv;
-        w.yr[0] = s.y0;
         w.xr[1] = s.u + rv;
-        w.yr[1] = s.y1;
         run_walk(w, x.vec);
         std::copy_n(s.y0, m, s.dk + rk + c);
         std::copy_n(s.y1, m, d.da + rk + c);
@@ -426,23 +430,21 @@ void backward_slice(const Ctx& x, const Head& h, const SliceGrads& d, const Scra
     take_gates(x, h, s.gates, t0, n);
     for (int c = 0; c < Dk; c += W) {
       const int m = std::min(W, Dk - c);
+      Walk w;  // the block's tokens' (the forward's comment)
+      w.D = Dv;
+      w.S = s.S + std::size_t(c) * Dv;
+      w.yp = s.yp;
+      w.post = 1;
+      w.yr[0] = s.y0;
       for (int t = t0; t < t0 + n; ++t) {
         const std::size_t rk = std::size_t(t) * Dk, rv = std::size_t(t) * Dv;
-        Walk w;
-        w.D = Dv;
-        w.S = s.S + std::size_t(c) * Dv;
         w.xp = s.z + rv;
-        w.yp = s.yp;
         set_decay(x, h, s.gates, t0, t, c, true, w);
         w.x1 = s.u + rv;
-        padded(s.c1, h.a + rk, 1.0f, Dk, W, c);
-        w.c1 = s.c1;
+        w.c1 = padded(s.c1, h.a + rk, 1.0f, Dk, W, c);
         w.x2 = h.v + rv;
-        padded(s.c2, h.k + rk, 1.0f, Dk, W, c);
-        w.c2 = s.c2;
-        w.post = 1;
+        w.c2 = padded(s.c2, h.k + rk, 1.0f, Dk, W, c);
         w.xr[0] = d.dO + rv;
-        w.yr[0] = s.y0;
         run_walk(w, x.vec);
         std::copy_n(s.yp, m, d.db + rk + c);
         for (int j = 0; j < m; ++j) s.dq[rk + c + j] = sc * s.y0[j];
