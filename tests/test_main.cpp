@@ -1,8 +1,7 @@
 // The tests run in the environment the program runs in: lattnbench sets the OpenMP spin count and
 // the OpenBLAS core at start-up (src/run/backend.hpp, prepare_process_environment), and a test process that did not
 // would time and run the kernels differently (the in-process smoke run took ~100 s instead of ~13).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch_runner.hpp"
 
 #include <cstdlib>
 
@@ -14,5 +13,5 @@ int main(int argc, char** argv) {
   // no calibration, no cache read or written, the same choices on every machine. The tuning's own
   // tests say --tuning (which beats this) or unset it.
   ::setenv("LATTN_TUNING", "default", 1);
-  return Catch::Session().run(argc, argv);
+  return lattn::test::run_catch(argc, argv);
 }

@@ -1,11 +1,9 @@
 // The CUDA tests' own main: with no usable GPU it prints why and exits 77, which CTest reports as
 // skipped (SKIP_RETURN_CODE 77), never as passed. Listing the tests works without a GPU.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <string>
 
+#include "catch_runner.hpp"
 #include "src/run/backend.hpp"
 
 int main(int argc, char** argv) {
@@ -18,6 +16,6 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  const int failed = Catch::Session().run(argc, argv);
+  const int failed = lattn::test::run_catch(argc, argv);
   return failed == 77 ? 78 : failed;  // 77 failures must not read as "skipped"
 }

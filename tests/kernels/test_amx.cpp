@@ -6,7 +6,6 @@
 //   amx_hardware  (--hardware) the same kernel tests on the CPU's tiles, and the hardware's
 //                 tdpbf16ps against the emulation bit for bit; exits 77 (skipped) where
 //                 amx::hardware_refusal() gives a reason.
-#define CATCH_CONFIG_RUNNER
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "catch_runner.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/amx.hpp"
 #include "kernels/cpu/amx_gemm.hpp"
@@ -534,6 +534,6 @@ int main(int argc, char** argv) {
   // The bf16 cases run on a CPU without AVX512-BF16 too: the AMX row (emulated) and the converter
   // are plain C++ there.
   cpu::set_bf16_override(true);
-  const int failed = Catch::Session().run(int(args.size()), args.data());
+  const int failed = lattn::test::run_catch(int(args.size()), args.data());
   return failed == 77 ? 78 : failed;  // 77 failures must not read as "skipped"
 }

@@ -3,8 +3,9 @@
 // k range of a product (the sliding window's P V) against float64 sums over that range. Its own
 // executable: without AVX-512 or AVX2 (compiled and on this CPU) the products have no vector form,
 // and the main below reports the test skipped (exit 77) instead of passing it.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+
+#include "catch_runner.hpp"
 
 #include <cstdio>
 
@@ -83,6 +84,6 @@ int main(int argc, char** argv) {
                 "run element by element\n");
     return 77;
   }
-  const int failed = Catch::Session().run(argc, argv);
+  const int failed = lattn::test::run_catch(argc, argv);
   return failed == 77 ? 78 : failed;  // 77 failures must not read as "skipped"
 }
