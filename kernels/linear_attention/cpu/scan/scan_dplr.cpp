@@ -6,7 +6,7 @@
 //
 // Every pass is a sequence of walks over a column block of a packed state (the layout of the delta
 // rule's scan, cpu/scan/scan_delta_parts.hpp's pack_blocks: W columns a block, W =
-// delta_walk_width: 32 on AVX-512, 16 on AVX2). A walk takes one token in one pass over the rows,
+// dplr_walk_width: 32 on AVX-512 and AVX2). A walk takes one token in one pass over the rows,
 // each row loaded and stored once, with r the row's W columns:
 //
 //   yp += xp[i] r                    (a readout of the state before the step, optional)
@@ -16,7 +16,7 @@
 //
 // The columns of a state are independent in every pass when the vectors that couple its rows
 // (u_t = S^T b_t forward, z_t = G^T a_t in reverse) are given, so a pass walks the state's column
-// blocks one after another, each over a tile of kTile tokens while it sits in L1.
+// blocks one after another, each over a tile of tokens while it sits in L1 (Ctx::tile).
 //
 // Forward (one walk per token): the walk for token t writes a_t u_t^T + k_t v_t^T and reads out
 // S_t^T q_t (o_t) and S_t^T b_{t+1} (u_{t+1}, the next walk's column operand); a first walk with no
@@ -58,7 +58,15 @@ namespace {
 using scan_delta::pack_blocks;
 using scan_delta::unpack_blocks;
 
-constexpr int kTile = 64;  // tokens a column block walks while it stays in L1 (Dk 128 x 16 or 32 floats)
+// The walk's width and the tokens a column block walks before the next block, per vector width.
+// AVX2 takes 4 registers a row (W 32, as AVX-512's 2) over tiles of 8 tokens: on Zen 3 (D 128, T 4096)
+// that was 1.14x the 2 registers (W 16) over 64 tokens, forward and backward, scalar and vector
+// gates (scripts/ab.py, 7 rounds in two runs, every case 1.06-1.33x); either change alone was
+// 0.96-1.20x, the smaller tile alone 0.98x. The 8 tokens' row operands (a, k, q, b and the gates:
+// 20 KiB at Dk 128) stay in L1 beside the block while it walks them. AVX-512 keeps 64 tokens
+// (unmeasured here).
+int dplr_walk_width(Vec vec) { return vec == Vec::avx2 ? 32 : delta_walk_width(vec); }
+int dplr_tile(Vec vec) { return vec == Vec::avx2 ? 8 : 64; }
 
 // One token's pass over a packed block (the file's header).
 struct Walk {
@@ -145,14 +153,14 @@ void walk_decayed(const Walk& w) {
   }
 }
 
-// The widths match delta_walk_width: 2 registers of 16 or 8 lanes, or 8 portable lanes.
+// The widths match dplr_walk_width: 2 registers of 16 lanes, 4 of 8, or 8 portable lanes.
 void run_walk(const Walk& w, Vec vec) {
   switch (vec) {
 #if defined(__AVX512F__)
     case Vec::avx512: return walk_decayed<simd::Avx512, 2>(w);
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    case Vec::avx2: return walk_decayed<simd::Avx2, 2>(w);
+    case Vec::avx2: return walk_decayed<simd::Avx2, 4>(w);
 #endif
     default: return walk_decayed<simd::Portable, 8>(w);
   }
@@ -163,6 +171,7 @@ struct Ctx {
   int Dk, Dv, W;
   int Dkp, Dvp;  // rounded up to W
   int gw;        // gate floats per token in the tile buffer: Dkp (vector), 1 (scalar), 0
+  int tile;      // tokens a column block walks before the next (dplr_tile)
   Decay decay;
   float s;
   int longest;  // the longest slice's tokens (the backward's per-token buffers)
@@ -173,7 +182,8 @@ Ctx context(const Problem& p) {
   x.vec = active_vec();
   x.Dk = p.dim;
   x.Dv = p.value_dim();
-  x.W = delta_walk_width(x.vec);
+  x.W = dplr_walk_width(x.vec);
+  x.tile = dplr_tile(x.vec);
   x.Dkp = (x.Dk + x.W - 1) / x.W * x.W;
   x.Dvp = (x.Dv + x.W - 1) / x.W * x.W;
   x.gw = p.decay == Decay::vector ? x.Dkp : p.decay == Decay::scalar ? 1 : 0;
@@ -187,7 +197,7 @@ Ctx context(const Problem& p) {
 // One thread's buffers, carved from its block (base null: only counted).
 struct Scratch {
   float* S;      // packed state: Dk x Dvp, or (backward) Dv x Dkp
-  float* gates;  // exp(g) of a tile's tokens and the one after it, (kTile + 1) x gw
+  float* gates;  // exp(g) of a tile's tokens and the one after it, (tile + 1) x gw
   float* carry;  // Dvp: the column operand a walk leaves for the next (u forward, z in reverse)
   float *c1, *c2, *zeros, *y0, *y1, *yp;  // W each
   float *u, *z;                           // backward: longest x Dv each
@@ -206,7 +216,7 @@ Scratch carve(const Ctx& x, float* base, bool backward) {
   const std::size_t Dk = x.Dk, Dv = x.Dv, T = x.longest;
   s.dg_acc = reinterpret_cast<double*>(take(backward && x.gw ? 2 * Dk : 0));  // first: 8-byte aligned
   s.S = take(backward ? std::max(Dk * x.Dvp, Dv * x.Dkp) : Dk * x.Dvp);
-  s.gates = take(std::size_t(kTile + 1) * x.gw);
+  s.gates = take(std::size_t(x.tile + 1) * x.gw);
   s.carry = take(x.Dvp);
   for (float** p : {&s.c1, &s.c2, &s.zeros, &s.y0, &s.y1, &s.yp}) *p = take(x.W);
   s.u = take(backward ? T * Dv : 0);
@@ -291,8 +301,8 @@ void forward_columns(const Ctx& x, const Head& h, const float* h0, int c0, int c
       w.yr[0] = s.carry + c;
       run_walk(w, x.vec);
     }
-  for (int t0 = 0; t0 < T; t0 += kTile) {
-    const int n = std::min(kTile, T - t0);
+  for (int t0 = 0; t0 < T; t0 += x.tile) {
+    const int n = std::min(x.tile, T - t0);
     take_gates(x, h, s.gates, t0, n);
     for (int c = c0; c < c1; c += W) {
       const int m = std::min(W, Dv - c);
@@ -349,9 +359,9 @@ void backward_slice(const Ctx& x, const Head& h, const SliceGrads& d, const Scra
   // R1: G over value-column blocks, in reverse; dv_t, z_t; dh0.
   pack_blocks(d.dhT, false, s.S, Dk, Dv, W, 0, Dv);
   std::fill_n(s.carry, x.Dvp, 0.0f);
-  const int last_tile = T > 0 ? (T - 1) / kTile * kTile : 0;
-  for (int t0 = last_tile; t0 >= 0 && T > 0; t0 -= kTile) {
-    const int n = std::min(kTile, T - t0);
+  const int last_tile = T > 0 ? (T - 1) / x.tile * x.tile : 0;
+  for (int t0 = last_tile; t0 >= 0 && T > 0; t0 -= x.tile) {
+    const int n = std::min(x.tile, T - t0);
     take_gates(x, h, s.gates, t0, n + 1);
     for (int c = 0; c < Dv; c += W) {
       const int m = std::min(W, Dv - c);
@@ -394,8 +404,8 @@ void backward_slice(const Ctx& x, const Head& h, const SliceGrads& d, const Scra
 
   // R2: G^T over key-column blocks, in reverse; dk_t, da_t.
   pack_blocks(d.dhT, true, s.S, Dv, Dk, W, 0, Dk);
-  for (int t0 = last_tile; t0 >= 0 && T > 0; t0 -= kTile) {
-    const int n = std::min(kTile, T - t0);
+  for (int t0 = last_tile; t0 >= 0 && T > 0; t0 -= x.tile) {
+    const int n = std::min(x.tile, T - t0);
     take_gates(x, h, s.gates, t0, n + 1);
     for (int c = 0; c < Dk; c += W) {
       const int m = std::min(W, Dk - c);
@@ -425,8 +435,8 @@ void backward_slice(const Ctx& x, const Head& h, const SliceGrads& d, const Scra
 
   // F2: S^T over key-column blocks, forward; db_t (before the step) and dq_t.
   pack_blocks(d.h0, true, s.S, Dv, Dk, W, 0, Dk);
-  for (int t0 = 0; t0 < T; t0 += kTile) {
-    const int n = std::min(kTile, T - t0);
+  for (int t0 = 0; t0 < T; t0 += x.tile) {
+    const int n = std::min(x.tile, T - t0);
     take_gates(x, h, s.gates, t0, n);
     for (int c = 0; c < Dk; c += W) {
       const int m = std::min(W, Dk - c);
