@@ -37,6 +37,13 @@ struct DeviceForward {
   float* hT;
   const float* g = nullptr;
   const float* beta = nullptr;  // the delta rule's, float32 whatever the dtype
+  // The further rules' inputs, float32 whatever the dtype (docs/spec.md sections 1e-1h): dplr's a and
+  // b ([B][H][T][Dk]), the trapezoidal rule's dt and trap ([B][H][T]), the bonus u ([H][Dk]).
+  const float* a = nullptr;
+  const float* b = nullptr;
+  const float* dt = nullptr;
+  const float* trap = nullptr;
+  const float* u = nullptr;
 };
 
 struct DeviceBackward {
@@ -54,6 +61,17 @@ struct DeviceBackward {
   float* dg = nullptr;
   const float* beta = nullptr;
   float* dbeta = nullptr;
+  // As DeviceForward's, with their gradients.
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* da = nullptr;
+  float* db = nullptr;
+  const float* dt = nullptr;
+  const float* trap = nullptr;
+  float* ddt = nullptr;
+  float* dtrap = nullptr;
+  const float* u = nullptr;
+  float* du = nullptr;
 };
 
 // The scan kernels handle dim and dim_v <= kScanMaxDim (the state slice lives in registers, its

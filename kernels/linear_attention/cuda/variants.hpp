@@ -37,9 +37,12 @@ struct CudaVariant {
 };
 
 // The device kernels' arguments from the op's one binder (kernels/linear_attention/op.hpp).
-inline DeviceForward device_forward_args(const LinearTensors& t) { return {t.q, t.k, t.v, t.h0, t.o, t.hT, t.g, t.beta}; }
+inline DeviceForward device_forward_args(const LinearTensors& t) {
+  return {t.q, t.k, t.v, t.h0, t.o, t.hT, t.g, t.beta, t.a, t.b, t.dt, t.trap, t.u};
+}
 inline DeviceBackward device_backward_args(const LinearTensors& t) {
-  return {t.q, t.k, t.v, t.h0, t.dO, t.dhT, t.dq, t.dk, t.dv, t.dh0, t.g, t.dg, t.beta, t.dbeta};
+  return {t.q,  t.k,    t.v,     t.h0, t.dO,  t.dhT,   t.dq,  t.dk, t.dv, t.dh0,  t.g,   t.dg,
+          t.beta, t.dbeta, t.a, t.b, t.da, t.db, t.dt, t.trap, t.ddt, t.dtrap, t.u, t.du};
 }
 
 // The table of `form` ("scan" or "chunked"); empty for any other name.
