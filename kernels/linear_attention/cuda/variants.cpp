@@ -3,8 +3,9 @@
 // The chunked rows: `chunked` takes the additive rule with decay none or retnet and `chunked_gated`
 // with scalar or vector gates, both on the gated chunked kernels (cuda/chunked_gated.hpp; none and
 // retnet as fixed log-gates per head, no g read) and every shape of docs/spec.md section 1c; `chunked_delta` the delta rule's WY
-// form, every decay and every shape (cuda/chunked_delta.hpp). The scan rows take every rule, decay
-// and shape.
+// form, every decay and every shape (cuda/chunked_delta.hpp); no chunked row takes the dplr rule yet.
+// The scan rows (`scan_delta`, `scan_dplr`, `scan`) take the additive, delta and dplr rules, every
+// decay and shape.
 #include "kernels/linear_attention/cuda/variants.hpp"
 
 #include "core/error.hpp"
@@ -28,6 +29,15 @@ std::vector<CudaVariant> scan_table() {
        },
        [](const Problem& p, Dtype) { return scan_delta_forward_workspace_bytes(p); },
        [](const Problem& p, Dtype, bool) { return scan_delta_backward_workspace_bytes(p); }},
+      {"scan_dplr", {{Rule::dplr}, all_decays, scan_unsupported, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
+         scan_dplr_forward(p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void*) {
+         scan_dplr_backward(p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype) { return scan_dplr_forward_workspace_bytes(p); },
+       [](const Problem& p, Dtype, bool) { return scan_dplr_backward_workspace_bytes(p); }},
       {"scan", {{Rule::additive}, all_decays, scan_unsupported, true},
        [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
          scan_additive_forward(p, d, a, m, s);
