@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(kCols * 16, 1) dplr_scan_kernel(DplrParams p) 
   }
   double dg_acc = 0.0;  // F2: dg's running sum of this lane's key channel
   if (kPass == Pass::f2 && g && j_ok && writer)
-    for (int e = 0; e < Dv; ++e) dg_acc += double(p.dh0[st + std::size_t(j) * Dv + e]) * p.s0[st + std::size_t(j) * Dv + e];
+    for (int e = 0; e < Dv; ++e)
+      dg_acc += double(p.dh0[st + std::size_t(j) * Dv + e]) * p.s0[st + std::size_t(j) * Dv + e];
 
   for (int step = 0; step < T; ++step) {
     const int t = reverse ? T - 1 - step : step;
