@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 
+#include "backends/cuda/cuda_backend.hpp"
 #include "cases.hpp"
 #include "core/op.hpp"
 #include "core/random.hpp"
@@ -23,6 +24,7 @@
 #include "kernels/linear_attention/op.hpp"
 #include "lattn_emu/control.hpp"
 #include "src/run/check.hpp"
+#include "test_util.hpp"
 
 using namespace lattn;
 using namespace lattn::emulation_test;
@@ -251,4 +253,42 @@ TEST_CASE("emulation: RWKV-6's bonus form: the CUDA rows that decline it, and th
   // The chunked table has no bonus form.
   CHECK(cuda::cuda_variant("chunked", p, &why) == nullptr);
   CHECK_THAT(why, Catch::Matchers::Contains("chunked_gated (no bonus (RWKV-6) form)"));
+}
+
+TEST_CASE("emulation: the CUDA backend runs DeltaProduct and the bonus form through its rows",
+          "[emulation][householder_bonus]") {
+  // The impl rows of backends/cuda ask the tables: the variant they name, their checks against the
+  // float64 reference (fwd_bwd, the chunked row's states kept and recomputed), and the chunked
+  // row's decline of the bonus with the table's reason.
+  const std::unique_ptr<Backend> keeping = cuda::make_cuda_backend(BackendOptions{0, 0, true});
+  const std::unique_ptr<Backend> recomputing = cuda::make_cuda_backend(BackendOptions{0, 0, false});
+  Problem product{1, 2, 11, 8, 16, Decay::vector, Rule::delta};
+  product.householder = 2;
+  Problem rwkv6{2, 2, 19, 8, 16, Decay::vector, Rule::additive};
+  rwkv6.bonus = true;
+  for (const std::string dtype : {"float32", "bf16"}) {
+    for (const std::string form : {"scan", "chunked"})
+      for (Backend* backend : {keeping.get(), recomputing.get()}) {
+        const Case c = test::kernel_case(product, form, Mode::fwd_bwd, "cuda", dtype);
+        INFO(test::describe(c));
+        REQUIRE_FALSE(backend->unsupported(c));
+        CHECK(backend->variant(c) == delta_row(form));
+        const test::Outcome r = test::run_on(*backend, c, 5);
+        INFO(errors(r.check));
+        CHECK(r.check.passed);
+        CHECK(r.check.per_output.count("dbeta") == 1);
+        if (form == "chunked") CHECK(r.bwd_states == (backend == keeping.get() ? "kept" : "recomputed"));
+      }
+    const Case scan = test::kernel_case(rwkv6, "scan", Mode::fwd_bwd, "cuda", dtype);
+    INFO(test::describe(scan));
+    REQUIRE_FALSE(keeping->unsupported(scan));
+    CHECK(keeping->variant(scan) == "scan");
+    const test::Outcome r = test::run_on(*keeping, scan, 5);
+    INFO(errors(r.check));
+    CHECK(r.check.passed);
+    CHECK(r.check.per_output.count("du") == 1);
+    const Case chunked = test::kernel_case(rwkv6, "chunked", Mode::fwd_bwd, "cuda", dtype);
+    REQUIRE(keeping->unsupported(chunked));
+    CHECK_THAT(*keeping->unsupported(chunked), Catch::Matchers::Contains("chunked_gated (no bonus (RWKV-6) form)"));
+  }
 }
