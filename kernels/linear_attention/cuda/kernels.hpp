@@ -84,9 +84,9 @@ void scan_forward(const Problem& problem, Dtype dtype, const DeviceForward& args
                   cudaStream_t stream);
 void scan_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                    cudaStream_t stream);
-// The additive rule's scan, every decay (cuda/scan.cu; the table's `scan` row). Scratch: a packed
-// problem's document boundaries; the backward's, with grouped heads, one set of key parts (dq, then
-// dk, per value head), two for gated decays (dg reads both).
+// The additive rule's scan, every decay, and RWKV-6's bonus (cuda/scan.cu; the table's `scan` row). Scratch: a
+// packed problem's boundaries; the backward's, with grouped heads, one set of key parts (dq, then dk, per
+// value head), two for gated decays (dg reads both); the bonus's du per (sequence, value head) pair.
 void scan_additive_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
                            cudaStream_t stream);
 void scan_additive_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
