@@ -114,7 +114,7 @@ Dims dims_of(const Problem& p) {
 struct Buffers {
   double *G, *dG, *sums;              // (C + 1) x gw: row 0 is G_{-1} = 0, row r + 1 is G_r; its gradient; Dk
   float *eg, *eGr, *eGp, *tail;       // exp(g_r), exp(G_r), exp(G_{r-1}), exp(G_{n-1} - G_r): C x gw each
-  float *eL, *f, *minus;              // exp(G_{n-1}), a row's factors: Dk; -1: C (T's system)
+  float *eL, *f, *f2, *minus;         // exp(G_{n-1}), two rows' factors: Dk; -1: C (T's system)
   float *Qh, *Bh, *At, *Kt;           // Q^, B^, A~, K~: C x Dk each
   float *mask;                        // scalar gates: (C + 1) x L, row 0 zero, row r + 1 exp(G_r - G_m)
   float *Qs, *Bs, *Ks, *As, *Bup;     // vector gates: Q', B', K', A' (the header); b one row up: C x Dk
@@ -155,7 +155,7 @@ Buffers carve(const Dims& d, float* base, bool backward) {
   b.dG = reinterpret_cast<double*>(take(bw * 2 * (C + 1) * gw));
   b.sums = reinterpret_cast<double*>(take(bw * 2 * Dk));
   for (float** x : {&b.eg, &b.eGr, &b.eGp, &b.tail}) *x = take(C * gw);
-  for (float** x : {&b.eL, &b.f}) *x = take(Dk);
+  for (float** x : {&b.eL, &b.f, &b.f2}) *x = take(Dk);
   b.minus = take(C);
   for (float** x : {&b.Qh, &b.Bh, &b.At, &b.Kt}) *x = take(C * Dk);
   b.mask = take((1 - vec) * (C + 1) * L);
@@ -211,22 +211,27 @@ const double* G_row(const Buffers& B, const Dims& d, int r) { return B.G + std::
 void gate_operands(const Buffers& B, const Dims& d, const Chunk& c) {
   const int n = c.n, Dk = d.Dk, gw = d.gw, C = d.C, L = d.L;
   std::fill_n(B.G, gw, 0.0);
-  for (int r = 0; r < n; ++r) {
-    double* Gr = B.G + std::size_t(r + 1) * gw;
-    const double* Gp = Gr - gw;
-    float* eg = B.eg + std::size_t(r) * gw;
-    for (int i = 0; i < gw; ++i) {
-      const float g = c.g ? c.g[std::size_t(r) * gw + i] : float(c.log_gamma);
-      Gr[i] = Gp[i] + (c.g ? double(g) : c.log_gamma);
-      eg[i] = g;
+  if (c.g) {
+    for (int r = 0; r < n; ++r) {
+      double* __restrict Gr = B.G + std::size_t(r + 1) * gw;
+      const double* __restrict Gp = Gr - gw;
+      const float* __restrict g = c.g + std::size_t(r) * gw;
+#pragma omp simd
+      for (int i = 0; i < gw; ++i) Gr[i] = Gp[i] + double(g[i]);
     }
+    std::copy_n(c.g, std::size_t(n) * gw, B.eg);
+  } else {
+    for (int r = 0; r < n; ++r) B.G[r + 1] = B.G[r] + c.log_gamma;
+    std::fill_n(B.eg, n, float(c.log_gamma));
   }
   exp_in_place(B.eg, n * gw);
+  // exp(G_{r-1}) is row r - 1's exp(G_r), and 1 at row 0.
   const double* last = G_row(B, d, n - 1);
+  std::fill_n(B.eGp, gw, 1.0f);
   for (int r = 0; r < n; ++r) {
     const std::size_t at = std::size_t(r) * gw;
     exp_of_difference(B.eGr + at, G_row(B, d, r), nullptr, gw);
-    exp_of_difference(B.eGp + at, G_row(B, d, r - 1), nullptr, gw);
+    if (r + 1 < n) std::copy_n(B.eGr + at, gw, B.eGp + at + gw);
     exp_of_difference(B.tail + at, last, G_row(B, d, r), gw);
   }
   if (gw == 1) std::fill_n(B.eL, Dk, exp_nonpositive(float(last[0])));
@@ -259,15 +264,16 @@ void gate_operands(const Buffers& B, const Dims& d, const Chunk& c) {
   }
   // The sub-chunk operands: Q' and B' of every sub-chunk but the first (R_I: G at row i0 - 1),
   // K' and A' of every whole sub-chunk but the last (E_J: G at its last row); b one row up.
-  float* f = B.f;
+  // B's factor exp(G_{r-1} - R_I) is row r - 1's Q factor, and 1 at the sub-chunk's first row.
+  float *f = B.f, *before = B.f2;
   const int blocks = (n + kSub - 1) / kSub;
   for (int r = kSub; r < n; ++r) {
     const std::size_t o = std::size_t(r) * Dk;
-    const double* R = G_row(B, d, r / kSub * kSub - 1);
-    exp_of_difference(f, G_row(B, d, r), R, Dk);
+    if (r % kSub == 0) std::fill_n(before, Dk, 1.0f);
+    multiply_into(B.Bs + o, c.b + o, before, Dk);
+    exp_of_difference(f, G_row(B, d, r), G_row(B, d, r / kSub * kSub - 1), Dk);
     multiply_into(B.Qs + o, c.q + o, f, Dk);
-    exp_of_difference(f, G_row(B, d, r - 1), R, Dk);
-    multiply_into(B.Bs + o, c.b + o, f, Dk);
+    std::swap(f, before);
   }
   for (int m = 0; m < (blocks - 1) * kSub; ++m) {
     const std::size_t o = std::size_t(m) * Dk;
