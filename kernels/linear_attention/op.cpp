@@ -181,17 +181,19 @@ double dplr_scan_token_flops(const Case& c, const TokenSizes& z) {
 
 // DPLR, the chunked form (cpu/chunked/chunked_dplr.cpp), per token and head with a chunk of C rows:
 // the state products B^ S, Q^ S, A~^T U, K~^T V and the decay (9 DD); the four gated intra-chunk
-// products by hand, 13 flops a pair and channel ((C - 1) / 2 pairs a token: 6.5 C Dk); A_bk V,
-// T Y, A_qa U and A_qk V over whole C x C blocks (8 C Dv); the solve (C^2 / 3); the gated operands
-// (8 D and 3 W exps). The backward runs the forward over the chunks again for their entering
-// states (without o: 7 DD + 6.5 C Dk + 4 C Dv + C^2 / 3), recomputes each chunk's products (2 DD +
-// 6.5 C Dk + 4 C Dv + C^2 / 3), and adds dU, dV from dS (4 DD), the operands' gradients dQ^, dB^,
-// dA~, dK~ (8 DD), the entering state's gradient (7 DD), the products' and their transposes'
-// (14 C Dv), the pairs' gradients (10 C Dk) and 16 D of per-channel work, with 2 W exps.
+// products' causal pairs, 2 flops a pair and channel each ((C + 1) / 2 pairs a token for q.k and
+// q.a, (C - 1) / 2 for b.k and b.a: 4 C Dk); A_bk V, T Y, A_qa U and A_qk V over whole C x C
+// blocks (8 C Dv); the solve (C^2 / 3); the gated operands (8 D and 3 W exps). The backward runs
+// the forward over the chunks again for their entering states (without o: 7 DD + 4 C Dk + 4 C Dv +
+// C^2 / 3), recomputes each chunk's products (2 DD + 4 C Dk + 4 C Dv + C^2 / 3), and adds dU, dV
+// from dS (4 DD), the operands' gradients dQ^, dB^, dA~, dK~ (8 DD), the entering state's gradient
+// (7 DD), the products' and their transposes' (14 C Dv), the pairs' gradients (dq, db, dk and da,
+// two products each: 8 C Dk) and 16 D of per-channel work, with 2 W exps. Work the kernel does
+// past the causal pairs (the vector gates' whole lane blocks within a sub-chunk) is not counted.
 double dplr_chunked_token_flops(const Case& c, const TokenSizes& z) {
   const double DD = z.DD, C = z.C, Dk = z.Dk, Dv = z.Dv, D = z.D, W = z.W;
-  const double forward = 9.0 * DD + 6.5 * C * Dk + 8.0 * C * Dv + C * C / 3.0 + 8.0 * D + 3.0 * W;
-  const double backward = 28.0 * DD + 23.0 * C * Dk + 22.0 * C * Dv + 2.0 * C * C / 3.0 + 16.0 * D + 2.0 * W;
+  const double forward = 9.0 * DD + 4.0 * C * Dk + 8.0 * C * Dv + C * C / 3.0 + 8.0 * D + 3.0 * W;
+  const double backward = 28.0 * DD + 16.0 * C * Dk + 22.0 * C * Dv + 2.0 * C * C / 3.0 + 16.0 * D + 2.0 * W;
   return c.mode == Mode::fwd ? forward : forward + backward;
 }
 

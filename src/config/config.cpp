@@ -4,6 +4,7 @@
 #include "src/config/config.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>

@@ -3,7 +3,9 @@
 // op's axes (core/op.hpp), so a new axis or suite needs no code here. docs/config.md lists them.
 #pragma once
 
-#include <nlohmann/json.hpp>
+// The declarations below only name nlohmann::json: the forward header keeps the full one (2-4 s of
+// parsing) out of the many files that include this one for the config types alone.
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <map>
