@@ -72,7 +72,7 @@ void run_table_row(const std::string& op) {
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
   // cases (docs/spec.md section 2b, not written for CUDA), the delta rule's chunks of more than
-  // 64 rows and its bf16 cases at dim < 4, the rules dplr and trapezoidal, and the CPU-only forms
+  // 64 rows and its bf16 cases at dim < 4, the rule dplr, the trapezoidal rule's decode step, and the CPU-only forms
   // (RWKV-6's bonus, DeltaProduct).
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
@@ -87,10 +87,8 @@ void run_table_row(const std::string& op) {
     // dplr (docs/spec.md section 1f) has CPU kernels only.
     const bool dplr = (reason.find("linear_attention") == 0 && reason.find("variant takes rule dplr") != std::string::npos) ||
                       (reason.find("decode step") == 0 && reason.find("no kernel for rule dplr") != std::string::npos);
-    // The trapezoidal rule (section 1e) has CPU kernels only too.
-    const bool trapezoidal =
-        (reason.find("linear_attention") == 0 && reason.find("variant takes rule trapezoidal") != std::string::npos) ||
-        (reason.find("decode step") == 0 && reason.find("no trapezoidal rule") != std::string::npos);
+    // The trapezoidal rule (section 1e) has a CPU decode step only (its kernel rows run here).
+    const bool trapezoidal = reason.find("decode step") == 0 && reason.find("no trapezoidal rule") != std::string::npos;
     // RWKV-6's bonus form and DeltaProduct (docs/spec.md sections 1g, 1h): CPU rows only.
     const bool cpu_only_form = reason.find("no bonus (RWKV-6) form") != std::string::npos ||
                                reason.find("one Householder write per token only") != std::string::npos;
@@ -326,18 +324,23 @@ TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no var
         INFO(test::describe(c));
         std::string why;
         const cuda::CudaVariant* v = cuda::cuda_variant(form, p, &why);
-        if (p.trapezoidal() || p.dplr()) {  // no CUDA row takes these rules: skipped with the table's reason
+        // No CUDA row takes rule dplr, nor the trapezoidal rule with a decay but scalar: skipped with the table's reason.
+        if (p.dplr() || (p.trapezoidal() && p.decay != Decay::scalar)) {
           CHECK(v == nullptr);
           const std::optional<std::string> skip = backend->unsupported(c);
           REQUIRE(skip);
           CHECK(*skip == why);
           continue;
         }
-        // Every other rule and decay has a row in both forms.
+        // Every other rule and decay (the trapezoidal rule's scalar gates) has a row in both forms.
         REQUIRE(v != nullptr);
         CHECK_FALSE(backend->unsupported(c));
-        const std::string chunked = p.delta() ? "chunked_delta" : gated(p.decay) ? "chunked_gated" : "chunked";
-        CHECK(v->name == (form == "chunked" ? chunked : p.delta() ? "scan_delta" : "scan"));
+        const std::string chunked = p.trapezoidal() ? "chunked_trapezoidal"
+                                    : p.delta()     ? "chunked_delta"
+                                    : gated(p.decay) ? "chunked_gated"
+                                                     : "chunked";
+        const std::string scan = p.trapezoidal() ? "scan_trapezoidal" : p.delta() ? "scan_delta" : "scan";
+        CHECK(v->name == (form == "chunked" ? chunked : scan));
         CHECK(backend->variant(c) == v->name);
       }
   // What no chunked row takes is skipped with the table's reason: the delta rule's chunks past 64 rows.
@@ -390,7 +393,8 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively",
     for (const std::string& rule : rule_names())
       for (const std::string decay : {"none", "scalar", "vector"})
         for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
-          if (rule == "trapezoidal" || rule == "dplr") continue;  // no CUDA row takes them (checked above)
+          // dplr: no CUDA row (checked above); trapezoidal: its rows' own test (test_trapezoidal.cpp) takes these shapes.
+          if (rule == "trapezoidal" || rule == "dplr") continue;
           Problem p = base;
           p.rule = rule_from(rule);
           p.decay = decay_from(decay);

@@ -4,11 +4,13 @@
 // with scalar or vector gates, both on the gated chunked kernels (cuda/chunked_gated.hpp; none and
 // retnet as fixed log-gates per head, no g read) and every shape of docs/spec.md section 1c; `chunked_delta` the delta rule's WY
 // form, every decay and every shape (cuda/chunked_delta.hpp). The scan rows take every rule, decay
-// and shape.
+// and shape. The trapezoidal rule (decay scalar) runs on the additive rule's rows as inner rows
+// (cuda/trapezoidal.hpp): `scan_trapezoidal` on the scan, `chunked_trapezoidal` on the gated chunked kernels.
 #include "kernels/linear_attention/cuda/variants.hpp"
 
 #include "core/error.hpp"
 #include "kernels/linear_attention/cuda/chunked_gated.hpp"
+#include "kernels/linear_attention/cuda/trapezoidal.hpp"
 
 namespace lattn::cuda {
 namespace {
@@ -37,6 +39,18 @@ std::vector<CudaVariant> scan_table() {
        },
        [](const Problem& p, Dtype) { return scan_additive_forward_workspace_bytes(p); },
        [](const Problem& p, Dtype, bool) { return scan_additive_backward_workspace_bytes(p); }},
+      // The trapezoidal rule on the scan row (cuda/trapezoidal.hpp).
+      {"scan_trapezoidal", {{Rule::trapezoidal}, {Decay::scalar}, trapezoidal_scan_limits, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
+         trapezoidal_forward(TrapezoidalInner::scan, p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void*) {
+         trapezoidal_backward(TrapezoidalInner::scan, p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype d) { return trapezoidal_forward_workspace_bytes(TrapezoidalInner::scan, p, d); },
+       [](const Problem& p, Dtype d, bool) {
+         return trapezoidal_backward_workspace_bytes(TrapezoidalInner::scan, p, d, false);
+       }},
   };
 }
 
@@ -52,6 +66,19 @@ std::vector<CudaVariant> chunked_table() {
       {"chunked_delta", {{Rule::delta}, all_decays, chunked_delta_limits, true}, chunked_delta_forward,
        chunked_delta_backward, chunked_delta_forward_workspace_bytes, chunked_delta_backward_workspace_bytes,
        chunked_delta_kept_bytes, chunked_delta_unsupported},
+      // The trapezoidal rule on the chunked_gated row (cuda/trapezoidal.hpp), its chunk states kept as that row's.
+      {"chunked_trapezoidal", {{Rule::trapezoidal}, {Decay::scalar}, trapezoidal_chunked_limits, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void* kept) {
+         trapezoidal_forward(TrapezoidalInner::chunked, p, d, a, m, s, kept);
+       },
+       [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void* kept) {
+         trapezoidal_backward(TrapezoidalInner::chunked, p, d, a, m, s, kept);
+       },
+       [](const Problem& p, Dtype d) { return trapezoidal_forward_workspace_bytes(TrapezoidalInner::chunked, p, d); },
+       [](const Problem& p, Dtype d, bool kept) {
+         return trapezoidal_backward_workspace_bytes(TrapezoidalInner::chunked, p, d, kept);
+       },
+       trapezoidal_kept_bytes, trapezoidal_chunked_unsupported},
   };
 }
 
