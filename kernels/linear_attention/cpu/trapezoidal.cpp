@@ -1,6 +1,7 @@
-// The trapezoidal rule on the CPU (trapezoidal.hpp has the algebra; docs/kernels.md, "The
-// trapezoidal rule"): the inner row computes the decayed causal sum over R rows per token, and this
-// file the per-token rest, in three passes over the tokens, each parallel over (sequence, head):
+// The trapezoidal rule on the CPU (kernels/linear_attention/trapezoidal.hpp has the algebra, shared
+// with the CUDA adapter; docs/kernels.md, "The trapezoidal rule"): the inner row computes the
+// decayed causal sum over R rows per token, and this file the per-token rest, in three passes over
+// the tokens, each parallel over (sequence, head):
 //   prepare: c_t, the inner v' = (c_t / s) v (s: the inner readout's scale Dk^-1/2, which the
 //            trapezoidal rule does not have, undone through v and h0), and the inner log-gates
 //            (g_t on a token's first row, 0 on the others);
@@ -51,17 +52,11 @@ struct Rows {
   }
 };
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// Token t's weights in a sequence of T tokens: lambda_t, gamma_t = lambda_t dt_t, mu_{t+1} (0 for
-// the last token) and c_t = gamma_t + mu_{t+1}.
-struct Weights {
-  double lambda, gamma, mu_next, c;
-};
+// Token t's weights in a sequence of T tokens (mu_{t+1} 0 for the last token).
+using Weights = TrapezoidalWeights<double>;
 Weights weights_at(const float* dt, const float* trap, int t, int T) {
-  const double lambda = sigmoid(trap[t]), gamma = lambda * dt[t];
-  const double mu_next = t + 1 < T ? (1.0 - sigmoid(trap[t + 1])) * dt[t + 1] : 0.0;
-  return {lambda, gamma, mu_next, gamma + mu_next};
+  const bool last = t + 1 >= T;
+  return trapezoidal_weights<double>(dt[t], trap[t], last ? 0.0 : dt[t + 1], last ? 0.0 : trap[t + 1], last);
 }
 
 struct Sizes {
@@ -100,7 +95,7 @@ void token_products(const Sizes& z, const float* q, const float* k, const float*
     for (std::ptrdiff_t r2 = 0; r2 < z.R; ++r2) {
       A[r * z.R + r2] = Rows<I>::dot(q + r * z.Dk, k + r2 * z.Dk, z.Dk);
       if (B) B[r * z.R + r2] = Rows<I>::dot(dO + r * z.Dv, v + r2 * z.Dv, z.Dv);
-      W[r * z.R + r2] = (r2 > r ? w.c : 0.0) - w.mu_next;
+      W[r * z.R + r2] = trapezoidal_correction_weight(w, int(r), int(r2));
     }
 }
 
@@ -163,10 +158,9 @@ void finish_backward(const Problem& p, const BackwardArgs<float>& a, const float
               Rows<I>::axpy(dk + std::size_t(r2) * z.Dk, float(W[e] * B[e]), q + std::size_t(r) * z.Dk, z.Dk);
               Rows<I>::axpy(dv + std::size_t(r2) * z.Dv, float(W[e] * A[e]), dO + std::size_t(r) * z.Dv, z.Dv);
             }
-          // c_t = gamma_t + mu_{t+1}; gamma_t = lambda_t dt_t, mu_t = (1 - lambda_t) dt_t.
-          const double dgamma = dc;
-          a.ddt[h.beta + std::size_t(t)] = float(w.lambda * dgamma + (1.0 - w.lambda) * dmu);
-          a.dtrap[h.beta + std::size_t(t)] = float(w.lambda * (1.0 - w.lambda) * dt[t] * (dgamma - dmu));
+          const TrapezoidalInputGrads<double> d = trapezoidal_input_grads<double>(w.lambda, dt[t], dc, dmu);
+          a.ddt[h.beta + std::size_t(t)] = float(d.ddt);
+          a.dtrap[h.beta + std::size_t(t)] = float(d.dtrap);
           if (dg_inner) a.dg[h.gate + std::size_t(t)] = dg_inner[(h.gate + std::size_t(t)) * z.R];
           dmu = dc - all;
         }
@@ -216,16 +210,6 @@ void on_lanes(F&& run) {
 std::size_t floats_bytes(std::size_t floats) { return floats * sizeof(float); }
 
 }  // namespace
-
-Problem trapezoidal_inner(const Problem& p) {
-  Problem in = p;
-  const int R = p.rows();
-  in.rule = Rule::additive;
-  in.rank = 1;
-  in.seq = p.seq * R;
-  for (int& end : in.cu_seqlens) end *= R;
-  return in;
-}
 
 CpuVariant trapezoidal_variant(const std::string& name, const CpuVariant& inner) {
   CpuVariant row;

@@ -8,12 +8,15 @@
 // decay and shape.
 // RWKV-6's bonus: the additive scan row (vector gates); the chunked rows decline it. DeltaProduct
 // (householder n > 1): each table's delta row over the interleaved steps (`Householder`, below).
+// The trapezoidal rule (decay scalar) runs on the additive rule's rows as inner rows
+// (cuda/trapezoidal.hpp): `scan_trapezoidal` on the scan, `chunked_trapezoidal` on the gated chunked kernels.
 #include "kernels/linear_attention/cuda/variants.hpp"
 
 #include "core/error.hpp"
 #include "kernels/linear_attention/cuda/chunked_gated.hpp"
 #include "kernels/linear_attention/cuda/householder.hpp"
 #include "kernels/linear_attention/householder.hpp"
+#include "kernels/linear_attention/cuda/trapezoidal.hpp"
 
 namespace lattn::cuda {
 namespace {
@@ -129,6 +132,18 @@ std::vector<CudaVariant> scan_table() {
        },
        [](const Problem& p, Dtype) { return scan_additive_forward_workspace_bytes(p); },
        [](const Problem& p, Dtype, bool) { return scan_additive_backward_workspace_bytes(p); }},
+      // The trapezoidal rule on the scan row (cuda/trapezoidal.hpp).
+      {"scan_trapezoidal", {{Rule::trapezoidal}, {Decay::scalar}, trapezoidal_scan_limits, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void*) {
+         trapezoidal_forward(TrapezoidalInner::scan, p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void*) {
+         trapezoidal_backward(TrapezoidalInner::scan, p, d, a, m, s);
+       },
+       [](const Problem& p, Dtype d) { return trapezoidal_forward_workspace_bytes(TrapezoidalInner::scan, p, d); },
+       [](const Problem& p, Dtype d, bool) {
+         return trapezoidal_backward_workspace_bytes(TrapezoidalInner::scan, p, d, false);
+       }},
   };
 }
 
@@ -145,6 +160,19 @@ std::vector<CudaVariant> chunked_table() {
        chunked_delta_backward, chunked_delta_forward_workspace_bytes, chunked_delta_backward_workspace_bytes,
        chunked_delta_kept_bytes, chunked_delta_unsupported},
       Householder<kChunkedForm>::row("chunked_delta", true),
+      // The trapezoidal rule on the chunked_gated row (cuda/trapezoidal.hpp), its chunk states kept as that row's.
+      {"chunked_trapezoidal", {{Rule::trapezoidal}, {Decay::scalar}, trapezoidal_chunked_limits, true},
+       [](const Problem& p, Dtype d, const DeviceForward& a, Allocator& m, cudaStream_t s, void* kept) {
+         trapezoidal_forward(TrapezoidalInner::chunked, p, d, a, m, s, kept);
+       },
+       [](const Problem& p, Dtype d, const DeviceBackward& a, Allocator& m, cudaStream_t s, const void* kept) {
+         trapezoidal_backward(TrapezoidalInner::chunked, p, d, a, m, s, kept);
+       },
+       [](const Problem& p, Dtype d) { return trapezoidal_forward_workspace_bytes(TrapezoidalInner::chunked, p, d); },
+       [](const Problem& p, Dtype d, bool kept) {
+         return trapezoidal_backward_workspace_bytes(TrapezoidalInner::chunked, p, d, kept);
+       },
+       trapezoidal_kept_bytes, trapezoidal_chunked_unsupported},
   };
 }
 
