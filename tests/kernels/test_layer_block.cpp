@@ -1,6 +1,7 @@
 // The modern layer block (docs/spec.md section 2b, kernels/layer/block/block.hpp): the float64 reference's
 // gradients of every input and weight against central finite differences of its own forward, for
-// Gated DeltaNet, KDA and Mamba2 blocks and the kernel suite's gates inside the hybrid block. (The
+// Gated DeltaNet, KDA and Mamba2 blocks, RWKV-7's time mixing (rule dplr, block/rwkv7.hpp) and the
+// kernel suite's gates inside the hybrid block. (The
 // CPU float32 block is held to this reference by the test table, tests/op_table.hpp.) And the
 // float32 elementwise functions (block/elementwise.hpp) against their float64 forms, point by point.
 #include <catch2/catch.hpp>
@@ -52,7 +53,9 @@ double loss(const LayerProblem& p, Tensors t) {  // a copy: `out` is written
 }  // namespace
 
 TEST_CASE("the block reference's gradients match central finite differences", "[layer][block][reference][grad]") {
-  for (const LayerProblem& shape : test::block_test_shapes()) {
+  std::vector<LayerProblem> shapes = test::block_test_shapes();
+  for (const LayerProblem& p : test::rwkv7_test_shapes()) shapes.push_back(p);
+  for (const LayerProblem& shape : shapes) {
     LayerProblem p = shape;
     p.linear.seq = std::min(p.linear.seq, 9);  // a few tokens keep the differences quick
     p.linear.chunk = 4;
