@@ -43,7 +43,8 @@ inline std::string describe(const Case& c) {
          (c.option("lengths").empty() ? "" : " lengths " + c.option("lengths")) +
          [&] {
            std::string parts;
-           for (const char* key : {"short_conv", "gates", "gate_rank", "output_gate", "attention"})
+           for (const char* key : {"short_conv", "gates", "gate_rank", "output_gate", "attention", "decay_rank",
+                                   "iclr_rank", "out_gate_rank"})
              if (c.options.count(key)) parts += std::string(" ") + key + " " + c.option(key);
            return parts;
          }();
@@ -94,7 +95,12 @@ inline Case layer_case(const LayerProblem& p, Mode mode, const std::string& back
   c.op = &layer_op();
   c.window = p.window;
   c.options.clear();
-  if (p.modern()) {  // the block's parts (docs/spec.md section 2b) as the config keys write them
+  if (p.modern() && p.linear.dplr()) {  // RWKV-7's time mixing: its own keys replace the others
+    c.options["rule"] = to_string(p.linear.rule);
+    c.options["decay_rank"] = std::to_string(p.block.decay_rank);
+    c.options["iclr_rank"] = std::to_string(p.block.iclr_rank);
+    c.options["out_gate_rank"] = std::to_string(p.block.out_gate_rank);
+  } else if (p.modern()) {  // the block's parts (docs/spec.md section 2b) as the config keys write them
     c.options["rule"] = to_string(p.linear.rule);
     c.options["short_conv"] = std::to_string(p.block.short_conv);
     c.options["gates"] = p.block.projected_gates ? "projected" : "input";
@@ -122,6 +128,22 @@ inline std::vector<LayerProblem> block_test_shapes() {
     shapes.push_back({{2, 1, seq, 16, 16, Decay::scalar, Rule::additive}, 5, false, true,
                       LayerBlock{0, false, false, true, 0}});                                      // gated kernel only
     shapes.push_back({{1, 2, seq, 8, 16, Decay::retnet, Rule::additive}, 1, false, true, plain_norm});
+  }
+  return shapes;
+}
+
+// Shapes every test of RWKV-7's time mixing covers (`rule: dplr`, docs/spec.md section 2b): a
+// head dim under and at the vector width, batch 2 (the token shift restarts per sequence), three
+// different low ranks, T = 1 (every gradient through the state is 0) and T ragged against the chunk.
+inline std::vector<LayerProblem> rwkv7_test_shapes() {
+  LayerBlock small{}, wide{};
+  small.window = wide.window = false;
+  small.decay_rank = 4, small.iclr_rank = 5, small.out_gate_rank = 6;
+  wide.decay_rank = 3, wide.iclr_rank = 7, wide.out_gate_rank = 5;
+  std::vector<LayerProblem> shapes;
+  for (int seq : {1, 37}) {
+    shapes.push_back({{1, 2, seq, 8, 16, Decay::vector, Rule::dplr}, 1, false, true, small});
+    shapes.push_back({{2, 3, seq, 16, 16, Decay::vector, Rule::dplr}, 1, false, true, wide});
   }
   return shapes;
 }

@@ -6,7 +6,7 @@
 //   wq, wk, wv, wo and grads   : [M][M]            (Q = x Wq: column h*head_dim + j is head h's channel j)
 //   g, dg : [M]                beta, dbeta : [heads]
 // The modern block's parts (docs/spec.md section 2b: short convolution, projected gates, gated norm) and
-// their tensors' layouts are in block/block.hpp.
+// their tensors' layouts are in block/block.hpp; RWKV-7's time mixing (rule dplr) in block/rwkv7.hpp.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +23,9 @@ struct LayerBlock {
   bool norm_gate = false;        // y = RMSNorm(o) w silu(x Wz); else the blend with the window branch
   bool window = true;            // the sliding-window softmax branch (`attention: swa`)
   int gate_rank = 0;             // KDA's low rank r (vector gates, projected): Wd is M x r, Wu r x M
+  // RWKV-7's time mixing (rule dplr, block/rwkv7.hpp): the low ranks of its decay, in-context
+  // learning rate and output gate projections.
+  int decay_rank = 0, iclr_rank = 0, out_gate_rank = 0;
 };
 
 struct LayerProblem {

@@ -84,6 +84,8 @@ TEST_CASE("bad input exits 2 with one line naming where", "[cli][errors][spawns]
       {"--suite layer --attention none", "attention none leaves the gate nothing to blend: it needs output_gate norm"},
       {"--suite layer --decay vector --gates projected --attention none --output-gate norm",
        "gates projected with rule additive is Mamba2: it needs decay scalar"},
+      {"--suite layer --rule dplr --decay scalar",
+       "rule dplr in the layer suite is RWKV-7's time mixing, whose decay is per channel: it needs decay vector, not scalar"},
       {"--decay linear", "--decay: unknown decay 'linear'"},  // no suite has it
       {"--batch-memory 0", "--batch-memory: expected a number in (0, 1], got 0"},
       {"--frobnicate", "command line:"},

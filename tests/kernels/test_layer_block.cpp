@@ -1,8 +1,10 @@
 // The modern layer block (docs/spec.md section 2b, kernels/layer/block/block.hpp): the float64 reference's
 // gradients of every input and weight against central finite differences of its own forward, for
-// Gated DeltaNet, KDA and Mamba2 blocks and the kernel suite's gates inside the hybrid block. (The
+// Gated DeltaNet, KDA and Mamba2 blocks, RWKV-7's time mixing (rule dplr, block/rwkv7.hpp) and the
+// kernel suite's gates inside the hybrid block. (The
 // CPU float32 block is held to this reference by the test table, tests/op_table.hpp.) And the
-// float32 elementwise functions (block/elementwise.hpp) against their float64 forms, point by point.
+// float32 elementwise functions (block/elementwise.hpp) against their float64 forms, point by point;
+// and RWKV-7's block against RWKV-7's recurrence written in its own naming.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -52,7 +54,9 @@ double loss(const LayerProblem& p, Tensors t) {  // a copy: `out` is written
 }  // namespace
 
 TEST_CASE("the block reference's gradients match central finite differences", "[layer][block][reference][grad]") {
-  for (const LayerProblem& shape : test::block_test_shapes()) {
+  std::vector<LayerProblem> shapes = test::block_test_shapes();
+  for (const LayerProblem& p : test::rwkv7_test_shapes()) shapes.push_back(p);
+  for (const LayerProblem& shape : shapes) {
     LayerProblem p = shape;
     p.linear.seq = std::min(p.linear.seq, 9);  // a few tokens keep the differences quick
     p.linear.chunk = 4;
@@ -117,4 +121,99 @@ TEST_CASE("the block's float32 elementwise functions match their float64 forms",
   INFO("worst relative error: sigmoid " << worst[0] << ", softplus " << worst[1] << ", silu " << worst[2]
                                         << ", silu_grad " << worst[3]);
   for (double w : worst) CHECK(w < 1e-6);
+}
+
+// RWKV-7's time mixing against its recurrence as RWKV-LM writes it (RWKV_Tmix_x070, first layer):
+// the state V x K, the decay exp(-exp(w')) with w' = -softplus(-z) - 0.5, read along a = -kk and
+// written along b = kk * alpha, the readout S r unscaled, the group norm with eps 64e-5. Written
+// here in double with plain loops, independently of block/rwkv7.hpp's mapping onto the dplr rule.
+TEST_CASE("RWKV-7's block equals RWKV-7's own recurrence", "[layer][block][rwkv7]") {
+  for (const LayerProblem& p : test::rwkv7_test_shapes()) {
+    const Case c = test::layer_case(p, Mode::fwd);
+    INFO(test::describe(c));
+    Tensors t = inputs_of(c);
+    t["out"].assign(p.token_elems(), 0.0);
+    BlockArgs<double> a = bind(t);
+    a.dOut = nullptr;
+    reference::block_forward(p, a);
+
+    const int B = p.linear.batch, Tn = p.linear.seq, H = p.linear.heads, N = p.linear.dim, C = H * N;
+    const int rw = p.block.decay_rank, ra = p.block.iclr_rank, rg = p.block.out_gate_rank;
+    auto at = [&](const char* name, std::size_t i) { return t.at(name)[i]; };
+    auto sig = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
+    // y = x W for W [in][out] row-major.
+    auto project = [&](const std::vector<double>& x, const char* w, int in, int out) {
+      std::vector<double> y(std::size_t(out), 0.0);
+      for (int o = 0; o < out; ++o)
+        for (int i = 0; i < in; ++i) y[std::size_t(o)] += x[std::size_t(i)] * at(w, std::size_t(i) * out + o);
+      return y;
+    };
+    std::vector<double> mine(p.token_elems(), 0.0);
+    for (int b = 0; b < B; ++b) {
+      std::vector<double> state(std::size_t(H) * N * N, 0.0);  // [h][value i][key j]
+      for (int tok = 0; tok < Tn; ++tok) {
+        const std::size_t row = std::size_t(b) * Tn + tok;
+        std::vector<std::vector<double>> xs(6, std::vector<double>(std::size_t(C)));
+        for (int m = 0; m < 6; ++m)
+          for (int ch = 0; ch < C; ++ch) {
+            const double x = at("x", row * C + ch), prev = tok ? at("x", (row - 1) * C + ch) : 0.0;
+            xs[std::size_t(m)][std::size_t(ch)] = x + (prev - x) * at("mix", std::size_t(m) * C + ch);
+          }
+        std::vector<double> r = project(xs[0], "wq", C, C), k = project(xs[2], "wk", C, C), v = project(xs[3], "wv", C, C);
+        std::vector<double> hw = project(xs[1], "w1", C, rw), ha = project(xs[4], "a1", C, ra), hg = project(xs[5], "g1", C, rg);
+        for (double& h : hw) h = std::tanh(h);
+        for (double& h : hg) h = sig(h);
+        std::vector<double> zw = project(hw, "w2", rw, C), za = project(ha, "a2", ra, C), gate = project(hg, "g2", rg, C);
+        std::vector<double> decay(p.model_dim()), alpha(p.model_dim()), kk(p.model_dim());
+        for (int ch = 0; ch < C; ++ch) {
+          const double z = at("w0", ch) + zw[std::size_t(ch)];
+          const double w_prime = -std::log1p(std::exp(-z)) - 0.5;  // -softplus(-z) - 0.5
+          decay[std::size_t(ch)] = std::exp(-std::exp(w_prime));
+          alpha[std::size_t(ch)] = sig(at("a0", ch) + za[std::size_t(ch)]);
+          kk[std::size_t(ch)] = k[std::size_t(ch)] * at("k_k", ch);
+        }
+        for (int h = 0; h < H; ++h) {
+          double norm = 0;
+          for (int j = 0; j < N; ++j) norm += kk[std::size_t(h * N + j)] * kk[std::size_t(h * N + j)];
+          for (int j = 0; j < N; ++j) kk[std::size_t(h * N + j)] /= std::max(std::sqrt(norm), 1e-12);
+        }
+        for (int ch = 0; ch < C; ++ch) k[std::size_t(ch)] *= 1.0 + (alpha[std::size_t(ch)] - 1.0) * at("k_a", ch);
+        for (int h = 0; h < H; ++h) {
+          double* S = state.data() + std::size_t(h) * N * N;
+          const std::size_t c0 = std::size_t(h) * N;
+          std::vector<double> y(std::size_t(N), 0.0);
+          for (int i = 0; i < N; ++i) {
+            double sa = 0;  // read along RWKV's a = -kk
+            for (int j = 0; j < N; ++j) sa += -kk[c0 + j] * S[i * N + j];
+            for (int j = 0; j < N; ++j)  // written along RWKV's b = kk * alpha
+              S[i * N + j] = S[i * N + j] * decay[c0 + j] + k[c0 + j] * v[c0 + i] + sa * kk[c0 + j] * alpha[c0 + j];
+            for (int j = 0; j < N; ++j) y[std::size_t(i)] += S[i * N + j] * r[c0 + j];
+          }
+          double mean = 0, var = 0, bonus = 0;
+          for (int i = 0; i < N; ++i) mean += y[std::size_t(i)] / N;
+          for (int i = 0; i < N; ++i) var += (y[std::size_t(i)] - mean) * (y[std::size_t(i)] - mean) / N;
+          for (int j = 0; j < N; ++j) bonus += r[c0 + j] * k[c0 + j] * at("r_k", c0 + j);
+          std::vector<double> u(std::size_t(C), 0.0);
+          for (int i = 0; i < N; ++i) {
+            const double normed = (y[std::size_t(i)] - mean) / std::sqrt(var + 64e-5) * at("g", c0 + i) + at("ln_b", c0 + i);
+            u[c0 + i] = (normed + bonus * v[c0 + i]) * gate[c0 + i];
+          }
+          // out = u Wo: this head's share of every output channel.
+          for (int o = 0; o < C; ++o) {
+            double share = 0;
+            for (int i = 0; i < N; ++i) share += u[c0 + i] * at("wo", (c0 + i) * C + o);
+            mine[row * C + o] += share;
+          }
+        }
+      }
+    }
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      worst = std::max(worst, std::abs(t["out"][i] - mine[i]));
+      scale = std::max(scale, std::abs(mine[i]));
+    }
+    INFO("largest difference " << worst << " against outputs up to " << scale);
+    CHECK(scale > 0.1);
+    CHECK(worst <= 1e-10 * scale);
+  }
 }

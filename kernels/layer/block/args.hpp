@@ -1,6 +1,7 @@
 // The tensors of one call of the modern layer block (block.hpp), and their binding by name.
 #pragma once
 
+#include "kernels/layer/block/rwkv7_args.hpp"
 #include "kernels/layer/problem.hpp"
 
 namespace lattn {
@@ -20,6 +21,7 @@ struct BlockArgs {
   T *dx = nullptr, *dwq = nullptr, *dwk = nullptr, *dwv = nullptr, *dwo = nullptr, *dg = nullptr, *dbeta = nullptr;
   T *dconv = nullptr, *dwz = nullptr, *dwa = nullptr, *dwd = nullptr, *dwu = nullptr, *dwb = nullptr;
   T *da_log = nullptr, *ddt_bias = nullptr, *dd_skip = nullptr, *dlin_g = nullptr, *dlin_beta = nullptr;
+  Rwkv7Args<T> rwkv7;  // RWKV-7's own tensors (rule dplr, block/rwkv7.hpp)
 };
 
 }  // namespace lattn
@@ -53,6 +55,7 @@ BlockArgs<T> bind_args(Get get) {
                  {"dlin_g", &BlockArgs<T>::dlin_g},   {"dlin_beta", &BlockArgs<T>::dlin_beta}};
   for (const auto& f : inputs) a.*f.field = get(f.name);
   for (const auto& f : outputs) a.*f.field = get(f.name);
+  a.rwkv7 = bind_rwkv7_args<T>(get);
   return a;
 }
 

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 
+#include "kernels/layer/block/rwkv7.hpp"
+
 #include "kernels/layer/cpu/products.hpp"
 #include "kernels/linear_attention/cpu/kernels.hpp"
 #include "kernels/sliding_window/cpu.hpp"
@@ -87,7 +89,19 @@ std::size_t weight_product_bytes(int m, int n, int k, bool amx) {
   return amx ? amx_product_bytes(m, n, k) : layer_weight_product_bytes(m, n, k, n);
 }
 
+// RWKV-7's time mixing (rule dplr, block/rwkv7.hpp): its buffers and the largest of its calls' scratch.
+std::size_t rwkv7_bytes(const LayerProblem& p, bool backward) {
+  std::size_t transient = linear_forward_bytes(p, false, nullptr);
+  if (backward) transient = std::max(transient, linear_backward_bytes(p, false, nullptr));
+  block::rwkv7::for_each_product(p, backward, [&](bool weight, int m, int n, int k) {
+    transient = std::max(transient, weight ? weight_product_bytes(m, n, k, false) : product_bytes(m, n, k, false));
+  });
+  const block::rwkv7::Sizes s = block::rwkv7::sizes(p, backward);
+  return (s.forward() + s.backward()) * sizeof(float) + transient;
+}
+
 std::size_t forward_bytes(const LayerProblem& p, bool amx) {
+  if (p.linear.dplr()) return rwkv7_bytes(p, false);
   const std::optional<CpuBf16Variant> row = amx_row(p, amx);
   const std::size_t window = p.block.window ? sliding_window_forward_workspace_bytes(p.linear, p.window) : 0;
   std::size_t transient = std::max(linear_forward_bytes(p, false, row ? &*row : nullptr), window);
@@ -99,6 +113,7 @@ std::size_t forward_bytes(const LayerProblem& p, bool amx) {
 }
 
 std::size_t forward_backward_bytes(const LayerProblem& p, bool amx) {
+  if (p.linear.dplr()) return rwkv7_bytes(p, true);
   const std::optional<CpuBf16Variant> row = amx_row(p, amx);
   const CpuBf16Variant* r = row ? &*row : nullptr;
   const block::Layout l = block::layout(p);
@@ -128,12 +143,14 @@ std::size_t block_forward_backward_workspace_bytes(const LayerProblem& p) { retu
 
 void block_forward(const LayerProblem& p, const BlockArgs<float>& args, Allocator& allocator) {
   CpuOps ops{allocator, p.chunked, nullptr};
+  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, false);
   block::run(p, args, ops, false);
 }
 
 void block_forward_backward(const LayerProblem& p, const BlockArgs<float>& args, Allocator& allocator) {
   Workspace<float> states(allocator, block_kept_chunk_states_bytes(p) / sizeof(float));
   CpuOps ops{allocator, p.chunked, states.size() ? states.data() : nullptr};
+  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, true);
   block::run(p, args, ops, true);
 }
 

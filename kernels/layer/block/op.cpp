@@ -6,6 +6,7 @@
 
 #include "core/random.hpp"
 #include "kernels/layer/block/reference.hpp"
+#include "kernels/layer/block/rwkv7_op.hpp"
 #include "kernels/layer/hybrid/op.hpp"
 #include "kernels/linear_attention/op.hpp"
 #include "kernels/sliding_window/op.hpp"
@@ -29,7 +30,7 @@ bool is_gated(const Case& c) { return c.decay == "scalar" || c.decay == "vector"
 bool projected(const Case& c) { return option_or(c, "gates", "input") == "projected"; }
 bool has_conv(const Case& c) { return option_int(c, "short_conv", 0) > 0; }
 bool norm_gate(const Case& c) { return option_or(c, "output_gate", "gate") == "norm"; }
-bool input_g(const Case& c) { return !projected(c) && is_gated(c); }
+bool input_g(const Case& c) { return !projected(c) && is_gated(c) && !rwkv7_block(c); }
 bool input_beta(const Case& c) { return !projected(c) && is_delta(c); }
 bool proj_scalar(const Case& c) { return projected(c) && c.decay != "vector"; }
 bool proj_vector(const Case& c) { return projected(c) && c.decay == "vector"; }
@@ -77,6 +78,7 @@ LayerBlock layer_block(const Case& c) {
   b.norm_gate = norm_gate(c);
   b.window = option_or(c, "attention", "swa") == "swa";
   b.gate_rank = proj_vector(c) ? rank(c) : 0;
+  if (rwkv7_block(c)) add_rwkv7_block(c, b);
   return b;
 }
 
@@ -87,32 +89,38 @@ bool layer_is_modern(const Case& c) {
   return p.modern();
 }
 
-bool layer_window_applies(const Case& c) { return option_or(c, "attention", "swa") == "swa"; }
-bool layer_has_blend(const Case& c) { return !norm_gate(c); }
+bool layer_window_applies(const Case& c) { return !rwkv7_block(c) && option_or(c, "attention", "swa") == "swa"; }
+bool layer_has_blend(const Case& c) { return !norm_gate(c) && !rwkv7_block(c); }
 
 Axis attention_axis() {
   return named("attention", "swa", {"swa", "none"}, "the block's softmax branch (swa: sliding window, none)");
 }
 
 std::vector<Axis> block_axes() {
-  // The block's branch is Gated DeltaNet, KDA or Mamba2: dplr (an RWKV-7 block's) is not among them.
-  Axis rule = named("rule", "additive", {"additive", "delta"}, "update rules of the linear branch (additive, delta)");
+  // The block's branch is Gated DeltaNet's, KDA's or Mamba2's; dplr makes the block RWKV-7's time
+  // mixing (rwkv7_op.hpp), whose own keys replace the others.
+  Axis rule = named("rule", "additive", {"additive", "delta", "dplr"},
+                    "update rules of the linear branch (additive, delta; dplr: RWKV-7's time mixing)");
   Axis conv{"short_conv", Param::option, {"0"}, "short convolution width on q, k, v (0: none)", 0, block::kMaxConv};
   Axis rank_axis{"gate_rank", Param::option, {"64"}, "low rank of projected vector gates (KDA)", 1, kMaxRank};
   rank_axis.applies = proj_vector;
-  return {rule,
-          conv,
-          attention_axis(),
-          named("gates", "input", {"input", "projected"}, "how g and beta are made (input, projected from x)"),
-          rank_axis,
-          named("output_gate", "gate", {"gate", "norm"}, "output stage (gate: the blend, norm: gated RMSNorm)")};
+  std::vector<Axis> axes = {rule,
+                            conv,
+                            attention_axis(),
+                            named("gates", "input", {"input", "projected"}, "how g and beta are made (input, projected from x)"),
+                            rank_axis,
+                            named("output_gate", "gate", {"gate", "norm"}, "output stage (gate: the blend, norm: gated RMSNorm)")};
+  for (std::size_t i = 1; i < axes.size(); ++i)
+    if (!axes[i].applies) axes[i].applies = not_rwkv7_block;
+  for (Axis& axis : rwkv7_axes()) axes.push_back(std::move(axis));
+  return axes;
 }
 
 // The gates' gradients against dwv's scale, as dwq and dwk (hybrid/op.cpp): at T = 1 the gated norm
 // makes the output nearly independent of a per-token scale of o, so Mamba2's dt and D and every
 // gate's parameters have true gradients of order the norm's eps, and float32 returns its rounding.
 std::vector<TensorSpec> block_tensors() {
-  return {
+  std::vector<TensorSpec> tensors = {
       {"conv", Role::input, conv_shape, false, has_conv},     {"wz", Role::input, square, false, norm_gate},
       {"wa", Role::input, to_heads, false, proj_scalar},      {"wd", Role::input, to_rank, false, proj_vector},
       {"wu", Role::input, from_rank, false, proj_vector},     {"wb", Role::input, to_heads, false, proj_delta},
@@ -126,12 +134,15 @@ std::vector<TensorSpec> block_tensors() {
       {"dd_skip", Role::gradient, per_head, false, mamba, "dwv"},    {"dlin_g", Role::gradient, gate_shape, false, input_g},
       {"dlin_beta", Role::gradient, beta_shape, false, input_beta},
   };
+  for (TensorSpec& spec : rwkv7_tensors()) tensors.push_back(std::move(spec));
+  return tensors;
 }
 
 // Stream numbers 14-23 (core/random.hpp): fixed for good. W* ~ N(0, 1/fan_in), conv ~ N(0, 1/w),
 // A_log = log(U[1, 16]), dt_bias = softplus^-1(U[1e-3, 1e-1]), D = 1 (docs/spec.md section 2b); input
 // gates as the kernel suite draws them (gate_norm 16, beta = sigmoid(N(0, 1))).
 void add_block_inputs(const Case& c, std::uint64_t seed, TensorSet& set) {
+  if (rwkv7_block(c)) return add_rwkv7_inputs(c, seed, set);
   const double M = double(width(c));
   auto add = [&](const char* name, std::vector<std::size_t> (*shape)(const Case&), std::uint64_t stream, double std) {
     fill_normal(set.add(name, Role::input, shape(c)).data, seed, stream, std);
@@ -200,6 +211,7 @@ Reference block_reference(const Case& c, const TensorSet& in, bool backward) {
 // products and the convolution and takes about three times the elementwise work. The linear
 // branch and the window by their own ops' models (each includes its own backward).
 double block_flops(const Case& c) {
+  if (rwkv7_block(c)) return rwkv7_flops(c);
   const LayerProblem p = layer_problem(c);
   const block::Layout l = block::layout(p);
   const double R = double(l.R), M = l.M;
@@ -220,6 +232,7 @@ double block_flops(const Case& c) {
 std::optional<std::string> block_limit(const Case& c) {
   if (c.option("rule") == "trapezoidal")
     return std::string("rule trapezoidal (Mamba-3) has no layer block: the kernel suite runs it");
+  if (rwkv7_block(c)) return rwkv7_limit(c);
   const bool window = layer_window_applies(c);
   if (window == norm_gate(c))
     return std::string(norm_gate(c) ? "output_gate norm is the block without the window: it needs attention none"

@@ -15,7 +15,8 @@ namespace lattn {
 LayerBlock layer_block(const Case& kase);
 // Whether a case runs the block of section 2b (LayerProblem::modern).
 bool layer_is_modern(const Case& kase);
-// rule, short_conv, attention, gates, gate_rank, output_gate (the decay is the row's own key).
+// rule, short_conv, attention, gates, gate_rank, output_gate and RWKV-7's ranks (block/rwkv7_op.hpp; the
+// decay is the row's own key).
 Axis attention_axis();
 std::vector<Axis> block_axes();
 bool layer_window_applies(const Case& kase);

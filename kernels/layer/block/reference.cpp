@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "kernels/layer/block/rwkv7.hpp"
+
 #include "core/cancel.hpp"
 #include "kernels/linear_attention/reference.hpp"
 #include "kernels/sliding_window/reference.hpp"
@@ -46,11 +48,13 @@ struct ReferenceOps {
 
 void block_forward(const LayerProblem& p, const BlockArgs<double>& args) {
   ReferenceOps ops;
+  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, false);  // RWKV-7's time mixing
   block::run(p, args, ops, false);
 }
 
 void block_forward_backward(const LayerProblem& p, const BlockArgs<double>& args) {
   ReferenceOps ops;
+  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, true);
   block::run(p, args, ops, true);
 }
 

@@ -81,6 +81,7 @@ void round_to_bf16(const float* in, Bf16* out, std::size_t n) {
 
 std::optional<std::string> layer_amx_refusal(const LayerProblem& p) {
   if (auto why = amx_refusal()) return why;
+  if (p.linear.dplr()) return std::string("the RWKV-7 block (rule dplr) has no bf16 form");
   std::string why;
   if (p.chunked && !cpu_amx_chunked_variant(p.linear, &why)) return why;
   return std::nullopt;
