@@ -231,7 +231,9 @@ TEST_CASE("the layer's scratch equals its closed form and grows linearly in T", 
 
 TEST_CASE("the modern block's scratch equals its closed form and grows linearly in T", "[memory][layer][block]") {
   omp_set_num_threads(2);
-  for (const LayerProblem& shape : test::block_test_shapes())
+  std::vector<LayerProblem> shapes = test::block_test_shapes();
+  for (const LayerProblem& p : test::mamba3_test_shapes()) shapes.push_back(p);
+  for (const LayerProblem& shape : shapes)
     for (bool chunked : {false, true}) {
       LayerProblem p = shape;
       if (p.linear.seq == 1) continue;

@@ -1,4 +1,4 @@
-// The float64 block (block/reference.hpp): what block.hpp's template needs, in double.
+// The float64 block (block/reference.hpp): what block.hpp's and mamba3.hpp's templates need, in double.
 #include "kernels/layer/block/reference.hpp"
 
 #include <cblas.h>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/cancel.hpp"
+#include "kernels/layer/block/mamba3.hpp"
 #include "kernels/linear_attention/reference.hpp"
 #include "kernels/sliding_window/reference.hpp"
 
@@ -46,12 +47,18 @@ struct ReferenceOps {
 
 void block_forward(const LayerProblem& p, const BlockArgs<double>& args) {
   ReferenceOps ops;
-  block::run(p, args, ops, false);
+  if (p.linear.trapezoidal())
+    block::mamba3::run(p, args, ops, false);
+  else
+    block::run(p, args, ops, false);
 }
 
 void block_forward_backward(const LayerProblem& p, const BlockArgs<double>& args) {
   ReferenceOps ops;
-  block::run(p, args, ops, true);
+  if (p.linear.trapezoidal())
+    block::mamba3::run(p, args, ops, true);
+  else
+    block::run(p, args, ops, true);
 }
 
 }  // namespace lattn::reference
