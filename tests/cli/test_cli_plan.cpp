@@ -154,7 +154,8 @@ TEST_CASE("a config is found by its installed name, with or without its extensio
            {"kimi-linear", "-layer-chunked-fwd-b1h4t2048d128c64w128-vector-attentionnone-gate_rank128"},
            {"mamba2", "-layer-chunked-fwd-b1h8t2048d64c64w128-scalar-attentionnone-gatesprojected"},
            {"rwkv7", "-decode-step-fwd-b64h32t4d64-vector-ruledplr"},
-           {"mamba3", "-kernel-chunked-fwd_bwd-b1h8t2048d128c64-scalar-dim_v64-heads_k1-mimo_rank4-ruletrapezoidal"}}) {
+           {"mamba3", "-kernel-chunked-fwd_bwd-b1h8t2048d128c64-scalar-dim_v64-heads_k1-mimo_rank4-ruletrapezoidal"},
+           {"mamba3", "-layer-chunked-fwd_bwd-b1h8t8192d64c64w128-scalar-attentionnone-gatesprojected-ruletrapezoidal"}}) {
     INFO(name);
     const auto listed = lattnbench("--config " + name + " --list-cases");
     REQUIRE(listed.exit_status == 0);
