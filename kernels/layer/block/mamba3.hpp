@@ -19,8 +19,8 @@
 //   out    = y Wo
 // Backward: each step's adjoint in reverse order. Every sum over tokens (dD, the biases, the norm
 // weights, dt_bias) runs per head or per channel in token order, and every sum over heads (a
-// group's B and C, an angle's shared logit) per token in head order, so the result does not depend on
-// the thread count.
+// group's B and C, an angle's shared logit) per token in head order, so that none of the block's own
+// sums depends on the thread count (the products and the kernel round as their own code does).
 //
 // Memory: everything kept is O(B T M) (P, q, k, v, o, y, theta and their gradients); nothing is T x T.
 #pragma once
