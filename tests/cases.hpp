@@ -44,7 +44,7 @@ inline std::string describe(const Case& c) {
          [&] {
            std::string parts;
            for (const char* key : {"short_conv", "gates", "gate_rank", "output_gate", "attention", "decay_rank",
-                                   "iclr_rank", "out_gate_rank"})
+                                   "iclr_rank", "out_gate_rank", "bc_groups", "rope_fraction"})
              if (c.options.count(key)) parts += std::string(" ") + key + " " + c.option(key);
            return parts;
          }();
@@ -108,6 +108,10 @@ inline Case layer_case(const LayerProblem& p, Mode mode, const std::string& back
       c.options["gate_rank"] = std::to_string(p.block.gate_rank);
     c.options["output_gate"] = p.block.norm_gate ? "norm" : "gate";
     c.options["attention"] = p.block.window ? "swa" : "none";
+    if (p.linear.trapezoidal()) {  // Mamba-3's block (block/mamba3.hpp)
+      c.options["bc_groups"] = std::to_string(p.block.bc_groups);
+      c.options["rope_fraction"] = p.block.rope_fraction == 1.0 ? "1" : "0.5";
+    }
   }
   return c;
 }
@@ -144,6 +148,24 @@ inline std::vector<LayerProblem> rwkv7_test_shapes() {
   for (int seq : {1, 37}) {
     shapes.push_back({{1, 2, seq, 8, 16, Decay::vector, Rule::dplr}, 1, false, true, small});
     shapes.push_back({{2, 3, seq, 16, 16, Decay::vector, Rule::dplr}, 1, false, true, wide});
+  }
+  return shapes;
+}
+
+// Shapes every test of the Mamba-3 block covers (docs/spec.md section 2b, block/mamba3.hpp; rule
+// trapezoidal, projected gates, the gate alone, no window): B and C shared by all heads (bc_groups
+// 1, the authors' default), by pairs of heads, and one per head; half of their channels rotated, all
+// of them, and a head dim whose half is odd (one pair of 6 channels); one and two sequences; each at
+// T = 1 and at a T that is not a multiple of the chunk.
+inline std::vector<LayerProblem> mamba3_test_shapes() {
+  std::vector<LayerProblem> shapes;
+  for (int seq : {1, 37}) {
+    shapes.push_back({{1, 2, seq, 8, 16, Decay::scalar, Rule::trapezoidal}, 1, false, true,
+                      LayerBlock{0, true, false, false, 0, 1, 0.5}});
+    shapes.push_back({{2, 4, seq, 8, 16, Decay::scalar, Rule::trapezoidal}, 1, false, true,
+                      LayerBlock{0, true, false, false, 0, 2, 1.0}});
+    shapes.push_back({{1, 3, seq, 6, 16, Decay::scalar, Rule::trapezoidal}, 1, false, true,
+                      LayerBlock{0, true, false, false, 0, 3, 0.5}});
   }
   return shapes;
 }

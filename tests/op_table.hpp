@@ -35,6 +35,7 @@ inline std::vector<OpTestRow> op_test_table() {
   for (const LayerProblem& p : layer_test_shapes()) layer.shapes.push_back(layer_case(p, Mode::fwd));
   for (const LayerProblem& p : block_test_shapes()) layer.shapes.push_back(layer_case(p, Mode::fwd));
   for (const LayerProblem& p : rwkv7_test_shapes()) layer.shapes.push_back(layer_case(p, Mode::fwd));
+  for (const LayerProblem& p : mamba3_test_shapes()) layer.shapes.push_back(layer_case(p, Mode::fwd));
   for (const WindowShape& w : window_test_shapes()) window.shapes.push_back(window_case(w.p, w.window, Mode::fwd));
   for (const DecodeProblem& p : decode_test_shapes()) decode.shapes.push_back(decode_case(p));
   for (const DecodeProblem& p : decode_trapezoidal_test_shapes()) decode.shapes.push_back(trapezoidal_decode_case(p));

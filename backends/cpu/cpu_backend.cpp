@@ -229,6 +229,7 @@ ImplRow window_row() {
 // where the CPU has no AMX-BF16 or no AMX row takes its chunked branch; its x and dOut are bf16.
 std::optional<std::string> layer_unsupported(const Case& c, const Settings& s) {
   if (!is_bf16(c)) return cpu_dtype_unsupported(c);
+  if (layer_problem(c).linear.trapezoidal()) return std::string("the Mamba-3 block (rule trapezoidal) runs float32 only");
   if (auto why = layer_amx_refusal(layer_problem(c, s.keep_chunk_states)))
     return "the CPU layer runs bf16 on AMX tiles only: " + *why;
   return std::nullopt;

@@ -23,6 +23,10 @@ struct LayerBlock {
   bool norm_gate = false;        // y = RMSNorm(o) w silu(x Wz); else the blend with the window branch
   bool window = true;            // the sliding-window softmax branch (`attention: swa`)
   int gate_rank = 0;             // KDA's low rank r (vector gates, projected): Wd is M x r, Wu r x M
+  // Mamba-3 (rule trapezoidal, block/mamba3.hpp): B's and C's groups (the authors' ngroups), the
+  // fraction of their channels rotated.
+  int bc_groups = 1;
+  double rope_fraction = 0.5;
   // RWKV-7's time mixing (rule dplr, block/rwkv7.hpp): the low ranks of its decay, in-context
   // learning rate and output gate projections.
   int decay_rank = 0, iclr_rank = 0, out_gate_rank = 0;

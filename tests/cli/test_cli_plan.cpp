@@ -155,7 +155,8 @@ TEST_CASE("a config is found by its installed name, with or without its extensio
            {"mamba2", "-layer-chunked-fwd-b1h8t2048d64c64w128-scalar-attentionnone-gatesprojected"},
            {"rwkv7", "-decode-step-fwd-b64h32t4d64-vector-ruledplr"},
            {"rwkv7", "-layer-chunked-fwd_bwd-b1h8t8192d64c16w128-vector-decay_rank96-iclr_rank96-out_gate_rank256-ruledplr"},
-           {"mamba3", "-kernel-chunked-fwd_bwd-b1h8t2048d128c64-scalar-dim_v64-heads_k1-mimo_rank4-ruletrapezoidal"}}) {
+           {"mamba3", "-kernel-chunked-fwd_bwd-b1h8t2048d128c64-scalar-dim_v64-heads_k1-mimo_rank4-ruletrapezoidal"},
+           {"mamba3", "-layer-chunked-fwd_bwd-b1h8t8192d64c64w128-scalar-attentionnone-gatesprojected-ruletrapezoidal"}}) {
     INFO(name);
     const auto listed = lattnbench("--config " + name + " --list-cases");
     REQUIRE(listed.exit_status == 0);

@@ -233,6 +233,7 @@ TEST_CASE("the modern block's scratch equals its closed form and grows linearly 
   omp_set_num_threads(2);
   std::vector<LayerProblem> shapes = test::block_test_shapes();
   for (const LayerProblem& p : test::rwkv7_test_shapes()) shapes.push_back(p);
+  for (const LayerProblem& p : test::mamba3_test_shapes()) shapes.push_back(p);
   for (const LayerProblem& shape : shapes)
     for (bool chunked : {false, true}) {
       LayerProblem p = shape;

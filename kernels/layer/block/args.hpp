@@ -16,12 +16,17 @@ struct BlockArgs {
   const T *x = nullptr, *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr, *g = nullptr, *beta = nullptr;
   const T *conv = nullptr, *wz = nullptr, *wa = nullptr, *wd = nullptr, *wu = nullptr, *wb = nullptr;
   const T *a_log = nullptr, *dt_bias = nullptr, *d_skip = nullptr, *lin_g = nullptr, *lin_beta = nullptr;
+  // Mamba-3 (block/mamba3.hpp): wda, wtrap [M][H]; wangle [M][nA]; b_bias, c_bias [H][Dh]; b_norm, c_norm [Dh].
+  const T *wda = nullptr, *wtrap = nullptr, *wangle = nullptr, *b_bias = nullptr, *c_bias = nullptr;
+  const T *b_norm = nullptr, *c_norm = nullptr;
   const T* dOut = nullptr;
   T* out = nullptr;
   T *dx = nullptr, *dwq = nullptr, *dwk = nullptr, *dwv = nullptr, *dwo = nullptr, *dg = nullptr, *dbeta = nullptr;
   T *dconv = nullptr, *dwz = nullptr, *dwa = nullptr, *dwd = nullptr, *dwu = nullptr, *dwb = nullptr;
   T *da_log = nullptr, *ddt_bias = nullptr, *dd_skip = nullptr, *dlin_g = nullptr, *dlin_beta = nullptr;
   Rwkv7Args<T> rwkv7;  // RWKV-7's own tensors (rule dplr, block/rwkv7.hpp)
+  T *dwda = nullptr, *dwtrap = nullptr, *dwangle = nullptr, *db_bias = nullptr, *dc_bias = nullptr;
+  T *db_norm = nullptr, *dc_norm = nullptr;
 };
 
 }  // namespace lattn
@@ -42,7 +47,9 @@ BlockArgs<T> bind_args(Get get) {
                 {"wa", &BlockArgs<T>::wa},         {"wd", &BlockArgs<T>::wd},         {"wu", &BlockArgs<T>::wu},
                 {"wb", &BlockArgs<T>::wb},         {"a_log", &BlockArgs<T>::a_log},   {"dt_bias", &BlockArgs<T>::dt_bias},
                 {"d_skip", &BlockArgs<T>::d_skip}, {"lin_g", &BlockArgs<T>::lin_g},   {"lin_beta", &BlockArgs<T>::lin_beta},
-                {"dOut", &BlockArgs<T>::dOut}};
+                {"wda", &BlockArgs<T>::wda},       {"wtrap", &BlockArgs<T>::wtrap},   {"wangle", &BlockArgs<T>::wangle},
+                {"b_bias", &BlockArgs<T>::b_bias}, {"c_bias", &BlockArgs<T>::c_bias}, {"b_norm", &BlockArgs<T>::b_norm},
+                {"c_norm", &BlockArgs<T>::c_norm}, {"dOut", &BlockArgs<T>::dOut}};
   const struct {
     const char* name;
     T* BlockArgs<T>::*field;
@@ -52,7 +59,10 @@ BlockArgs<T> bind_args(Get get) {
                  {"dwz", &BlockArgs<T>::dwz},         {"dwa", &BlockArgs<T>::dwa},         {"dwd", &BlockArgs<T>::dwd},
                  {"dwu", &BlockArgs<T>::dwu},         {"dwb", &BlockArgs<T>::dwb},         {"da_log", &BlockArgs<T>::da_log},
                  {"ddt_bias", &BlockArgs<T>::ddt_bias}, {"dd_skip", &BlockArgs<T>::dd_skip},
-                 {"dlin_g", &BlockArgs<T>::dlin_g},   {"dlin_beta", &BlockArgs<T>::dlin_beta}};
+                 {"dlin_g", &BlockArgs<T>::dlin_g},   {"dlin_beta", &BlockArgs<T>::dlin_beta},
+                 {"dwda", &BlockArgs<T>::dwda},       {"dwtrap", &BlockArgs<T>::dwtrap},   {"dwangle", &BlockArgs<T>::dwangle},
+                 {"db_bias", &BlockArgs<T>::db_bias}, {"dc_bias", &BlockArgs<T>::dc_bias}, {"db_norm", &BlockArgs<T>::db_norm},
+                 {"dc_norm", &BlockArgs<T>::dc_norm}};
   for (const auto& f : inputs) a.*f.field = get(f.name);
   for (const auto& f : outputs) a.*f.field = get(f.name);
   a.rwkv7 = bind_rwkv7_args<T>(get);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "kernels/layer/block/mamba3.hpp"
 #include "kernels/layer/block/rwkv7.hpp"
 
 #include "kernels/layer/cpu/products.hpp"
@@ -61,6 +62,34 @@ struct CpuOps {
   }
 };
 
+// The form of section 2b the case runs: RWKV-7's (rule dplr, block/rwkv7.hpp), Mamba-3's (rule
+// trapezoidal, block/mamba3.hpp) or block.hpp's.
+void run_block(const LayerProblem& p, const BlockArgs<float>& args, CpuOps& ops, bool backward) {
+  if (p.linear.dplr())
+    block::rwkv7::run(p, args, ops, backward);
+  else if (p.linear.trapezoidal())
+    block::mamba3::run(p, args, ops, backward);
+  else
+    block::run(p, args, ops, backward);
+}
+
+// What the scratch model needs of the form: its kept buffers, W_in's columns, KDA's rank, the window.
+struct FormShape {
+  std::size_t forward, backward;  // elements
+  int M, cols, r;
+  bool window;
+};
+FormShape form_shape(const LayerProblem& p, bool backward) {
+  if (p.linear.trapezoidal()) {
+    const block::mamba3::Layout l = block::mamba3::layout(p);
+    const block::mamba3::Sizes s = block::mamba3::sizes(p, backward);
+    return {s.forward(), s.backward(), l.M, l.cols, 0, false};
+  }
+  const block::Layout l = block::layout(p);
+  const block::Sizes s = block::sizes(p, backward);
+  return {s.forward(), s.backward(), l.M, l.cols, l.r, l.window};
+}
+
 // A bf16 case's chunked row, or nothing (float32, or a scan branch).
 std::optional<CpuBf16Variant> amx_row(const LayerProblem& p, bool amx) {
   return amx && p.chunked ? std::optional(layer_amx_linear(p)) : std::nullopt;
@@ -103,36 +132,37 @@ std::size_t rwkv7_bytes(const LayerProblem& p, bool backward) {
 std::size_t forward_bytes(const LayerProblem& p, bool amx) {
   if (p.linear.dplr()) return rwkv7_bytes(p, false);
   const std::optional<CpuBf16Variant> row = amx_row(p, amx);
-  const std::size_t window = p.block.window ? sliding_window_forward_workspace_bytes(p.linear, p.window) : 0;
+  const std::size_t window = form_shape(p, false).window ? sliding_window_forward_workspace_bytes(p.linear, p.window) : 0;
   std::size_t transient = std::max(linear_forward_bytes(p, false, row ? &*row : nullptr), window);
   // P = x W_in, [KDA] (x Wd) Wu, out = y Wo
-  const block::Layout l = block::layout(p);
-  transient = std::max({transient, product_bytes(int(l.R), l.cols, l.M, amx), product_bytes(int(l.R), l.M, l.M, amx)});
-  if (l.r > 0) transient = std::max(transient, product_bytes(int(l.R), l.M, l.r, amx));
-  return block::sizes(p, false).forward() * sizeof(float) + transient;
+  const FormShape l = form_shape(p, false);
+  const int R = int(p.rows());
+  transient = std::max({transient, product_bytes(R, l.cols, l.M, amx), product_bytes(R, l.M, l.M, amx)});
+  if (l.r > 0) transient = std::max(transient, product_bytes(R, l.M, l.r, amx));
+  return l.forward * sizeof(float) + transient;
 }
 
 std::size_t forward_backward_bytes(const LayerProblem& p, bool amx) {
   if (p.linear.dplr()) return rwkv7_bytes(p, true);
   const std::optional<CpuBf16Variant> row = amx_row(p, amx);
   const CpuBf16Variant* r = row ? &*row : nullptr;
-  const block::Layout l = block::layout(p);
-  const block::Sizes s = block::sizes(p, true);
+  const FormShape l = form_shape(p, true);
+  const int R = int(p.rows());
   const std::size_t kept_states = kept_states_bytes(p, amx);
   const bool kept = kept_states > 0;
   std::size_t transient =
       std::max({linear_forward_bytes(p, kept, r), linear_backward_bytes(p, kept, r),
-                weight_product_bytes(l.M, l.M, int(l.R), amx), weight_product_bytes(l.M, l.cols, int(l.R), amx)});
-  if (l.r > 0) transient = std::max(transient, weight_product_bytes(l.r, l.M, int(l.R), amx));
+                weight_product_bytes(l.M, l.M, R, amx), weight_product_bytes(l.M, l.cols, R, amx)});
+  if (l.r > 0) transient = std::max(transient, weight_product_bytes(l.r, l.M, R, amx));
   // the row products: P, out, dy, dx and [KDA] (x Wd) Wu, d(x Wd)
-  transient = std::max({transient, product_bytes(int(l.R), l.cols, l.M, amx), product_bytes(int(l.R), l.M, l.M, amx),
-                        product_bytes(int(l.R), l.M, l.cols, amx)});
+  transient = std::max({transient, product_bytes(R, l.cols, l.M, amx), product_bytes(R, l.M, l.M, amx),
+                        product_bytes(R, l.M, l.cols, amx)});
   if (l.r > 0)
-    transient = std::max({transient, product_bytes(int(l.R), l.M, l.r, amx), product_bytes(int(l.R), l.r, l.M, amx)});
+    transient = std::max({transient, product_bytes(R, l.M, l.r, amx), product_bytes(R, l.r, l.M, amx)});
   if (l.window)
     transient = std::max({transient, sliding_window_forward_workspace_bytes(p.linear, p.window),
                           sliding_window_backward_workspace_bytes(p.linear, p.window)});
-  return (s.forward() + s.backward()) * sizeof(float) + kept_states + transient;
+  return (l.forward + l.backward) * sizeof(float) + kept_states + transient;
 }
 
 }  // namespace
@@ -143,15 +173,13 @@ std::size_t block_forward_backward_workspace_bytes(const LayerProblem& p) { retu
 
 void block_forward(const LayerProblem& p, const BlockArgs<float>& args, Allocator& allocator) {
   CpuOps ops{allocator, p.chunked, nullptr};
-  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, false);
-  block::run(p, args, ops, false);
+  run_block(p, args, ops, false);
 }
 
 void block_forward_backward(const LayerProblem& p, const BlockArgs<float>& args, Allocator& allocator) {
   Workspace<float> states(allocator, block_kept_chunk_states_bytes(p) / sizeof(float));
   CpuOps ops{allocator, p.chunked, states.size() ? states.data() : nullptr};
-  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, true);
-  block::run(p, args, ops, true);
+  run_block(p, args, ops, true);
 }
 
 // x (and dOut) widened once, exactly, for the float32 code around the products.
@@ -171,7 +199,7 @@ void block_forward_bf16(const LayerProblem& p, const BlockArgs<float>& args, con
   BlockArgs<float> a = args;
   a.x = x.data();
   CpuOps ops{allocator, p.chunked, nullptr, true, row ? &*row : nullptr};
-  block::run(p, a, ops, false);
+  run_block(p, a, ops, false);
 }
 
 void block_forward_backward_bf16(const LayerProblem& p, const BlockArgs<float>& args, const LayerBf16Tokens& tokens,
@@ -184,7 +212,7 @@ void block_forward_backward_bf16(const LayerProblem& p, const BlockArgs<float>& 
   a.x = x.data();
   a.dOut = dOut.data();
   CpuOps ops{allocator, p.chunked, nullptr, true, row ? &*row : nullptr};
-  block::run(p, a, ops, true);
+  run_block(p, a, ops, true);
 }
 
 }  // namespace lattn::cpu

@@ -20,8 +20,12 @@ bool layer_is_modern(const Case& kase);
 Axis attention_axis();
 std::vector<Axis> block_axes();
 bool layer_window_applies(const Case& kase);
-// Today's blend weight beta (and dbeta) exists only with `output_gate: gate`.
+// Today's blend weight beta (and dbeta) exists only with `output_gate: gate`, and not in Mamba-3's block.
 bool layer_has_blend(const Case& kase);
+// wq and wk: M x M, but M x (bc_groups head_dim) in Mamba-3's block (C's and B's projections).
+std::vector<std::size_t> layer_qk_weight_shape(const Case& kase);
+// The norm weight g [M] exists unless the block has no output norm (Mamba-3's gate alone).
+bool layer_has_norm_weight(const Case& kase);
 std::vector<TensorSpec> block_tensors();
 // Adds the inputs of the case's parts to `set` (docs/spec.md section 2b's initialisation).
 void add_block_inputs(const Case& kase, std::uint64_t seed, TensorSet& set);

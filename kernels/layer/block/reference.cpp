@@ -1,4 +1,4 @@
-// The float64 block (block/reference.hpp): what block.hpp's template needs, in double.
+// The float64 block (block/reference.hpp): what block.hpp's and mamba3.hpp's templates need, in double.
 #include "kernels/layer/block/reference.hpp"
 
 #include <cblas.h>
@@ -8,6 +8,7 @@
 #include "kernels/layer/block/rwkv7.hpp"
 
 #include "core/cancel.hpp"
+#include "kernels/layer/block/mamba3.hpp"
 #include "kernels/linear_attention/reference.hpp"
 #include "kernels/sliding_window/reference.hpp"
 
@@ -48,14 +49,22 @@ struct ReferenceOps {
 
 void block_forward(const LayerProblem& p, const BlockArgs<double>& args) {
   ReferenceOps ops;
-  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, false);  // RWKV-7's time mixing
-  block::run(p, args, ops, false);
+  if (p.linear.dplr())
+    block::rwkv7::run(p, args, ops, false);  // RWKV-7's time mixing
+  else if (p.linear.trapezoidal())
+    block::mamba3::run(p, args, ops, false);
+  else
+    block::run(p, args, ops, false);
 }
 
 void block_forward_backward(const LayerProblem& p, const BlockArgs<double>& args) {
   ReferenceOps ops;
-  if (p.linear.dplr()) return block::rwkv7::run(p, args, ops, true);
-  block::run(p, args, ops, true);
+  if (p.linear.dplr())
+    block::rwkv7::run(p, args, ops, true);
+  else if (p.linear.trapezoidal())
+    block::mamba3::run(p, args, ops, true);
+  else
+    block::run(p, args, ops, true);
 }
 
 }  // namespace lattn::reference

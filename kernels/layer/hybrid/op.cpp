@@ -46,12 +46,14 @@ TensorSet make_inputs(const Case& c, std::uint64_t seed) {
   TensorSet set;
   const double w_std = 1.0 / std::sqrt(double(width(c)));
   fill_normal(set.add("x", Role::input, rows(c)).data, seed, 7);
-  fill_normal(set.add("wq", Role::input, weight(c)).data, seed, 8, w_std);
-  fill_normal(set.add("wk", Role::input, weight(c)).data, seed, 9, w_std);
+  fill_normal(set.add("wq", Role::input, layer_qk_weight_shape(c)).data, seed, 8, w_std);
+  fill_normal(set.add("wk", Role::input, layer_qk_weight_shape(c)).data, seed, 9, w_std);
   fill_normal(set.add("wv", Role::input, weight(c)).data, seed, 10, w_std);
   fill_normal(set.add("wo", Role::input, weight(c)).data, seed, 11, w_std);
-  auto& g = set.add("g", Role::input, channels(c)).data;
-  std::fill(g.begin(), g.end(), 1.0f);
+  if (layer_has_norm_weight(c)) {
+    auto& g = set.add("g", Role::input, channels(c)).data;
+    std::fill(g.begin(), g.end(), 1.0f);
+  }
   if (layer_has_blend(c)) fill_normal(set.add("beta", Role::input, per_head(c)).data, seed, 12);
   fill_normal(set.add("dOut", Role::cotangent, rows(c)).data, seed, 13);
   add_block_inputs(c, seed, set);
@@ -131,18 +133,18 @@ const Op& layer_op() {
     o.axes.push_back(cache_axis("warm"));
     o.forms = {{"scan", layer_flops}, {"chunked", layer_flops}};
     o.tensors = {
-        {"x", Role::input, rows, true},          {"wq", Role::input, weight, false},
-        {"wk", Role::input, weight, false},      {"wv", Role::input, weight, false},
-        {"wo", Role::input, weight, false},      {"g", Role::input, channels, false},
+        {"x", Role::input, rows, true},          {"wq", Role::input, layer_qk_weight_shape, false},
+        {"wk", Role::input, layer_qk_weight_shape, false}, {"wv", Role::input, weight, false},
+        {"wo", Role::input, weight, false},      {"g", Role::input, channels, false, layer_has_norm_weight},
         {"beta", Role::input, per_head, false, layer_has_blend},  {"dOut", Role::cotangent, rows, true},
         {"out", Role::output, rows, false},      {"dx", Role::gradient, rows, false},
         // dwq and dwk against dwv's scale: where RMSNorm makes the output nearly independent of q
         // and k (one token, or head_dim 1) their true values are of order the norm's eps, and the
         // float32 forward's rounding of Lin alone moves them by 1e-3 to 1e-1 (docs/harness.md).
-        {"dwq", Role::gradient, weight, false, nullptr, "dwv"},
-        {"dwk", Role::gradient, weight, false, nullptr, "dwv"},
+        {"dwq", Role::gradient, layer_qk_weight_shape, false, nullptr, "dwv"},
+        {"dwk", Role::gradient, layer_qk_weight_shape, false, nullptr, "dwv"},
         {"dwv", Role::gradient, weight, false},  {"dwo", Role::gradient, weight, false},
-        {"dg", Role::gradient, channels, false}, {"dbeta", Role::gradient, per_head, false, layer_has_blend},
+        {"dg", Role::gradient, channels, false, layer_has_norm_weight}, {"dbeta", Role::gradient, per_head, false, layer_has_blend},
     };
     for (TensorSpec& spec : block_tensors()) o.tensors.push_back(std::move(spec));
     o.make_inputs = make_inputs;
