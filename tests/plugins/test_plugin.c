@@ -82,7 +82,62 @@ static int checks_backward(const lattn_case* c, const lattn_tensors* t, const la
   return 0;
 }
 
-#if defined(VARIANT_contract)
+/* Version 2: holds lattnbench to what it hands a version 2 impl for each rule (the case's householder,
+   bonus and mimo_rank; a, b for dplr; dt, trap and scale 1 for trapezoidal; u for the bonus; the
+   new gradients in the backward only), returning what it broke as the error. Writes zeros. */
+static size_t token_rows(const lattn_case2* c) {
+  return (size_t)(c->batch * c->heads * c->seq * (c->mimo_rank > 1 ? c->mimo_rank : 1) * c->dim);
+}
+
+static int checks_v2_case(const lattn_case2* c, const lattn_tensors2* t, int backward, char* err, size_t errlen) {
+  const int dplr = strcmp(c->rule, "dplr") == 0, trapezoidal = strcmp(c->rule, "trapezoidal") == 0;
+  EXPECT(c->householder >= 1 && c->mimo_rank >= 1 && (c->bonus == 0 || c->bonus == 1));
+  EXPECT(c->householder == 1 || strcmp(c->rule, "delta") == 0);
+  EXPECT(c->mimo_rank == 1 || trapezoidal);
+  EXPECT((t->a != NULL) == dplr && (t->b != NULL) == dplr);
+  EXPECT((t->dt != NULL) == trapezoidal && (t->trap != NULL) == trapezoidal);
+  EXPECT((t->u != NULL) == (c->bonus == 1));
+  EXPECT((t->beta != NULL) == (strcmp(c->rule, "delta") == 0));
+  if (trapezoidal) EXPECT(c->scale == 1.0);
+  else EXPECT(c->scale * c->scale * (double)c->dim > 0.999999 && c->scale * c->scale * (double)c->dim < 1.000001);
+  if (!backward) {
+    EXPECT(t->da == NULL && t->db == NULL && t->du == NULL && t->ddt == NULL && t->dtrap == NULL && t->dO == NULL);
+  } else {
+    EXPECT(t->dO && t->dq && t->dk && t->dv && t->dh0);
+    EXPECT((t->da != NULL) == dplr && (t->db != NULL) == dplr);
+    EXPECT((t->ddt != NULL) == trapezoidal && (t->dtrap != NULL) == trapezoidal);
+    EXPECT((t->du != NULL) == (c->bonus == 1));
+  }
+  return 0;
+}
+
+static int checks_v2_forward(const lattn_case2* c, const lattn_tensors2* t, const lattn_allocator* alloc, void* stream,
+                             void** saved, char* err, size_t errlen) {
+  (void)alloc, (void)stream;
+  if (checks_v2_case(c, t, 0, err, errlen)) return 1;
+  memset(t->o, 0, token_rows(c) * sizeof(float));
+  memset(t->hT, 0, (size_t)(c->batch * c->heads * c->dim * c->dim) * sizeof(float));
+  *saved = NULL;
+  return 0;
+}
+
+static int checks_v2_backward(const lattn_case2* c, const lattn_tensors2* t, const lattn_allocator* alloc,
+                              void* stream, void* saved, char* err, size_t errlen) {
+  (void)alloc, (void)stream, (void)saved;
+  return checks_v2_case(c, t, 1, err, errlen);
+}
+
+#if defined(VARIANT_v2)
+static const lattn_impl2 impls[] = {{"checks", "cpu", NULL, checks_v2_forward, checks_v2_backward}};
+static const lattn_plugin2 plugin = {LATTN_PLUGIN_ABI_V2, "test_v2", 1, impls};
+const lattn_plugin2* lattn_plugin_v2(void) { return &plugin; }
+#define NO_ENTRY_POINT
+#elif defined(VARIANT_abi2)
+static const lattn_impl2 impls[] = {{"checks", "cpu", NULL, checks_v2_forward, checks_v2_backward}};
+static const lattn_plugin2 plugin = {LATTN_PLUGIN_ABI_V2 + 1, "test_abi2", 1, impls};
+const lattn_plugin2* lattn_plugin_v2(void) { return &plugin; }
+#define NO_ENTRY_POINT
+#elif defined(VARIANT_contract)
 static const lattn_impl impls[] = {{"checks", "cpu", NULL, checks_forward, checks_backward}};
 static const lattn_plugin plugin = {LATTN_PLUGIN_ABI, "test_contract", 1, impls};
 #elif defined(VARIANT_wrong)

@@ -146,6 +146,64 @@ class Core(unittest.TestCase):
                     self.assertEqual(r["status"], "skipped", r)
                     self.assertTrue(r["skip_reason"].startswith(r["impl"]), r)
 
+    def test_numpy_dplr_every_output_and_gradient_checked(self):
+        # np:dplr computes a rule only the interface's version 2 describes (tensors a and b): every
+        # output and gradient, da and db among them, within the float64 reference's tolerance.
+        plugin = os.path.join(EXAMPLES, "numpy_scan.py")
+        for decay in ("none", "retnet", "scalar", "vector"):
+            _, doc, _ = run(*SMALL, "--plugin", plugin, "--impl", "np:dplr,scan", "--seq", "100", "--rule", "dplr",
+                            "--decay", decay, "--mode", "fwd,fwd_bwd", expect=0)
+            mine = records(doc, "np:dplr")
+            self.assertEqual(len(mine), 2)
+            for r in mine:
+                self.assert_checked(r)
+                expected = {"o", "hT"}
+                if r["mode"] == "fwd_bwd":
+                    expected |= {"dq", "dk", "dv", "dh0", "da", "db"} | ({"dg"} if decay in ("scalar", "vector") else set())
+                self.assertEqual(set(r["rel_errs"]), expected, r)
+
+    def test_numpy_rwkv6_bonus_every_output_and_gradient_checked(self):
+        plugin = os.path.join(EXAMPLES, "numpy_scan.py")
+        _, doc, _ = run(*SMALL, "--plugin", plugin, "--impl", "np:rwkv6,np:scan,scan", "--seq", "100", "--decay",
+                        "vector", "--bonus", "true,false", "--mode", "fwd,fwd_bwd", expect=0)
+        for r in records(doc, "np:rwkv6"):
+            if r.get("bonus"):
+                self.assert_checked(r)
+                expected = {"o", "hT"} | ({"dq", "dk", "dv", "dh0", "dg", "du"} if r["mode"] == "fwd_bwd" else set())
+                self.assertEqual(set(r["rel_errs"]), expected, r)
+            else:
+                self.assertEqual(r["skip_reason"], "np:rwkv6: the bonus form only (bonus: true)", r)
+        # np:scan declares no bonus: declined, never misread as GLA.
+        for r in records(doc, "np:scan"):
+            if r.get("bonus"):
+                self.assertEqual(r["skip_reason"], "np:scan: takes no bonus (bonus: true)", r)
+        self.assertEqual(len([r for r in records(doc, "np:rwkv6") if r["status"] == "ok"]), 2)
+
+    def test_version_2_tensors_by_name_and_shape_in_both_layouts(self):
+        # v2_tensors.py raises naming any tensor whose presence or shape is not the case's, and
+        # writes zeros: each case fails its check with no error when the bridge is right.
+        forms = [["--rule", "dplr", "--decay", "none,retnet,scalar,vector"],
+                 ["--rule", "trapezoidal", "--decay", "scalar", "--mimo-rank", "1,2,4"],
+                 ["--rule", "additive", "--decay", "vector", "--bonus", "true"],
+                 ["--rule", "delta", "--decay", "none,scalar,vector", "--householder", "1,3"]]
+        for form in forms:
+            _, doc, _ = run(*SMALL, "--dim", "8", "--plugin", os.path.join(HERE, "v2_tensors.py"), "--impl",
+                            "v2:shapes,v2:shapes_bthd,v2:one_row", "--seq", "12", "--mode", "fwd,fwd_bwd", *form,
+                            expect=1)
+            for impl in ("v2:shapes", "v2:shapes_bthd"):
+                rows = records(doc, impl)
+                self.assertGreaterEqual(len(rows), 2, form)
+                for r in rows:
+                    self.assertNotIn("error", r, r)
+                    self.assertEqual(r["status"], "failed", r)
+            for r in records(doc, "v2:one_row"):
+                if r.get("householder", 1) > 1:
+                    self.assertEqual(r["skip_reason"], f"v2:one_row: takes householder 1 only, not {r['householder']}")
+                elif r.get("mimo_rank", 1) > 1:
+                    self.assertEqual(r["skip_reason"], f"v2:one_row: takes mimo_rank 1 only, not {r['mimo_rank']}")
+                elif r.get("bonus"):
+                    self.assertEqual(r["skip_reason"], "v2:one_row: takes no bonus (bonus: true)")
+
     def test_an_impl_in_the_bthd_layout_is_handed_it_and_checked_in_ours(self):
         # bthd_kernel.py indexes [B, T, H, D] and raises on any other shape: its outputs pass the
         # float64 check only if the inputs were permuted in and the outputs and gradients back.
@@ -215,7 +273,7 @@ class Core(unittest.TestCase):
         cases = {
             os.path.join(bad, "syntax.py"): r"does not load: SyntaxError: '\(' was never closed",
             os.path.join(bad, "no_plugin.py"): r"does not load: ValueError: declares 0 plugins",
-            os.path.join(bad, "bad_rule.py"): r"does not load: ValueError: rule 'hebbian' is not one of additive, delta",
+            os.path.join(bad, "bad_rule.py"): r"does not load: ValueError: rule 'hebbian' is not one of additive, delta, dplr, trapezoidal",
             os.path.join(bad, "bad_layout.py"): r"does not load: ValueError: layout 'BHDT' is not one of BHTD, BTHD",
             os.path.join(bad, "bad_name.py"): r"plugin name 'Bad-Name' is not \[a-z0-9_\]\+",
             os.path.join(bad, "missing.py"): r"no such file",
