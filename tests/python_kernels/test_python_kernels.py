@@ -4,7 +4,7 @@ docs alone, exceptions failing their case while the run goes on (and under --iso
 errors, the records' temp_mb and the device block's bridge figure; the torch, JAX and
 flash-linear-attention examples where their packages (and a GPU) are there.
 
-    python3 test_python_kernels.py BINARY [GROUP]   GROUP: core (default), torch, jax, fla
+    python3 test_python_kernels.py BINARY [GROUP]   GROUP: core (default), torch, jax, fla, mamba3
 
 Exit status 77 when every test of the group was skipped (CTest reports it skipped)."""
 import json
@@ -297,6 +297,17 @@ class Core(unittest.TestCase):
         self.assertRegex(proc.stdout, r"np:scan\s+cpu: runs \d+ of the \d+ planned kernel cases on cpu")
         self.assertIn("np:chunked has no backward (fwd only)", proc.stdout)
 
+    def test_the_outside_kernel_examples_load_where_their_packages_do_not_import(self):
+        # fla.py and mamba3.py import torch, triton and their kernels inside a try: without them the
+        # files load and their impls decline every case with the reason (never a pass).
+        for name, impls in (("fla.py", ("fla:chunk", "fla:scan", "fla:flashqla")), ("mamba3.py", ("mamba3:siso",))):
+            proc = subprocess.run([BINARY, "--list", "--plugin", os.path.join(EXAMPLES, name)], capture_output=True,
+                                  text=True, timeout=300)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            for impl in impls:
+                self.assertRegex(proc.stdout, re.escape(impl) + r"\s+cuda", proc.stdout)
+            self.assertIn("interface version 2", proc.stdout)
+
     def test_a_module_on_pythons_path(self):
         env = dict(os.environ, PYTHONPATH=HERE)
         with tempfile.TemporaryDirectory() as tmp:
@@ -370,6 +381,38 @@ class Jax(unittest.TestCase):
 
 
 class Fla(unittest.TestCase):
+    def test_fla_dplr_mapping_against_flas_naive_recurrence(self):
+        # fla.py hands FLA our b as its a and our a as its b (FLA reads along its a): FLA's own naive
+        # recurrence, plain torch on the CPU, called so, must equal docs/spec.md section 1f's.
+        try:
+            import numpy as np
+            import torch
+            from fla.ops.generalized_delta_rule.dplr.naive import dplr_recurrence
+        except Exception as error:
+            self.skipTest(f"torch or fla's naive dplr does not import here ({type(error).__name__}: {error})")
+        fla_example = _load_example_without_lattnbench("fla")
+        rng = np.random.default_rng(7)
+        B, H, T, D = 2, 3, 9, 8
+        q, k, v = (rng.standard_normal((B, H, T, D)) for _ in range(3))
+        kappa = rng.standard_normal((B, H, T, D))
+        kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
+        ours = {"b": kappa, "a": -rng.uniform(0, 1, (B, H, T, D)) * kappa}
+        g = -rng.uniform(0, 0.5, (B, H, T, D))
+        h0 = rng.standard_normal((B, H, D, D))
+        s = D ** -0.5
+        state, expected = h0.copy(), np.zeros((B, H, T, D))
+        for t in range(T):  # section 1f: S_t = A_t S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T
+            read = np.einsum("bhkv,bhk->bhv", state, ours["b"][:, :, t])
+            state = np.exp(g[:, :, t])[..., None] * state + ours["a"][:, :, t, :, None] * read[:, :, None, :] + \
+                k[:, :, t, :, None] * v[:, :, t, None, :]
+            expected[:, :, t] = s * np.einsum("bhkv,bhk->bhv", state, q[:, :, t])
+        f32 = lambda x: torch.from_numpy(x).float()
+        fla = fla_example._fla_dplr({n: f32(x) for n, x in ours.items()}, f32(g))  # FLA's keywords a, b, gk
+        o, final = dplr_recurrence(f32(q), f32(k), f32(v), fla["a"], fla["b"], fla["gk"], initial_state=f32(h0),
+                                   output_final_state=True)
+        np.testing.assert_allclose(o.double().numpy(), expected, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(final.double().numpy(), state, rtol=1e-3, atol=1e-4)
+
     def test_fla_every_family_on_the_cuda_backend(self):
         # Every rule and decay, fwd and fwd_bwd, bf16 and float32, chunk and scan: each case runs
         # and passes the float64 check in the BTHD layout, or is declined for a reason fla.py names.
@@ -393,9 +436,66 @@ class Fla(unittest.TestCase):
             self.assertGreater(r["layout_copy_mb"], 0)
 
 
+def _load_example_without_lattnbench(name):
+    """Imports an example plugin file outside lattnbench, with a stand-in for the `lattn` module
+    (its decorators only), for the parts of it that are plain functions."""
+    import importlib.util
+    import types
+
+    class _Impl:
+        def backward(self, fn):
+            return self
+
+    class _Plugin:
+        def __init__(self, name):
+            self.name = name
+
+        def impl(self, *args, **kwargs):
+            return lambda forward: _Impl()
+
+    saved = sys.modules.get("lattn")
+    sys.modules["lattn"] = types.SimpleNamespace(Plugin=_Plugin)
+    try:
+        spec = importlib.util.spec_from_file_location("example_" + name, os.path.join(EXAMPLES, name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["lattn"]
+        else:
+            sys.modules["lattn"] = saved
+    return module
+
+
+class Mamba3(unittest.TestCase):
+    def test_mamba3_siso_on_the_cuda_backend(self):
+        # The authors' Triton kernel beside ours: each case runs and passes the float64 check in
+        # the BTHD layout (bf16, fwd and fwd_bwd: dq dk dv dh0 dg ddt dtrap), or is declined for a
+        # reason mamba3.py names.
+        status, doc, err = run(*SMALL, "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "mamba3.py"),
+                               "--impl", "mamba3:siso", "--seq", "200", "--dim", "64", "--rule", "trapezoidal",
+                               "--decay", "scalar", "--mimo-rank", "1,2", "--mode", "fwd,fwd_bwd",
+                               "--dtype", "float32,bf16")
+        if status == 2 or doc is None:
+            self.skipTest("no CUDA backend in this build: " + err.strip().splitlines()[-1])
+        rows = records(doc, "mamba3:siso")
+        reasons = {r.get("skip_reason", "") for r in rows if r["status"] == "skipped"}
+        if all(r["status"] == "skipped" for r in rows):
+            self.skipTest("; ".join(sorted(reasons)))
+        for r in rows:
+            if r["status"] == "skipped":
+                self.assertRegex(r["skip_reason"], r"^mamba3:siso: (takes mimo_rank 1 only|mamba3_siso_combined computes"
+                                 r" in bfloat16)", r)
+                continue
+            self.assertEqual(r["status"], "ok", r)
+            self.assertLessEqual(r["rel_err"], r["tolerance"], r)
+            if r["mode"] == "fwd_bwd":
+                self.assertEqual(set(r["rel_errs"]), {"o", "hT", "dq", "dk", "dv", "dh0", "dg", "ddt", "dtrap"}, r)
+
+
 if __name__ == "__main__":
     BINARY = sys.argv[1]
-    group = {"core": Core, "torch": Torch, "jax": Jax, "fla": Fla}[sys.argv[2] if len(sys.argv) > 2 else "core"]
+    group = {"core": Core, "torch": Torch, "jax": Jax, "fla": Fla, "mamba3": Mamba3}[sys.argv[2] if len(sys.argv) > 2 else "core"]
     suite = unittest.defaultTestLoader.loadTestsFromTestCase(group)
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     if not result.wasSuccessful():
