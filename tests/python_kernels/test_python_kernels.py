@@ -186,8 +186,9 @@ class Core(unittest.TestCase):
                  ["--rule", "trapezoidal", "--decay", "scalar", "--mimo-rank", "1,2,4"],
                  ["--rule", "additive", "--decay", "vector", "--bonus", "true"],
                  ["--rule", "delta", "--decay", "none,scalar,vector", "--householder", "1,3"]]
+        declined = set()  # what v2:one_row, which declares none of the forms, was declined for
         for form in forms:
-            _, doc, _ = run(*SMALL, "--dim", "8", "--plugin", os.path.join(HERE, "v2_tensors.py"), "--impl",
+            _, doc, _ = run(*SMALL, "--plugin", os.path.join(HERE, "v2_tensors.py"), "--impl",
                             "v2:shapes,v2:shapes_bthd,v2:one_row", "--seq", "12", "--mode", "fwd,fwd_bwd", *form,
                             expect=1)
             for impl in ("v2:shapes", "v2:shapes_bthd"):
@@ -197,12 +198,18 @@ class Core(unittest.TestCase):
                     self.assertNotIn("error", r, r)
                     self.assertEqual(r["status"], "failed", r)
             for r in records(doc, "v2:one_row"):
-                if r.get("householder", 1) > 1:
+                if r["mode"] == "fwd_bwd":  # it has no backward
+                    self.assertEqual(r["skip_reason"], "v2:one_row has no backward (fwd only)")
+                elif int(r.get("householder", 1)) > 1:
                     self.assertEqual(r["skip_reason"], f"v2:one_row: takes householder 1 only, not {r['householder']}")
-                elif r.get("mimo_rank", 1) > 1:
+                    declined.add("householder")
+                elif int(r.get("mimo_rank", 1)) > 1:
                     self.assertEqual(r["skip_reason"], f"v2:one_row: takes mimo_rank 1 only, not {r['mimo_rank']}")
+                    declined.add("mimo_rank")
                 elif r.get("bonus"):
                     self.assertEqual(r["skip_reason"], "v2:one_row: takes no bonus (bonus: true)")
+                    declined.add("bonus")
+        self.assertEqual(declined, {"householder", "mimo_rank", "bonus"})
 
     def test_an_impl_in_the_bthd_layout_is_handed_it_and_checked_in_ours(self):
         # bthd_kernel.py indexes [B, T, H, D] and raises on any other shape: its outputs pass the
