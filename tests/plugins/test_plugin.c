@@ -1,8 +1,11 @@
 /* Plugins that misbehave on purpose, one per VARIANT (tests/CMakeLists.txt builds each), for
    tests/plugins/test_plugins.cpp: what lattnbench must refuse at load time (another ABI, no entry point,
    a malformed or duplicate name), and what must fail a case without stopping the run (a wrong
-   result, an error returned, scratch left allocated, a crash under --isolate). */
-#include <lattn/plugin.h>
+   result, an error returned, scratch left allocated, a crash under --isolate); and version 2's side
+   of the contract (VARIANT_v2: every rule's case fields and tensors; VARIANT_abi2: a lattn_plugin_v2
+   of another ABI). <lattn/plugin_v2.h> includes version 1's header: the version 1 variants are
+   built against the same declarations a version 1 plugin sees. */
+#include <lattn/plugin_v2.h>
 
 #include <stdio.h>
 #include <stdlib.h>
