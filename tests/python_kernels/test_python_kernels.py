@@ -40,6 +40,30 @@ SMALL = ["--suite", "kernel", "--batch", "1", "--heads", "2", "--dim", "32", "--
          "--min-sample-ms", "1"]
 
 
+def small(dim):
+    """SMALL at another head dim (lattnbench takes --dim once)."""
+    return [str(dim) if prev == "--dim" else x for prev, x in zip([None] + SMALL, SMALL)]
+
+
+def cuda_backend_or_skip(test, status, doc, err):
+    """Skips the test where this lattnbench has no CUDA backend (or no device); any other usage
+    error is the test's own fault and fails it."""
+    if doc is None and status == 2 and "--backend cuda: no CUDA device" in err:
+        test.skipTest("no CUDA backend here: " + err.strip().splitlines()[-1])
+    test.assertIsNotNone(doc, err)
+
+
+def run_each_dtype(test, *args):
+    """Runs lattnbench once per dtype, float32 and bf16 (it takes one --dtype a run), on the CUDA
+    backend; the records of both, or the test skipped where there is no CUDA backend."""
+    merged = {"results": []}
+    for dtype in ("float32", "bf16"):
+        status, doc, err = run(*args, "--dtype", dtype)
+        cuda_backend_or_skip(test, status, doc, err)
+        merged["results"] += doc["results"]
+    return merged
+
+
 class Core(unittest.TestCase):
     def assert_checked(self, record):
         self.assertEqual(record["status"], "ok", record)
@@ -423,12 +447,9 @@ class Fla(unittest.TestCase):
     def test_fla_every_family_on_the_cuda_backend(self):
         # Every rule and decay, fwd and fwd_bwd, bf16 and float32, chunk and scan: each case runs
         # and passes the float64 check in the BTHD layout, or is declined for a reason fla.py names.
-        status, doc, err = run(*SMALL, "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
-                               "--impl", "fla:chunk,fla:scan", "--seq", "200", "--dim", "64",
-                               "--rule", "additive,delta", "--decay", "none,retnet,scalar,vector",
-                               "--mode", "fwd,fwd_bwd", "--dtype", "float32,bf16")
-        if status == 2 or doc is None:
-            self.skipTest("no CUDA backend in this build: " + err.strip().splitlines()[-1])
+        doc = run_each_dtype(self, *small(64), "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
+                             "--impl", "fla:chunk,fla:scan", "--seq", "200",
+                             "--rule", "additive,delta", "--decay", "none,retnet,scalar,vector", "--mode", "fwd,fwd_bwd")
         rows = records(doc, "fla:chunk") + records(doc, "fla:scan")
         reasons = {r.get("skip_reason", "") for r in rows if r["status"] == "skipped"}
         if all(r["status"] == "skipped" for r in rows):
@@ -441,6 +462,33 @@ class Fla(unittest.TestCase):
             self.assertLessEqual(r["rel_err"], r["tolerance"], r)
             self.assertEqual(r["layout"], "BTHD")
             self.assertGreater(r["layout_copy_mb"], 0)
+
+
+    def test_fla_rwkv7_deltaproduct_rwkv6_on_the_cuda_backend(self):
+        # The families the plugin interface's version 2 hands over: RWKV-7's dplr (every decay),
+        # DeltaProduct (householder 2) and RWKV-6 (the bonus), each case passing the float64 check or
+        # declined for a reason fla.py names.
+        forms = [["--rule", "dplr", "--decay", "none,retnet,scalar,vector"],
+                 ["--rule", "delta", "--decay", "none,retnet,scalar,vector", "--householder", "2"],
+                 ["--rule", "additive", "--decay", "vector", "--bonus", "true"]]
+        ran = 0
+        allowed = (r"^fla:scan: (FLA's fused_recurrent_dplr_delta_rule has no backward|FLA has no recurrent "
+                   r"DeltaProduct)|^fla:(chunk|scan): FLA's chunk_gated_delta_product (takes one gate|asserts "
+                   r"bfloat16)|^fla:flashqla: ")
+        for form in forms:
+            doc = run_each_dtype(self, *small(64), "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
+                                 "--impl", "fla:chunk,fla:scan", "--seq", "200", *form, "--mode", "fwd,fwd_bwd")
+            rows = records(doc, "fla:chunk") + records(doc, "fla:scan")
+            if all(r["status"] == "skipped" for r in rows):
+                self.skipTest("; ".join(sorted({r.get("skip_reason", "") for r in rows})))
+            for r in rows:
+                if r["status"] == "skipped":
+                    self.assertRegex(r["skip_reason"], allowed, r)
+                    continue
+                ran += 1
+                self.assertEqual(r["status"], "ok", r)
+                self.assertLessEqual(r["rel_err"], r["tolerance"], r)
+        self.assertGreater(ran, 0)
 
 
 def _load_example_without_lattnbench(name):
@@ -479,12 +527,9 @@ class Mamba3(unittest.TestCase):
         # The authors' Triton kernel beside ours: each case runs and passes the float64 check in
         # the BTHD layout (bf16, fwd and fwd_bwd: dq dk dv dh0 dg ddt dtrap), or is declined for a
         # reason mamba3.py names.
-        status, doc, err = run(*SMALL, "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "mamba3.py"),
-                               "--impl", "mamba3:siso", "--seq", "200", "--dim", "64", "--rule", "trapezoidal",
-                               "--decay", "scalar", "--mimo-rank", "1,2", "--mode", "fwd,fwd_bwd",
-                               "--dtype", "float32,bf16")
-        if status == 2 or doc is None:
-            self.skipTest("no CUDA backend in this build: " + err.strip().splitlines()[-1])
+        doc = run_each_dtype(self, *small(64), "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "mamba3.py"),
+                             "--impl", "mamba3:siso", "--seq", "200", "--rule", "trapezoidal", "--decay", "scalar",
+                             "--mimo-rank", "1,2", "--mode", "fwd,fwd_bwd")
         rows = records(doc, "mamba3:siso")
         reasons = {r.get("skip_reason", "") for r in rows if r["status"] == "skipped"}
         if all(r["status"] == "skipped" for r in rows):
