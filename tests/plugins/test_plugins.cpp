@@ -168,6 +168,29 @@ TEST_CASE("a version 2 plugin is handed each rule's case fields and tensors", "[
   }
 }
 
+TEST_CASE("a version 2 C plugin's dplr forward, from the tensors a, b and g, passes the float64 check", "[plugins][spawns]") {
+  const fs::path dir = test::fresh_dir("plugin-v2-dplr");
+  const auto result = lattnbench("--plugin " LATTN_PLUGIN_v2dplr " --impl test_v2dplr:scan --seq 21 --rule dplr,additive "
+                                 "--decay none,retnet,scalar,vector --mode fwd,fwd_bwd --out " + (dir / "r.json").string() +
+                                 kSmall);
+  INFO(result.output);
+  CHECK(result.exit_status == 0);
+  std::size_t ran = 0;
+  for (const auto& r : records_of(read_json(dir / "r.json"), "test_v2dplr:scan")) {
+    INFO(r.dump());
+    if (r["mode"] == "fwd_bwd") {
+      CHECK(r["skip_reason"] == "test_v2dplr:scan has no backward (fwd only)");
+    } else if (r.value("rule", "additive") == "additive") {
+      CHECK(r["skip_reason"] == "test_v2dplr:scan: test_v2dplr computes rule dplr only");
+    } else {
+      CHECK(r["status"] == "ok");
+      CHECK(r["rel_err"].get<double>() < 1e-4);
+      ++ran;
+    }
+  }
+  CHECK(ran == 4);  // every decay
+}
+
 TEST_CASE("a version 1 plugin still loads, runs its rules and declines those only version 2 describes", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-v1-declines");
   const struct {
