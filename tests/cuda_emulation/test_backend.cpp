@@ -72,8 +72,9 @@ void run_table_row(const std::string& op) {
     CHECK(run.checked_by_op.count(op) == 1);
   // What the CUDA backend declines, and nothing else: the layer's bf16 cases, the modern block's
   // cases (docs/spec.md section 2b, not written for CUDA), the delta rule's chunks of more than
-  // 64 rows and its bf16 cases at dim < 4, the rules dplr and trapezoidal, and the CPU-only forms
-  // (RWKV-6's bonus, DeltaProduct).
+  // 64 rows and its bf16 cases at dim < 4, the dplr rule's chunked form and decode step, the
+  // trapezoidal rule, RWKV-6's bonus in the chunked form and the decode step, and DeltaProduct in
+  // the decode step.
   for (const auto& [reason, cases] : run.not_supported) {
     INFO(reason);
     const bool layer_bf16 = reason.find("layer") == 0 && reason.find("float32 only") != std::string::npos;
@@ -84,16 +85,21 @@ void run_table_row(const std::string& op) {
          reason.find("the CUDA chunked delta kernels take bf16 from dim 4") != std::string::npos);
     const bool decode_backward = reason.find("decode step") == 0 && reason.find("forward only") != std::string::npos;
     const bool layer_block = reason.find("layer") == 0 && reason.find("hybrid block of docs/spec.md section 2 only") != std::string::npos;
-    // dplr (docs/spec.md section 1f) has CPU kernels only.
-    const bool dplr = (reason.find("linear_attention") == 0 && reason.find("variant takes rule dplr") != std::string::npos) ||
+    // dplr (docs/spec.md section 1f) has a CUDA scan (scan_dplr) and no chunked form or decode step.
+    const bool dplr = (reason.find("linear_attention chunked") == 0 &&
+                       reason.find("no CUDA chunked variant takes rule dplr") != std::string::npos) ||
                       (reason.find("decode step") == 0 && reason.find("no kernel for rule dplr") != std::string::npos);
     // The trapezoidal rule (section 1e) has CPU kernels only too.
     const bool trapezoidal =
         (reason.find("linear_attention") == 0 && reason.find("variant takes rule trapezoidal") != std::string::npos) ||
         (reason.find("decode step") == 0 && reason.find("no trapezoidal rule") != std::string::npos);
-    // RWKV-6's bonus form and DeltaProduct (docs/spec.md sections 1g, 1h): CPU rows only.
-    const bool cpu_only_form = reason.find("no bonus (RWKV-6) form") != std::string::npos ||
-                               reason.find("one Householder write per token only") != std::string::npos;
+    // RWKV-6's bonus form and DeltaProduct (docs/spec.md sections 1g, 1h): the scan rows take the
+    // bonus and both tables DeltaProduct; the chunked rows decline the bonus, the decode step both.
+    const bool cpu_only_form =
+        (reason.find("linear_attention chunked") == 0 &&
+         reason.find("chunked_gated (no bonus (RWKV-6) form)") != std::string::npos) ||
+        (reason.find("decode step") == 0 && (reason.find("has no bonus (RWKV-6) form") != std::string::npos ||
+                                              reason.find("takes one Householder write per token only") != std::string::npos));
     CHECK((layer_bf16 || layer_block || chunked_delta || decode_backward || dplr || trapezoidal || cpu_only_form));
   }
 }
@@ -326,18 +332,21 @@ TEST_CASE("emulation: the CUDA rows ask the variant tables, and skip what no var
         INFO(test::describe(c));
         std::string why;
         const cuda::CudaVariant* v = cuda::cuda_variant(form, p, &why);
-        if (p.trapezoidal() || p.dplr()) {  // no CUDA row takes these rules: skipped with the table's reason
+        // No CUDA row takes the trapezoidal rule, nor a chunked row the dplr rule: skipped with the
+        // table's reason.
+        if (p.trapezoidal() || (p.dplr() && form == "chunked")) {
           CHECK(v == nullptr);
           const std::optional<std::string> skip = backend->unsupported(c);
           REQUIRE(skip);
           CHECK(*skip == why);
           continue;
         }
-        // Every other rule and decay has a row in both forms.
+        // Every other rule and decay has a row in both forms (dplr: the scan).
         REQUIRE(v != nullptr);
         CHECK_FALSE(backend->unsupported(c));
         const std::string chunked = p.delta() ? "chunked_delta" : gated(p.decay) ? "chunked_gated" : "chunked";
-        CHECK(v->name == (form == "chunked" ? chunked : p.delta() ? "scan_delta" : "scan"));
+        const std::string scan = p.delta() ? "scan_delta" : p.dplr() ? "scan_dplr" : "scan";
+        CHECK(v->name == (form == "chunked" ? chunked : scan));
         CHECK(backend->variant(c) == v->name);
       }
   // What no chunked row takes is skipped with the table's reason: the delta rule's chunks past 64 rows.
@@ -378,8 +387,9 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively",
   // bind them (bind_linear_tensors); the scan rows take the case as it is (their variant, no
   // gather), with the scratch of their closed forms written out here: a packed case's document
   // boundaries (N + 1 ints), and with grouped heads dq and dk per value head (B H T Dk floats:
-  // one set for the additive rule, two for its gated decays and for the delta rule, beside the
-  // delta rule's E, B H T Dv, and for scalar gates its per-channel dg, B H T Dk).
+  // one set for the additive rule, two for its gated decays and for the delta and dplr rules),
+  // beside the delta rule's E (B H T Dv) or the dplr rule's U and Z (two of those), and for
+  // scalar gates their per-channel dg (B H T Dk).
   auto backend = emulated_cuda(BackendOptions{});
   const Problem base{2, 4, 21, 16, 16};
   struct Shape {
@@ -390,7 +400,7 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively",
     for (const std::string& rule : rule_names())
       for (const std::string decay : {"none", "scalar", "vector"})
         for (Mode mode : {Mode::fwd, Mode::fwd_bwd}) {
-          if (rule == "trapezoidal" || rule == "dplr") continue;  // no CUDA row takes them (checked above)
+          if (rule == "trapezoidal") continue;  // no CUDA row takes it (checked above)
           Problem p = base;
           p.rule = rule_from(rule);
           p.decay = decay_from(decay);
@@ -399,7 +409,7 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively",
           INFO(test::describe(c) << " heads_k " << s.heads_k << " dim_v " << s.dim_v << " lengths " << s.lengths);
           REQUIRE(!lp.square_dense());
           REQUIRE_FALSE(backend->unsupported(c));
-          CHECK(backend->variant(c) == (lp.delta() ? "scan_delta" : "scan"));
+          CHECK(backend->variant(c) == (lp.delta() ? "scan_delta" : lp.dplr() ? "scan_dplr" : "scan"));
           const test::Outcome r = test::run_on(*backend, c, 5);
           INFO(test::errors(r.check));
           CHECK(r.check.passed);
@@ -409,6 +419,7 @@ TEST_CASE("emulation: the CUDA scan rows run the section 1c shapes natively",
                             keys = lp.heads_total() * lp.seq * lp.dim * 4;
           std::size_t backward = cu + (gated(lp.decay) ? 2 : 1) * part;
           if (lp.delta()) backward = cu + 2 * part + values + (lp.decay == Decay::scalar ? keys : 0);
+          if (lp.dplr()) backward = cu + 2 * part + 2 * values + (lp.decay == Decay::scalar ? keys : 0);
           CHECK(r.memory.temp_bytes == (mode == Mode::fwd ? cu : std::max(cu, backward)));
         }
 }

@@ -1,5 +1,5 @@
-// CUDA kernels of docs/spec.md section 1 (cuda/scan.cu, cuda/scan_delta.cu, cuda/chunked_delta*.cu;
-// docs/cuda.md), host-side declarations. Every pointer is device memory in the layouts of
+// CUDA kernels of docs/spec.md section 1 (cuda/scan.cu, cuda/scan_delta.cu, cuda/scan_dplr.cu,
+// cuda/chunked_delta*.cu; docs/cuda.md), host-side declarations. Every pointer is device memory in the layouts of
 // kernels/linear_attention/problem.hpp. Token tensors (q, k, v, dO) are float32 or bf16 (as raw
 // 16-bit patterns) by `dtype`; states (h0, dhT) and every output are float32, and every product
 // accumulates in float32. Each function only enqueues work on `stream` (asynchronous).
@@ -8,7 +8,7 @@
 // its scratch is a packed problem's document boundaries and, with grouped heads, dq and dk per
 // value head before their sum; the additive rule's backward runs a forward recurrence for dq and a
 // reverse one for dk, dv and keeps nothing else (the delta rule's backward keeps a token tensor,
-// below). The additive rule's chunked form, every decay and shape, is cuda/chunked_gated.hpp's; the
+// the dplr rule's two, below). The additive rule's chunked form, every decay and shape, is cuda/chunked_gated.hpp's; the
 // delta rule's (cuda/chunked_delta*.cu, below) takes every shape too. The *_workspace_bytes closed forms are held
 // to the allocator's count by the tests.
 #pragma once
@@ -84,9 +84,9 @@ void scan_forward(const Problem& problem, Dtype dtype, const DeviceForward& args
                   cudaStream_t stream);
 void scan_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
                    cudaStream_t stream);
-// The additive rule's scan, every decay (cuda/scan.cu; the table's `scan` row). Scratch: a packed
-// problem's document boundaries; the backward's, with grouped heads, one set of key parts (dq, then
-// dk, per value head), two for gated decays (dg reads both).
+// The additive rule's scan, every decay, and RWKV-6's bonus (cuda/scan.cu; the table's `scan` row). Scratch: a
+// packed problem's boundaries; the backward's, with grouped heads, one set of key parts (dq, then dk, per
+// value head), two for gated decays (dg reads both); the bonus's du per (sequence, value head) pair.
 void scan_additive_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
                            cudaStream_t stream);
 void scan_additive_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
@@ -106,6 +106,16 @@ void scan_delta_backward(const Problem& problem, Dtype dtype, const DeviceBackwa
                          cudaStream_t stream);
 std::size_t scan_delta_forward_workspace_bytes(const Problem& problem);
 std::size_t scan_delta_backward_workspace_bytes(const Problem& problem);
+// The diagonal-plus-low-rank rule's scan (cuda/scan_dplr.cu; the table's `scan_dplr` row): beside a
+// packed problem's document boundaries, its backward keeps u_t = S_{t-1}^T b_t and z_t = G_t^T a_t
+// of every token (two value tensors of floats), for scalar gates dg's per-channel sums (a key
+// tensor per value head) and, with grouped heads, dq and dk per value head (two more).
+void scan_dplr_forward(const Problem& problem, Dtype dtype, const DeviceForward& args, Allocator& allocator,
+                       cudaStream_t stream);
+void scan_dplr_backward(const Problem& problem, Dtype dtype, const DeviceBackward& args, Allocator& allocator,
+                        cudaStream_t stream);
+std::size_t scan_dplr_forward_workspace_bytes(const Problem& problem);
+std::size_t scan_dplr_backward_workspace_bytes(const Problem& problem);
 
 // The delta rule's chunked WY form (cuda/chunked_delta*.cu; the chunked table's `chunked_delta`
 // row), every decay and every shape of docs/spec.md section 1c. Its scratch: a packed problem's

@@ -27,6 +27,19 @@
 // dq and dk of the value head, before any group sum), one block per (sequence, value head), one
 // thread per key channel, summed in double.
 //
+// RWKV-6's bonus form (docs/spec.md section 1g; vector gates): o_t = s (S_{t-1} + diag(u) k_t v_t^T)^T q_t.
+// Every pass then reads its state before the step's write, and the write's own term with u on the
+// key channels: out_t = beta (S + u r_t c_t^T)^T x_t, then S <- decay_t S + alpha r_t c_t^T (u per
+// state row in the forward and dv passes, per column in the transposed dq and dk passes). So the
+// forward gives o_t, dq_t = s S_{t-1} do_t + c_t (u * k_t) with c_t = s (do_t . v_t), and the
+// reverse passes G_t = A_{t+1} G_{t+1} + s q_{t+1} do_{t+1}^T before token t's write: each reverse
+// step decays by its own token's gate (no shift, the first step too), dv_t = G_t^T k_t + s (q_t .
+// (u * k_t)) do_t, dk_t = G_t v_t + c_t (u * q_t), and the last write leaves dh0 = A_0 G_0 + s q_0
+// do_0^T itself. dg's kernel takes c_t's term of section 1g's identity,
+//   dg_t = rowsum(dh0 . h0) - sum_{tau < t} (q_tau . dq_tau - k_tau . dk_tau) - q_t . dq_t + c_t (q_t . u . k_t),
+// and each (sequence, value head)'s du, sum_t c_t (q_t . k_t), which a last kernel sums over the
+// sequences of each head (partials, not atomics: du is deterministic).
+//
 // Tiling: one block per ((sequence, value head) pair, slice of 32 state columns). Lane x of every
 // warp owns column x of the slice; warp y owns state rows y, y + R, y + 2R, ... (R = ceil(rows /
 // 16) warps, so at most 16 rows per thread, held in registers: rows, Dk or Dv by the pass, are at
@@ -75,11 +88,13 @@ struct ScanParams {
   const float* gate;  // log-gates [B][H][T] or [B][H][T][Dk] (null: no gate)
   GateScale gate_scale;
   int gate_shift;  // 0: the step's own token's gate; 1: the next token's (reverse passes)
+  const float* bonus;  // the bonus form's u [H][Dk] (this file's header); null otherwise
 };
 
 // Launch bounds of 16 warps (rows up to kScanMaxDim): at most 128 registers a thread, so that the
-// widest block fits a multiprocessor's 64K.
-template <class T>
+// widest block fits a multiprocessor's 64K. Bonus: the bonus form (p.bonus set), an instance of its
+// own so that the plain passes keep their registers.
+template <class T, bool Bonus>
 __global__ void __launch_bounds__(kCols * 16, 1) scan_kernel(ScanParams p) {
   extern __shared__ float smem[];
   const ScanSlice slice = scan_slice(p.shape, int(blockIdx.x));
@@ -93,6 +108,7 @@ __global__ void __launch_bounds__(kCols * 16, 1) scan_kernel(ScanParams p) {
   float* c_stage = x_stage + kStage * Dr;         // kStage x kCols
   float* partial = c_stage + kStage * kCols;      // R x kStage x kCols
   float* a_stage = partial + R * kStage * kCols;  // kStage x gw: exp(g) (gated passes only)
+  float* u_rows = a_stage + kStage * gw;          // Dr: u of the state rows (the bonus form's forward, dv)
 
   const float gamma = p.retnet ? float(1.0 - ldexp(1.0, -5 - slice.head)) : 1.0f;
   const int lane = int(threadIdx.x), wy = int(threadIdx.y);
@@ -108,6 +124,16 @@ __global__ void __launch_bounds__(kCols * 16, 1) scan_kernel(ScanParams p) {
   const T* colv = static_cast<const T*>(p.col) + col_at;
   const T* query = static_cast<const T*>(p.query) + row_at;
   const float* gates = p.gate ? p.gate + slice.gate : nullptr;
+  // The bonus's u: per state row (staged; read after the first stage's barrier), or this lane's
+  // column's in the transposed passes.
+  float u_column = 0.0f;
+  if (Bonus) {
+    const float* u = p.bonus + std::size_t(slice.head) * Dk;
+    if (p.transposed)
+      u_column = j_ok ? u[j] : 0.0f;
+    else
+      for (int i = tid; i < Dr; i += nthreads) u_rows[i] = u[i];
+  }
 
   float S[kRowsPerThread];
 #pragma unroll
@@ -151,8 +177,14 @@ __global__ void __launch_bounds__(kCols * 16, 1) scan_kernel(ScanParams p) {
       for (int m = 0; m < kRowsPerThread; ++m) {
         const int i = wy + m * R;
         if (i < Dr) {
-          S[m] = fmaf(gs == GateScale::rows ? a[i] : decay, S[m], r[i] * c);
-          acc = fmaf(S[m], x[i], acc);
+          if (Bonus) {  // read S before the write, with the write's u term
+            const float u = p.transposed ? u_column : u_rows[i];
+            acc = fmaf(fmaf(u * r[i], c, S[m]), x[i], acc);
+            S[m] = fmaf(gs == GateScale::rows ? a[i] : decay, S[m], r[i] * c);
+          } else {
+            S[m] = fmaf(gs == GateScale::rows ? a[i] : decay, S[m], r[i] * c);
+            acc = fmaf(S[m], x[i], acc);
+          }
         }
       }
       partial[(wy * kStage + u) * kCols + lane] = acc;
@@ -193,6 +225,13 @@ struct GateGradParams {
   float* dg;
   ScanShape shape;
   bool scalar;
+  // The bonus form (vector gates): u, v and dO for c_t = s (do_t . v_t), and du per (sequence,
+  // value head) pair ([N][H][Dk]); u null otherwise.
+  const float* u = nullptr;
+  const void* v = nullptr;
+  const void* dO = nullptr;
+  float s = 0.0f;
+  float* du_parts = nullptr;
 };
 
 // Every thread's x summed over the block (blockDim.x a power of two), returned to all of them.
@@ -210,7 +249,7 @@ __device__ double block_sum(double* sums, double x) {
 }
 
 // dg of one (sequence, value head) pair (this file's header): thread d owns key channel d; scalar
-// gates sum the channels.
+// gates sum the channels. The bonus form's threads cover Dv too (c_t's sum over the value channels).
 template <class T>
 __global__ void gate_grad_kernel(GateGradParams p) {
   extern __shared__ double sums[];
@@ -227,6 +266,27 @@ __global__ void gate_grad_kernel(GateGradParams p) {
   if (on)
     for (int j = 0; j < Dv; ++j) acc += double(p.dh0[st + std::size_t(d) * Dv + j]) * p.h0[st + std::size_t(d) * Dv + j];
   if (p.scalar) acc = block_sum(sums, acc);
+  if (p.u) {  // the bonus form: vector gates
+    const float* u = p.u + std::size_t(slice.head) * Dk;
+    const T* v = static_cast<const T*>(p.v) + slice.value;
+    const T* dO = static_cast<const T*>(p.dO) + slice.value;
+    const double ud = on ? u[d] : 0.0;
+    double du = 0.0;
+    for (int t = 0; t < slice.seq; ++t) {
+      double dot = 0.0;
+      for (int j = d; j < Dv; j += int(blockDim.x))
+        dot += double(to_float(v[std::size_t(t) * Dv + j])) * to_float(dO[std::size_t(t) * Dv + j]);
+      const double c = p.s * block_sum(sums, dot);
+      if (!on) continue;
+      const std::size_t e = std::size_t(t) * Dk + d;
+      const double qe = to_float(q[e]), ke = to_float(k[e]), qdq = qe * dq[e];
+      dg[e] = float(acc - qdq + c * qe * ud * ke);
+      acc -= qdq - ke * dk[e];
+      du += c * qe * ke;
+    }
+    if (on) p.du_parts[std::size_t(blockIdx.x) * Dk + d] = float(du);
+    return;
+  }
   for (int t = 0; t < slice.seq; ++t) {
     const std::size_t e = std::size_t(t) * Dk + d;
     const double term = on ? double(to_float(q[e])) * dq[e] - double(to_float(k[e])) * dk[e] : 0.0;
@@ -238,6 +298,15 @@ __global__ void gate_grad_kernel(GateGradParams p) {
       dg[e] = float(acc);
       acc -= term;
     }
+  }
+}
+
+// du[h] = sum over the sequences n of parts[n][h] (each [Dk]).
+__global__ void sum_bonus_grads_kernel(const float* parts, float* du, int sequences, int heads, int Dk) {
+  for (int e = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x); e < heads * Dk; e += int(gridDim.x * blockDim.x)) {
+    float sum = 0.0f;
+    for (int n = 0; n < sequences; ++n) sum += parts[std::size_t(n) * heads * Dk + e];
+    du[e] = sum;
   }
 }
 
@@ -253,8 +322,9 @@ __global__ void sum_group_keys_kernel(const float* parts, float* out, std::size_
 }
 
 // transposed: the pass runs on S^T or G^T, whose columns are the key channels a vector gate scales.
+// bonus: the bonus form's u (Problem::bonus).
 void launch(const Problem& pr, const ScanShape& shape, Dtype dtype, ScanParams params, cudaStream_t stream,
-            const float* g = nullptr, int gate_shift = 0) {
+            const float* g = nullptr, int gate_shift = 0, const float* bonus = nullptr) {
   if (auto why = scan_unsupported(pr)) throw RuntimeFailure(*why);
   params.shape = shape;
   params.retnet = pr.decay == Decay::retnet;
@@ -262,18 +332,24 @@ void launch(const Problem& pr, const ScanShape& shape, Dtype dtype, ScanParams p
   params.gate_scale = pr.decay == Decay::scalar ? GateScale::scalar
                       : pr.decay == Decay::vector ? (params.transposed ? GateScale::columns : GateScale::rows)
                                                   : GateScale::none;
-  params.gate_shift = gate_shift;
+  params.gate_shift = pr.bonus ? 0 : gate_shift;  // the bonus form's reverse steps decay by their own gate
+  params.bonus = pr.bonus ? bonus : nullptr;
   const int rows = params.transposed ? pr.value_dim() : pr.dim, cols = params.transposed ? pr.dim : pr.value_dim();
   const int R = std::max(1, (rows + kRowsPerThread - 1) / kRowsPerThread);
   const dim3 block(kCols, unsigned(R));
   const dim3 grid(unsigned(pr.slices()), unsigned((cols + kCols - 1) / kCols));
   const std::size_t shared =
       sizeof(float) * (2 * kStage * std::size_t(rows) + kStage * kCols + std::size_t(R) * kStage * kCols +
-                       (params.gate ? kStage * std::size_t(pr.gate_width()) : 0));
-  if (dtype == Dtype::f32)
-    scan_kernel<float><<<grid, block, shared, stream>>>(params);
+                       (params.gate ? kStage * std::size_t(pr.gate_width()) : 0) +
+                       (params.bonus && !params.transposed ? std::size_t(rows) : 0));
+  if (params.bonus && dtype == Dtype::f32)
+    scan_kernel<float, true><<<grid, block, shared, stream>>>(params);
+  else if (params.bonus)
+    scan_kernel<__nv_bfloat16, true><<<grid, block, shared, stream>>>(params);
+  else if (dtype == Dtype::f32)
+    scan_kernel<float, false><<<grid, block, shared, stream>>>(params);
   else
-    scan_kernel<__nv_bfloat16><<<grid, block, shared, stream>>>(params);
+    scan_kernel<__nv_bfloat16, false><<<grid, block, shared, stream>>>(params);
   LATTN_CUDA_CHECK_LAUNCH();
 }
 
@@ -297,7 +373,8 @@ void sum_group_keys(const Problem& p, const float* parts, float* out, cudaStream
 std::size_t scan_additive_forward_workspace_bytes(const Problem& p) { return scan_shape_bytes(p); }
 
 std::size_t scan_additive_backward_workspace_bytes(const Problem& p) {
-  return scan_shape_bytes(p) + (gated(p.decay) ? 2 : 1) * key_part_elems(p) * sizeof(float);
+  return scan_shape_bytes(p) + (gated(p.decay) ? 2 : 1) * key_part_elems(p) * sizeof(float) +
+         (p.bonus ? p.slices() * std::size_t(p.dim) * sizeof(float) : 0);
 }
 
 void scan_additive_forward(const Problem& p, Dtype dtype, const DeviceForward& a, Allocator& allocator,
@@ -309,7 +386,7 @@ void scan_additive_forward(const Problem& p, Dtype dtype, const DeviceForward& a
   f.row = a.k, f.col = a.v, f.query = a.q, f.s0 = a.h0, f.transposed = false;
   f.out = a.o, f.final_state = a.hT, f.final_times_gamma = false;
   f.reverse = false, f.alpha = 1.0f, f.beta = s;
-  launch(p, shape, dtype, f, stream, a.g, 0);
+  launch(p, shape, dtype, f, stream, a.g, 0, a.u);
 }
 
 // With grouped heads, dq and dk go to key parts and are summed into dq and dk (cuda/scan_shapes.cuh):
@@ -327,29 +404,37 @@ void scan_additive_backward(const Problem& p, Dtype dtype, const DeviceBackward&
   ScanParams dq{};  // forward recurrence of S^T: dq_t = s S_t dO_t
   dq.row = a.v, dq.col = a.k, dq.query = a.dO, dq.s0 = a.h0, dq.transposed = true;
   dq.out = dq_out, dq.final_state = nullptr, dq.reverse = false, dq.alpha = 1.0f, dq.beta = s;
-  launch(p, shape, dtype, dq, stream, a.g, 0);
+  launch(p, shape, dtype, dq, stream, a.g, 0, a.u);
   if (grouped && !gates) sum_group_keys(p, dq_out, a.dq, stream);
 
   ScanParams dv{};  // reverse recurrence of G: dv_t = G_t^T k_t, dh0 = gamma G_1
   dv.row = a.q, dv.col = a.dO, dv.query = a.k, dv.s0 = a.dhT, dv.transposed = false;
-  dv.out = a.dv, dv.final_state = a.dh0, dv.final_times_gamma = true;
+  dv.out = a.dv, dv.final_state = a.dh0, dv.final_times_gamma = !p.bonus;  // the bonus form's last write is dh0
   dv.reverse = true, dv.alpha = s, dv.beta = 1.0f;
-  launch(p, shape, dtype, dv, stream, a.g, 1);
+  launch(p, shape, dtype, dv, stream, a.g, 1, a.u);
 
   ScanParams dk{};  // reverse recurrence of G^T: dk_t = G_t v_t
   dk.row = a.dO, dk.col = a.q, dk.query = a.v, dk.s0 = a.dhT, dk.transposed = true;
   dk.out = dk_out, dk.final_state = nullptr, dk.reverse = true, dk.alpha = s, dk.beta = 1.0f;
-  launch(p, shape, dtype, dk, stream, a.g, 1);
+  launch(p, shape, dtype, dk, stream, a.g, 1, a.u);
 
+  Workspace<float> du_parts(allocator, p.bonus ? p.slices() * std::size_t(p.dim) : 0);
   if (gates) {
     GateGradParams gg{a.q, a.k, dq_out, dk_out, a.h0, a.dh0, a.dg, shape, p.decay == Decay::scalar};
+    if (p.bonus) gg.u = a.u, gg.v = a.v, gg.dO = a.dO, gg.s = s, gg.du_parts = du_parts.data();
     unsigned threads = 32;
-    while (threads < unsigned(p.dim)) threads *= 2;
+    while (threads < unsigned(p.bonus ? std::max(p.dim, p.value_dim()) : p.dim)) threads *= 2;
     const std::size_t shared = sizeof(double) * threads;
     if (dtype == Dtype::f32)
       gate_grad_kernel<float><<<unsigned(p.slices()), threads, shared, stream>>>(gg);
     else
       gate_grad_kernel<__nv_bfloat16><<<unsigned(p.slices()), threads, shared, stream>>>(gg);
+    LATTN_CUDA_CHECK_LAUNCH();
+  }
+  if (p.bonus) {
+    const int elems = p.heads * p.dim;
+    sum_bonus_grads_kernel<<<unsigned((elems + 255) / 256), 256, 0, stream>>>(du_parts.data(), a.du, p.sequences(),
+                                                                           p.heads, p.dim);
     LATTN_CUDA_CHECK_LAUNCH();
   }
   if (grouped && gates) sum_group_keys(p, dq_out, a.dq, stream);
