@@ -6,7 +6,9 @@ flash-linear-attention examples where their packages (and a GPU) are there.
 
     python3 test_python_kernels.py BINARY [GROUP]   GROUP: core (default), torch, jax, fla, mamba3
 
-Exit status 77 when every test of the group was skipped (CTest reports it skipped)."""
+Exit status 77 when every test of the group was skipped (CTest reports it skipped). Over 500 lines
+in one file: CTest runs every group through this one script, and the groups share its helpers
+(run, records, the CUDA backend's skip)."""
 import json
 import os
 import re
