@@ -1,8 +1,9 @@
 """Python kernels as plugins (docs/plugins.md, "Python kernels"), through the real executable:
 the NumPy example checked and ranked beside the built-in forms, a kernel file written from the
 docs alone, exceptions failing their case while the run goes on (and under --isolate), the load
-errors, the records' temp_mb and the device block's bridge figure; the torch, JAX and
-flash-linear-attention examples where their packages (and a GPU) are there.
+errors, the records' temp_mb and the device block's bridge figure, the rules and forms of the
+plugin interface's version 2 (the tensors by name and shape; NumPy's dplr and RWKV-6 checked); the
+torch, JAX, flash-linear-attention and Mamba-3 examples where their packages (and a GPU) are there.
 
     python3 test_python_kernels.py BINARY [GROUP]   GROUP: core (default), torch, jax, fla, mamba3
 
