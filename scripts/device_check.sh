@@ -22,7 +22,10 @@
 #
 # --table: steps 1 and 2, then the table of every rule x decay beside flash-linear-attention's
 # kernels (examples/python/fla.py) at FLA's benchmark shapes, instead of steps 3 and 4: the
-# shapes whose estimate fits the time left, cheapest first (docs/cuda.md, "FLA beside ours").
+# shapes whose estimate fits the time left, cheapest first (docs/cuda.md, "FLA beside ours");
+# then the further families at two of those shapes, each beside its outside kernels: RWKV-7 (dplr)
+# and RWKV-6 (the bonus) beside FLA's, DeltaProduct beside FLA's chunk_gated_delta_product, and
+# Mamba-3's trapezoidal rule beside its authors' Triton kernel (examples/python/mamba3.py).
 # --dry-run: prints the table's commands and their estimates, checks that lattnbench parses each
 # (--list-cases; LATTN_BINARY or build/lattnbench), and runs nothing else; no GPU needed.
 #
@@ -50,6 +53,14 @@ done
 table_rows=("8 1024 8 64 0 bf16" "4 2048 16 128 0 bf16" "4 2048 32 128 16 bf16" "4 4096 64 128 0 bf16"
             "1 8192 96 128 0 bf16" "4 4096 64 128 0 float32" "8 2048 32 256 0 bf16" "2 16384 16 128 0 bf16")
 fla_plugin=$root/examples/python/fla.py
+mamba3_plugin=$root/examples/python/mamba3.py
+# The further families, each "NAME|its lattnbench case arguments|its outside impls|its cases per
+# mode" (fla: the FLA impls; mamba3: the authors' Mamba-3 kernel), at these shapes ("B T H D DTYPE").
+family_rows=("8 1024 8 64 bf16" "4 2048 16 128 bf16")
+families=("rwkv7|--rule dplr --decay vector|fla:chunk,fla:scan|1"
+          "deltaproduct|--rule delta --decay scalar --householder 2|fla:chunk|1"
+          "rwkv6|--rule additive --decay vector --bonus true|fla:chunk,fla:scan|1"
+          "mamba3|--rule trapezoidal --decay scalar --mimo-rank 1,4|mamba3:siso|2")
 # Each case's outputs are checked on its first 16 (sequence, head) pairs against a reference made
 # for them alone (docs/harness.md, "A part checked"): the full float64 reference of one headline
 # case takes about a minute on the host's CPU, the part a sixteenth of the headline's 256 pairs.
@@ -78,6 +89,28 @@ row_estimate() {
     s = 8 * 65 * checked + inputs + 30 * u * (dt == "float32" ? 2 : 1) + (fla == "fla" ? 30 : 0) + 3
     printf "%d\n", s + 0.999 }'
 }
+family_args() {  # B T H D DTYPE FAMILY OUTSIDE: one family row's arguments (OUTSIDE: its plugin loads)
+  local name rule impls cases
+  IFS='|' read -r name rule impls cases <<<"$6"
+  local args=(--suite kernel --batch "$1" --seq "$2" --heads "$3" --dim "$4" --dtype "$5" --chunk 64 $rule
+              --mode fwd,fwd_bwd --warmup 1 --reps 3 --min-sample-ms 2 --check-heads "$check_pairs")
+  if [[ -n ${7:-} ]]; then
+    args+=(--plugin "$([[ $impls == mamba3:* ]] && echo "$mamba3_plugin" || echo "$fla_plugin")" --impl "scan,chunked,$impls")
+  else args+=(--impl scan,chunked); fi
+  printf '%s\n' "${args[@]}"
+}
+family_estimate() {  # B T H D DTYPE FAMILY OUTSIDE: a grid row's estimate for the family's cases (of 8)
+  local name rule impls cases
+  IFS='|' read -r name rule impls cases <<<"$6"
+  local whole
+  whole=$(row_estimate "$1" "$2" "$3" "$4" 0 "$5" "${7:+fla}")
+  echo $(( (whole * cases + 7) / 8 + 3 ))
+}
+family_plugin_loads() {  # BIN FAMILY LOG: whether the family's outside plugin loads in BIN
+  local name rule impls cases
+  IFS='|' read -r name rule impls cases <<<"$2"
+  "$1" --list --plugin "$([[ $impls == mamba3:* ]] && echo "$mamba3_plugin" || echo "$fla_plugin")" >"$3" 2>&1
+}
 table_seconds=${LATTN_DEVICE_TABLE_SECONDS:-}
 
 if (( dry_run )); then
@@ -100,6 +133,23 @@ if (( dry_run )); then
     else
       echo "  parses: $(grep -c . /tmp/lattn-dry-run.$$) lines of --list-cases"
     fi
+  done
+  for row in "${family_rows[@]}"; do
+    read -r B T H D DT <<<"$row"
+    for family in "${families[@]}"; do
+      outside=yes
+      family_plugin_loads "$bin" "$family" /dev/null || outside=
+      mapfile -t args < <(family_args $B $T $H $D $DT "$family" $outside)
+      est=$(family_estimate $B $T $H $D $DT "$family" $outside)
+      total=$(( total + est ))
+      printf 'B %s T %s H %s D %s %s %s: estimate %s s (running total %s s)\n' $B $T $H $D $DT "${family%%|*}" $est $total
+      echo "  lattnbench --backend cuda --quiet --out table-B${B}-T${T}-H${H}-D${D}-Hk0-${DT}-${family%%|*}.json ${args[*]}"
+      if ! "$bin" --list-cases "${args[@]}" >/tmp/lattn-dry-run.$$ 2>&1; then
+        echo "  does not parse: $(tail -1 /tmp/lattn-dry-run.$$)"; bad=$(( bad + 1 ))
+      else
+        echo "  parses: $(grep -c . /tmp/lattn-dry-run.$$) lines of --list-cases"
+      fi
+    done
   done
   rm -f /tmp/lattn-dry-run.$$
   echo "estimate of the whole table: $total s; with --table the rows run cheapest first while their estimate fits the time left"
@@ -265,17 +315,49 @@ if [[ $plan == table ]]; then
       *) worsen 3 ;;
     esac
   done
-  # The table: one line per shape, rule, decay and mode; each impl's median and rel_err.
+  for row in "${family_rows[@]}"; do
+    read -r B T H D DT <<<"$row"
+    for family in "${families[@]}"; do
+      name=table-B${B}-T${T}-H${H}-D${D}-Hk0-${DT}-${family%%|*}
+      outside=yes
+      if ! family_plugin_loads "$bin" "$family" "$logs/$name-load.log"; then
+        outside=
+        note "$(printf '%-28s %s' "$name outside impls" "left out: $(tail -1 "$logs/$name-load.log")")"
+      fi
+      est=$(family_estimate $B $T $H $D $DT "$family" $outside)
+      left=$(( deadline - $(date +%s) ))
+      if (( est > left )); then
+        note "$(printf '%-28s skipped: estimate %ss, %ss left' "$name" "$est" "$left")"
+        continue
+      fi
+      mapfile -t args < <(family_args $B $T $H $D $DT "$family" $outside)
+      run_step "$name" $(( 2 * est )) 0 "$logs/$name.log" "$bin" --backend cuda --quiet --out "$logs/$name.json" "${args[@]}"
+      case $step_rc in
+        0) ;;
+        124|137|125) worsen 4 ;;
+        *) worsen 3 ;;
+      esac
+    done
+  done
+  # The table: one line per shape, rule (with its form: n writes, the bonus, the MIMO rank R),
+  # decay and mode; each impl's median and rel_err.
   python3 - "$logs" <<'PY' 2>&1 | tee -a "$summary"
 import glob, json, os, sys
-impls = ["scan", "chunked", "fla:scan", "fla:chunk"]
+impls = ["scan", "chunked", "fla:scan", "fla:chunk", "mamba3:siso"]
 print("table (ms, rel_err; -: not run, with the reason in the JSON):")
-print(f"{'shape':34} {'rule':8} {'decay':6} {'mode':7} " + " ".join(f"{i:>20}" for i in impls))
+print(f"{'shape':48} {'rule':14} {'decay':6} {'mode':7} " + " ".join(f"{i:>20}" for i in impls))
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "table-*.json"))):
     doc = json.load(open(path))
     rows = {}
     for r in doc["results"]:
-        key = (r.get("rule", "additive"), r.get("decay", "none"), r["mode"])
+        rule = r.get("rule", "additive")
+        if int(r.get("householder", 1)) > 1:
+            rule += f" n{r['householder']}"
+        if str(r.get("bonus", "false")).lower() == "true":
+            rule += " bonus"
+        if int(r.get("mimo_rank", 1)) > 1:
+            rule += f" R{r['mimo_rank']}"
+        key = (rule, r.get("decay", "none"), r["mode"])
         cell = "-"
         if r["status"] == "ok":
             cell = f"{r['median_ms']:.3f} {r['rel_err']:.0e}"
@@ -284,7 +366,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "table-*.json"))):
         rows.setdefault(key, {})[r["impl"]] = cell
     shape = os.path.basename(path)[len("table-"):-len(".json")]
     for (rule, decay, mode), cells in sorted(rows.items()):
-        print(f"{shape:34} {rule:8} {decay:6} {mode:7} " + " ".join(f"{cells.get(i, '-'):>20}" for i in impls))
+        print(f"{shape:48} {rule:14} {decay:6} {mode:7} " + " ".join(f"{cells.get(i, '-'):>20}" for i in impls))
 PY
   exit "$status"
 fi

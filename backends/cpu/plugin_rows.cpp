@@ -25,7 +25,7 @@ std::vector<ImplRow> plugin_rows(const std::vector<std::shared_ptr<const LoadedP
         auto plugin_case = std::make_shared<const PluginCase>(c, "cpu", threads);
         auto gamma = std::make_shared<const std::vector<float>>(plugin_gamma(c));
         HostCase* self = h.get();
-        const lattn_tensors tensors = plugin_tensors(
+        const lattn_tensors2 tensors = plugin_tensors(
             c, [self](const std::string& name) -> void* { return self->data(name); },
             gamma->empty() ? nullptr : gamma->data());
         h->bind([ref, plugin_case, gamma, tensors](Allocator& a) { call_plugin(ref, plugin_case->get(), tensors, a, nullptr); });

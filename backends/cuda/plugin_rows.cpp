@@ -29,7 +29,7 @@ std::unique_ptr<PreparedCase> prepare_plugin_case(const PluginImplRef& ref, cons
   if (!gamma.empty())
     LATTN_CUDA_CHECK(cudaMemcpy(gamma_buffer->get(), gamma.data(), gamma.size() * sizeof(float), cudaMemcpyHostToDevice));
   DeviceCase* self = d.get();
-  const lattn_tensors tensors = plugin_tensors(
+  const lattn_tensors2 tensors = plugin_tensors(
       c, [self](const std::string& name) { return self->data(name); }, static_cast<const float*>(gamma_buffer->get()));
   d->bind([self, ref, plugin_case, tensors] {
     call_plugin(ref, plugin_case->get(), tensors, self->allocator(), self->stream());

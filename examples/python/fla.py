@@ -4,6 +4,9 @@ float32, fwd and fwd_bwd (torch autograd through FLA's own backward):
 
     lattnbench --backend cuda --suite kernel --plugin examples/python/fla.py \\
         --impl fla:chunk,fla:scan,chunked,scan --rule additive,delta --decay none,retnet,scalar,vector
+    lattnbench --backend cuda --suite kernel --plugin examples/python/fla.py --impl fla:chunk,fla:scan,scan \\
+        --rule dplr --decay vector --dtype bf16          (RWKV-7; and --rule delta --householder 2, DeltaProduct;
+                                                          --rule additive --decay vector --bonus true, RWKV-6)
 
     rule, decay          fla:chunk (chunked form)          fla:scan (FLA's fused_recurrent form)
     additive, none       chunk_linear_attn                 fused_recurrent_linear_attn  (normalize=False)
@@ -14,6 +17,12 @@ float32, fwd and fwd_bwd (torch autograd through FLA's own backward):
     delta, retnet        chunk_gated_delta_rule, g         fused_recurrent_gated_delta_rule (fwd only)
     delta, scalar        chunk_gated_delta_rule, g         fused_recurrent_gated_delta_rule (fwd only)
     delta, vector        chunk_kda, g                      fused_recurrent_kda (fwd only)
+    dplr, every decay    chunk_dplr_delta_rule, gk         fused_recurrent_dplr_delta_rule (fwd only)
+                         (RWKV-7: chunk_rwkv7 and fused_recurrent_rwkv7 are these calls with r = q, w = gk)
+    delta, householder n chunk_gated_delta_product, g      (FLA has no recurrent DeltaProduct)
+      (decay none, retnet, scalar; bf16: FLA asserts it)
+    additive, vector,    chunk_rwkv6, w = g, u             fused_recurrent_rwkv6, w = g, u
+      bonus (RWKV-6)
 
     fla:flashqla         QwenLM's FlashQLA (flash_qla.chunk_gated_delta_rule) for delta with
                          retnet or scalar decay, bf16, dim 128, where flash_qla imports and the
@@ -35,6 +44,21 @@ How docs/spec.md section 1b maps onto FLA's conventions (FLA's docstrings; fla-c
   post-sigmoid space (use_beta_sigmoid_in_kernel=False); FLA's in-kernel q/k L2 normalisation is
   off (use_qk_l2norm_in_kernel=False): lattnbench's inputs are already what the rule takes.
 - scale: s = Dk^-1/2 (case.scale), passed explicitly; o_t = s S_t^T q_t (token t sees itself).
+- dplr (docs/spec.md section 1f; FLA's generalized_delta_rule/dplr/naive.py): FLA's recurrence is
+  S_t = diag(exp(gk_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T with S as K x V, as ours, but its
+  a is the direction the state is read along and its b the one the correction is written along:
+  FLA's a is our b and FLA's b our a, so the call is chunk_dplr_delta_rule(q, k, v, a=OUR b,
+  b=OUR a, gk=g). The gate has our orientation (gk_t decays S_{t-1} before token t's writes, in
+  log space, per key channel): vector g as it is, scalar g broadcast over the key channels,
+  retnet's log gamma_h and none's 0 made [B, T, H, K] once. tests/kernels/test_dplr.cpp holds
+  FLA's recurrence, written in FLA's naming, equal to ours with the names swapped;
+  tests/python_kernels/test_python_kernels.py (group fla) holds this file's mapping against FLA's
+  own naive recurrence (dplr/naive.py, plain torch on the CPU) where torch and fla import.
+- DeltaProduct (section 1h): FLA's k, v [B, T n, H, D] and beta [B, T n, H], token t's writes
+  in rows t n .. t n + n - 1, are lattnbench's [B, H, T n, ...] in the BTHD layout as they are; the
+  gate g [B, T, H] once per token (none: g=None). num_householder = case.householder.
+- RWKV-6 (section 1g): chunk_rwkv6(r=q, k, v, w=g, u): o_t reads S_{t-1} plus the bonus
+  diag(u) k_t v_t^T, as ours; u [H, K] is per head, the same in both layouts.
 - dtypes: q, k, v, o and their gradients in the case's dtype (bf16 or float32); g, beta, the
   states and their gradients float32, as lattnbench hands them.
 - FLA's backend dispatch (FlashQLA, FlashKDA when installed) is switched off for fla:chunk
@@ -64,6 +88,9 @@ try:
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
     from fla.ops.linear_attn import chunk_linear_attn, fused_recurrent_linear_attn
     from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule, fused_recurrent_dplr_delta_rule
+    from fla.ops.gated_delta_product import chunk_gated_delta_product
+    from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 except Exception as error:  # ImportError, or triton's own errors on a machine without a GPU
     torch = None
     _import_error = f"{type(error).__name__}: {error}"
@@ -77,7 +104,7 @@ except Exception as error:
 
 plugin = lattn.Plugin("fla")
 
-RULES = ["additive", "delta"]
+RULES = ["additive", "delta", "dplr"]
 DECAYS = ["none", "retnet", "scalar", "vector"]
 DTYPES = ["float32", "bfloat16"]
 
@@ -87,6 +114,11 @@ def _why_not(case):
         return "flash-linear-attention does not import here (" + _import_error + ")"
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
+    if case.householder > 1:
+        if case.decay == "vector":
+            return "FLA's chunk_gated_delta_product takes one gate per token and head (decay none, retnet, scalar)"
+        if case.dtype != "bfloat16":
+            return "FLA's chunk_gated_delta_product asserts bfloat16 inputs"
     return None
 
 
@@ -94,6 +126,10 @@ def _scan_why_not(case):
     why = _why_not(case)
     if why:
         return why
+    if case.householder > 1:
+        return "FLA has no recurrent DeltaProduct (chunk_gated_delta_product only)"
+    if case.mode == "fwd_bwd" and case.rule == "dplr":
+        return "FLA's fused_recurrent_dplr_delta_rule has no backward"
     if case.mode == "fwd_bwd" and case.rule == "delta" and case.decay != "none":
         name = "fused_recurrent_kda" if case.decay == "vector" else "fused_recurrent_gated_delta_rule"
         return f"FLA's {name} has no backward"
@@ -126,7 +162,7 @@ def _inputs(case, t):
     gradients in a fwd_bwd case."""
     grad = case.mode == "fwd_bwd"
     take = lambda x: torch.from_dlpack(x) if x is not None else None
-    x = {n: take(getattr(t, n)) for n in ("q", "k", "v", "h0", "g", "beta")}
+    x = {n: take(getattr(t, n)) for n in ("q", "k", "v", "h0", "g", "beta", "a", "b", "u")}
     for name, value in x.items():
         if value is not None and grad:
             x[name] = value.detach().requires_grad_(True)
@@ -146,8 +182,36 @@ def _retnet_g(case, x):
     return _gammas[key]
 
 
+def _dplr_gk(case, x):
+    """FLA's gk [B, T, H, K] for dplr from the case's decay: vector g as it is, the others broadcast
+    over the key channels (retnet's constant and none's zeros made once)."""
+    if case.decay == "vector":
+        return x["g"]
+    if case.decay == "scalar":
+        return x["g"][..., None].expand(-1, -1, -1, case.dim).contiguous()
+    key = ("gk", case.decay, case.batch, case.seq, case.heads, case.dim, x["q"].device)
+    if key not in _gammas:
+        shape = (case.batch, case.seq, case.heads, case.dim)
+        _gammas[key] = (x["g_gamma"][None, None, :, None].expand(*shape).contiguous() if case.decay == "retnet"
+                        else torch.zeros(shape, dtype=torch.float32, device=x["q"].device))
+    return _gammas[key]
+
+
+def _fla_dplr(x, gk):
+    """Our a (written) and b (read) in FLA's names: FLA's a is the read direction, its b the written."""
+    return dict(a=x["b"], b=x["a"], gk=gk)
+
+
 def _chunk(case, x, args):
     q, k, v = x["q"], x["k"], x["v"]
+    if case.rule == "dplr":
+        return chunk_dplr_delta_rule(q, k, v, **_fla_dplr(x, _dplr_gk(case, x)), **args)
+    if case.householder > 1:
+        g = None if case.decay == "none" else _retnet_g(case, x) if case.decay == "retnet" else x["g"]
+        return chunk_gated_delta_product(q, k, v, g, x["beta"], num_householder=case.householder,
+                                         use_qk_l2norm_in_kernel=False, **args)
+    if case.bonus:
+        return chunk_rwkv6(q, k, v, w=x["g"], u=x["u"], **args)
     if case.rule == "additive":
         if case.decay == "none":
             return chunk_linear_attn(q, k, v, normalize=False, **args)
@@ -168,6 +232,10 @@ def _chunk(case, x, args):
 
 def _scan(case, x, args):
     q, k, v = x["q"], x["k"], x["v"]
+    if case.rule == "dplr":
+        return fused_recurrent_dplr_delta_rule(q, k, v, **_fla_dplr(x, _dplr_gk(case, x)), **args)
+    if case.bonus:
+        return fused_recurrent_rwkv6(q, k, v, w=x["g"], u=x["u"], **args)
     if case.rule == "additive":
         if case.decay == "none":
             return fused_recurrent_linear_attn(q, k, v, normalize=False, **args)
@@ -206,18 +274,19 @@ def _backward(case, t, saved):
     x, o, hT = saved
     stream = torch.cuda.ExternalStream(case.stream) if case.stream else torch.cuda.current_stream()
     with torch.cuda.stream(stream):
-        names = [n for n in ("q", "k", "v", "h0", "g", "beta") if x[n] is not None and x[n].requires_grad]
+        names = [n for n in ("q", "k", "v", "h0", "g", "beta", "a", "b", "u") if x[n] is not None and x[n].requires_grad]
         grads = torch.autograd.grad([o, hT], [x[n] for n in names],
                                     [torch.from_dlpack(t.dO), torch.from_dlpack(t.dhT)], allow_unused=True)
-        out = {"q": t.dq, "k": t.dk, "v": t.dv, "h0": t.dh0, "g": t.dg, "beta": t.dbeta}
+        out = {"q": t.dq, "k": t.dk, "v": t.dv, "h0": t.dh0, "g": t.dg, "beta": t.dbeta, "a": t.da, "b": t.db,
+               "u": t.du}
         for name, grad in zip(names, grads):
             target = torch.from_dlpack(out[name])
             target.copy_(grad) if grad is not None else target.zero_()
 
 
-def _declare(name, run, unsupported, rules=RULES, decays=DECAYS, dtypes=DTYPES):
+def _declare(name, run, unsupported, rules=RULES, decays=DECAYS, dtypes=DTYPES, householder=True, bonus=True):
     @plugin.impl(name, device="cuda", rules=rules, decays=decays, dtypes=dtypes, arrays="dlpack", layout="BTHD",
-                 unsupported=unsupported)
+                 unsupported=unsupported, householder=householder, bonus=bonus)
     def forward(case, t):
         return _forward(run, case, t)
 
@@ -228,4 +297,4 @@ def _declare(name, run, unsupported, rules=RULES, decays=DECAYS, dtypes=DTYPES):
 chunk = _declare("chunk", _chunk, _why_not)
 scan = _declare("scan", _scan, _scan_why_not)
 flashqla = _declare("flashqla", _flash_qla, _flash_qla_why_not, rules=["delta"], decays=["retnet", "scalar"],
-                    dtypes=["bfloat16"])
+                    dtypes=["bfloat16"], householder=False, bonus=False)

@@ -6,6 +6,13 @@ np:scan is the recurrent form of docs/spec.md sections 1 and 1b, one token at a 
 head at once: every decay (none, retnet, scalar and vector gates) and both rules (additive, delta),
 with a backward for the additive rule. np:chunked is the chunkwise form for the additive rule with
 no decay or retnet's, as matrix products per chunk.
+
+np:dplr and np:rwkv6 take rules only the plugin interface's version 2 describes (the bridge hands
+them its tensors by name: a, b, da, db; u, du), forward and backward: np:dplr is section 1f's
+diagonal-plus-low-rank rule (RWKV-7's) for every decay, np:rwkv6 section 1g's bonus form of GLA.
+
+    lattnbench --suite kernel --plugin examples/python/numpy_scan.py --impl np:dplr,scan \
+        --rule dplr --decay vector --mode fwd,fwd_bwd --seq 256
 """
 import numpy as np
 
@@ -93,3 +100,97 @@ def chunked(case, t):
         state = (gamma ** n).astype(np.float32)[None, :, None, None] * state + np.matmul(
             (gam[None, :, :, None] * k).transpose(0, 1, 3, 2), v)
     t.hT[...] = state
+
+
+def _einsum_read(state, x):
+    """S^T x per batch and head: [B, H, Dk, Dv] and [B, H, Dk] to [B, H, Dv]."""
+    return np.einsum("bhkv,bhk->bhv", state, x)
+
+
+def _dplr_forward(case, t):
+    """docs/spec.md section 1f: u_t = S_{t-1}^T b_t, S_t = A_t S_{t-1} + a_t u_t^T + k_t v_t^T,
+    o_t = s S_t^T q_t. Returns the states before each token, and the last, for the backward."""
+    log_gamma = np.log(t.gamma.astype(np.float64)).astype(np.float32) if t.gamma is not None else None
+    state = np.array(t.h0, dtype=np.float32)
+    states = [state] if case.mode == "fwd_bwd" else None
+    for i in range(case.seq):
+        decay = _state_decay(case, t, i, log_gamma)
+        read = _einsum_read(state, t.b[:, :, i])
+        state = (decay * state if decay is not None else state.copy()) + \
+            t.a[:, :, i, :, None] * read[:, :, None, :] + t.k[:, :, i, :, None] * t.v[:, :, i, None, :]
+        t.o[:, :, i] = case.scale * _einsum_read(state, t.q[:, :, i])
+        if states is not None:
+            states.append(state)
+    t.hT[...] = state
+    return states
+
+
+@plugin.impl("dplr", rules=["dplr"], decays=["none", "retnet", "scalar", "vector"])
+def dplr(case, t):
+    return _dplr_forward(case, t)
+
+
+@dplr.backward
+def dplr_backward(case, t, states):
+    """Section 1f's backward: G_t = s q_t do_t^T + A_{t+1} G_{t+1} + b_{t+1} z_{t+1}^T with
+    z_t = G_t^T a_t; dk, dv, da, db, dq and dg from G and the saved states."""
+    log_gamma = np.log(t.gamma.astype(np.float64)).astype(np.float32) if t.gamma is not None else None
+    s = np.float32(case.scale)
+    grad = np.array(t.dhT, dtype=np.float32)
+    for i in range(case.seq - 1, -1, -1):
+        before, after = states[i], states[i + 1]
+        grad = grad + s * t.q[:, :, i, :, None] * t.dO[:, :, i, None, :]
+        z = _einsum_read(grad, t.a[:, :, i])
+        t.dq[:, :, i] = s * np.einsum("bhkv,bhv->bhk", after, t.dO[:, :, i])
+        t.dk[:, :, i] = np.einsum("bhkv,bhv->bhk", grad, t.v[:, :, i])
+        t.dv[:, :, i] = _einsum_read(grad, t.k[:, :, i])
+        t.da[:, :, i] = np.einsum("bhkv,bhv->bhk", grad, _einsum_read(before, t.b[:, :, i]))
+        t.db[:, :, i] = np.einsum("bhkv,bhv->bhk", before, z)
+        decay = _state_decay(case, t, i, log_gamma)
+        if t.dg is not None:
+            per_channel = decay[..., 0] * (grad * before).sum(-1)   # [B, H, Dk] (scalar gates: Dk of 1)
+            t.dg[:, :, i] = per_channel if case.decay == "vector" else per_channel.sum(-1)
+        # G_{t-1}'s share from token t: M_t^T G_t = A_t G_t + b_t z_t^T
+        grad = (decay * grad if decay is not None else grad) + t.b[:, :, i, :, None] * z[:, :, None, :]
+    t.dh0[...] = grad
+
+
+@plugin.impl("rwkv6", rules=["additive"], decays=["vector"], bonus=True,
+             unsupported=lambda case: None if case.bonus else "the bonus form only (bonus: true)")
+def rwkv6(case, t):
+    """docs/spec.md section 1g: o_t = s (S_{t-1} + diag(u) k_t v_t^T)^T q_t,
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T."""
+    s = np.float32(case.scale)
+    state = np.array(t.h0, dtype=np.float32)
+    states = [state] if case.mode == "fwd_bwd" else None
+    for i in range(case.seq):
+        q, k, v = t.q[:, :, i], t.k[:, :, i], t.v[:, :, i]
+        bonus = (q * t.u[None] * k).sum(-1)                       # q_t . (u * k_t)
+        t.o[:, :, i] = s * (_einsum_read(state, q) + bonus[..., None] * v)
+        state = np.exp(t.g[:, :, i])[..., None] * state + k[..., :, None] * v[..., None, :]
+        if states is not None:
+            states.append(state)
+    t.hT[...] = state
+    return states
+
+
+@rwkv6.backward
+def rwkv6_backward(case, t, states):
+    """Section 1g's gradients: G_{T-1} = dhT, G_{t-1} = diag(exp(g_t)) G_t + s q_t do_t^T,
+    c_t = s (do_t . v_t)."""
+    s = np.float32(case.scale)
+    grad = np.array(t.dhT, dtype=np.float32)
+    du = np.zeros(t.u.shape, dtype=np.float32)
+    for i in range(case.seq - 1, -1, -1):
+        q, k, v, do = t.q[:, :, i], t.k[:, :, i], t.v[:, :, i], t.dO[:, :, i]
+        before = states[i]
+        c = s * (do * v).sum(-1)[..., None]                       # [B, H, 1]
+        t.dq[:, :, i] = s * np.einsum("bhkv,bhv->bhk", before, do) + c * (t.u[None] * k)
+        t.dk[:, :, i] = np.einsum("bhkv,bhv->bhk", grad, v) + c * (t.u[None] * q)
+        t.dv[:, :, i] = _einsum_read(grad, k) + s * (q * t.u[None] * k).sum(-1)[..., None] * do
+        decay = np.exp(t.g[:, :, i])
+        t.dg[:, :, i] = decay * (grad * before).sum(-1)
+        du += (c * q * k).sum(0)
+        grad = decay[..., None] * grad + s * q[..., :, None] * do[..., None, :]
+    t.dh0[...] = grad
+    t.du[...] = du

@@ -75,23 +75,70 @@ std::string message(const char* err, int status) {
   return text.empty() ? "returned " + std::to_string(status) + " (no message)" : text;
 }
 
-// A C plugin's impl: its lattn_impl's functions, called as they are.
+// A version 2 C plugin's impl: its lattn_impl2's functions, called as they are.
 class CImplFunctions final : public ImplFunctions {
  public:
-  explicit CImplFunctions(const lattn_impl* impl) : impl_(impl) {}
+  explicit CImplFunctions(const lattn_impl2* impl) : impl_(impl) {}
   bool has_backward() const override { return impl_->backward != nullptr; }
-  std::optional<std::string> unsupported(const lattn_case& c) const override {
+  std::optional<std::string> unsupported(const lattn_case2& c) const override {
     if (!impl_->unsupported) return std::nullopt;
     if (const char* why = impl_->unsupported(&c)) return std::string(why);
     return std::nullopt;
   }
-  int forward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void** saved,
+  int forward(const lattn_case2& c, const lattn_tensors2& t, const lattn_allocator* alloc, void* stream, void** saved,
               char* err, size_t errlen) const override {
     return impl_->forward(&c, &t, alloc, stream, saved, err, errlen);
   }
-  int backward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator* alloc, void* stream, void* saved,
+  int backward(const lattn_case2& c, const lattn_tensors2& t, const lattn_allocator* alloc, void* stream, void* saved,
                char* err, size_t errlen) const override {
     return impl_->backward(&c, &t, alloc, stream, saved, err, errlen);
+  }
+
+ private:
+  const lattn_impl2* impl_;
+};
+
+// Version 1's case and tensors: the first fields of version 2's, copied field by field.
+lattn_case case_v1(const lattn_case2& c) {
+  lattn_case v1{};
+  v1.op = c.op, v1.mode = c.mode, v1.decay = c.decay, v1.rule = c.rule, v1.dtype = c.dtype, v1.device = c.device;
+  v1.batch = c.batch, v1.heads = c.heads, v1.seq = c.seq, v1.dim = c.dim, v1.chunk = c.chunk;
+  v1.scale = c.scale;
+  v1.threads = c.threads;
+  return v1;
+}
+
+lattn_tensors tensors_v1(const lattn_tensors2& t) {
+  lattn_tensors v1{};
+  v1.q = t.q, v1.k = t.k, v1.v = t.v, v1.h0 = t.h0, v1.g = t.g, v1.beta = t.beta, v1.gamma = t.gamma;
+  v1.o = t.o, v1.hT = t.hT, v1.dO = t.dO, v1.dhT = t.dhT;
+  v1.dq = t.dq, v1.dk = t.dk, v1.dv = t.dv, v1.dh0 = t.dh0, v1.dg = t.dg, v1.dbeta = t.dbeta;
+  return v1;
+}
+
+// A version 1 C plugin's impl: its lattn_impl's functions, on version 1's case and tensors.
+class CImplFunctionsV1 final : public ImplFunctions {
+ public:
+  explicit CImplFunctionsV1(const lattn_impl* impl) : impl_(impl) {}
+  int version() const override { return 1; }
+  bool has_backward() const override { return impl_->backward != nullptr; }
+  std::optional<std::string> unsupported(const lattn_case2& c) const override {
+    if (!impl_->unsupported) return std::nullopt;
+    const lattn_case v1 = case_v1(c);
+    if (const char* why = impl_->unsupported(&v1)) return std::string(why);
+    return std::nullopt;
+  }
+  int forward(const lattn_case2& c, const lattn_tensors2& t, const lattn_allocator* alloc, void* stream, void** saved,
+              char* err, size_t errlen) const override {
+    const lattn_case v1 = case_v1(c);
+    const lattn_tensors t1 = tensors_v1(t);
+    return impl_->forward(&v1, &t1, alloc, stream, saved, err, errlen);
+  }
+  int backward(const lattn_case2& c, const lattn_tensors2& t, const lattn_allocator* alloc, void* stream, void* saved,
+               char* err, size_t errlen) const override {
+    const lattn_case v1 = case_v1(c);
+    const lattn_tensors t1 = tensors_v1(t);
+    return impl_->backward(&v1, &t1, alloc, stream, saved, err, errlen);
   }
 
  private:
@@ -102,6 +149,10 @@ class CImplFunctions final : public ImplFunctions {
 
 // Here rather than in plugins.cpp: the CUDA emulation tests call C plugins through this file alone.
 std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl* impl) {
+  return std::make_shared<CImplFunctionsV1>(impl);
+}
+
+std::shared_ptr<const ImplFunctions> c_impl_functions(const lattn_impl2* impl) {
   return std::make_shared<CImplFunctions>(impl);
 }
 
@@ -129,38 +180,45 @@ PluginCase::PluginCase(const Case& kase, const std::string& device, int threads)
   c_.seq = kase.seq;
   c_.dim = kase.dim;
   c_.chunk = kase.chunk;
-  c_.scale = attention_scale(kase.dim);
+  const Problem p = linear_problem(kase);
+  c_.scale = output_scale(p);  // dim^-1/2; 1 for the trapezoidal rule
   c_.threads = device == "cpu" ? threads : 0;
+  c_.householder = p.householder;
+  c_.bonus = p.bonus ? 1 : 0;
+  c_.mimo_rank = p.rank;
 }
 
 std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Case& kase, const std::string& device,
                                               int threads) {
   if (kase.backward() && !ref.functions->has_backward()) return ref.name + " has no backward (fwd only)";
-  // The interface's tensors are square and dense ([B][H][T][D], states [B][H][D][D]): it has no
-  // field for q/k heads, a value dim or document offsets.
-  if (!linear_problem(kase).square_dense())
-    return ref.name + ": the plugin interface (version 1) takes square dense cases only, not heads_k, dim_v or "
-                      "packed documents";
-  // Nor for dplr's a and b (docs/spec.md section 1f).
-  if (linear_problem(kase).dplr())
-    return ref.name + ": the plugin interface (version 1) has no tensors a and b for rule dplr";
-  // Nor for the trapezoidal rule's dt and trap, or its rows per token.
-  if (linear_problem(kase).trapezoidal())
-    return ref.name + ": the plugin interface (version 1) has no dt or trap tensor for rule trapezoidal";
-  if (linear_problem(kase).bonus) return ref.name + ": the plugin interface (version 1) has no bonus tensor u";
-  if (linear_problem(kase).householder > 1)
-    return ref.name + ": the plugin interface (version 1) takes one key, value and beta row per token (householder 1)";
+  const Problem p = linear_problem(kase);
+  // The interface's tensors are square and dense ([B][H][T][D], states [B][H][D][D]), in both
+  // versions: it has no field for q/k heads, a value dim or document offsets.
+  if (!p.square_dense())
+    return ref.name + ": the plugin interface takes square dense cases only, not heads_k, dim_v or packed documents";
+  if (ref.functions->version() < 2) {
+    // Version 1 has no tensors a and b for dplr (docs/spec.md section 1f), no dt or trap for the
+    // trapezoidal rule, no bonus u, and one k, v and beta row per token: its impls never see them.
+    if (p.dplr()) return ref.name + ": the plugin interface (version 1) has no tensors a and b for rule dplr";
+    if (p.trapezoidal())
+      return ref.name + ": the plugin interface (version 1) has no dt or trap tensor for rule trapezoidal";
+    if (p.bonus) return ref.name + ": the plugin interface (version 1) has no bonus tensor u";
+    if (p.householder > 1)
+      return ref.name + ": the plugin interface (version 1) takes one key, value and beta row per token (householder 1)";
+  }
   const PluginCase c(kase, device, threads);
   if (auto why = ref.functions->unsupported(c.get())) return ref.name + ": " + *why;
   return std::nullopt;
 }
 
-lattn_tensors plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma) {
+lattn_tensors2 plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma) {
   const LinearTensors b = bind_linear_tensors(kase, data);
-  lattn_tensors t{};
+  lattn_tensors2 t{};
   t.q = b.q, t.k = b.k, t.v = b.v, t.h0 = b.h0, t.g = b.g, t.beta = b.beta, t.gamma = gamma;
   t.o = b.o, t.hT = b.hT, t.dO = b.dO, t.dhT = b.dhT;
   t.dq = b.dq, t.dk = b.dk, t.dv = b.dv, t.dh0 = b.dh0, t.dg = b.dg, t.dbeta = b.dbeta;
+  t.a = b.a, t.b = b.b, t.u = b.u, t.dt = b.dt, t.trap = b.trap;
+  t.da = b.da, t.db = b.db, t.du = b.du, t.ddt = b.ddt, t.dtrap = b.dtrap;
   return t;
 }
 
@@ -171,16 +229,17 @@ std::vector<float> plugin_gamma(const Case& kase) {
   return gamma;
 }
 
-void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tensors& tensors, Allocator& allocator,
+void call_plugin(const PluginImplRef& ref, const lattn_case2& c, const lattn_tensors2& tensors, Allocator& allocator,
                  void* stream) {
   Scratch scratch(allocator);
   char err[1024] = "";
   // The forward sees no cotangent and writes no gradient (docs/spec.md section 1: they arrive later).
-  lattn_tensors forward = tensors;
+  lattn_tensors2 forward = tensors;
   forward.dO = nullptr;
   forward.dhT = nullptr;
   forward.dq = forward.dk = forward.dv = nullptr;
   forward.dh0 = forward.dg = forward.dbeta = nullptr;
+  forward.da = forward.db = forward.du = forward.ddt = forward.dtrap = nullptr;
   void* saved = nullptr;
   if (const int status = ref.functions->forward(c, forward, scratch.get(), stream, &saved, err, sizeof err); status != 0) {
     err[sizeof err - 1] = '\0';

@@ -1,11 +1,11 @@
 // How a backend's plugin row calls a plugin's impl (backends/cpu/plugin_rows.cpp and
 // backends/cuda/plugin_rows.cpp share all of it but where the buffers live): the lattn_case of a
-// planned case, the lattn_tensors bound by name to the prepared case's buffers, scratch through
+// planned case (version 2's lattn_case2; a version 1 impl reads its first fields), the lattn_tensors2 bound by name to the prepared case's buffers, scratch through
 // the backend's counting allocator (so a plugin's scratch is temp_mb like any kernel's), and one
 // call: the forward with no cotangent or gradient in sight, then the backward with what it saved.
 #pragma once
 
-#include <lattn/plugin.h>
+#include <lattn/plugin_v2.h>
 
 #include <functional>
 #include <memory>
@@ -36,21 +36,23 @@ class PluginCase {
   PluginCase(const Case& kase, const std::string& device, int threads);
   PluginCase(const PluginCase&) = delete;
   PluginCase& operator=(const PluginCase&) = delete;
-  const lattn_case& get() const { return c_; }
+  const lattn_case2& get() const { return c_; }
 
  private:
   std::string op_, mode_, decay_, rule_, dtype_, device_;
-  lattn_case c_{};
+  lattn_case2 c_{};
 };
 
-// Why the impl does not run the case: a fwd_bwd case and no backward, or the plugin's own reason.
-// The backend's limits (dtypes, its device) are the row's to check first.
+// Why the impl does not run the case: a fwd_bwd case and no backward, a shape the interface has no
+// fields for (grouped heads, Dk != Dv, packed documents), a rule or form only version 2 describes
+// for a version 1 impl, or the plugin's own reason. The backend's limits (dtypes, its device) are
+// the row's to check first.
 std::optional<std::string> plugin_unsupported(const PluginImplRef& ref, const Case& kase, const std::string& device,
                                               int threads);
 
 // The case's tensors by name from the prepared case's buffers (`data`, host or device pointers),
 // NULL for those the case does not have; gamma is the row's own buffer of retnet's gamma_h.
-lattn_tensors plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma);
+lattn_tensors2 plugin_tensors(const Case& kase, const std::function<void*(const std::string&)>& data, const float* gamma);
 
 // gamma_h per head for the case's decay, float32 (docs/spec.md section 1); empty when it has no gamma.
 std::vector<float> plugin_gamma(const Case& kase);
@@ -59,7 +61,7 @@ std::vector<float> plugin_gamma(const Case& kase);
 // the forward's saved pointer, on `stream` (CUDA; NULL on the CPU). Throws RuntimeFailure with the
 // plugin's message when either returns nonzero, or when the call leaves scratch allocated.
 // (A Python impl's message is its exception's last line.)
-void call_plugin(const PluginImplRef& ref, const lattn_case& c, const lattn_tensors& tensors, Allocator& scratch,
+void call_plugin(const PluginImplRef& ref, const lattn_case2& c, const lattn_tensors2& tensors, Allocator& scratch,
                  void* stream);
 
 }  // namespace lattn

@@ -21,6 +21,30 @@ namespace {
 
 std::string text_or(const char* text, const char* absent) { return text ? text : absent; }
 
+// Checks a plugin's name and impl table (version 1's lattn_impl or version 2's lattn_impl2, which
+// share their first fields) and adds its impls to `loaded`.
+template <typename ImplT>
+void add_impls(LoadedPlugin& loaded, const std::string& where, const char* plugin_name, int impl_count,
+               const ImplT* impls) {
+  const std::string name = text_or(plugin_name, "");
+  if (!is_plugin_name(name)) throw UsageError(where, "plugin name '" + name + "' is not [a-z0-9_]+");
+  if (impl_count < 0 || (impl_count > 0 && !impls))
+    throw UsageError(where, fmt::format("impl_count {} with impls {}", impl_count, impls ? "set" : "NULL"));
+  loaded.name = name;
+  std::set<std::string> seen;
+  for (int i = 0; i < impl_count; ++i) {
+    const ImplT& impl = impls[i];
+    const std::string impl_name = text_or(impl.name, "");
+    if (!is_plugin_name(impl_name)) throw UsageError(where, "impl name '" + impl_name + "' is not [a-z0-9_]+");
+    if (!seen.insert(impl_name).second) throw UsageError(where, "two impls are named '" + impl_name + "'");
+    const std::string device = text_or(impl.device, "");
+    if (device != "cpu" && device != "cuda")
+      throw UsageError(where, "impl '" + impl_name + "' has device '" + device + "' (expected cpu or cuda)");
+    if (!impl.forward) throw UsageError(where, "impl '" + impl_name + "' has no forward");
+    loaded.impls.push_back({name + ":" + impl_name, device, c_impl_functions(&impl)});
+  }
+}
+
 // Loads and checks one file; `where` is "plugin PATH" for the error lines.
 std::shared_ptr<LoadedPlugin> load_one(const std::string& path) {
   const std::string where = "plugin " + path;
@@ -39,31 +63,32 @@ std::shared_ptr<LoadedPlugin> load_one(const std::string& path) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) throw UsageError(where, "not a shared library lattnbench can load (" + text_or(dlerror(), "dlopen failed") + ")");
   dlerror();
+  // Version 2 first: a library that exports both symbols is a version 2 plugin that also serves
+  // lattnbench builds that know only version 1.
+  if (void* symbol = dlsym(handle, "lattn_plugin_v2")) {
+    const auto entry = reinterpret_cast<const lattn_plugin2* (*)()>(symbol);
+    const lattn_plugin2* plugin = entry();
+    if (!plugin) throw UsageError(where, "lattn_plugin_v2() returned NULL");
+    if (plugin->abi != LATTN_PLUGIN_ABI_V2)
+      throw UsageError(where, fmt::format("built for plugin ABI {}, lattn_plugin_v2 is ABI {}", plugin->abi,
+                                          LATTN_PLUGIN_ABI_V2));
+    loaded->version = 2;
+    add_impls(*loaded, where, plugin->name, plugin->impl_count, plugin->impls);
+    return loaded;
+  }
   void* symbol = dlsym(handle, "lattn_plugin_v1");
   if (!symbol)
-    throw UsageError(where, "exports no lattn_plugin_v1 (not a lattnbench plugin, or a C++ one without extern \"C\")");
+    throw UsageError(where, "exports no lattn_plugin_v1 or lattn_plugin_v2 (not a lattnbench plugin, or a C++ one "
+                            "without extern \"C\")");
   const auto entry = reinterpret_cast<const lattn_plugin* (*)()>(symbol);
   const lattn_plugin* plugin = entry();
   if (!plugin) throw UsageError(where, "lattn_plugin_v1() returned NULL");
   if (plugin->abi != LATTN_PLUGIN_ABI)
-    throw UsageError(where, fmt::format("built for plugin ABI {}, this lattnbench loads ABI {}", plugin->abi, LATTN_PLUGIN_ABI));
-  const std::string name = text_or(plugin->name, "");
-  if (!is_plugin_name(name)) throw UsageError(where, "plugin name '" + name + "' is not [a-z0-9_]+");
-  if (plugin->impl_count < 0 || (plugin->impl_count > 0 && !plugin->impls))
-    throw UsageError(where, fmt::format("impl_count {} with impls {}", plugin->impl_count, plugin->impls ? "set" : "NULL"));
-  loaded->name = name;
-  std::set<std::string> seen;
-  for (int i = 0; i < plugin->impl_count; ++i) {
-    const lattn_impl& impl = plugin->impls[i];
-    const std::string impl_name = text_or(impl.name, "");
-    if (!is_plugin_name(impl_name)) throw UsageError(where, "impl name '" + impl_name + "' is not [a-z0-9_]+");
-    if (!seen.insert(impl_name).second) throw UsageError(where, "two impls are named '" + impl_name + "'");
-    const std::string device = text_or(impl.device, "");
-    if (device != "cpu" && device != "cuda")
-      throw UsageError(where, "impl '" + impl_name + "' has device '" + device + "' (expected cpu or cuda)");
-    if (!impl.forward) throw UsageError(where, "impl '" + impl_name + "' has no forward");
-    loaded->impls.push_back({name + ":" + impl_name, device, c_impl_functions(&impl)});
-  }
+    throw UsageError(where, fmt::format("built for plugin ABI {}, this lattnbench loads ABI {} through lattn_plugin_v1 "
+                                        "(and ABI {} through lattn_plugin_v2)",
+                                        plugin->abi, LATTN_PLUGIN_ABI, LATTN_PLUGIN_ABI_V2));
+  loaded->version = 1;
+  add_impls(*loaded, where, plugin->name, plugin->impl_count, plugin->impls);
   return loaded;
 }
 

@@ -34,11 +34,11 @@ threads = 1  # the run's CPU threads (--threads), set before a plugin file loads
 OPS = ("linear_attention",)
 DEVICES = ("cpu", "cuda")
 MODES = ("fwd", "fwd_bwd")
-RULES = ("additive", "delta")
+RULES = ("additive", "delta", "dplr", "trapezoidal")
 DECAYS = ("none", "retnet", "scalar", "vector")
 DTYPES = ("float32", "bfloat16")
 ARRAYS = ("numpy", "dlpack")
-# How the per-token tensors (q k v o dO dq dk dv, g, beta, dg, dbeta) are laid out: lattnbench's
+# How the per-token tensors (q k v o dO dq dk dv, g, beta, dg, dbeta, a b da db, dt trap ddt dtrap) are laid out: lattnbench's
 # [B, H, T, ...], or [B, T, H, ...] (flash-linear-attention's), which lattnbench converts to and
 # from outside the timed calls. States ([B, H, D, D]) and gamma ([H]) are the same in both.
 LAYOUTS = ("BHTD", "BTHD")
@@ -47,10 +47,11 @@ _declared = []  # the Plugins of the file being loaded
 
 
 class Case:
-    """A planned case: the fields of the C interface's lattn_case, and the CUDA stream (an int)."""
+    """A planned case: the fields of the C interface's lattn_case2 (include/lattn/plugin_v2.h), and the
+    CUDA stream (an int)."""
 
     __slots__ = ("op", "mode", "decay", "rule", "dtype", "device", "batch", "heads", "seq", "dim", "chunk",
-                 "scale", "threads", "stream")
+                 "scale", "threads", "stream", "householder", "bonus", "mimo_rank")
 
     def __repr__(self):
         return "Case(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
@@ -60,7 +61,7 @@ class Tensors:
     """The case's tensors by name; None for those the case (or the pass) does not have."""
 
     __slots__ = ("q", "k", "v", "h0", "g", "beta", "gamma", "o", "hT", "dO", "dhT", "dq", "dk", "dv", "dh0",
-                 "dg", "dbeta")
+                 "dg", "dbeta", "a", "b", "u", "dt", "trap", "da", "db", "du", "ddt", "dtrap")
 
     def __init__(self):
         for name in self.__slots__:
@@ -105,7 +106,7 @@ class Impl:
     """An impl as its decorator made it; calling it calls the forward."""
 
     def __init__(self, plugin, name, forward, device, ops, modes, rules, decays, dtypes, arrays, unsupported,
-                 layout="BHTD"):
+                 layout="BHTD", householder=False, bonus=False, mimo=False):
         self.plugin, self.name, self.forward = plugin, name, forward
         self.device = _names("device", device, DEVICES)[0]
         self.ops = _names("op", ops, OPS)
@@ -120,6 +121,9 @@ class Impl:
         if unsupported is not None and not callable(unsupported):
             raise ValueError(f"impl {name!r}: unsupported= is not callable")
         self.unsupported = unsupported
+        # Whether it takes DeltaProduct's several writes per token, RWKV-6's bonus and MIMO's R rows:
+        # an impl written for one write, no bonus and one row declines them rather than misread them.
+        self.householder, self.bonus, self.mimo = bool(householder), bool(bonus), bool(mimo)
         self.backward_fn = None
 
     def backward(self, fn):
@@ -137,6 +141,12 @@ class Impl:
                 return f"takes {what} {', '.join(allowed)}, not {value}"
         if case.mode not in self.modes:
             return f"takes mode {', '.join(self.modes)}, not {case.mode}"
+        if case.householder > 1 and not self.householder:
+            return f"takes householder 1 only, not {case.householder}"
+        if case.bonus and not self.bonus:
+            return "takes no bonus (bonus: true)"
+        if case.mimo_rank > 1 and not self.mimo:
+            return f"takes mimo_rank 1 only, not {case.mimo_rank}"
         if self.unsupported is not None:
             why = self.unsupported(case)
             if why:
@@ -154,17 +164,20 @@ class Plugin:
 
     def impl(self, name, *, device="cpu", ops=("linear_attention",), modes=("fwd", "fwd_bwd"),
              rules=("additive",), decays=("none",), dtypes=("float32",), arrays="numpy", unsupported=None,
-             layout="BHTD"):
+             layout="BHTD", householder=False, bonus=False, mimo=False):
         """Declares the decorated function forward(case, tensors) as impl NAME. It runs the cases
         whose op, mode, rule, decay and dtype are among those given, and unsupported(case), when
         given, returns why it does not run one (or None). A fwd_bwd case needs a backward
         (@impl.backward). arrays: "numpy" (host arrays) or "dlpack" (DLArray views). layout: "BHTD"
         (q as [B, H, T, D], lattnbench's) or "BTHD" ([B, T, H, D]; g [B, T, H] or [B, T, H, D],
-        beta [B, T, H]), handed over converted, the copy outside the timed calls."""
+        beta [B, T, H]), handed over converted, the copy outside the timed calls. householder, bonus,
+        mimo: whether it takes cases with several writes per token (rule delta, householder n > 1),
+        with RWKV-6's bonus u (bonus: true) and with MIMO's R rows per token (mimo_rank R > 1); each
+        is declined otherwise."""
 
         def decorate(forward):
             impl = Impl(self, name, forward, device, ops, modes, rules, decays, dtypes, arrays, unsupported,
-                        layout)
+                        layout, householder, bonus, mimo)
             self.impls.append(impl)
             return impl
 
@@ -173,11 +186,13 @@ class Plugin:
 
 # What the bridge calls (src/plugins/python_plugin.cpp).
 
-def _case(op, mode, decay, rule, dtype, device, batch, heads, seq, dim, chunk, scale, threads, stream):
+def _case(op, mode, decay, rule, dtype, device, batch, heads, seq, dim, chunk, scale, threads, stream,
+          householder=1, bonus=0, mimo_rank=1):
     c = Case()
     (c.op, c.mode, c.decay, c.rule, c.dtype, c.device, c.batch, c.heads, c.seq, c.dim, c.chunk, c.scale,
      c.threads, c.stream) = (op, mode, decay, rule, dtype, device, batch, heads, seq, dim, chunk, scale, threads,
                              stream)
+    c.householder, c.bonus, c.mimo_rank = householder, bool(bonus), mimo_rank
     return c
 
 

@@ -70,7 +70,7 @@ struct DLManagedTensor {
 // A capsule's tensor with its own shape and strides; the memory stays lattnbench's.
 struct ManagedView {
   DLManagedTensor managed{};
-  int64_t shape[4] = {}, strides[4] = {};
+  int64_t shape[5] = {}, strides[5] = {};  // MIMO's q: [B][H][T][R][D]
 };
 
 void delete_view(DLManagedTensor* self) { delete static_cast<ManagedView*>(self->manager_ctx); }
@@ -94,7 +94,7 @@ PyObject* make_capsule(PyObject*, PyObject* args) {
   if (PyErr_Occurred()) return nullptr;
   auto view = std::make_unique<ManagedView>();
   const Py_ssize_t ndim = PySequence_Size(shape);
-  if (ndim < 1 || ndim > 4) return PyErr_Format(PyExc_ValueError, "a tensor of %zd dimensions", ndim);
+  if (ndim < 1 || ndim > 5) return PyErr_Format(PyExc_ValueError, "a tensor of %zd dimensions", ndim);
   for (Py_ssize_t i = 0; i < ndim; ++i) {
     PyObject* item = PySequence_GetItem(shape, i);
     view->shape[i] = item ? PyLong_AsLongLong(item) : -1;
@@ -207,23 +207,69 @@ void start_python(const std::string& where) {
   PyEval_SaveThread();  // the GIL is taken by whoever crosses next (Gil)
 }
 
+// How a tensor's shape follows from the case (include/lattn/plugin_v2.h), in lattnbench's order
+// [B, H, rows, ...] or, for an impl of layout BTHD, [B, rows, H, ...].
+enum class ShapeKind {
+  token,       // q o dO dq: T rows of [R][D] (R = mimo_rank; [D] when R = 1)
+  step,        // k v dk dv: T n rows of [R][D] (n = householder)
+  state,       // h0 hT dhT dh0: [B, H, D, D], the same in both layouts
+  step_scalar, // beta dbeta: T n rows
+  scalar,      // dt trap ddt dtrap: T rows
+  gate,        // g dg: T rows, of [D] for vector gates
+  channels,    // a b da db: T rows of [D]
+  heads,       // gamma: [H]
+  head_rows,   // u du: [H, D]
+};
+
 // A tensor as the Python side builds it (lattn._tensors).
 struct TensorSpec {
   const char* name;
   const void* data;
   bool writable;
   bool model_dtype;  // q k v o dO dq dk dv: the case's dtype; the rest float32
-  int shape;         // 0: [B,H,T,D] 1: [B,H,D,D] 2: [B,H,T] 3: g's ([B,H,T] scalar, [B,H,T,D] vector) 4: [H];
-                     // 0, 2 and 3 as [B,T,H,...] for an impl of layout BTHD
+  ShapeKind shape;
 };
 
-std::vector<TensorSpec> tensor_specs(const lattn_tensors& t) {
-  return {{"q", t.q, false, true, 0},       {"k", t.k, false, true, 0},       {"v", t.v, false, true, 0},
-          {"h0", t.h0, false, false, 1},    {"g", t.g, false, false, 3},      {"beta", t.beta, false, false, 2},
-          {"gamma", t.gamma, false, false, 4}, {"o", t.o, true, true, 0},     {"hT", t.hT, true, false, 1},
-          {"dO", t.dO, false, true, 0},     {"dhT", t.dhT, false, false, 1},  {"dq", t.dq, true, true, 0},
-          {"dk", t.dk, true, true, 0},      {"dv", t.dv, true, true, 0},      {"dh0", t.dh0, true, false, 1},
-          {"dg", t.dg, true, false, 3},     {"dbeta", t.dbeta, true, false, 2}};
+std::vector<TensorSpec> tensor_specs(const lattn_tensors2& t) {
+  using K = ShapeKind;
+  return {{"q", t.q, false, true, K::token},          {"k", t.k, false, true, K::step},
+          {"v", t.v, false, true, K::step},           {"h0", t.h0, false, false, K::state},
+          {"g", t.g, false, false, K::gate},          {"beta", t.beta, false, false, K::step_scalar},
+          {"gamma", t.gamma, false, false, K::heads}, {"o", t.o, true, true, K::token},
+          {"hT", t.hT, true, false, K::state},        {"dO", t.dO, false, true, K::token},
+          {"dhT", t.dhT, false, false, K::state},     {"dq", t.dq, true, true, K::token},
+          {"dk", t.dk, true, true, K::step},          {"dv", t.dv, true, true, K::step},
+          {"dh0", t.dh0, true, false, K::state},      {"dg", t.dg, true, false, K::gate},
+          {"dbeta", t.dbeta, true, false, K::step_scalar},
+          {"a", t.a, false, false, K::channels},      {"b", t.b, false, false, K::channels},
+          {"u", t.u, false, false, K::head_rows},     {"dt", t.dt, false, false, K::scalar},
+          {"trap", t.trap, false, false, K::scalar},  {"da", t.da, true, false, K::channels},
+          {"db", t.db, true, false, K::channels},     {"du", t.du, true, false, K::head_rows},
+          {"ddt", t.ddt, true, false, K::scalar},     {"dtrap", t.dtrap, true, false, K::scalar}};
+}
+
+std::vector<long long> tensor_shape(const lattn_case2& c, ShapeKind kind, bool bthd) {
+  const long long writes = c.householder > 1 ? c.householder : 1;
+  std::vector<long long> inner;
+  long long rows = c.seq;
+  switch (kind) {
+    case ShapeKind::state: return {c.batch, c.heads, c.dim, c.dim};
+    case ShapeKind::heads: return {c.heads};
+    case ShapeKind::head_rows: return {c.heads, c.dim};
+    case ShapeKind::token: inner = c.mimo_rank > 1 ? std::vector<long long>{c.mimo_rank, c.dim} : std::vector<long long>{c.dim}; break;
+    case ShapeKind::step:
+      rows = c.seq * writes;
+      inner = c.mimo_rank > 1 ? std::vector<long long>{c.mimo_rank, c.dim} : std::vector<long long>{c.dim};
+      break;
+    case ShapeKind::step_scalar: rows = c.seq * writes; break;
+    case ShapeKind::scalar: break;
+    case ShapeKind::gate: if (std::strcmp(c.decay, "vector") == 0) inner = {c.dim}; break;
+    case ShapeKind::channels: inner = {c.dim}; break;
+  }
+  std::vector<long long> shape = bthd ? std::vector<long long>{c.batch, rows, c.heads}
+                                      : std::vector<long long>{c.batch, c.heads, rows};
+  shape.insert(shape.end(), inner.begin(), inner.end());
+  return shape;
 }
 
 // Python objects kept between calls of one prepared case: its Case and Tensors, keyed by every
@@ -234,9 +280,9 @@ struct BoundCall {
   PyObject* tensors = nullptr;
 };
 
-std::string call_key(const lattn_case& c, const lattn_tensors& t) {
+std::string call_key(const lattn_case2& c, const lattn_tensors2& t) {
   std::string key(reinterpret_cast<const char*>(&t), sizeof t);
-  const int64_t numbers[] = {c.batch, c.heads, c.seq, c.dim, c.chunk, c.threads};
+  const int64_t numbers[] = {c.batch, c.heads, c.seq, c.dim, c.chunk, c.threads, c.householder, c.bonus, c.mimo_rank};
   key.append(reinterpret_cast<const char*>(numbers), sizeof numbers);
   key.append(reinterpret_cast<const char*>(&c.scale), sizeof c.scale);
   for (const char* text : {c.op, c.mode, c.decay, c.rule, c.dtype, c.device}) (key += text ? text : "") += '\n';
@@ -266,7 +312,7 @@ class PythonImplFunctions final : public ImplFunctions {
   bool has_backward() const override { return backward_ != nullptr; }
   PluginLayout layout() const override { return layout_; }
 
-  std::optional<std::string> unsupported(const lattn_case& c) const override {
+  std::optional<std::string> unsupported(const lattn_case2& c) const override {
     Gil gil;
     PyObject* kase = make_case(c, nullptr);
     PyObject* why = kase ? PyObject_CallMethod(impl_, "_why_not", "O", kase) : nullptr;
@@ -282,7 +328,7 @@ class PythonImplFunctions final : public ImplFunctions {
     return text;
   }
 
-  int forward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator*, void* stream, void** saved,
+  int forward(const lattn_case2& c, const lattn_tensors2& t, const lattn_allocator*, void* stream, void** saved,
               char* err, size_t errlen) const override {
     Gil gil;
     const BoundCall* bound = bind(c, t, stream);
@@ -295,7 +341,7 @@ class PythonImplFunctions final : public ImplFunctions {
     return 0;
   }
 
-  int backward(const lattn_case& c, const lattn_tensors& t, const lattn_allocator*, void* stream, void* saved,
+  int backward(const lattn_case2& c, const lattn_tensors2& t, const lattn_allocator*, void* stream, void* saved,
                char* err, size_t errlen) const override {
     Gil gil;
     PyObject* kept = saved ? static_cast<PyObject*>(saved) : (Py_INCREF(Py_None), Py_None);
@@ -313,7 +359,7 @@ class PythonImplFunctions final : public ImplFunctions {
 
   // The lattn module's _watch_start and _watch_stop around the call (tracemalloc for NumPy arrays,
   // torch's or JAX's statistics on CUDA); the watch is stopped even when the call throws.
-  std::optional<ScratchSeen> watch_scratch(const lattn_case& c, const std::function<void()>& call) const override {
+  std::optional<ScratchSeen> watch_scratch(const lattn_case2& c, const std::function<void()>& call) const override {
     PyObject* watches = nullptr;
     {
       Gil gil;
@@ -358,15 +404,16 @@ class PythonImplFunctions final : public ImplFunctions {
     return 1;
   }
 
-  PyObject* make_case(const lattn_case& c, void* stream) const {
-    return PyObject_CallMethod(g_module, "_case", "ssssssLLLLLdiK", c.op, c.mode, c.decay, c.rule, c.dtype, c.device,
+  PyObject* make_case(const lattn_case2& c, void* stream) const {
+    return PyObject_CallMethod(g_module, "_case", "ssssssLLLLLdiKiii", c.op, c.mode, c.decay, c.rule, c.dtype, c.device,
                                (long long)c.batch, (long long)c.heads, (long long)c.seq, (long long)c.dim,
                                (long long)c.chunk, c.scale, c.threads,
-                               static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)));
+                               static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)), c.householder,
+                               c.bonus, c.mimo_rank);
   }
 
   // The Case and Tensors of this call, made on the first call of a prepared case (under the GIL).
-  const BoundCall* bind(const lattn_case& c, const lattn_tensors& t, void* stream) const {
+  const BoundCall* bind(const lattn_case2& c, const lattn_tensors2& t, void* stream) const {
     std::string key = call_key(c, t);
     key.append(reinterpret_cast<const char*>(&stream), sizeof stream);
     for (const BoundCall& b : bound_)
@@ -387,23 +434,14 @@ class PythonImplFunctions final : public ImplFunctions {
     return &bound_.back();
   }
 
-  PyObject* make_tensors(const lattn_case& c, const lattn_tensors& t) const {
-    const bool vector_gate = std::strcmp(c.decay, "vector") == 0;
+  PyObject* make_tensors(const lattn_case2& c, const lattn_tensors2& t) const {
     const bool bf16 = std::strcmp(c.dtype, "bfloat16") == 0;
     const bool cuda = std::strcmp(c.device, "cuda") == 0;
     const bool bthd = layout_ == PluginLayout::bthd;  // the row has permuted the per-token buffers
     PyObject* specs = PyList_New(0);
     for (const TensorSpec& s : tensor_specs(t)) {
       if (!s.data) continue;
-      std::vector<long long> shape;
-      switch (s.shape == 3 ? (vector_gate ? 0 : 2) : s.shape) {
-        case 0: shape = bthd ? std::vector<long long>{c.batch, c.seq, c.heads, c.dim}
-                             : std::vector<long long>{c.batch, c.heads, c.seq, c.dim}; break;
-        case 1: shape = {c.batch, c.heads, c.dim, c.dim}; break;
-        case 2: shape = bthd ? std::vector<long long>{c.batch, c.seq, c.heads}
-                             : std::vector<long long>{c.batch, c.heads, c.seq}; break;
-        default: shape = {c.heads}; break;
-      }
+      const std::vector<long long> shape = tensor_shape(c, s.shape, bthd);
       long long elements = 1;
       for (long long n : shape) elements *= n;
       const bool half = s.model_dtype && bf16;
@@ -474,7 +512,7 @@ PythonInfo measure_bridge() {
   }
   const int64_t batch = 1, heads = 1, seq = 64, dim = 16;
   std::vector<float> q(std::size_t(seq * dim)), k(q.size()), v(q.size()), o(q.size()), hT(std::size_t(dim * dim));
-  lattn_case c{};
+  lattn_case2 c{};
   c.op = "linear_attention";
   c.mode = "fwd";
   c.decay = "none";
@@ -487,7 +525,9 @@ PythonInfo measure_bridge() {
   c.dim = dim;
   c.chunk = 64;
   c.threads = 1;
-  lattn_tensors t{};
+  c.householder = 1;
+  c.mimo_rank = 1;
+  lattn_tensors2 t{};
   t.q = q.data();
   t.k = k.data();
   t.v = v.data();

@@ -45,7 +45,7 @@ std::string describe_plugins(const Plugins& plugins, const Config& config) {
 
   out += "plugins:\n";
   for (const auto& p : plugins) {
-    out += fmt::format("  {} {} (sha256 {})\n", p->name, p->path, p->sha256);
+    out += fmt::format("  {} {} (sha256 {}, interface version {})\n", p->name, p->path, p->sha256, p->version);
     for (const auto& impl : p->impls) {
       out += fmt::format("    {:<24} {}", impl.name, impl.device);
       if (!backend || shapes.empty()) {

@@ -11,7 +11,8 @@ namespace lattn {
 std::string to_string(PluginLayout layout) { return layout == PluginLayout::bthd ? "BTHD" : "BHTD"; }
 
 bool is_per_token(const std::string& name) {
-  for (const char* n : {"q", "k", "v", "g", "beta", "o", "dO", "dq", "dk", "dv", "dg", "dbeta"})
+  for (const char* n : {"q", "k", "v", "g", "beta", "o", "dO", "dq", "dk", "dv", "dg", "dbeta", "a", "b", "da", "db",
+                        "dt", "trap", "ddt", "dtrap"})
     if (name == n) return true;
   return false;
 }

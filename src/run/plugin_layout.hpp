@@ -20,7 +20,9 @@ namespace lattn {
 
 std::string to_string(PluginLayout layout);  // "BHTD", "BTHD"
 
-// Whether the tensor `name` is a per-token one ([B, H, T] or [B, H, T, D]), which a layout permutes.
+// Whether the tensor `name` is a per-token one ([B, H, T, ...]: q k v o and their gradients, g, beta,
+// dplr's a and b, the trapezoidal rule's dt and trap, and theirs), which a layout permutes. States,
+// gamma and the bonus u are per head, the same in both layouts.
 bool is_per_token(const std::string& name);
 
 // Whether the plugin interface has the tensor `name` in the case's dtype (q k v o dO dq dk dv: a

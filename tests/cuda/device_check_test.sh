@@ -195,7 +195,7 @@ expect_file cuda-tests.log table-B8-T1024-H8-D64-Hk0-bf16.json table-B4-T2048-H3
 expect_summary "^table-B8-T1024-H8-D64-Hk0-bf16 +ok"
 expect_summary "^table-B1-T8192-H96-D128-Hk0-bf16 +skipped: estimate 133s"
 expect_summary "^table-B2-T16384-H16-D128-Hk0-bf16 +skipped: estimate 186s"
-expect_summary "^B8-T1024-H8-D64-Hk0-bf16 +additive none +fwd +- +0.500 1e-03"
+expect_summary "^B8-T1024-H8-D64-Hk0-bf16 +additive +none +fwd +- +0.500 1e-03"
 grep -q "sanitize\|headline" <<<"$listing" && fail "the table plan ran the sanitizer or the headline"
 # A lattnbench without Python (the prebuilt one): the table runs ours alone and says why.
 run table-no-python FAKE_LIST_RC=2 LATTN_DEVICE_CHECK_SECONDS=130
@@ -210,11 +210,19 @@ scenario=dry-run
 dry=$(env LATTN_BINARY="$fakes/lattnbench.in" "$root/scripts/device_check.sh" --dry-run "$tmp/dry-out" 2>&1); rc=$?
 expect_rc 0
 [[ -e $tmp/dry-out ]] && fail "the dry run wrote $tmp/dry-out"
-(( $(grep -c "^  lattnbench --backend cuda" <<<"$dry") == 8 )) || fail "not 8 table commands: $dry"
-(( $(grep -c "^  parses" <<<"$dry") == 8 )) || fail "not every command parsed: $dry"
+# 8 rule x decay rows, and 4 further families (RWKV-7, DeltaProduct, RWKV-6, Mamba-3) at 2 shapes
+(( $(grep -c "^  lattnbench --backend cuda" <<<"$dry") == 16 )) || fail "not 16 table commands: $dry"
+(( $(grep -c "^  parses" <<<"$dry") == 16 )) || fail "not every command parsed: $dry"
 grep -q "^B 4 T 4096 H 64 D 128 heads_k 0 bf16: estimate 112 s" <<<"$dry" || fail "no headline estimate: $dry"
-grep -q "estimate of the whole table: 899 s" <<<"$dry" || fail "no total: $dry"
-(( $(grep -c -- "--check-heads 16" <<<"$dry") == 8 )) || fail "not every row checks its first 16 pairs: $dry"
+grep -q "estimate of the whole table: 982 s" <<<"$dry" || fail "no total: $dry"
+(( $(grep -c -- "--check-heads 16" <<<"$dry") == 16 )) || fail "not every row checks its first 16 pairs: $dry"
+grep -q -- "--rule dplr --decay vector .*--plugin .*fla.py --impl scan,chunked,fla:chunk,fla:scan" <<<"$dry" ||
+  fail "no RWKV-7 row with FLA: $dry"
+grep -q -- "--rule delta --decay scalar --householder 2 .*--impl scan,chunked,fla:chunk" <<<"$dry" ||
+  fail "no DeltaProduct row with FLA: $dry"
+grep -q -- "--bonus true .*--impl scan,chunked,fla:chunk,fla:scan" <<<"$dry" || fail "no RWKV-6 row with FLA: $dry"
+grep -q -- "--rule trapezoidal --decay scalar --mimo-rank 1,4 .*--plugin .*mamba3.py --impl scan,chunked,mamba3:siso" \
+  <<<"$dry" || fail "no Mamba-3 row with the authors' kernel: $dry"
 grep -q -- "--heads-k 16 --plugin .*fla.py --impl scan,chunked,fla:chunk,fla:scan" <<<"$dry" || fail "no grouped-heads row with FLA: $dry"
 scenario=dry-run-does-not-parse
 dry=$(env LATTN_BINARY="$fakes/lattnbench.in" FAKE_LIST_RC=2 "$root/scripts/device_check.sh" --dry-run 2>&1); rc=$?

@@ -67,7 +67,7 @@ TEST_CASE("emulation: the example CUDA plugin's forward matches the float64 refe
     device["hT"] = output(p.state_elems());
     const std::vector<float> gamma = plugin_gamma(kase);
     const DeviceBuffer gamma_buffer = upload(gamma);
-    const lattn_tensors tensors = plugin_tensors(
+    const lattn_tensors2 tensors = plugin_tensors(
         kase, [&](const std::string& name) { return device.at(name).get(); }, gamma.empty() ? nullptr : gamma_buffer.f());
     const PluginCase c(kase, "cuda", 0);
     CountingDeviceAllocator allocator;

@@ -13,6 +13,7 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 test -x "$work/prefix/bin/lattnbench"
 test -f "$work/prefix/include/lattn/plugin.h"
+test -f "$work/prefix/include/lattn/plugin_v2.h"
 
 cp -r "$source/examples/plugins" "$work/mine"
 cmake -S "$work/mine" -B "$work/mine/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release \

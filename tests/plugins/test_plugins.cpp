@@ -146,6 +146,86 @@ TEST_CASE("lattnbench keeps its side of the contract: what forward and backward 
   }
 }
 
+TEST_CASE("a version 2 plugin is handed each rule's case fields and tensors", "[plugins][spawns]") {
+  const fs::path dir = test::fresh_dir("plugin-v2");
+  // test_v2:checks returns what lattnbench broke as its error, and writes zeros: each case fails
+  // its check (rel_err 1) without an error when the contract holds.
+  const std::string forms[] = {"--rule dplr --decay none,scalar,vector", "--rule trapezoidal --decay scalar --mimo-rank 1,2",
+                               "--rule additive --decay vector --bonus true,false", "--rule delta --decay scalar --householder 1,2"};
+  for (const std::string& form : forms) {
+    const auto result = lattnbench("--plugin " LATTN_PLUGIN_v2 " --impl test_v2:checks --seq 16 --mode fwd,fwd_bwd " +
+                                   form + " --out " + (dir / "r.json").string() + kSmall);
+    INFO(form << "\n" << result.output);
+    CHECK(result.exit_status == 1);
+    const auto records = records_of(read_json(dir / "r.json"), "test_v2:checks");
+    CHECK(records.size() >= 4);
+    for (const auto& r : records) {
+      INFO(r.dump());
+      CHECK_FALSE(r.contains("error"));
+      CHECK(r["status"] == "failed");
+      CHECK(r["rel_err"].get<double>() == Approx(1.0));
+    }
+  }
+}
+
+TEST_CASE("a version 2 C plugin's dplr forward, from the tensors a, b and g, passes the float64 check", "[plugins][spawns]") {
+  const fs::path dir = test::fresh_dir("plugin-v2-dplr");
+  const auto result = lattnbench("--plugin " LATTN_PLUGIN_v2dplr " --impl test_v2dplr:scan --seq 21 --rule dplr,additive "
+                                 "--decay none,retnet,scalar,vector --mode fwd,fwd_bwd --out " + (dir / "r.json").string() +
+                                 kSmall);
+  INFO(result.output);
+  CHECK(result.exit_status == 0);
+  std::size_t ran = 0;
+  for (const auto& r : records_of(read_json(dir / "r.json"), "test_v2dplr:scan")) {
+    INFO(r.dump());
+    if (r["mode"] == "fwd_bwd") {
+      CHECK(r["skip_reason"] == "test_v2dplr:scan has no backward (fwd only)");
+    } else if (r.value("rule", "additive") == "additive") {
+      CHECK(r["skip_reason"] == "test_v2dplr:scan: test_v2dplr computes rule dplr only");
+    } else {
+      CHECK(r["status"] == "ok");
+      CHECK(r["rel_err"].get<double>() < 1e-4);
+      ++ran;
+    }
+  }
+  CHECK(ran == 4);  // every decay
+}
+
+TEST_CASE("a version 1 plugin still loads, runs its rules and declines those only version 2 describes", "[plugins][spawns]") {
+  const fs::path dir = test::fresh_dir("plugin-v1-declines");
+  const struct {
+    std::string form, reason;
+  } declined[] = {
+      {"--rule dplr --decay vector", "mine:scan: the plugin interface (version 1) has no tensors a and b for rule dplr"},
+      {"--rule trapezoidal --decay scalar",
+       "mine:scan: the plugin interface (version 1) has no dt or trap tensor for rule trapezoidal"},
+      {"--rule additive --decay vector --bonus true", "mine:scan: the plugin interface (version 1) has no bonus tensor u"},
+      {"--rule delta --decay none --householder 2",
+       "mine:scan: the plugin interface (version 1) takes one key, value and beta row per token (householder 1)"},
+  };
+  for (const auto& d : declined) {
+    const auto result = lattnbench("--plugin " LATTN_PLUGIN_mine " --impl mine:scan --seq 16 --mode fwd,fwd_bwd " + d.form +
+                                   " --out " + (dir / "r.json").string() + kSmall);
+    INFO(d.form << "\n" << result.output);
+    CHECK(result.exit_status == 0);
+    const auto records = records_of(read_json(dir / "r.json"), "mine:scan");
+    REQUIRE(records.size() == 2);
+    for (const auto& r : records) {
+      CHECK(r["status"] == "skipped");
+      CHECK(r["skip_reason"] == d.reason);
+    }
+  }
+  const auto additive = lattnbench("--plugin " LATTN_PLUGIN_mine " --impl mine:scan --seq 16 --mode fwd,fwd_bwd --out " +
+                                   (dir / "ok.json").string() + kSmall);
+  INFO(additive.output);
+  CHECK(additive.exit_status == 0);
+  for (const auto& r : records_of(read_json(dir / "ok.json"), "mine:scan")) CHECK(r["status"] == "ok");
+  const auto list = lattnbench("--list --plugin " LATTN_PLUGIN_mine " --plugin " LATTN_PLUGIN_v2 " --seq 16 --dim 8");
+  INFO(list.output);
+  CHECK(list.exit_status == 0);
+  CHECK_THAT(list.output, Contains("interface version 1") && Contains("interface version 2"));
+}
+
 TEST_CASE("a wrong plugin fails its check and the run exits 1", "[plugins][spawns]") {
   const fs::path dir = test::fresh_dir("plugin-wrong");
   const auto result = lattnbench("--plugin " LATTN_PLUGIN_wrong " --impl test_wrong:zeros,scan --seq 13,16 --mode fwd "
@@ -190,6 +270,7 @@ TEST_CASE("bad plugins exit 2 with one line before any case runs", "[plugins][er
       {"--plugin " + text_file, "not a shared library lattnbench can load"},
       {"--plugin " LATTN_PLUGIN_nosymbol, "exports no lattn_plugin_v1"},
       {"--plugin " LATTN_PLUGIN_abi, "built for plugin ABI 2, this lattnbench loads ABI 1"},
+      {"--plugin " LATTN_PLUGIN_abi2, "built for plugin ABI 3, lattn_plugin_v2 is ABI 2"},
       {"--plugin " LATTN_PLUGIN_badname, "plugin name 'Test-Name' is not [a-z0-9_]+"},
       {"--plugin " LATTN_PLUGIN_dupimpl, "two impls are named 'zeros'"},
       {"--plugin " LATTN_PLUGIN_mine " --plugin " LATTN_PLUGIN_dupname, "plugin name 'mine' is taken by"},

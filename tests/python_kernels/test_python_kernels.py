@@ -1,12 +1,15 @@
 """Python kernels as plugins (docs/plugins.md, "Python kernels"), through the real executable:
 the NumPy example checked and ranked beside the built-in forms, a kernel file written from the
 docs alone, exceptions failing their case while the run goes on (and under --isolate), the load
-errors, the records' temp_mb and the device block's bridge figure; the torch, JAX and
-flash-linear-attention examples where their packages (and a GPU) are there.
+errors, the records' temp_mb and the device block's bridge figure, the rules and forms of the
+plugin interface's version 2 (the tensors by name and shape; NumPy's dplr and RWKV-6 checked); the
+torch, JAX, flash-linear-attention and Mamba-3 examples where their packages (and a GPU) are there.
 
-    python3 test_python_kernels.py BINARY [GROUP]   GROUP: core (default), torch, jax, fla
+    python3 test_python_kernels.py BINARY [GROUP]   GROUP: core (default), torch, jax, fla, mamba3
 
-Exit status 77 when every test of the group was skipped (CTest reports it skipped)."""
+Exit status 77 when every test of the group was skipped (CTest reports it skipped). Over 500 lines
+in one file: CTest runs every group through this one script, and the groups share its helpers
+(run, records, the CUDA backend's skip)."""
 import json
 import os
 import re
@@ -38,6 +41,30 @@ def records(doc, impl):
 
 SMALL = ["--suite", "kernel", "--batch", "1", "--heads", "2", "--dim", "32", "--reps", "3", "--warmup", "1",
          "--min-sample-ms", "1"]
+
+
+def small(dim):
+    """SMALL at another head dim (lattnbench takes --dim once)."""
+    return [str(dim) if prev == "--dim" else x for prev, x in zip([None] + SMALL, SMALL)]
+
+
+def cuda_backend_or_skip(test, status, doc, err):
+    """Skips the test where this lattnbench has no CUDA backend (or no device); any other usage
+    error is the test's own fault and fails it."""
+    if doc is None and status == 2 and "--backend cuda: no CUDA device" in err:
+        test.skipTest("no CUDA backend here: " + err.strip().splitlines()[-1])
+    test.assertIsNotNone(doc, err)
+
+
+def run_each_dtype(test, *args):
+    """Runs lattnbench once per dtype, float32 and bf16 (it takes one --dtype a run), on the CUDA
+    backend; the records of both, or the test skipped where there is no CUDA backend."""
+    merged = {"results": []}
+    for dtype in ("float32", "bf16"):
+        status, doc, err = run(*args, "--dtype", dtype)
+        cuda_backend_or_skip(test, status, doc, err)
+        merged["results"] += doc["results"]
+    return merged
 
 
 class Core(unittest.TestCase):
@@ -146,6 +173,71 @@ class Core(unittest.TestCase):
                     self.assertEqual(r["status"], "skipped", r)
                     self.assertTrue(r["skip_reason"].startswith(r["impl"]), r)
 
+    def test_numpy_dplr_every_output_and_gradient_checked(self):
+        # np:dplr computes a rule only the interface's version 2 describes (tensors a and b): every
+        # output and gradient, da and db among them, within the float64 reference's tolerance.
+        plugin = os.path.join(EXAMPLES, "numpy_scan.py")
+        for decay in ("none", "retnet", "scalar", "vector"):
+            _, doc, _ = run(*SMALL, "--plugin", plugin, "--impl", "np:dplr,scan", "--seq", "100", "--rule", "dplr",
+                            "--decay", decay, "--mode", "fwd,fwd_bwd", expect=0)
+            mine = records(doc, "np:dplr")
+            self.assertEqual(len(mine), 2)
+            for r in mine:
+                self.assert_checked(r)
+                expected = {"o", "hT"}
+                if r["mode"] == "fwd_bwd":
+                    expected |= {"dq", "dk", "dv", "dh0", "da", "db"} | ({"dg"} if decay in ("scalar", "vector") else set())
+                self.assertEqual(set(r["rel_errs"]), expected, r)
+
+    def test_numpy_rwkv6_bonus_every_output_and_gradient_checked(self):
+        plugin = os.path.join(EXAMPLES, "numpy_scan.py")
+        _, doc, _ = run(*SMALL, "--plugin", plugin, "--impl", "np:rwkv6,np:scan,scan", "--seq", "100", "--decay",
+                        "vector", "--bonus", "true,false", "--mode", "fwd,fwd_bwd", expect=0)
+        for r in records(doc, "np:rwkv6"):
+            if r.get("bonus"):
+                self.assert_checked(r)
+                expected = {"o", "hT"} | ({"dq", "dk", "dv", "dh0", "dg", "du"} if r["mode"] == "fwd_bwd" else set())
+                self.assertEqual(set(r["rel_errs"]), expected, r)
+            else:
+                self.assertEqual(r["skip_reason"], "np:rwkv6: the bonus form only (bonus: true)", r)
+        # np:scan declares no bonus: declined, never misread as GLA.
+        for r in records(doc, "np:scan"):
+            if r.get("bonus"):
+                self.assertEqual(r["skip_reason"], "np:scan: takes no bonus (bonus: true)", r)
+        self.assertEqual(len([r for r in records(doc, "np:rwkv6") if r["status"] == "ok"]), 2)
+
+    def test_version_2_tensors_by_name_and_shape_in_both_layouts(self):
+        # v2_tensors.py raises naming any tensor whose presence or shape is not the case's, and
+        # writes zeros: each case fails its check with no error when the bridge is right.
+        forms = [["--rule", "dplr", "--decay", "none,retnet,scalar,vector"],
+                 ["--rule", "trapezoidal", "--decay", "scalar", "--mimo-rank", "1,2,4"],
+                 ["--rule", "additive", "--decay", "vector", "--bonus", "true"],
+                 ["--rule", "delta", "--decay", "none,scalar,vector", "--householder", "1,3"]]
+        declined = set()  # what v2:one_row, which declares none of the forms, was declined for
+        for form in forms:
+            _, doc, _ = run(*SMALL, "--plugin", os.path.join(HERE, "v2_tensors.py"), "--impl",
+                            "v2:shapes,v2:shapes_bthd,v2:one_row", "--seq", "12", "--mode", "fwd,fwd_bwd", *form,
+                            expect=1)
+            for impl in ("v2:shapes", "v2:shapes_bthd"):
+                rows = records(doc, impl)
+                self.assertGreaterEqual(len(rows), 2, form)
+                for r in rows:
+                    self.assertNotIn("error", r, r)
+                    self.assertEqual(r["status"], "failed", r)
+            for r in records(doc, "v2:one_row"):
+                if r["mode"] == "fwd_bwd":  # it has no backward
+                    self.assertEqual(r["skip_reason"], "v2:one_row has no backward (fwd only)")
+                elif int(r.get("householder", 1)) > 1:
+                    self.assertEqual(r["skip_reason"], f"v2:one_row: takes householder 1 only, not {r['householder']}")
+                    declined.add("householder")
+                elif int(r.get("mimo_rank", 1)) > 1:
+                    self.assertEqual(r["skip_reason"], f"v2:one_row: takes mimo_rank 1 only, not {r['mimo_rank']}")
+                    declined.add("mimo_rank")
+                elif r.get("bonus"):
+                    self.assertEqual(r["skip_reason"], "v2:one_row: takes no bonus (bonus: true)")
+                    declined.add("bonus")
+        self.assertEqual(declined, {"householder", "mimo_rank", "bonus"})
+
     def test_an_impl_in_the_bthd_layout_is_handed_it_and_checked_in_ours(self):
         # bthd_kernel.py indexes [B, T, H, D] and raises on any other shape: its outputs pass the
         # float64 check only if the inputs were permuted in and the outputs and gradients back.
@@ -215,7 +307,7 @@ class Core(unittest.TestCase):
         cases = {
             os.path.join(bad, "syntax.py"): r"does not load: SyntaxError: '\(' was never closed",
             os.path.join(bad, "no_plugin.py"): r"does not load: ValueError: declares 0 plugins",
-            os.path.join(bad, "bad_rule.py"): r"does not load: ValueError: rule 'hebbian' is not one of additive, delta",
+            os.path.join(bad, "bad_rule.py"): r"does not load: ValueError: rule 'hebbian' is not one of additive, delta, dplr, trapezoidal",
             os.path.join(bad, "bad_layout.py"): r"does not load: ValueError: layout 'BHDT' is not one of BHTD, BTHD",
             os.path.join(bad, "bad_name.py"): r"plugin name 'Bad-Name' is not \[a-z0-9_\]\+",
             os.path.join(bad, "missing.py"): r"no such file",
@@ -238,6 +330,17 @@ class Core(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertRegex(proc.stdout, r"np:scan\s+cpu: runs \d+ of the \d+ planned kernel cases on cpu")
         self.assertIn("np:chunked has no backward (fwd only)", proc.stdout)
+
+    def test_the_outside_kernel_examples_load_where_their_packages_do_not_import(self):
+        # fla.py and mamba3.py import torch, triton and their kernels inside a try: without them the
+        # files load and their impls decline every case with the reason (never a pass).
+        for name, impls in (("fla.py", ("fla:chunk", "fla:scan", "fla:flashqla")), ("mamba3.py", ("mamba3:siso",))):
+            proc = subprocess.run([BINARY, "--list", "--plugin", os.path.join(EXAMPLES, name)], capture_output=True,
+                                  text=True, timeout=300)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            for impl in impls:
+                self.assertRegex(proc.stdout, re.escape(impl) + r"\s+cuda", proc.stdout)
+            self.assertIn("interface version 2", proc.stdout)
 
     def test_a_module_on_pythons_path(self):
         env = dict(os.environ, PYTHONPATH=HERE)
@@ -312,15 +415,44 @@ class Jax(unittest.TestCase):
 
 
 class Fla(unittest.TestCase):
+    def test_fla_dplr_mapping_against_flas_naive_recurrence(self):
+        # fla.py hands FLA our b as its a and our a as its b (FLA reads along its a): FLA's own naive
+        # recurrence, plain torch on the CPU, called so, must equal docs/spec.md section 1f's.
+        try:
+            import numpy as np
+            import torch
+            from fla.ops.generalized_delta_rule.dplr.naive import dplr_recurrence
+        except Exception as error:
+            self.skipTest(f"torch or fla's naive dplr does not import here ({type(error).__name__}: {error})")
+        fla_example = _load_example_without_lattnbench("fla")
+        rng = np.random.default_rng(7)
+        B, H, T, D = 2, 3, 9, 8
+        q, k, v = (rng.standard_normal((B, H, T, D)) for _ in range(3))
+        kappa = rng.standard_normal((B, H, T, D))
+        kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
+        ours = {"b": kappa, "a": -rng.uniform(0, 1, (B, H, T, D)) * kappa}
+        g = -rng.uniform(0, 0.5, (B, H, T, D))
+        h0 = rng.standard_normal((B, H, D, D))
+        s = D ** -0.5
+        state, expected = h0.copy(), np.zeros((B, H, T, D))
+        for t in range(T):  # section 1f: S_t = A_t S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T
+            read = np.einsum("bhkv,bhk->bhv", state, ours["b"][:, :, t])
+            state = np.exp(g[:, :, t])[..., None] * state + ours["a"][:, :, t, :, None] * read[:, :, None, :] + \
+                k[:, :, t, :, None] * v[:, :, t, None, :]
+            expected[:, :, t] = s * np.einsum("bhkv,bhk->bhv", state, q[:, :, t])
+        f32 = lambda x: torch.from_numpy(x).float()
+        fla = fla_example._fla_dplr({n: f32(x) for n, x in ours.items()}, f32(g))  # FLA's keywords a, b, gk
+        o, final = dplr_recurrence(f32(q), f32(k), f32(v), fla["a"], fla["b"], fla["gk"], initial_state=f32(h0),
+                                   output_final_state=True)
+        np.testing.assert_allclose(o.double().numpy(), expected, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(final.double().numpy(), state, rtol=1e-3, atol=1e-4)
+
     def test_fla_every_family_on_the_cuda_backend(self):
         # Every rule and decay, fwd and fwd_bwd, bf16 and float32, chunk and scan: each case runs
         # and passes the float64 check in the BTHD layout, or is declined for a reason fla.py names.
-        status, doc, err = run(*SMALL, "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
-                               "--impl", "fla:chunk,fla:scan", "--seq", "200", "--dim", "64",
-                               "--rule", "additive,delta", "--decay", "none,retnet,scalar,vector",
-                               "--mode", "fwd,fwd_bwd", "--dtype", "float32,bf16")
-        if status == 2 or doc is None:
-            self.skipTest("no CUDA backend in this build: " + err.strip().splitlines()[-1])
+        doc = run_each_dtype(self, *small(64), "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
+                             "--impl", "fla:chunk,fla:scan", "--seq", "200",
+                             "--rule", "additive,delta", "--decay", "none,retnet,scalar,vector", "--mode", "fwd,fwd_bwd")
         rows = records(doc, "fla:chunk") + records(doc, "fla:scan")
         reasons = {r.get("skip_reason", "") for r in rows if r["status"] == "skipped"}
         if all(r["status"] == "skipped" for r in rows):
@@ -335,9 +467,90 @@ class Fla(unittest.TestCase):
             self.assertGreater(r["layout_copy_mb"], 0)
 
 
+    def test_fla_rwkv7_deltaproduct_rwkv6_on_the_cuda_backend(self):
+        # The families the plugin interface's version 2 hands over: RWKV-7's dplr (every decay),
+        # DeltaProduct (householder 2) and RWKV-6 (the bonus), each case passing the float64 check or
+        # declined for a reason fla.py names.
+        forms = [["--rule", "dplr", "--decay", "none,retnet,scalar,vector"],
+                 ["--rule", "delta", "--decay", "none,retnet,scalar,vector", "--householder", "2"],
+                 ["--rule", "additive", "--decay", "vector", "--bonus", "true"]]
+        ran = 0
+        allowed = (r"^fla:scan: (FLA's fused_recurrent_dplr_delta_rule has no backward|FLA has no recurrent "
+                   r"DeltaProduct)|^fla:(chunk|scan): FLA's chunk_gated_delta_product (takes one gate|asserts "
+                   r"bfloat16)|^fla:flashqla: ")
+        for form in forms:
+            doc = run_each_dtype(self, *small(64), "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "fla.py"),
+                                 "--impl", "fla:chunk,fla:scan", "--seq", "200", *form, "--mode", "fwd,fwd_bwd")
+            rows = records(doc, "fla:chunk") + records(doc, "fla:scan")
+            if all(r["status"] == "skipped" for r in rows):
+                self.skipTest("; ".join(sorted({r.get("skip_reason", "") for r in rows})))
+            for r in rows:
+                if r["status"] == "skipped":
+                    self.assertRegex(r["skip_reason"], allowed, r)
+                    continue
+                ran += 1
+                self.assertEqual(r["status"], "ok", r)
+                self.assertLessEqual(r["rel_err"], r["tolerance"], r)
+        self.assertGreater(ran, 0)
+
+
+def _load_example_without_lattnbench(name):
+    """Imports an example plugin file outside lattnbench, with a stand-in for the `lattn` module
+    (its decorators only), for the parts of it that are plain functions."""
+    import importlib.util
+    import types
+
+    class _Impl:
+        def backward(self, fn):
+            return self
+
+    class _Plugin:
+        def __init__(self, name):
+            self.name = name
+
+        def impl(self, *args, **kwargs):
+            return lambda forward: _Impl()
+
+    saved = sys.modules.get("lattn")
+    sys.modules["lattn"] = types.SimpleNamespace(Plugin=_Plugin)
+    try:
+        spec = importlib.util.spec_from_file_location("example_" + name, os.path.join(EXAMPLES, name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["lattn"]
+        else:
+            sys.modules["lattn"] = saved
+    return module
+
+
+class Mamba3(unittest.TestCase):
+    def test_mamba3_siso_on_the_cuda_backend(self):
+        # The authors' Triton kernel beside ours: each case runs and passes the float64 check in
+        # the BTHD layout (bf16, fwd and fwd_bwd: dq dk dv dh0 dg ddt dtrap), or is declined for a
+        # reason mamba3.py names.
+        doc = run_each_dtype(self, *small(64), "--backend", "cuda", "--plugin", os.path.join(EXAMPLES, "mamba3.py"),
+                             "--impl", "mamba3:siso", "--seq", "200", "--rule", "trapezoidal", "--decay", "scalar",
+                             "--mimo-rank", "1,2", "--mode", "fwd,fwd_bwd")
+        rows = records(doc, "mamba3:siso")
+        reasons = {r.get("skip_reason", "") for r in rows if r["status"] == "skipped"}
+        if all(r["status"] == "skipped" for r in rows):
+            self.skipTest("; ".join(sorted(reasons)))
+        for r in rows:
+            if r["status"] == "skipped":
+                self.assertRegex(r["skip_reason"], r"^mamba3:siso: (takes mimo_rank 1 only|mamba3_siso_combined computes"
+                                 r" in bfloat16)", r)
+                continue
+            self.assertEqual(r["status"], "ok", r)
+            self.assertLessEqual(r["rel_err"], r["tolerance"], r)
+            if r["mode"] == "fwd_bwd":
+                self.assertEqual(set(r["rel_errs"]), {"o", "hT", "dq", "dk", "dv", "dh0", "dg", "ddt", "dtrap"}, r)
+
+
 if __name__ == "__main__":
     BINARY = sys.argv[1]
-    group = {"core": Core, "torch": Torch, "jax": Jax, "fla": Fla}[sys.argv[2] if len(sys.argv) > 2 else "core"]
+    group = {"core": Core, "torch": Torch, "jax": Jax, "fla": Fla, "mamba3": Mamba3}[sys.argv[2] if len(sys.argv) > 2 else "core"]
     suite = unittest.defaultTestLoader.loadTestsFromTestCase(group)
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     if not result.wasSuccessful():
