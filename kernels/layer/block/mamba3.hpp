@@ -127,9 +127,10 @@ inline Sizes sizes(const LayerProblem& p, bool backward) {
 template <class T>
 void rotate(T* __restrict x, const T* __restrict theta, int n) {
   for (int i = 0; i < n; ++i) {
-    const T c = std::cos(theta[i]), s = std::sin(theta[i]), a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * c - b * s;
-    x[2 * i + 1] = a * s + b * c;
+    const std::size_t e = 2 * std::size_t(i);
+    const T c = std::cos(theta[i]), s = std::sin(theta[i]), a = x[e], b = x[e + 1];
+    x[e] = a * c - b * s;
+    x[e + 1] = a * s + b * c;
   }
 }
 
@@ -295,10 +296,11 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
         for (int which = 0; which < 2; ++which) {
           const T* xv = kq[which] + hr * Dh;
           T* dx = dkq[which] + hr * Dh;
-          const T d0 = dx[2 * i], d1 = dx[2 * i + 1];
-          dangle += d1 * xv[2 * i] - d0 * xv[2 * i + 1];
-          dx[2 * i] = d0 * c + d1 * sn;
-          dx[2 * i + 1] = d1 * c - d0 * sn;
+          const std::size_t e = 2 * std::size_t(i);
+          const T d0 = dx[e], d1 = dx[e + 1];
+          dangle += d1 * xv[e] - d0 * xv[e + 1];
+          dx[e] = d0 * c + d1 * sn;
+          dx[e + 1] = d1 * c - d0 * sn;
         }
         later[i] += dangle;
         dth[i] = later[i];
@@ -374,8 +376,9 @@ void run(const LayerProblem& p, const BlockArgs<T>& a, Ops& ops, bool backward) 
     double sum = 0;
     for (long row = 0; row < R; ++row)
       for (int gi = 0; gi < G; ++gi)
-        sum += double(dbc[(std::size_t(which) * R + row) * GN + gi * Dh + j] *
-                      P[std::size_t(row) * cols + bc_col[which] + gi * Dh + j] * rinv[(std::size_t(which) * R + row) * G + gi]);
+        sum += double(dbc[(std::size_t(which) * R + row) * GN + std::size_t(gi) * Dh + j] *
+                      P[std::size_t(row) * cols + bc_col[which] + std::size_t(gi) * Dh + j] *
+                      rinv[(std::size_t(which) * R + row) * G + gi]);
     (which ? a.dc_norm : a.db_norm)[j] = T(sum);
   }
 
