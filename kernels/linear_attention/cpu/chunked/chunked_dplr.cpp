@@ -62,8 +62,9 @@
 //
 // Items: the forward's are (sequence, value head) pairs; the backward's whole groups (the value
 // heads of one sequence sharing a q/k head), the first writing dq and dk, the later adding theirs.
-// Over 500 lines: the forward chunk's steps are the backward's first, and its gradient lines follow
-// them one for one; the two are read together.
+// Over 500 lines, and past 650 with the vector gates' sub-chunk operands built and taken apart in
+// both directions (the scalar gates' masks beside them): the forward chunk's steps are the
+// backward's first, and its gradient lines follow them one for one; the two are read together.
 #include <omp.h>
 
 #include <algorithm>
